@@ -1,0 +1,288 @@
+"""Weight conversion between torch_ref `state_dict`s and jaxformer (Flax NNX) model state.
+
+Paths already match (the attribute path is the checkpoint key), so one small rule table on
+the *leaf name* does the rest (see STYLE.md):
+
+    flax leaf   torch leaf   layout
+    kernel      weight       Linear: [in, out] <-> [out, in]; Conv: [k..., I, O] <-> [O, I, k...]
+    scale       weight       as is (norms)
+    embedding   weight       as is
+    anything    same name    as is (bias, cls_token, ...)
+
+Conversion is strict: one ConversionError lists every missing, unexpected and mis-shaped key,
+every dtype problem and every non-finite tensor. Files are written atomically, so a failed
+conversion leaves no output file. A torch -> flax -> torch round trip is bit-exact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+RENAMES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
+
+
+class ConversionError(ValueError):
+    """Raised with every problem of a conversion listed, one per line."""
+
+    def __init__(self, problems: Iterable[str], header: str = "weight conversion failed"):
+        self.problems = list(problems)
+        super().__init__(f"{header} ({len(self.problems)} problem(s)):\n  " + "\n  ".join(self.problems))
+
+
+# ----------------------------------------------------------------------------- rule table
+def torch_leaf(leaf: str) -> str:
+    return RENAMES.get(leaf, leaf)
+
+
+def flax_to_torch_layout(leaf: str, x: np.ndarray, stacked: int = 0) -> np.ndarray:
+    """Re-layout one flax leaf as torch stores it. `stacked` leading axes (scanned layers) are
+    kept in place."""
+    if leaf != "kernel":
+        return x
+    n = x.ndim - stacked
+    lead = tuple(range(stacked))
+    if n == 2:  # Linear [in, out] -> [out, in]
+        return np.ascontiguousarray(np.transpose(x, lead + (stacked + 1, stacked)))
+    # Conv [k..., I, O] -> [O, I, k...]
+    return np.ascontiguousarray(np.transpose(
+        x, lead + (stacked + n - 1, stacked + n - 2) + tuple(range(stacked, stacked + n - 2))))
+
+
+def torch_to_flax_layout(leaf: str, x: np.ndarray, stacked: int = 0) -> np.ndarray:
+    if leaf != "kernel":
+        return x
+    n = x.ndim - stacked
+    lead = tuple(range(stacked))
+    if n == 2:
+        return np.ascontiguousarray(np.transpose(x, lead + (stacked + 1, stacked)))
+    # Conv [O, I, k...] -> [k..., I, O]
+    return np.ascontiguousarray(np.transpose(
+        x, lead + tuple(range(stacked + 2, stacked + n)) + (stacked + 1, stacked)))
+
+
+def flax_shape_to_torch(leaf: str, shape: tuple, stacked: int = 0) -> tuple:
+    return flax_to_torch_layout(leaf, np.empty(shape, np.bool_), stacked).shape if leaf == "kernel" else shape
+
+
+# ----------------------------------------------------------------------------- arrays
+def to_numpy(x: Any) -> np.ndarray:
+    """torch.Tensor / jax.Array / numpy -> numpy, keeping bfloat16 (via ml_dtypes)."""
+    if type(x).__module__.startswith("torch"):
+        import torch
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            import ml_dtypes
+            return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return x.numpy()
+    return np.asarray(x)
+
+
+def to_torch(x: np.ndarray):
+    import torch
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(np.array(x).view(np.int16)).view(torch.bfloat16)
+    x = np.ascontiguousarray(x)
+    return torch.from_numpy(x if x.flags.writeable else x.copy())
+
+
+def _is_float(dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or np.dtype(dtype).name == "bfloat16"
+
+
+def _check_finite(key: str, x: np.ndarray, problems: list[str]) -> None:
+    if _is_float(x.dtype):
+        bad = ~np.isfinite(x.astype(np.float32))
+        if bad.any():
+            problems.append(f"non-finite: {key} has {int(bad.sum())} NaN/inf value(s)")
+
+
+# ----------------------------------------------------------------------------- model state
+def param_leaves(model) -> dict[tuple, Any]:
+    """Flattened nnx.Param leaves of `model` (concrete or abstract): path tuple -> Variable."""
+    from flax import nnx
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {tuple(path): var for path, var in flat}
+
+
+def torch_key(path: tuple) -> str:
+    return ".".join(str(p) for p in path[:-1]) + ("." if len(path) > 1 else "") + torch_leaf(str(path[-1]))
+
+
+def flax_key(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def stacked_axes(path: tuple, model=None) -> int:
+    """Leading layer axes of a scanned (stacked) leaf; 0 unless the model says otherwise."""
+    fn: Callable | None = getattr(model, "stacked_axes", None)
+    return fn(path) if fn is not None else 0
+
+
+def torch_to_flax_arrays(state_dict: Mapping[str, Any], model, *, allow_downcast: bool = False
+                         ) -> dict[tuple, np.ndarray]:
+    """Map a torch state_dict onto `model`'s Param paths. Raises ConversionError listing all
+    problems. Returns {flax path tuple: array in flax layout and the param's dtype}."""
+    leaves = param_leaves(model)
+    problems: list[str] = []
+    out: dict[tuple, np.ndarray] = {}
+    used: set[str] = set()
+    for path, var in leaves.items():
+        tk = torch_key(path)
+        leaf = str(path[-1])
+        target_shape = tuple(var.shape)
+        target_dtype = np.dtype(var.dtype)
+        if tk not in state_dict:
+            problems.append(f"missing: {tk} (flax {flax_key(path)}, shape "
+                            f"{flax_shape_to_torch(leaf, target_shape, stacked_axes(path, model))})")
+            continue
+        used.add(tk)
+        x = to_numpy(state_dict[tk])
+        if not _is_float(x.dtype):
+            problems.append(f"dtype: {tk} is {x.dtype}, expected a floating dtype ({target_dtype})")
+            continue
+        if x.dtype != target_dtype and x.dtype.itemsize > target_dtype.itemsize and not allow_downcast:
+            problems.append(f"dtype: {tk} is {x.dtype}; casting to {target_dtype} would lose precision")
+            continue
+        _check_finite(tk, x, problems)
+        y = torch_to_flax_layout(leaf, x, stacked_axes(path, model))
+        if y.shape != target_shape:
+            problems.append(f"shape: {tk} has torch shape {tuple(x.shape)}, expected "
+                            f"{flax_shape_to_torch(leaf, target_shape, stacked_axes(path, model))}")
+            continue
+        out[path] = y.astype(target_dtype, copy=False)
+    for k in state_dict:
+        if k not in used:
+            problems.append(f"unexpected: {k} (shape {tuple(getattr(state_dict[k], 'shape', ()))})")
+    if problems:
+        raise ConversionError(sorted(problems, key=lambda p: p.split(":")[0]))
+    return out
+
+
+def load_torch_state_dict(model, state_dict: Mapping[str, Any], **kw):
+    """Copy a torch state_dict into `model`'s params in place (strict). Returns `model`."""
+    import jax.numpy as jnp
+    arrays = torch_to_flax_arrays(state_dict, model, **kw)
+    leaves = param_leaves(model)
+    for path, x in arrays.items():
+        leaves[path].value = jnp.asarray(x)
+    return model
+
+
+def flax_to_torch_arrays(model) -> dict[str, np.ndarray]:
+    """{torch key: numpy array in torch layout} for every Param of `model`."""
+    out: dict[str, np.ndarray] = {}
+    problems: list[str] = []
+    for path, var in param_leaves(model).items():
+        x = to_numpy(var.value)
+        _check_finite(flax_key(path), x, problems)
+        key = torch_key(path)
+        if key in out:
+            problems.append(f"duplicate: two flax leaves map to torch key {key}")
+        out[key] = flax_to_torch_layout(str(path[-1]), x, stacked_axes(path, model))
+    if problems:
+        raise ConversionError(problems)
+    return out
+
+
+def to_torch_state_dict(model) -> dict[str, Any]:
+    """A torch state_dict (tensors) of `model`, loadable with strict=True into the torch twin."""
+    return {k: to_torch(v) for k, v in flax_to_torch_arrays(model).items()}
+
+
+def check_torch_load(module, state_dict: Mapping[str, Any]) -> None:
+    """Load into a torch module strictly, reporting all problems in one ConversionError."""
+    import torch
+    own = module.state_dict()
+    problems = [f"missing: {k}" for k in own if k not in state_dict]
+    problems += [f"unexpected: {k}" for k in state_dict if k not in own]
+    problems += [f"shape: {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}"
+                 for k, v in state_dict.items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if problems:
+        raise ConversionError(problems)
+    with torch.no_grad():
+        module.load_state_dict({k: torch.as_tensor(v) for k, v in state_dict.items()}, strict=True)
+
+
+# ----------------------------------------------------------------------------- files
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Run write(tmp) then rename tmp -> path; on any error no file is left at `path`."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def read_safetensors(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """-> (tensors, metadata). Raises ConversionError on a truncated or malformed file."""
+    from safetensors import safe_open
+    try:
+        tensors = {}
+        with safe_open(path, framework="numpy") as f:
+            meta = f.metadata() or {}
+            for k in f.keys():
+                tensors[k] = f.get_tensor(k)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for bad headers/sizes
+        raise ConversionError([f"unreadable safetensors file {path}: {e}"]) from None
+    return tensors, meta
+
+
+def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+    from safetensors.numpy import save_file
+    atomic_write(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+                                             tmp, metadata=dict(metadata)))
+
+
+def model_metadata(name: str, cfg) -> dict[str, str]:
+    from jaxformer.config import to_dict
+    return {"jaxformer_model": name, "jaxformer_config": json.dumps(to_dict(cfg))}
+
+
+def convert_file(src: str, dst: str, *, to: str, name: str | None = None, cfg=None) -> dict:
+    """Convert a safetensors file between torch layout (`to='torch'` target) and flax layout
+    (`to='flax'` target). The model comes from `name`/`cfg` or the file's metadata.
+    Returns a small report. Writes nothing if anything is wrong."""
+    from jaxformer.config import model_config_from_dict
+    from jaxformer.models import abstract_model
+    if to not in ("flax", "torch"):
+        raise ValueError(f"--to must be flax or torch, got {to!r}")
+    tensors, meta = read_safetensors(src)
+    if cfg is None:
+        if "jaxformer_config" not in meta:
+            raise ConversionError([f"{src} carries no jaxformer_config metadata; pass --config"])
+        name, cfg = model_config_from_dict({"name": meta["jaxformer_model"],
+                                            **json.loads(meta["jaxformer_config"])})
+    model = abstract_model(name, cfg)
+    if to == "flax":
+        arrays = torch_to_flax_arrays(tensors, model)
+        out = {flax_key(p): x for p, x in arrays.items()}
+        fmt = "flax"
+    else:
+        leaves = param_leaves(model)
+        by_key = {flax_key(p): p for p in leaves}
+        problems = [f"unexpected: {k}" for k in tensors if k not in by_key]
+        problems += [f"missing: {k}" for k in by_key if k not in tensors]
+        for k, x in tensors.items():
+            if k in by_key and tuple(x.shape) != tuple(leaves[by_key[k]].shape):
+                problems.append(f"shape: {k} has shape {tuple(x.shape)}, expected {tuple(leaves[by_key[k]].shape)}")
+            if k in by_key:
+                _check_finite(k, x, problems)
+        if problems:
+            raise ConversionError(problems)
+        out = {torch_key(by_key[k]): flax_to_torch_layout(str(by_key[k][-1]), x, stacked_axes(by_key[k], model))
+               for k, x in tensors.items()}
+        fmt = "pt"
+    write_safetensors(dst, out, {"format": fmt, **model_metadata(name, cfg)})
+    return {"model": name, "tensors": len(out), "to": to, "dst": dst}

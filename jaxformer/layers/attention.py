@@ -1,0 +1,164 @@
+"""Scaled dot-product attention, masks and multi-head attention (self, cross, GQA).
+Twin: torch_ref/layers/attention.py.
+
+Masks are boolean, True = may attend, broadcastable to [B, H, T, S]. Masks are combined as
+booleans before they touch the scores (PITFALLS row 4). A query row with no visible key
+outputs exactly 0 (never NaN, never the mean of V), in both frameworks.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.layers.positional import RotaryEmbedding, default_positions
+
+
+# ----------------------------------------------------------------------------- masks
+def make_padding_mask(valid: jax.Array) -> jax.Array:
+    """valid [B, S] (1/True = real token) -> [B, 1, 1, S] bool."""
+    return valid.astype(bool)[:, None, None, :]
+
+
+def make_causal_mask(q_len: int, k_len: int | None = None, offset=0) -> jax.Array:
+    """Query i sits at absolute position offset + i; key j is visible iff j <= offset + i.
+    -> [1, 1, T, S] bool."""
+    k_len = q_len if k_len is None else k_len
+    q = jnp.arange(q_len)[:, None] + offset
+    return (jnp.arange(k_len)[None, :] <= q)[None, None]
+
+
+def make_sliding_window_mask(q_len: int, k_len: int | None, window: int, offset=0) -> jax.Array:
+    """Causal sliding window (Longformer / Mistral): key j visible iff 0 <= (offset+i) - j < window.
+    -> [1, 1, T, S] bool."""
+    k_len = q_len if k_len is None else k_len
+    dist = (jnp.arange(q_len)[:, None] + offset) - jnp.arange(k_len)[None, :]
+    return ((dist >= 0) & (dist < window))[None, None]
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+    """Logical AND of the masks that are not None (None if all are)."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        m = m.astype(bool)
+        out = m if out is None else jnp.logical_and(out, m)
+    return out
+
+
+# ----------------------------------------------------------------------------- core
+def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
+                          bias: jax.Array | None = None, scale: float | None = None,
+                          return_weights: bool = False, dropout: nnx.Dropout | None = None):
+    """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
+
+    Args:
+        q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention).
+        mask: bool, broadcastable to [B, H, T, S], True = attend.
+        bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).
+        scale: default 1/sqrt(K).
+        return_weights: also return the [B, H, T, S] weights (explicit path).
+        dropout: applied to the weights; an active dropout forces the explicit path.
+    Returns: out [B, T, H, K] (and weights [B, H, T, S]).
+    """
+    if mask is not None:
+        if mask.dtype != jnp.bool_:
+            raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
+                            "pass additive scores as bias=")
+        mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # -> 4-D
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    num_heads, num_kv = q.shape[2], k.shape[2]
+    if num_heads % num_kv:
+        raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
+    visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
+
+    if not return_weights and not dropout_active:
+        # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
+        if mask is not None:
+            mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+        if visible is not None:
+            out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
+                                     1, 2).astype(out.dtype)  # [B, T, H?, 1]
+        return out
+
+    # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum
+    if num_kv != num_heads:
+        k = jnp.repeat(k, num_heads // num_kv, axis=2)  # [B, S, H, K]
+        v = jnp.repeat(v, num_heads // num_kv, axis=2)
+    scores = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) * scale  # [B, H, T, S]
+    if bias is not None:
+        scores = scores + bias.astype(jnp.float32)
+    if mask is not None:
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    if mask is not None:
+        weights = jnp.where(mask, weights, 0.0)  # fully masked rows -> 0
+    weights = weights.astype(v.dtype)
+    if dropout_active:
+        weights = dropout(weights)
+    out = jnp.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, K]
+    return (out, weights) if return_weights else out
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head attention with separate q/k/v/o projections (PITFALLS row 8), grouped-query
+    attention and optional rotary positions.
+
+    Args:
+        d_model: D.  num_heads: H.  num_kv_heads: G (<= H, divides H); None = H.
+        head_dim: K; None = D // H.  bias: biases on the four projections.
+        attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
+        rope_max_len: enable RoPE for self-attention with tables of this length.
+        rope_base: RoPE base.  scale: score scale; None = 1/sqrt(K) (T5 uses 1).
+    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
+                 dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
+                 scale: float | None = None, rngs: nnx.Rngs):
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+            head_dim = d_model // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.q_proj = nnx.Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.k_proj = nnx.Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.v_proj = nnx.Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.o_proj = nnx.Linear(num_heads * head_dim, d_model, use_bias=bias, rngs=rngs)
+        self.rope = RotaryEmbedding(head_dim, rope_max_len, rope_base) if rope_max_len else None
+        self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
+                 bias: jax.Array | None = None, positions: jax.Array | None = None,
+                 return_weights: bool = False):
+        b, t, _ = x.shape
+        kv = x if kv is None else kv
+        s = kv.shape[1]
+        # 1) project and split heads
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
+        k = self.k_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        v = self.v_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        # 2) rotate q and k (self-attention only)
+        if self.rope is not None:
+            positions = default_positions(b, t) if positions is None else positions
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        # 3) attend
+        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale,
+                                    return_weights=return_weights, dropout=self.attn_dropout)
+        out, weights = out if return_weights else (out, None)
+        # 4) merge heads and project out
+        out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))
+        return (out, weights) if return_weights else out

@@ -1,0 +1,57 @@
+"""Token and learned position embeddings, with range checks JAX does not do (PITFALLS row 10).
+Twin: torch_ref/layers/embedding.py."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
+    """Raise ValueError if a concrete id array has an entry outside [0, upper).
+
+    JAX clamps out-of-range gathers silently, so concrete inputs are checked here. Traced
+    inputs (inside jit) cannot raise; the data pipeline checks those at its boundary."""
+    if isinstance(ids, jax.core.Tracer):
+        return
+    arr = np.asarray(ids)
+    if arr.size == 0:
+        return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= upper:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what} {bad} is out of range [0, {upper}) ({field}={upper})")
+
+
+def check_length(length: int, max_len: int, what: str = "sequence length") -> None:
+    if length > max_len:
+        raise ValueError(f"{what} {length} exceeds max_len={max_len}")
+
+
+class Embedding(nnx.Module):
+    """Lookup table with optional sqrt(D) scaling (Vaswani et al. 2017, section 3.4).
+
+    Args:
+        num_embeddings: V.  dim: D.  scale: multiply looked-up rows by sqrt(D).
+    Shapes: ids [B, T] int -> [B, T, D]; attend(x [B, T, D]) -> [B, T, V] (tied output).
+    """
+
+    def __init__(self, num_embeddings: int, dim: int, *, scale: bool = False,
+                 init_std: float = 1.0, rngs: nnx.Rngs):
+        self.num_embeddings = num_embeddings
+        self.multiplier = math.sqrt(dim) if scale else None
+        self.embedding = nnx.Param(
+            jax.random.normal(rngs.params(), (num_embeddings, dim), jnp.float32) * init_std)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        check_ids(ids, self.num_embeddings)
+        x = jnp.take(self.embedding[...], ids, axis=0)  # [B, T, D]
+        if self.multiplier is not None:
+            x = x * self.multiplier
+        return x
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        return jnp.einsum("btd,vd->btv", x, self.embedding[...].astype(x.dtype))

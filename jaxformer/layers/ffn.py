@@ -1,0 +1,49 @@
+"""Position-wise feed-forward networks: ReLU, GELU (exact / tanh), SwiGLU, GeGLU.
+Twin: torch_ref/layers/ffn.py."""
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+GATED = ("swiglu", "geglu", "geglu_tanh")
+
+
+def gelu_exact(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=False)
+
+
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=True)
+
+
+def activation(kind: str):
+    """The nonlinearity of an FFN kind. GELU variants are named, never defaulted (PITFALLS row 2)."""
+    return {"relu": jax.nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "swiglu": jax.nn.silu,
+            "geglu": gelu_exact, "geglu_tanh": gelu_tanh}[kind]
+
+
+class FeedForward(nnx.Module):
+    """FFN(x) = down(act(up(x)))  or, gated (Shazeer 2020), down(act(gate(x)) * up(x)).
+
+    Args:
+        d_model: D.  d_ff: F.  kind: relu | gelu | gelu_tanh | swiglu | geglu | geglu_tanh.
+        bias: biases on the projections.  inner_dropout: after the activation.
+        dropout: on the output.
+    Shapes: x [B, T, D] -> [B, T, D].
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, kind: str, bias: bool = True,
+                 inner_dropout: float = 0.0, dropout: float = 0.0, rngs: nnx.Rngs):
+        self.kind = kind
+        self.gate_proj = nnx.Linear(d_model, d_ff, use_bias=bias, rngs=rngs) if kind in GATED else None
+        self.up_proj = nnx.Linear(d_model, d_ff, use_bias=bias, rngs=rngs)
+        self.down_proj = nnx.Linear(d_ff, d_model, use_bias=bias, rngs=rngs)
+        self.inner_dropout = nnx.Dropout(inner_dropout, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.gate_proj is not None:
+            h = activation(self.kind)(self.gate_proj(x)) * self.up_proj(x)  # [B, T, F]
+        else:
+            h = activation(self.kind)(self.up_proj(x))  # [B, T, F]
+        return self.dropout(self.down_proj(self.inner_dropout(h)))

@@ -1,0 +1,108 @@
+"""Positional schemes: sinusoidal, learned absolute, RoPE, ALiBi, T5 relative bias.
+Constant tables come from jaxformer.tables (numpy) so both trees share them bit for bit.
+Twin: torch_ref/layers/positional.py."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer import tables
+from jaxformer.layers.embedding import Embedding, check_ids, check_length
+
+
+class SinusoidalPositionalEncoding(nnx.Module):
+    """Fixed sin/cos positions (Vaswani et al. 2017). No parameters.
+
+    Shapes: positions [B, T] int -> [B, T, D].
+    """
+
+    def __init__(self, max_len: int, dim: int):
+        self.max_len, self.dim = max_len, dim
+
+    def __call__(self, positions: jax.Array) -> jax.Array:
+        check_ids(positions, self.max_len, "position", "max_len")
+        return jnp.take(jnp.asarray(tables.sinusoid_table(self.max_len, self.dim)), positions, axis=0)
+
+
+class LearnedPositionalEmbedding(nnx.Module):
+    """Learned absolute positions (GPT-2, BERT, ViT). Shapes: positions [B, T] -> [B, T, D]."""
+
+    def __init__(self, max_len: int, dim: int, *, init_std: float = 0.02, rngs: nnx.Rngs):
+        self.max_len = max_len
+        self.embedding = nnx.Param(
+            jax.random.normal(rngs.params(), (max_len, dim), jnp.float32) * init_std)
+
+    def __call__(self, positions: jax.Array) -> jax.Array:
+        check_ids(positions, self.max_len, "position", "max_len")
+        return jnp.take(self.embedding[...], positions, axis=0)
+
+
+def rotate_half(x: jax.Array) -> jax.Array:
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([-x2, x1], axis=-1)
+
+
+class RotaryEmbedding(nnx.Module):
+    """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (PITFALLS row 6):
+    dims i and i + K/2 form a rotated pair. No parameters.
+
+    Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K].
+    """
+
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+        self.head_dim, self.max_len, self.base = head_dim, max_len, base
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        check_ids(positions, self.max_len, "position", "max_len")
+        cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base)
+        cos = jnp.take(jnp.asarray(cos), positions, axis=0)[:, :, None, :]  # [B, T, 1, K]
+        sin = jnp.take(jnp.asarray(sin), positions, axis=0)[:, :, None, :]
+        dtype = x.dtype
+        x = x.astype(jnp.float32)
+        return (x * cos + rotate_half(x) * sin).astype(dtype)
+
+
+def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    """ALiBi (Press et al. 2022): bias = -slope_h * |q_pos - k_pos|. Symmetric, so it serves
+    bidirectional encoders; under a causal mask it equals the paper's causal form.
+
+    Shapes: q_positions [B, T], k_positions [B, S] -> [B, H, T, S].
+    """
+    slopes = jnp.asarray(tables.alibi_slopes(num_heads))[None, :, None, None]  # [1, H, 1, 1]
+    dist = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])  # [B, 1, T, S]
+    return -slopes * dist.astype(jnp.float32)
+
+
+class T5RelativePositionBias(nnx.Module):
+    """T5 bucketed relative position bias (Raffel et al. 2020), one scalar per head and bucket.
+
+    Args:
+        num_buckets, max_distance: T5's bucketing (32, 128).  num_heads: H.
+        bidirectional: True for encoders, False for causal decoders.
+    Shapes: q_positions [B, T], k_positions [B, S] -> [B, H, T, S].
+    """
+
+    def __init__(self, num_buckets: int, max_distance: int, num_heads: int, *,
+                 bidirectional: bool, rngs: nnx.Rngs):
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bidirectional = bidirectional
+        self.relative_attention_bias = Embedding(num_buckets, num_heads, rngs=rngs)
+
+    def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+        table = jnp.asarray(tables.t5_bucket_table(self.bidirectional, self.num_buckets,
+                                                   self.max_distance))
+        rel = k_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]
+        rel = jnp.clip(rel, -self.max_distance, self.max_distance) + self.max_distance
+        buckets = jnp.take(table, rel, axis=0)  # [B, T, S]
+        bias = jnp.take(self.relative_attention_bias.embedding[...], buckets, axis=0)  # [B, T, S, H]
+        return jnp.transpose(bias, (0, 3, 1, 2))
+
+
+def default_positions(batch: int, length: int, offset=0) -> jax.Array:
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :] + offset, (batch, length))
+
+
+__all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding",
+           "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions",
+           "check_length"]

@@ -1,0 +1,1 @@
+"""Shared PyTorch layers. Each file has a twin with the same names in jaxformer/layers/."""

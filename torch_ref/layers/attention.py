@@ -1,0 +1,153 @@
+"""Scaled dot-product attention, masks and multi-head attention (self, cross, GQA).
+Twin: jaxformer/layers/attention.py. Masks are boolean, True = may attend; a row with no
+visible key outputs exactly 0."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_ref.layers.positional import RotaryEmbedding, default_positions
+
+
+# ----------------------------------------------------------------------------- masks
+def make_padding_mask(valid: torch.Tensor) -> torch.Tensor:
+    """valid [B, S] (1/True = real token) -> [B, 1, 1, S] bool."""
+    return valid.bool()[:, None, None, :]
+
+
+def make_causal_mask(q_len: int, k_len: int | None = None, offset=0, device=None) -> torch.Tensor:
+    """Key j is visible to query i iff j <= offset + i. -> [1, 1, T, S] bool."""
+    k_len = q_len if k_len is None else k_len
+    q = torch.arange(q_len, device=device)[:, None] + offset
+    return (torch.arange(k_len, device=device)[None, :] <= q)[None, None]
+
+
+def make_sliding_window_mask(q_len: int, k_len: int | None, window: int, offset=0,
+                             device=None) -> torch.Tensor:
+    """Key j visible iff 0 <= (offset+i) - j < window. -> [1, 1, T, S] bool."""
+    k_len = q_len if k_len is None else k_len
+    dist = (torch.arange(q_len, device=device)[:, None] + offset) - torch.arange(k_len, device=device)[None, :]
+    return ((dist >= 0) & (dist < window))[None, None]
+
+
+def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    """Logical AND of the masks that are not None (None if all are)."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        m = m.bool()
+        out = m if out is None else out & m
+    return out
+
+
+# ----------------------------------------------------------------------------- core
+def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                          mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                          scale: float | None = None, return_weights: bool = False,
+                          dropout: nn.Dropout | None = None):
+    """softmax(q k^T * scale + bias, masked) v.
+
+    Args: q [B, T, H, K]; k, v [B, S, G, K]; mask bool / bias float broadcastable to [B, H, T, S].
+    Returns: out [B, T, H, K] (and weights [B, H, T, S]).
+    """
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
+                            "pass additive scores as bias=")
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    num_heads, num_kv = q.shape[2], k.shape[2]
+    if num_heads % num_kv:
+        raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dropout_active = dropout is not None and dropout.p > 0 and dropout.training
+    visible = None if mask is None else mask.any(dim=-1, keepdim=True)  # [B?, H?, T, 1]
+    min_value = torch.finfo(torch.float32).min
+
+    if not return_weights:
+        # 1) fused path (SDPA); bias and mask merged by filling, never adding, min values
+        attn_mask = None
+        if bias is not None:
+            attn_mask = bias.to(q.dtype)
+            if mask is not None:
+                attn_mask = attn_mask.masked_fill(~mask, min_value)
+        elif mask is not None:
+            attn_mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, min_value)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
+            dropout_p=dropout.p if dropout_active else 0.0, scale=scale,
+            enable_gqa=num_kv != num_heads).transpose(1, 2)  # [B, T, H, K]
+        if visible is not None:
+            out = out * visible.expand(visible.shape[:2] + (q.shape[1], 1)).transpose(1, 2).to(out.dtype)
+        return out
+
+    # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum
+    if num_kv != num_heads:
+        k = k.repeat_interleave(num_heads // num_kv, dim=2)  # [B, S, H, K]
+        v = v.repeat_interleave(num_heads // num_kv, dim=2)
+    scores = torch.einsum("bthk,bshk->bhts", q, k).float() * scale  # [B, H, T, S]
+    if bias is not None:
+        scores = scores + bias.float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, min_value)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # fully masked rows -> 0
+    weights = weights.to(v.dtype)
+    if dropout_active:
+        weights = dropout(weights)
+    out = torch.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, K]
+    return out, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
+    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D]."""
+
+    def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
+                 dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
+                 scale: float | None = None):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if head_dim is None:
+            if d_model % num_heads:
+                raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+            head_dim = d_model // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias)
+        self.rope = RotaryEmbedding(head_dim, rope_max_len, rope_base) if rope_max_len else None
+        self.attn_dropout = nn.Dropout(attn_dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
+                positions=None, return_weights: bool = False):
+        b, t, _ = x.shape
+        kv = x if kv is None else kv
+        s = kv.shape[1]
+        # 1) project and split heads
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
+        k = self.k_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        v = self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        # 2) rotate q and k (self-attention only)
+        if self.rope is not None:
+            positions = default_positions(b, t, device=x.device) if positions is None else positions
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        # 3) attend
+        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale,
+                                    return_weights=return_weights, dropout=self.attn_dropout)
+        out, weights = out if return_weights else (out, None)
+        # 4) merge heads and project out
+        out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))
+        return (out, weights) if return_weights else out

@@ -1,0 +1,44 @@
+"""Token and learned position embeddings, with the same range checks as the JAX tree.
+Twin: jaxformer/layers/embedding.py."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def check_ids(ids: torch.Tensor, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
+    """Raise ValueError if an entry of `ids` lies outside [0, upper) (same message as JAX)."""
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= upper:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what} {bad} is out of range [0, {upper}) ({field}={upper})")
+
+
+def check_length(length: int, max_len: int, what: str = "sequence length") -> None:
+    if length > max_len:
+        raise ValueError(f"{what} {length} exceeds max_len={max_len}")
+
+
+class Embedding(nn.Module):
+    """Lookup table with optional sqrt(D) scaling.
+    Shapes: ids [B, T] -> [B, T, D]; attend(x [B, T, D]) -> [B, T, V]."""
+
+    def __init__(self, num_embeddings: int, dim: int, *, scale: bool = False, init_std: float = 1.0):
+        super().__init__()
+        self.num_embeddings = num_embeddings
+        self.multiplier = math.sqrt(dim) if scale else None
+        self.weight = nn.Parameter(torch.randn(num_embeddings, dim) * init_std)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        check_ids(ids, self.num_embeddings)
+        x = self.weight[ids]  # [B, T, D]
+        if self.multiplier is not None:
+            x = x * self.multiplier
+        return x
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("btd,vd->btv", x, self.weight.to(x.dtype))

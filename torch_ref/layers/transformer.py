@@ -1,0 +1,208 @@
+"""Encoder and decoder layers (Pre-LN or Post-LN) and their stacks.
+Twin: jaxformer/layers/transformer.py.
+
+Post-LN (the seeds, Vaswani et al. 2017):  x = norm(x + dropout(sublayer(x)))
+Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
+The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
+FeedForward.dropout).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from jaxformer.config import TransformerConfig
+from torch_ref.layers.attention import (MultiHeadAttention, combine_masks, make_causal_mask,
+                                        make_sliding_window_mask)
+from torch_ref.layers.ffn import FeedForward
+from torch_ref.layers.norm import make_norm
+from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
+
+
+def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
+    use_rope = self_attn and cfg.position == "rope"
+    return MultiHeadAttention(
+        cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        bias=cfg.bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
+        rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base)
+
+
+def make_ffn(cfg: TransformerConfig) -> FeedForward:
+    return FeedForward(cfg.d_model, cfg.d_ff, kind=cfg.ffn, bias=cfg.bias,
+                       inner_dropout=cfg.ffn_dropout, dropout=cfg.dropout)
+
+
+def _norm(cfg: TransformerConfig):
+    return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+
+def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor) -> torch.Tensor:
+    """Apply `sublayer` with its residual connection in the configured norm position."""
+    if cfg.norm_position == "pre":
+        return x + sublayer(norm(x))
+    return norm(x + sublayer(x))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.self_attn = make_attention(cfg, self_attn=True)
+        self.attn_norm = _norm(cfg)
+        self.ffn = make_ffn(cfg)
+        self.ffn_norm = _norm(cfg)
+
+    def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None) -> torch.Tensor:
+        x = residual(self.cfg, self.attn_norm,
+                     lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions), x)
+        return residual(self.cfg, self.ffn_norm, self.ffn, x)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
+    then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D]."""
+
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.self_attn = make_attention(cfg, self_attn=True)
+        self.attn_norm = _norm(cfg)
+        self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
+        self.cross_attn_norm = _norm(cfg) if cross_attention else None
+        self.ffn = make_ffn(cfg)
+        self.ffn_norm = _norm(cfg)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
+                 memory_mask=None, memory_bias=None, positions=None) -> torch.Tensor:
+        x = residual(self.cfg, self.attn_norm,
+                     lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions), x)
+        if self.cross_attn is not None:
+            if memory is None:
+                raise ValueError("DecoderLayer with cross-attention needs `memory`")
+            x = residual(self.cfg, self.cross_attn_norm,
+                         lambda h: self.cross_attn(h, memory, mask=memory_mask, bias=memory_bias), x)
+        return residual(self.cfg, self.ffn_norm, self.ffn, x)
+
+
+class _Stack(nn.Module):
+    """Shared plumbing: positional biases (ALiBi, T5) computed once per stack, final norm."""
+
+    causal: bool = False
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.rel_bias = T5RelativePositionBias(
+            cfg.rel_num_buckets, cfg.rel_max_distance, cfg.num_heads,
+            bidirectional=not self.causal) if cfg.position == "t5" else None
+        self.final_norm = _norm(cfg) if cfg.final_norm else None
+
+    def self_attention_inputs(self, x: torch.Tensor, mask, positions):
+        """-> (mask, bias, positions) for self-attention over x [B, T, D]."""
+        b, t, _ = x.shape
+        positions = default_positions(b, t, device=x.device) if positions is None else positions
+        if self.causal:
+            mask = combine_masks(mask, make_causal_mask(t, device=x.device))
+        if self.cfg.sliding_window is not None:
+            mask = combine_masks(mask, make_sliding_window_mask(t, t, self.cfg.sliding_window, device=x.device)
+                                 if self.causal else _band_mask(t, self.cfg.sliding_window, x.device))
+        bias = None
+        if self.cfg.position == "alibi":
+            bias = alibi_bias(self.cfg.num_heads, positions, positions)
+        elif self.rel_bias is not None:
+            bias = self.rel_bias(positions, positions)
+        return mask, bias, positions
+
+    def finish(self, x, intermediates):
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if intermediates is not None:
+                intermediates["final_norm"] = x
+        return (x, intermediates) if intermediates is not None else x
+
+
+def _band_mask(t: int, window: int, device=None) -> torch.Tensor:
+    """Bidirectional sliding window: |i - j| < window. -> [1, 1, T, T]."""
+    r = torch.arange(t, device=device)
+    return ((r[:, None] - r[None, :]).abs() < window)[None, None]
+
+
+class Encoder(_Stack):
+    """A stack of EncoderLayers with an optional final norm.
+
+    Shapes: x [B, T, D], mask bool broadcastable to [B, H, T, T] -> [B, T, D]; with
+    return_intermediates, also {"layers.i": [B, T, D], "final_norm": [B, T, D]}.
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__(cfg)
+        self.layers = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.num_layers)])
+
+    def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False):
+        mask, bias, positions = self.self_attention_inputs(x, mask, positions)
+        inter = {} if return_intermediates else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask=mask, bias=bias, positions=positions)
+            if inter is not None:
+                inter[f"layers.{i}"] = x
+        return self.finish(x, inter)
+
+
+class Decoder(_Stack):
+    """A stack of causal DecoderLayers, with cross-attention to `memory` unless
+    cross_attention=False (decoder-only LMs).
+
+    Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
+    """
+
+    causal = True
+
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True):
+        super().__init__(cfg)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention)
+                                for _ in range(cfg.num_layers)])
+
+    def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
+                 return_intermediates: bool = False):
+        mask, bias, positions = self.self_attention_inputs(x, mask, positions)
+        inter = {} if return_intermediates else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
+            if inter is not None:
+                inter[f"layers.{i}"] = x
+        return self.finish(x, inter)
+
+
+class TextEmbedding(nn.Module):
+    """Token embedding (optionally * sqrt(D)), plus absolute positions when the scheme has them
+    (sinusoidal, learned), then dropout. RoPE/ALiBi/T5 act inside attention instead.
+
+    Shapes: ids [B, T] int, positions [B, T] int -> [B, T, D].
+    """
+
+    def __init__(self, cfg: TransformerConfig):
+        from torch_ref.layers.embedding import Embedding
+        from torch_ref.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding)
+        if cfg.position == "sinusoidal":
+            self.embed_positions = SinusoidalPositionalEncoding(cfg.max_len, cfg.d_model)
+        elif cfg.position == "learned":
+            self.embed_positions = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
+        else:
+            self.embed_positions = None
+        self.dropout = nn.Dropout(cfg.embed_dropout)
+        self.max_len = cfg.max_len
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        b, t = ids.shape
+        if positions is None:
+            if t > self.max_len:
+                raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
+            positions = default_positions(b, t, device=ids.device)
+        x = self.embed_tokens(ids)  # [B, T, D]
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(positions)
+        return self.dropout(x)
