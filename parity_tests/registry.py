@@ -1,0 +1,115 @@
+"""One registry of parity cases. A case names builders for both trees, an input maker and a
+tolerance; `run_case` converts torch's weights into the flax twin and compares outputs and
+gradients with jaxformer.parity.check_parity.
+
+Cases live in the cases_*.py modules beside this file, grouped by issue/component, and
+register themselves on import. `load_all()` imports them all.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+CASE_MODULES = ("parity_tests.cases_layers", "parity_tests.cases_models", "parity_tests.cases_vision")
+
+FOUNDATION_TOL = 1e-5  # outputs: max abs; gradients: x max(1, max |grad|)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    component: str  # for the per-component report
+    build: Callable[[int], tuple[Any, Any]]  # seed -> (torch module/callable, flax module/callable)
+    inputs: Callable[[np.random.RandomState], Any]  # -> dict of kwargs or tuple of args (numpy)
+    tol: float = FOUNDATION_TOL
+    grad_tol: float = FOUNDATION_TOL
+    grads: bool = True
+    note: str = ""
+
+
+CASES: dict[str, Case] = {}
+
+
+def register(case: Case) -> Case:
+    if case.name in CASES:
+        raise ValueError(f"duplicate parity case {case.name!r}")
+    CASES[case.name] = case
+    return case
+
+
+def case(name: str, component: str, build, inputs, **kw) -> Case:
+    return register(Case(name, component, build, inputs, **kw))
+
+
+def load_all() -> dict[str, Case]:
+    for m in CASE_MODULES:
+        importlib.import_module(m)
+    return CASES
+
+
+def _resolve(root: str, dotted: str):
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(f"{root}.{module}"), name)
+
+
+def mirror(dotted: str, *args, **kwargs) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for a mirrored class, e.g. mirror("layers.ffn.FeedForward", 32, 64, kind="relu"):
+    torch_ref.<dotted>(*args, **kwargs) seeded by torch.manual_seed(seed), and
+    jaxformer.<dotted>(*args, **kwargs, rngs=nnx.Rngs(seed)) when it takes rngs."""
+    def build(seed: int):
+        import torch
+        from flax import nnx
+        torch.manual_seed(seed)
+        t = _resolve("torch_ref", dotted)(*args, **kwargs)
+        jcls = _resolve("jaxformer", dotted)
+        jkw = dict(kwargs)
+        if "rngs" in inspect.signature(jcls.__init__).parameters:
+            jkw["rngs"] = nnx.Rngs(seed)
+        return t, jcls(*args, **jkw)
+    return build
+
+
+def mirror_fn(dotted: str, **fixed) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for a mirrored function with fixed keyword arguments."""
+    def build(seed: int):
+        tf, jf = _resolve("torch_ref", dotted), _resolve("jaxformer", dotted)
+        return (lambda *a, **k: tf(*a, **fixed, **k)), (lambda *a, **k: jf(*a, **fixed, **k))
+    return build
+
+
+def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for a registered model: torch_ref.models.build_model / jaxformer.models.build_model."""
+    def build(seed: int):
+        from jaxformer.models import build_model as jbuild
+        from torch_ref.models import build_model as tbuild
+        return tbuild(name, cfg, seed=seed), jbuild(name, cfg, seed=seed)
+    return build
+
+
+def run_case(c: Case, seed: int = 0):
+    from jaxformer.parity import check_parity
+    torch_module, flax_module = c.build(seed)
+    inputs = c.inputs(np.random.RandomState(seed))
+    return check_parity(torch_module, flax_module, inputs, tol=c.tol, grad_tol=c.grad_tol,
+                        grads=c.grads, case=c.name, seed=seed)
+
+
+# ----------------------------------------------------------------------------- input makers
+def normal(*shape: int, scale: float = 1.0, offset: float = 0.0):
+    return lambda rng: (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+def ids(batch: int, length: int, vocab: int, low: int = 1):
+    return lambda rng: rng.randint(low, vocab, size=(batch, length)).astype(np.int32)
+
+
+def padding(batch: int, length: int, lengths: list[int]):
+    """[B, T] int32 validity: row b has lengths[b] real tokens then padding."""
+    m = np.zeros((batch, length), np.int32)
+    for b, n in enumerate(lengths):
+        m[b, :n] = 1
+    return m
