@@ -168,7 +168,7 @@ def load_torch_state_dict(model, state_dict: Mapping[str, Any], **kw):
     arrays = torch_to_flax_arrays(state_dict, model, **kw)
     leaves = param_leaves(model)
     for path, x in arrays.items():
-        leaves[path].value = jnp.asarray(x)
+        leaves[path].set_value(jnp.asarray(x))
     return model
 
 
@@ -177,7 +177,7 @@ def flax_to_torch_arrays(model) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     problems: list[str] = []
     for path, var in param_leaves(model).items():
-        x = to_numpy(var.value)
+        x = to_numpy(var.get_value())
         _check_finite(flax_key(path), x, problems)
         key = torch_key(path)
         if key in out:

@@ -208,7 +208,7 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
             for path, v in nnx.to_flat_state(g_params):
                 path = tuple(path)
                 j_grad[conv.torch_key(path)] = conv.flax_to_torch_layout(
-                    str(path[-1]), np.asarray(v.value if hasattr(v, "value") else v),
+                    str(path[-1]), np.asarray(v.get_value() if hasattr(v, "get_value") else v),
                     conv.stacked_axes(path, flax_module))
         for i, g in zip(float_pos, g_args):
             j_grad[f"input {i}"] = np.asarray(g)

@@ -16,6 +16,12 @@ from jaxformer.config.transformer import TransformerConfig
 MODEL_CONFIGS: dict[str, str] = {
     "encoder": "jaxformer.config.transformer:TransformerConfig",
     "decoder": "jaxformer.config.transformer:TransformerConfig",
+    "classifier": "jaxformer.config.models:ClassifierConfig",
+    "seq2seq": "jaxformer.config.models:Seq2SeqConfig",
+    "lm": "jaxformer.config.models:LMConfig",
+    "vit": "jaxformer.config.vision:ViTConfig",
+    "swin": "jaxformer.config.vision:SwinConfig",
+    "timeseries": "jaxformer.config.vision:TimeSeriesConfig",
 }
 
 

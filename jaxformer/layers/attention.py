@@ -118,6 +118,14 @@ class MultiHeadAttention(nnx.Module):
         rope_max_len: enable RoPE for self-attention with tables of this length.
         rope_base: RoPE base.  scale: score scale; None = 1/sqrt(K) (T5 uses 1).
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
+
+    KV cache (incremental decoding), a dict {"k", "v"} of [B, L, G, K] arrays:
+      * with cache_index (int scalar, may be traced): self-attention decode step. The new
+        keys/values (RoPE'd at `positions`) are written into slots cache_index..cache_index+T
+        and the queries attend over all L slots; `mask` must hide the unwritten ones.
+      * without cache_index: a read-only cache, e.g. cross-attention keys/values projected
+        once from the encoder memory by `project_kv`; `kv` is then not used.
+    With a cache the call returns (out, new_cache).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -141,24 +149,45 @@ class MultiHeadAttention(nnx.Module):
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
+    def project_kv(self, kv: jax.Array) -> dict:
+        """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
+        b, s, _ = kv.shape
+        return {"k": self.k_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+                "v": self.v_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
                  bias: jax.Array | None = None, positions: jax.Array | None = None,
-                 return_weights: bool = False):
+                 return_weights: bool = False, cache: dict | None = None, cache_index=None):
         b, t, _ = x.shape
-        kv = x if kv is None else kv
-        s = kv.shape[1]
+        if cache is not None and return_weights:
+            raise ValueError("return_weights is not supported together with a KV cache")
+        read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
-        k = self.k_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
-        v = self.v_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        if read_only:
+            k, v = cache["k"], cache["v"]  # [B, S, G, K], projected once
+        else:
+            kv_heads = self.project_kv(x if kv is None else kv)
+            k, v = kv_heads["k"], kv_heads["v"]  # [B, S, G, K]
         # 2) rotate q and k (self-attention only)
         if self.rope is not None:
             positions = default_positions(b, t) if positions is None else positions
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            q = self.rope(q, positions)
+            if not read_only:
+                k = self.rope(k, positions)
+        # 2b) write the new keys/values into their cache slots
+        if cache is not None and not read_only:
+            start = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # [B, L, G, K]
+            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # [B, L, G, K]
+            cache = {"k": k, "v": v}
         # 3) attend
-        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale,
-                                    return_weights=return_weights, dropout=self.attn_dropout)
+        out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
+                                    scale=self.scale, return_weights=return_weights,
+                                    dropout=self.attn_dropout)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))
+        if cache is not None:
+            return out, cache
         return (out, weights) if return_weights else out

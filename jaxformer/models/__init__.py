@@ -8,6 +8,9 @@ from flax import nnx
 
 MODELS: dict[str, str] = {
     "encoder": "jaxformer.models.encoder:TextEncoder",
+    "vit": "jaxformer.models.vit:ViT",
+    "swin": "jaxformer.models.swin:SwinTransformer",
+    "timeseries": "jaxformer.models.timeseries:TCNTransformer",
 }
 
 

@@ -72,12 +72,13 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if not return_weights:
         # 1) fused path (SDPA); bias and mask merged by filling, never adding, min values
         attn_mask = None
+        fill = torch.finfo(q.dtype).min  # in q's dtype: float32's min overflows bf16 (autocast)
         if bias is not None:
             attn_mask = bias.to(q.dtype)
             if mask is not None:
-                attn_mask = attn_mask.masked_fill(~mask, min_value)
+                attn_mask = attn_mask.masked_fill(~mask, fill)
         elif mask is not None:
-            attn_mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, min_value)
+            attn_mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, fill)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
             dropout_p=dropout.p if dropout_active else 0.0, scale=scale,
@@ -107,7 +108,16 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
-    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D]."""
+    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
+
+    KV cache (incremental decoding), a dict {"k", "v"} of [B, L, G, K] tensors:
+      * with cache_index (int): self-attention decode step. The new keys/values (RoPE'd at
+        `positions`) are written into slots cache_index..cache_index+T (in place here; JAX
+        returns an updated copy) and the queries attend over all L slots; `mask` must hide
+        the unwritten ones.
+      * without cache_index: a read-only cache, e.g. cross-attention keys/values projected
+        once from the encoder memory by `project_kv`; `kv` is then not used.
+    With a cache the call returns (out, new_cache)."""
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
@@ -131,23 +141,45 @@ class MultiHeadAttention(nn.Module):
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.dropout = nn.Dropout(dropout)
 
+    def project_kv(self, kv: torch.Tensor) -> dict:
+        """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
+        b, s, _ = kv.shape
+        return {"k": self.k_proj(kv).view(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+                "v": self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
-                positions=None, return_weights: bool = False):
+                positions=None, return_weights: bool = False, cache: dict | None = None,
+                cache_index=None):
         b, t, _ = x.shape
-        kv = x if kv is None else kv
-        s = kv.shape[1]
+        if cache is not None and return_weights:
+            raise ValueError("return_weights is not supported together with a KV cache")
+        read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
-        k = self.k_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
-        v = self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        if read_only:
+            k, v = cache["k"], cache["v"]  # [B, S, G, K], projected once
+        else:
+            kv_heads = self.project_kv(x if kv is None else kv)
+            k, v = kv_heads["k"], kv_heads["v"]  # [B, S, G, K]
         # 2) rotate q and k (self-attention only)
         if self.rope is not None:
             positions = default_positions(b, t, device=x.device) if positions is None else positions
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            q = self.rope(q, positions)
+            if not read_only:
+                k = self.rope(k, positions)
+        # 2b) write the new keys/values into their cache slots
+        if cache is not None and not read_only:
+            cache["k"][:, cache_index:cache_index + t] = k.to(cache["k"].dtype)  # [B, L, G, K]
+            cache["v"][:, cache_index:cache_index + t] = v.to(cache["v"].dtype)  # [B, L, G, K]
+            k, v = cache["k"], cache["v"]
+            cache = {"k": k, "v": v}
         # 3) attend
-        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale,
-                                    return_weights=return_weights, dropout=self.attn_dropout)
+        out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
+                                    scale=self.scale, return_weights=return_weights,
+                                    dropout=self.attn_dropout)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))
+        if cache is not None:
+            return out, cache
         return (out, weights) if return_weights else out

@@ -7,6 +7,9 @@ import torch
 
 MODELS: dict[str, str] = {
     "encoder": "torch_ref.models.encoder:TextEncoder",
+    "vit": "torch_ref.models.vit:ViT",
+    "swin": "torch_ref.models.swin:SwinTransformer",
+    "timeseries": "torch_ref.models.timeseries:TCNTransformer",
 }
 
 

@@ -1,0 +1,127 @@
+"""Configs of the full text models: `classifier`, `seq2seq` and `lm`. Shared by both trees and
+loaded from the `model:` section of a YAML file. Imports neither jax nor torch.
+
+Each extends TransformerConfig (the stack's hyper-parameters) with the model's own fields.
+Flavours (GPT-2, LLaMA, the original Transformer) are field values in configs/*.yaml, never
+hidden code paths.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from jaxformer.config.base import check, check_choice, check_positive
+from jaxformer.config.transformer import TransformerConfig
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+POOLINGS = ("cls", "mean")
+
+
+def stack_config(cfg: TransformerConfig, **changes) -> TransformerConfig:
+    """The plain TransformerConfig part of a model config (what the layers read), with changes."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TransformerConfig)}
+    fields.update(changes)
+    return TransformerConfig(**fields)
+
+
+def _check_token(cfg, name: str, vocab: int) -> None:
+    value = getattr(cfg, name)
+    check(isinstance(value, int) and 0 <= value < vocab, name,
+          f"must be a token id in [0, {vocab}), got {value!r}")
+
+
+@dataclass(frozen=True)
+class ClassifierConfig(TransformerConfig):
+    """The seed tutorial's encoder classifier: scaled embeddings, positions, an encoder stack,
+    [CLS] (first token) or mean pooling over non-pad tokens, then a linear head.
+
+    dtype: compute dtype; "bfloat16" runs the matmuls in bf16 (params stay float32).
+    """
+
+    num_classes: int = 2
+    pooling: str = "cls"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self, "num_classes")
+        check_choice(self, "pooling", POOLINGS)
+        check_choice(self, "dtype", COMPUTE_DTYPES)
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig(TransformerConfig):
+    """Encoder-decoder Transformer (Vaswani et al. 2017). `num_layers` is the encoder depth.
+
+    num_decoder_layers: decoder depth; None = num_layers.
+    tgt_vocab_size: target vocabulary; None = vocab_size. Must be None/equal when shared.
+    share_embeddings: one token embedding for source and target (`embed`), else
+        `src_embed` and `tgt_embed`.
+    tie_output: the output projection is the target embedding transposed (no `lm_head`).
+    bos_id / eos_id: decoder start token and end of sequence (target vocabulary).
+    """
+
+    num_decoder_layers: int | None = None
+    tgt_vocab_size: int | None = None
+    share_embeddings: bool = True
+    tie_output: bool = True
+    bos_id: int = 1
+    eos_id: int = 2
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_decoder_layers is not None:
+            check_positive(self, "num_decoder_layers")
+        if self.tgt_vocab_size is not None:
+            check_positive(self, "tgt_vocab_size")
+            check(not self.share_embeddings or self.tgt_vocab_size == self.vocab_size,
+                  "tgt_vocab_size", f"shared embeddings need tgt_vocab_size == vocab_size "
+                  f"({self.vocab_size}), got {self.tgt_vocab_size}")
+        _check_token(self, "bos_id", self.resolved_tgt_vocab)
+        _check_token(self, "eos_id", self.resolved_tgt_vocab)
+        check(self.pad_id < self.resolved_tgt_vocab, "pad_id",
+              f"must be a target token id too (< {self.resolved_tgt_vocab})")
+        check_choice(self, "dtype", COMPUTE_DTYPES)
+
+    @property
+    def resolved_decoder_layers(self) -> int:
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+    @property
+    def resolved_tgt_vocab(self) -> int:
+        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    def encoder_config(self) -> TransformerConfig:
+        return stack_config(self)
+
+    def decoder_config(self) -> TransformerConfig:
+        return stack_config(self, num_layers=self.resolved_decoder_layers,
+                            vocab_size=self.resolved_tgt_vocab)
+
+
+@dataclass(frozen=True)
+class LMConfig(TransformerConfig):
+    """Decoder-only causal LM: a Decoder stack without cross-attention. GPT-2 and LLaMA are
+    presets of the TransformerConfig fields (configs/lm.yaml, configs/llama.yaml).
+
+    tie_embeddings: the output projection is the token embedding transposed (no `lm_head`).
+    bos_id / eos_id: start and end of sequence; generation stops at eos_id.
+    """
+
+    tie_embeddings: bool = True
+    bos_id: int = 1
+    eos_id: int = 2
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_token(self, "bos_id", self.vocab_size)
+        _check_token(self, "eos_id", self.vocab_size)
+        check_choice(self, "dtype", COMPUTE_DTYPES)
+
+    def decoder_config(self) -> TransformerConfig:
+        return stack_config(self)
+
+
+__all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "stack_config", "COMPUTE_DTYPES"]

@@ -1,0 +1,216 @@
+"""Configs for the vision and time-series models (ViT, Swin, TCN-Transformer), shared by both trees.
+
+Imports neither jax nor torch. Images are channels-last [B, H, W, C] in both frameworks; series
+are [B, L, C] (L time steps). Every default that differs between frameworks or reference
+implementations (LayerNorm eps, GELU variant, conv padding) is a named field here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxformer.config.base import check, check_choice, check_positive, check_prob
+from jaxformer.config.transformer import FFN_KINDS, NORM_POSITIONS, TransformerConfig
+
+VIT_POOLS = ("cls", "mean")
+TCN_PADDINGS = ("causal", "same")
+TS_POSITIONS = ("sinusoidal", "learned", "none")
+TS_POOLS = ("last", "mean")
+
+
+def _check_eps(obj, name: str = "norm_eps") -> None:
+    value = getattr(obj, name)
+    check(isinstance(value, float) and value > 0, name, f"must be a float > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """ViT (Dosovitskiy et al. 2021): patchify conv, [CLS] token, learned positions, Pre-LN
+    encoder, classification head. HF ViT uses norm_eps=1e-12 and exact GELU ("gelu")."""
+
+    image_size: int = 16  # square images, H = W = image_size
+    patch_size: int = 4
+    num_channels: int = 3
+    num_classes: int = 10
+    d_model: int = 64
+    num_heads: int = 4
+    d_ff: int = 128
+    num_layers: int = 2
+    ffn: str = "gelu"
+    norm_eps: float = 1e-6  # big_vision / the paper's code; HF ViT uses 1e-12
+    bias: bool = True  # biases on q/k/v/o and the FFN (HF: qkv_bias=True)
+    class_token: bool = True
+    pool: str = "cls"  # "cls": the [CLS] output; "mean": mean of the patch outputs
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    embed_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "d_model",
+                       "num_heads", "d_ff", "num_layers")
+        check(self.image_size % self.patch_size == 0, "image_size",
+              f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}")
+        check(self.d_model % self.num_heads == 0, "d_model",
+              f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+        check_choice(self, "ffn", FFN_KINDS)
+        check_choice(self, "pool", VIT_POOLS)
+        check(self.pool != "cls" or self.class_token, "pool",
+              "pool='cls' needs class_token=True (use pool='mean' without a class token)")
+        check_prob(self, "dropout", "attn_dropout", "embed_dropout")
+        _check_eps(self)
+
+    @property
+    def grid_size(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size ** 2
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + int(self.class_token)
+
+    def encoder_config(self) -> TransformerConfig:
+        """The Pre-LN encoder stack; positions are added by the model, not the stack."""
+        return TransformerConfig(
+            vocab_size=1, d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
+            num_layers=self.num_layers, ffn=self.ffn, norm="layernorm", norm_eps=self.norm_eps,
+            norm_position="pre", final_norm=True, bias=self.bias, dropout=self.dropout,
+            attn_dropout=self.attn_dropout, position="none", max_len=self.num_tokens,
+            scale_embedding=False)
+
+
+@dataclass(frozen=True)
+class SwinConfig:
+    """Swin Transformer (Liu et al. 2021), laid out like HF SwinForImageClassification.
+
+    Stage i has depths[i] blocks of width embed_dim * 2**i with num_heads[i] heads, alternating
+    W-MSA and SW-MSA (shift window_size // 2); a patch merging layer halves the resolution
+    between stages. Inputs of any size are padded like HF (to the patch size, to the window,
+    to even sizes before merging); where a stage's resolution is <= window_size the window is
+    clamped to it and the shift is dropped (HF's rule)."""
+
+    image_size: int = 32  # nominal input size (data, docs); other sizes are padded, not rejected
+    patch_size: int = 2
+    num_channels: int = 3
+    num_classes: int = 10
+    embed_dim: int = 32
+    depths: tuple[int, ...] = (2, 2)
+    num_heads: tuple[int, ...] = (2, 4)
+    window_size: int = 4
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True  # o_proj and the MLP always have biases (HF, reference code)
+    ffn: str = "gelu"  # HF hidden_act="gelu" is exact GELU
+    norm_eps: float = 1e-5  # every LayerNorm; HF hard-codes 1e-5 for the patch and merge norms
+    dropout: float = 0.0  # on attention and MLP outputs (HF hidden_dropout_prob)
+    attn_dropout: float = 0.0
+    drop_path_rate: float = 0.0  # stochastic depth, linear in block index (HF, timm)
+
+    def __post_init__(self) -> None:
+        check_positive(self, "image_size", "patch_size", "num_channels", "num_classes",
+                       "embed_dim", "window_size")
+        check(len(self.depths) > 0, "depths", "needs at least one stage")
+        check(len(self.depths) == len(self.num_heads), "num_heads",
+              f"has {len(self.num_heads)} entries but depths has {len(self.depths)}")
+        for i, (d, h) in enumerate(zip(self.depths, self.num_heads)):
+            check(isinstance(d, int) and d > 0, f"depths[{i}]", f"must be a positive int, got {d!r}")
+            check(isinstance(h, int) and h > 0, f"num_heads[{i}]", f"must be a positive int, got {h!r}")
+            check(self.stage_dim(i) % h == 0, f"num_heads[{i}]",
+                  f"stage width {self.stage_dim(i)} is not divisible by {h} heads")
+        check(self.mlp_ratio > 0 and int(self.mlp_ratio * self.embed_dim) > 0, "mlp_ratio",
+              f"must be > 0, got {self.mlp_ratio}")
+        check_choice(self, "ffn", FFN_KINDS)
+        check(self.ffn not in ("swiglu", "geglu", "geglu_tanh"), "ffn",
+              f"Swin's MLP is not gated; use relu, gelu or gelu_tanh, got {self.ffn!r}")
+        check_prob(self, "dropout", "attn_dropout", "drop_path_rate")
+        _check_eps(self)
+
+    def stage_dim(self, i: int) -> int:
+        return self.embed_dim * 2 ** i
+
+    @property
+    def num_features(self) -> int:
+        return self.stage_dim(len(self.depths) - 1)
+
+    def drop_path_rates(self) -> list[float]:
+        """One rate per block, 0 -> drop_path_rate linearly over all blocks."""
+        n = sum(self.depths)
+        return [self.drop_path_rate * i / max(n - 1, 1) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class TimeSeriesConfig:
+    """TCN + Transformer forecaster (the seed tutorial's TCNTransformer, Bai et al. 2018 for the
+    TCN): Conv1d+ReLU layers with explicit padding, positions, an encoder stack, then a head that
+    predicts the next `horizon` values of the `target_channels`.
+
+    padding="causal" pads (k-1)*dilation on the left only, so step t sees inputs <= t;
+    padding="same" splits it (left = total // 2, the rest right, like torch padding='same')."""
+
+    input_len: int = 48  # L: the longest series the model accepts (positions table size)
+    num_channels: int = 1  # C: input channels
+    target_channels: tuple[int, ...] = (0,)  # input channels to forecast; C_out = len(...)
+    horizon: int = 8
+    d_model: int = 32
+    num_heads: int = 4
+    d_ff: int = 64
+    num_layers: int = 2
+    conv_layers: int = 2
+    kernel_size: int = 3
+    dilation_base: int = 1  # layer i uses dilation dilation_base ** i (2 = WaveNet/TCN style)
+    padding: str = "causal"
+    ffn: str = "relu"
+    norm_position: str = "post"  # the seed's nn.TransformerEncoderLayer default
+    norm_eps: float = 1e-5
+    final_norm: bool = False  # the seed's stack has no final norm
+    position: str = "sinusoidal"
+    pool: str = "last"  # head input: the last step's state, or the mean over steps
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive(self, "input_len", "num_channels", "horizon", "d_model", "num_heads",
+                       "d_ff", "num_layers", "conv_layers", "kernel_size", "dilation_base")
+        check(len(self.target_channels) > 0, "target_channels", "needs at least one channel")
+        for i, c in enumerate(self.target_channels):
+            check(isinstance(c, int) and 0 <= c < self.num_channels, f"target_channels[{i}]",
+                  f"must be a channel in [0, num_channels={self.num_channels}), got {c!r}")
+        check(len(set(self.target_channels)) == len(self.target_channels), "target_channels",
+              f"has duplicates: {self.target_channels}")
+        check(self.d_model % self.num_heads == 0, "d_model",
+              f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+        check_choice(self, "padding", TCN_PADDINGS)
+        check_choice(self, "ffn", FFN_KINDS)
+        check_choice(self, "norm_position", NORM_POSITIONS)
+        check_choice(self, "position", TS_POSITIONS)
+        check_choice(self, "pool", TS_POOLS)
+        check_prob(self, "dropout", "attn_dropout")
+        _check_eps(self)
+        check(self.input_len >= self.receptive_field, "input_len",
+              f"input_len={self.input_len} is shorter than the conv stack's receptive field "
+              f"{self.receptive_field}")
+
+    @property
+    def num_targets(self) -> int:
+        return len(self.target_channels)
+
+    def dilation(self, i: int) -> int:
+        return self.dilation_base ** i
+
+    @property
+    def receptive_field(self) -> int:
+        """Input steps that one output step of the conv stack sees: 1 + sum((k-1) * d_i)."""
+        return 1 + sum((self.kernel_size - 1) * self.dilation(i) for i in range(self.conv_layers))
+
+    def conv_padding(self, i: int) -> tuple[int, int]:
+        """(left, right) zero padding of conv layer i; output length = input length."""
+        total = (self.kernel_size - 1) * self.dilation(i)
+        return (total, 0) if self.padding == "causal" else (total // 2, total - total // 2)
+
+    def encoder_config(self) -> TransformerConfig:
+        return TransformerConfig(
+            vocab_size=1, d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
+            num_layers=self.num_layers, ffn=self.ffn, norm="layernorm", norm_eps=self.norm_eps,
+            norm_position=self.norm_position, final_norm=self.final_norm, dropout=self.dropout,
+            attn_dropout=self.attn_dropout, position="none", max_len=self.input_len,
+            scale_embedding=False)

@@ -1,0 +1,171 @@
+"""The converter: matching key sets, bit-exact round trips, and every kind of bad input."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from jaxformer.config import TransformerConfig, to_dict
+from jaxformer.convert import (ConversionError, convert_file, flax_key, load_torch_state_dict,
+                               param_leaves, to_torch_state_dict, torch_key, write_safetensors)
+from jaxformer.models import build_model as jbuild
+from parity_tests.registry import CASES, load_all
+from torch_ref.models import build_model as tbuild
+
+load_all()
+CFG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=16,
+                        norm_position="pre", position="learned")
+
+
+def _module_cases():
+    out = []
+    for name, c in sorted(CASES.items()):
+        t, j = c.build(0)
+        if isinstance(t, torch.nn.Module) and len(t.state_dict()):
+            out.append(name)
+    return out
+
+
+MODULE_CASES = _module_cases()
+
+
+@pytest.mark.parametrize("name", MODULE_CASES)
+def test_same_key_set_and_exact_round_trip(name):
+    t, j = CASES[name].build(0)
+    sd = t.state_dict()
+    flax_keys = {torch_key(p) for p in param_leaves(j)}
+    assert flax_keys == set(sd), (sorted(flax_keys ^ set(sd)))
+    load_torch_state_dict(j, sd)
+    back = to_torch_state_dict(j)
+    assert set(back) == set(sd)
+    for k in sd:
+        assert back[k].dtype == sd[k].dtype and back[k].shape == sd[k].shape
+        assert torch.equal(back[k], sd[k]), k  # bit-exact
+
+
+def _pair():
+    return tbuild("encoder", CFG, seed=0), jbuild("encoder", CFG, seed=0)
+
+
+def test_all_problems_reported_in_one_error():
+    t, j = _pair()
+    sd = dict(t.state_dict())
+    del sd["encoder.layers.0.self_attn.q_proj.weight"]  # missing
+    sd["encoder.layers.9.ffn.up_proj.weight"] = torch.zeros(3)  # unexpected
+    sd["encoder.layers.1.ffn.up_proj.weight"] = torch.zeros(64, 31)  # mis-shaped
+    sd["encoder.final_norm.weight"] = torch.ones(32, dtype=torch.int32)  # dtype
+    nan = sd["embed.embed_tokens.weight"].clone()
+    nan[3, 4] = float("nan")
+    nan[5, 1] = float("inf")
+    sd["embed.embed_tokens.weight"] = nan
+    with pytest.raises(ConversionError) as e:
+        load_torch_state_dict(j, sd)
+    msg = str(e.value)
+    assert "missing: encoder.layers.0.self_attn.q_proj.weight" in msg
+    assert "unexpected: encoder.layers.9.ffn.up_proj.weight" in msg
+    assert "shape: encoder.layers.1.ffn.up_proj.weight has torch shape (64, 31), expected (64, 32)" in msg
+    assert "dtype: encoder.final_norm.weight is int32" in msg
+    assert "non-finite: embed.embed_tokens.weight has 2 NaN/inf" in msg
+    assert len(e.value.problems) == 5
+
+
+def test_lossy_downcast_is_reported():
+    t, j = _pair()
+    sd = {k: v.double() for k, v in t.state_dict().items()}
+    with pytest.raises(ConversionError, match="would lose precision"):
+        load_torch_state_dict(j, sd)
+    load_torch_state_dict(j, sd, allow_downcast=True)
+
+
+def test_failed_model_build_with_wrong_config_reports_shapes():
+    t, _ = _pair()
+    j = jbuild("encoder", TransformerConfig(**{**to_dict(CFG), "d_ff": 48}), seed=0)
+    with pytest.raises(ConversionError) as e:
+        load_torch_state_dict(j, t.state_dict())
+    # up_proj.weight, up_proj.bias and down_proj.weight of each layer, nothing else
+    assert len(e.value.problems) == 3 * CFG.num_layers
+    assert all(p.startswith("shape:") for p in e.value.problems)
+
+
+def _write_torch_file(path, sd, meta=None):
+    write_safetensors(str(path), {k: v.numpy() for k, v in sd.items()}, meta or {"format": "pt"})
+
+
+def _config_yaml(path):
+    path.write_text(yaml.safe_dump({"model": {"name": "encoder", **to_dict(CFG)}}))
+    return str(path)
+
+
+def test_file_round_trip_is_exact(tmp_path):
+    t, _ = _pair()
+    src, mid, back = tmp_path / "t.safetensors", tmp_path / "f.safetensors", tmp_path / "b.safetensors"
+    _write_torch_file(src, t.state_dict())
+    convert_file(str(src), str(mid), to="flax", name="encoder", cfg=CFG)
+    convert_file(str(mid), str(back), to="torch")  # config from the file's metadata
+    from safetensors.numpy import load_file
+    a, b = load_file(str(src)), load_file(str(back))
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
+    flax_side = load_file(str(mid))
+    assert "encoder.layers.0.self_attn.q_proj.kernel" in flax_side
+    np.testing.assert_array_equal(flax_side["encoder.layers.0.self_attn.q_proj.kernel"],
+                                  a["encoder.layers.0.self_attn.q_proj.weight"].T)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "jaxformer", "convert", *args], capture_output=True, text=True)
+
+
+def test_cli_failed_conversion_writes_nothing(tmp_path):
+    t, _ = _pair()
+    sd = dict(t.state_dict())
+    del sd["encoder.final_norm.bias"]
+    src, dst = tmp_path / "bad.safetensors", tmp_path / "out.safetensors"
+    _write_torch_file(src, sd)
+    r = _cli(str(src), str(dst), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))
+    assert r.returncode == 1
+    assert "missing: encoder.final_norm.bias" in r.stderr
+    assert not dst.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
+
+
+def test_cli_round_trip_and_truncated_file(tmp_path):
+    t, _ = _pair()
+    src, mid = tmp_path / "t.safetensors", tmp_path / "f.safetensors"
+    _write_torch_file(src, t.state_dict())
+    r = _cli(str(src), str(mid), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))
+    assert r.returncode == 0, r.stderr
+    data = src.read_bytes()
+    trunc = tmp_path / "trunc.safetensors"
+    trunc.write_bytes(data[: len(data) // 2])
+    r = _cli(str(trunc), str(tmp_path / "x.safetensors"), "--to", "flax", "--config", str(tmp_path / "c.yaml"))
+    assert r.returncode == 1 and "unreadable safetensors" in r.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_pickle_bin_is_loaded_weights_only(tmp_path):
+    """A .bin whose pickle would run code is refused and the code does not run (PITFALLS 14)."""
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    bad = tmp_path / "evil.bin"
+    torch.save({"x": Evil()}, str(bad))
+    r = _cli(str(bad), str(tmp_path / "o.safetensors"), "--to", "flax", "--config",
+             _config_yaml(tmp_path / "c.yaml"))
+    assert r.returncode != 0
+    assert "Weights only load failed" in r.stderr or "weights_only" in r.stderr
+    assert not marker.exists()
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_flax_keys_are_attribute_paths():
+    _, j = _pair()
+    keys = {flax_key(p) for p in param_leaves(j)}
+    assert "encoder.layers.1.ffn.down_proj.kernel" in keys
+    assert "embed.embed_positions.embedding" in keys
+    assert "encoder.final_norm.scale" in keys
