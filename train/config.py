@@ -1,0 +1,167 @@
+"""The run config: YAML -> typed, frozen dataclasses with `model`, `data`, `train` and
+`parallel` sections. Framework-free. `--set a.b=value` overrides any nested key before
+validation, so a bad override fails exactly like a bad YAML value: with the key named."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from jaxformer.config import ConfigError, from_dict, model_config_from_dict, to_dict
+from jaxformer.config.base import check, check_choice, check_positive, check_prob
+
+SCHEDULES = ("warmup_cosine", "constant", "inverse_sqrt")
+INITS = ("default", "xavier_uniform", "normal_0.02")
+PRECISIONS = ("fp32", "bf16")
+REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                  "everything_saveable")
+PARALLEL_MODES = ("none", "pmap", "mesh")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 32  # examples per optimizer step (all devices, all micro-batches)
+    seed: int = 0
+    lr: float = 1e-3
+    schedule: str = "warmup_cosine"
+    warmup_steps: int = 20  # the seeds use 4000 on full-size runs
+    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    weight_decay: float = 0.01
+    decay_norms_and_biases: bool = False  # False: exempt 1-D params (biases, norm scales)
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global norm; 0 disables
+    label_smoothing: float = 0.0
+    grad_accum_steps: int = 1
+    precision: str = "fp32"  # bf16: bf16 compute, fp32 params and optimiser state
+    remat: bool = False
+    remat_policy: str = "nothing_saveable"
+    init: str = "default"
+    dropout: float | None = None  # overrides model dropout for training, if set
+    eval_every: int = 50
+    eval_batches: int = 4
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2  # the last K, plus the best by eval loss
+    async_checkpoint: bool = True
+    log_every: int = 1
+    sample_tokens: int = 48  # length of the sample printed at the end (lm, seq2seq)
+
+    def __post_init__(self) -> None:
+        check_positive(self, "steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches",
+                       "checkpoint_every", "keep_checkpoints", "log_every")
+        check(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        check(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        check(self.grad_clip >= 0, "grad_clip", f"must be >= 0, got {self.grad_clip}")
+        check_prob(self, "label_smoothing", "b1", "b2")
+        check(self.eps > 0, "eps", f"must be > 0, got {self.eps}")
+        check_choice(self, "schedule", SCHEDULES)
+        check_choice(self, "precision", PRECISIONS)
+        check_choice(self, "remat_policy", REMAT_POLICIES)
+        check_choice(self, "init", INITS)
+        check(self.batch_size % self.grad_accum_steps == 0, "grad_accum_steps",
+              f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
+        check(self.sample_tokens >= 0, "sample_tokens", "must be >= 0")
+        if self.dropout is not None:
+            check_prob(self, "dropout")
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch_size // self.grad_accum_steps
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    data: int = -1  # -1: the rest of the devices
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    mode: str = "none"
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    num_devices: int | None = None  # pmap/mesh: devices to use; None = all local devices
+
+    def __post_init__(self) -> None:
+        check_choice(self, "mode", PARALLEL_MODES)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model_name: str
+    model: Any
+    data_name: str
+    data: Any  # the dataset module's own frozen Config dataclass
+    train: TrainConfig
+    parallel: ParallelConfig
+
+    def to_dict(self) -> dict:
+        return {"model": {"name": self.model_name, **to_dict(self.model)},
+                "data": {"name": self.data_name, **to_dict(self.data)},
+                "train": to_dict(self.train), "parallel": to_dict(self.parallel)}
+
+    def with_model(self, **changes) -> "RunConfig":
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, **changes))
+
+
+SECTIONS = ("model", "data", "train", "parallel")
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """'train.lr=3e-4' -> raw['train']['lr'] = 3e-4 (value parsed as YAML)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected key=value")
+    key, value = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    if parts[0] not in SECTIONS or len(parts) < 2:
+        raise ConfigError(f"--set {key}: unknown key; it must start with one of {SECTIONS}")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {p} is not a section")
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) {unknown}; valid: {list(SECTIONS)}")
+    if "model" not in raw:
+        raise ConfigError("model: missing section")
+    name, model = model_config_from_dict(raw["model"])
+    data_raw = dict(raw.get("data") or {})
+    if "name" not in data_raw:
+        raise ConfigError("data.name: missing; it selects the dataset")
+    data_name = data_raw.pop("name")
+    from train.data import dataset_config_class
+    data = from_dict(dataset_config_class(data_name), data_raw, prefix="data.")
+    train = from_dict(TrainConfig, raw.get("train") or {}, prefix="train.")
+    parallel = from_dict(ParallelConfig, raw.get("parallel") or {}, prefix="parallel.")
+    return RunConfig(name, model, data_name, data, train, parallel)
+
+
+def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    for o in overrides:
+        apply_override(raw, o)
+    return config_from_dict(raw)
+
+
+def save_config(cfg: RunConfig, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+
+def config_json(cfg: RunConfig) -> str:
+    return json.dumps(cfg.to_dict(), sort_keys=True)

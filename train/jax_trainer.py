@@ -1,0 +1,261 @@
+"""JAX training: one `jax.jit` train step with the state donated (parallel.mode none), or the
+same step under `jax.pmap` over the local devices (parallel.mode pmap).
+
+Why it is built this way:
+- The NNX model is split once into (graphdef, params, rest). The step is a pure function of
+  plain pytrees, jitted once; we never pay nnx.jit's graph traversal per step.
+- `rest` holds the non-parameter state, i.e. the dropout RNG streams; it is threaded through
+  the step and checkpointed, so a resumed run draws the same dropout masks.
+- Losses are (sum, count) pairs, summed over micro-batches (gradient accumulation as a
+  lax.scan) and over devices (psum), and divided once by the global count: the step computes
+  the same loss and gradient however the global batch is split.
+- bf16 compute casts the fp32 params inside the loss, so the gradients, the params and the
+  optimiser state stay fp32.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxformer.models import build_model
+from train import data as data_lib
+from train import init as init_lib
+from train import tasks
+from train.checkpoint import Checkpointer
+from train.config import RunConfig, save_config
+from train.logging_utils import MetricsWriter, Progress
+from train.optim import make_optax
+
+
+def model_config_for_training(cfg: RunConfig):
+    """The model config with train-time overrides applied (dropout)."""
+    mcfg = cfg.model
+    if cfg.train.dropout is not None and hasattr(mcfg, "dropout"):
+        mcfg = dataclasses.replace(mcfg, dropout=cfg.train.dropout)
+    return mcfg
+
+
+def build_jax_model(cfg: RunConfig):
+    model = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
+    init_lib.init_flax(model, cfg.train.init, cfg.train.seed)
+    set_remat(model, cfg.train.remat_policy if cfg.train.remat else None)
+    return model
+
+
+def set_remat(model, policy: str | None) -> None:
+    """Activation checkpointing per layer: every stack with a `remat_policy` attribute."""
+    for _, m in nnx.iter_graph(model) if hasattr(nnx, "iter_graph") else model.iter_modules():
+        if hasattr(m, "remat_policy"):
+            m.remat_policy = policy
+
+
+def _cast_floats(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+class StepFns:
+    """The pure, jittable train and eval steps for one model/config."""
+
+    def __init__(self, cfg: RunConfig, model, tx, schedule, axis_name: str | None = None):
+        self.cfg, self.tx, self.schedule, self.axis_name = cfg, tx, schedule, axis_name
+        model.train()
+        self.graphdef_train, _, _ = nnx.split(model, nnx.Param, ...)
+        model.eval()
+        self.graphdef_eval, _, _ = nnx.split(model, nnx.Param, ...)
+        model.train()
+        self.compute_dtype = jnp.bfloat16 if cfg.train.precision == "bf16" else jnp.float32
+        self.pad_id = getattr(cfg.model, "pad_id", 0)
+
+    def _psum(self, x):
+        return jax.lax.psum(x, self.axis_name) if self.axis_name else x
+
+    def loss_terms(self, graphdef, params, rest, batch):
+        if self.compute_dtype != jnp.float32:
+            params = _cast_floats(params, self.compute_dtype)
+            batch = {k: (v.astype(self.compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v)
+                     for k, v in batch.items()}
+        model = nnx.merge(graphdef, params, rest)
+        loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
+                                                  self.cfg.train.label_smoothing, self.pad_id)
+        _, _, new_rest = nnx.split(model, nnx.Param, ...)
+        return loss.astype(jnp.float32), (count, metrics, new_rest)
+
+    def train_step(self, state, batch):
+        """state: {params, opt_state, rest, step}; batch: arrays [A, micro, ...]."""
+        params = state["params"]
+        grad_fn = jax.value_and_grad(lambda p, r, b: self.loss_terms(self.graphdef_train, p, r, b),
+                                     has_aux=True)
+
+        def micro(carry, mb):
+            g_sum, l_sum, c_sum, m_sum, rest = carry
+            (loss, (count, metrics, rest)), g = grad_fn(params, rest, mb)
+            g_sum = jax.tree.map(jnp.add, g_sum, g)
+            m_sum = jax.tree.map(jnp.add, m_sum, metrics)
+            return (g_sum, l_sum + loss, c_sum + count, m_sum, rest), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        first = jax.tree.map(lambda x: x[0], batch)
+        m0 = jax.tree.map(lambda x: jnp.zeros((), jnp.float32),
+                          jax.eval_shape(lambda: self.loss_terms(self.graphdef_train, params,
+                                                                 state["rest"], first)[1][1]))
+        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), m0, state["rest"])
+        (g_sum, l_sum, c_sum, m_sum, rest), _ = jax.lax.scan(micro, init, batch)
+        g_sum, l_sum, c_sum, m_sum = self._psum((g_sum, l_sum, c_sum, m_sum))
+        grads = jax.tree.map(lambda g: g / c_sum, g_sum)
+        updates, opt_state = self.tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        out = {"loss": l_sum / c_sum, "grad_norm": optax.global_norm(grads),
+               "lr": self.schedule(state["step"]),
+               **{k: v / c_sum for k, v in m_sum.items()}}
+        return {"params": new_params, "opt_state": opt_state, "rest": rest,
+                "step": state["step"] + 1}, out
+
+    def eval_step(self, params, rest, batch):
+        loss, (count, metrics, _) = self.loss_terms(self.graphdef_eval, params, rest, batch)
+        sums = {"loss": loss, "count": count, **metrics}
+        return self._psum(sums) if self.axis_name else sums
+
+
+def init_state(cfg: RunConfig, model, tx):
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    return {"params": params, "opt_state": tx.init(params), "rest": rest,
+            "step": jnp.zeros((), jnp.int32)}
+
+
+def shape_batch(batch: dict, accum: int, devices: int | None = None) -> dict:
+    """[B, ...] -> [A, B/A, ...], or [D, A, B/(A D), ...] for pmap."""
+    def f(x):
+        b = x.shape[0]
+        if devices:
+            return x.reshape((devices, accum, b // (accum * devices)) + x.shape[1:])
+        return x.reshape((accum, b // accum) + x.shape[1:])
+    return {k: f(v) for k, v in batch.items()}
+
+
+class JaxTrainer:
+    """Runs a whole config: data, steps, eval, checkpoints, metrics. See train/cli.py."""
+
+    def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, progress: bool = True,
+                 model=None, quiet: bool = False):
+        self.cfg, self.workdir = cfg, workdir
+        self.quiet = quiet
+        os.makedirs(workdir, exist_ok=True)
+        self.primary = jax.process_index() == 0
+        if self.primary:
+            save_config(cfg, os.path.join(workdir, "config.yaml"))
+        tc = cfg.train
+        self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
+        self.model = model if model is not None else build_jax_model(cfg)
+        _, params, _ = nnx.split(self.model, nnx.Param, ...)
+        self.tx, self.schedule = make_optax(tc, params)
+        self.mode = cfg.parallel.mode
+        if self.mode == "mesh":
+            raise NotImplementedError("parallel.mode mesh: see the scale-out issue")
+        self.devices = None
+        if self.mode == "pmap":
+            self.devices = cfg.parallel.num_devices or jax.local_device_count()
+            if tc.batch_size % (tc.grad_accum_steps * self.devices):
+                raise ValueError(f"train.batch_size={tc.batch_size} must divide into "
+                                 f"grad_accum_steps={tc.grad_accum_steps} x {self.devices} devices")
+        self.fns = StepFns(cfg, self.model, self.tx, self.schedule,
+                           axis_name="data" if self.mode == "pmap" else None)
+        if self.mode == "pmap":
+            devs = jax.local_devices()[: self.devices]
+            self.train_step = jax.pmap(self.fns.train_step, axis_name="data", donate_argnums=0, devices=devs)
+            self.eval_step = jax.pmap(self.fns.eval_step, axis_name="data", devices=devs)
+        else:
+            self.train_step = jax.jit(self.fns.train_step, donate_argnums=0)
+            self.eval_step = jax.jit(self.fns.eval_step)
+        self.state = init_state(cfg, self.model, self.tx)
+        self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints,
+                                 async_save=tc.async_checkpoint, primary=self.primary)
+        self.start_step = 0
+        if resume and self.ckpt.all_steps():
+            self.state, record = self.ckpt.restore(self.state)
+            self.start_step = int(record["step"])
+        self.metrics = MetricsWriter(workdir, resume_step=self.start_step if resume else None,
+                                     enabled=self.primary)
+        self.progress_enabled = progress and self.primary
+        self.last_eval: dict = {}
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _replicate(self, tree):
+        return jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape), tree)
+
+    def _unreplicate(self, tree):
+        return jax.tree.map(lambda x: x[0], tree)
+
+    def device_batch(self, batch: dict) -> dict:
+        return shape_batch(batch, self.cfg.train.grad_accum_steps, self.devices)
+
+    def evaluate(self, state) -> dict:
+        params, rest = state["params"], state["rest"]
+        totals: dict[str, float] = {}
+        for batch in data_lib.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
+            if self.devices:
+                b = {k: v.reshape((self.devices, -1) + v.shape[1:]) for k, v in batch.items()}
+                sums = self._unreplicate(self.eval_step(params, rest, b))
+            else:
+                sums = self.eval_step(params, rest, batch)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+        return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> list[dict]:
+        tc = self.cfg.train
+        kill_at = int(os.environ.get("JAXFORMER_KILL_AT_STEP", "0"))  # test hook: SIGKILL ourselves
+        state = self._replicate(self.state) if self.devices else self.state
+        unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
+        bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
+        step = self.start_step
+        try:
+            while step < tc.steps:
+                host_batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
+                state, out = self.train_step(state, self.device_batch(host_batch))
+                step += 1
+                out = jax.device_get(self._unreplicate(out) if self.devices else out)
+                record = {"step": step, **{k: float(v) for k, v in out.items()}}
+                if step % tc.eval_every == 0 or step == tc.steps:
+                    self.last_eval = self.evaluate(state)
+                    record.update(self.last_eval)
+                    bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+                self.history.append(record)
+                self.metrics.write(record)
+                bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, host_batch))
+                if step % tc.checkpoint_every == 0 or step == tc.steps:
+                    host_state = self._unreplicate(state) if self.devices else state
+                    self.ckpt.save(step, host_state, {"config": self.cfg.to_dict()},
+                                   eval_loss=record.get("eval_loss"))
+                if kill_at and step == kill_at:
+                    self.ckpt.wait()
+                    os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            bar.close()
+            self.ckpt.close()
+            self.metrics.close()
+        self.state = self._unreplicate(state) if self.devices else state
+        return self.history
+
+    def trained_model(self):
+        """The model with the trained params (eval mode)."""
+        model = nnx.merge(self.fns.graphdef_eval, self.state["params"], self.state["rest"])
+        return model
+
+
+def params_numpy(state) -> dict:
+    """Flat {torch key: array in torch layout} of a train state's params (for comparisons)."""
+    from jaxformer import convert
+    out = {}
+    for path, v in nnx.to_flat_state(state["params"]):
+        path = tuple(path)
+        out[convert.torch_key(path)] = convert.flax_to_torch_layout(str(path[-1]), np.asarray(v.get_value()))
+    return out
