@@ -19,9 +19,25 @@ def add_arguments(p) -> None:
     p.add_argument("--process-id", type=int, default=None)
 
 
+def init_distributed(args) -> None:
+    """Multi-host: jax.distributed.initialize from flags or the environment
+    (JAXFORMER_COORDINATOR, JAXFORMER_NUM_PROCESSES, JAXFORMER_PROCESS_ID). On CPU the
+    collectives go through gloo."""
+    coordinator = args.coordinator or os.environ.get("JAXFORMER_COORDINATOR")
+    if not coordinator:
+        return
+    import jax
+    num = args.num_processes or int(os.environ["JAXFORMER_NUM_PROCESSES"])
+    pid = args.process_id if args.process_id is not None else int(os.environ["JAXFORMER_PROCESS_ID"])
+    # CPU collectives through gloo (only used by the CPU backend; set before it starts)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid)
+
+
 def run(args) -> int:
     from jaxformer.config import ConfigError
     from train.config import load_config
+    init_distributed(args)
     try:
         cfg = load_config(args.config, args.overrides)
     except (ConfigError, OSError) as e:
@@ -38,7 +54,12 @@ def run(args) -> int:
         trainer = JaxTrainer(cfg, workdir, resume=args.resume, progress=not args.no_progress)
         trainer.run()
         model = trainer.trained_model()
+    import jax
+    if jax.process_index() != 0:  # metrics and logs come from process 0
+        return 0
     final = trainer.last_eval
+    if getattr(trainer, "mesh", None) is not None:
+        print("memory per device: " + ", ".join(f"{k} {v:,}" for k, v in trainer.memory_report().items()))
     print(f"final eval ({args.framework}): " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     print(f"workdir: {os.path.abspath(workdir)} (metrics.jsonl, tb/, checkpoints)")
     sample = _sample(cfg, model, args.framework)

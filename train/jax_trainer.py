@@ -14,6 +14,7 @@ Why it is built this way:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -156,8 +157,7 @@ class JaxTrainer:
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
         self.tx, self.schedule = make_optax(tc, params)
         self.mode = cfg.parallel.mode
-        if self.mode == "mesh":
-            raise NotImplementedError("parallel.mode mesh: see the scale-out issue")
+        self.mesh = None
         self.devices = None
         if self.mode == "pmap":
             self.devices = cfg.parallel.num_devices or jax.local_device_count()
@@ -166,14 +166,16 @@ class JaxTrainer:
                                  f"grad_accum_steps={tc.grad_accum_steps} x {self.devices} devices")
         self.fns = StepFns(cfg, self.model, self.tx, self.schedule,
                            axis_name="data" if self.mode == "pmap" else None)
+        self.state = init_state(cfg, self.model, self.tx)
         if self.mode == "pmap":
             devs = jax.local_devices()[: self.devices]
             self.train_step = jax.pmap(self.fns.train_step, axis_name="data", donate_argnums=0, devices=devs)
             self.eval_step = jax.pmap(self.fns.eval_step, axis_name="data", devices=devs)
+        elif self.mode == "mesh":
+            self._setup_mesh()
         else:
             self.train_step = jax.jit(self.fns.train_step, donate_argnums=0)
             self.eval_step = jax.jit(self.fns.eval_step)
-        self.state = init_state(cfg, self.model, self.tx)
         self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints,
                                  async_save=tc.async_checkpoint, primary=self.primary)
         self.start_step = 0
@@ -185,6 +187,50 @@ class JaxTrainer:
         self.progress_enabled = progress and self.primary
         self.last_eval: dict = {}
         self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ mesh
+    def _setup_mesh(self) -> None:
+        """jit + NamedSharding over a (data, fsdp, tensor) mesh; see train/sharding.py."""
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from train import sharding
+        m = self.cfg.parallel.mesh
+        n = self.cfg.parallel.num_devices
+        devices = jax.devices()[:n] if n else jax.devices()
+        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        tc = self.cfg.train
+        if tc.micro_batch % shards:
+            raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} must divide by "
+                             f"data x fsdp = {shards}")
+        stacked = getattr(self.model, "stacked_axes_by_key", None)
+        self.shardings = sharding.state_shardings(self.state, self.mesh, stacked)
+        self.state = sharding.place(self.state, self.shardings)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.batch_sharding = sharding.batch_sharding(self.mesh)
+        self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False)
+        self.train_step = jax.jit(self.fns.train_step, donate_argnums=0,
+                                  out_shardings=(self.shardings, replicated))
+        self.eval_step = jax.jit(self.fns.eval_step, out_shardings=replicated)
+
+    def _global(self, host_batch: dict, sharding) -> dict:
+        """Each process feeds its own slice of the global batch (the dim split over data x fsdp)."""
+        axis = 1 if sharding is self.batch_sharding else 0
+        n, i = jax.process_count(), jax.process_index()
+
+        def f(v):
+            per = v.shape[axis] // n
+            local = np.take(v, np.arange(i * per, (i + 1) * per), axis=axis)
+            return jax.make_array_from_process_local_data(sharding, local, v.shape)
+        return {k: f(v) for k, v in host_batch.items()}
+
+    def memory_report(self) -> dict:
+        """Per-device bytes of parameters and optimiser state (device 0 of this process)."""
+        from train.sharding import per_device_bytes
+        p, o = per_device_bytes(self.state["params"]), per_device_bytes(self.state["opt_state"])
+        d0 = next(k for k in p if k.startswith("device"))
+        return {"param_bytes_total": p["total"], "param_bytes_per_device": p[d0],
+                "opt_bytes_total": o["total"], "opt_bytes_per_device": o.get(d0, 0)}
 
     # ------------------------------------------------------------------ helpers
     def _replicate(self, tree):
@@ -203,6 +249,8 @@ class JaxTrainer:
             if self.devices:
                 b = {k: v.reshape((self.devices, -1) + v.shape[1:]) for k, v in batch.items()}
                 sums = self._unreplicate(self.eval_step(params, rest, b))
+            elif self.mesh is not None:
+                sums = self.eval_step(params, rest, self._global(batch, self.eval_sharding))
             else:
                 sums = self.eval_step(params, rest, batch)
             for k, v in sums.items():
@@ -217,17 +265,24 @@ class JaxTrainer:
         unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
+        stack = contextlib.ExitStack()
+        if self.mesh is not None:
+            stack.enter_context(jax.set_mesh(self.mesh))
         try:
             while step < tc.steps:
                 host_batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
-                state, out = self.train_step(state, self.device_batch(host_batch))
+                batch = self.device_batch(host_batch)
+                if self.mesh is not None:
+                    batch = self._global(batch, self.batch_sharding)
+                state, out = self.train_step(state, batch)
                 step += 1
                 out = jax.device_get(self._unreplicate(out) if self.devices else out)
                 record = {"step": step, **{k: float(v) for k, v in out.items()}}
                 if step % tc.eval_every == 0 or step == tc.steps:
                     self.last_eval = self.evaluate(state)
                     record.update(self.last_eval)
-                    bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+                    if self.primary:
+                        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
                 self.history.append(record)
                 self.metrics.write(record)
                 bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, host_batch))
@@ -239,6 +294,7 @@ class JaxTrainer:
                     self.ckpt.wait()
                     os.kill(os.getpid(), signal.SIGKILL)
         finally:
+            stack.close()
             bar.close()
             self.ckpt.close()
             self.metrics.close()

@@ -1,0 +1,133 @@
+"""Train-step time: jaxformer (jax.jit) vs torch_ref eager vs torch_ref under torch.compile, side
+by side in one run, on the seed tutorial's classifier (vocab 30000, d_model 256, 8 heads,
+d_ff 1024, 6 layers, batch 32, seq 128, AdamW, clipping 1.0). Reported as ratios to torch eager.
+
+    python bench/train_step.py [--steps 10] [--warmup 3] [--no-compile] [--profile DIR]
+
+Not a test: it times things. fp32, dropout 0.1 in both (the seed's value).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SEED_CLASSIFIER = dict(name="classifier", vocab_size=30000, d_model=256, num_heads=8, d_ff=1024, num_layers=6,
+                       max_len=128, num_classes=2, dropout=0.1, norm_position="post", pad_id=0)
+TRAIN = dict(steps=1000, batch_size=32, lr=1e-4, weight_decay=0.01, grad_clip=1.0, warmup_steps=0,
+             schedule="constant", eval_every=1000, checkpoint_every=1000)
+
+
+def make_cfg():
+    from train.config import config_from_dict
+    return config_from_dict({"model": SEED_CLASSIFIER, "data": {"name": "text_source", "seq_len": 128},
+                             "train": TRAIN})
+
+
+def batch(seed=0):
+    import numpy as np
+    r = np.random.default_rng(seed)
+    ids = r.integers(1, 30000, size=(32, 128)).astype(np.int32)
+    ids[:, 100:] = np.where(r.random((32, 28)) < 0.5, 0, ids[:, 100:])  # some padding
+    return {"ids": ids, "labels": r.integers(0, 2, size=32).astype(np.int32)}
+
+
+def time_fn(fn, steps: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def bench_jax(cfg, b, steps, warmup, profile=None):
+    import jax
+
+    from train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
+    from train.optim import make_optax
+    from flax import nnx
+    model = build_jax_model(cfg)
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    tx, sched = make_optax(cfg.train, params)
+    fns = StepFns(cfg, model, tx, sched)
+    step = jax.jit(fns.train_step, donate_argnums=0)
+    holder = {"state": init_state(cfg, model, tx)}
+    db = jax.device_put(shape_batch(b, 1))
+
+    def run():
+        holder["state"], out = step(holder["state"], db)
+        jax.block_until_ready(out["loss"])
+    times = time_fn(run, steps, warmup)
+    if profile:
+        jax.profiler.start_trace(profile)
+        for _ in range(3):
+            run()
+        jax.profiler.stop_trace()
+    return times
+
+
+def bench_torch(cfg, b, steps, warmup, compile_=False):
+    import torch
+
+    from train.torch_tasks import forward_loss
+    from train.torch_trainer import build_torch_model
+    from train.optim import make_torch_optimizer
+    module = build_torch_model(cfg)
+    module.train()
+    opt, sched = make_torch_optimizer(cfg.train, module)
+    tb = {k: torch.from_numpy(v) for k, v in b.items()}
+    fwd = torch.compile(module) if compile_ else module
+
+    def run():
+        opt.zero_grad(set_to_none=True)
+        loss, count, _ = forward_loss("classifier", fwd, tb, 0.0)
+        (loss / count).backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return time_fn(run, steps, warmup + (2 if compile_ else 0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", default=None, help="write a JAX trace here")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import jax
+    import torch
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__} "
+          f"threads {torch.get_num_threads()}", flush=True)
+    cfg, b = make_cfg(), batch()
+    results = {}
+    results["torch_eager"] = bench_torch(cfg, b, args.steps, args.warmup)
+    results["jaxformer_jit"] = bench_jax(cfg, b, args.steps, args.warmup, args.profile)
+    if not args.no_compile:
+        try:
+            results["torch_compile"] = bench_torch(cfg, b, args.steps, args.warmup, compile_=True)
+        except Exception as e:  # inductor needs a C++ toolchain; report instead of dying
+            print(f"torch.compile failed: {type(e).__name__}: {e}", flush=True)
+    base = statistics.median(results["torch_eager"])
+    rows = []
+    for name, ts in results.items():
+        med = statistics.median(ts)
+        rows.append({"impl": name, "median_s_per_step": med, "ratio_to_torch_eager": med / base})
+        print(f"{name:15s} {med:7.3f} s/step   ratio to torch eager {med / base:5.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

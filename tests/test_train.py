@@ -1,0 +1,217 @@
+"""Training: trajectory parity JAX vs torch, pmap equivalence, exact resume after SIGKILL,
+corrupted checkpoints, config loading, schedules and init schemes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from jaxformer.config import ConfigError
+from jaxformer.convert import load_torch_state_dict
+from jaxformer.models import build_model as jbuild
+from torch_ref.models import build_model as tbuild
+from train.config import config_from_dict, load_config
+from train.jax_trainer import JaxTrainer, params_numpy
+from train.torch_trainer import TorchTrainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_TEXT = dict(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout=0.0)
+
+# model section, data section per family: tiny, fast, dropout 0
+FAMILIES = {
+    "classifier_postln": ({"name": "classifier", "vocab_size": 259, "max_len": 32, "num_classes": 3,
+                           "norm_position": "post", **TINY_TEXT},
+                          {"name": "text_source", "seq_len": 32, "examples_per_class": 64}),
+    "seq2seq": ({"name": "seq2seq", "vocab_size": 259, "max_len": 32, "norm_position": "pre", **TINY_TEXT},
+                {"name": "dates", "train_examples": 256, "eval_examples": 32}),
+    "lm_gpt2": ({"name": "lm", "vocab_size": 259, "max_len": 32, "norm_position": "pre", "position": "learned",
+                 "ffn": "gelu_tanh", "tie_embeddings": True, **TINY_TEXT},
+                {"name": "stdlib_docs", "seq_len": 16}),
+    "lm_llama_gqa": ({"name": "lm", "vocab_size": 259, "max_len": 32, "norm_position": "pre", "position": "rope",
+                      "norm": "rmsnorm", "ffn": "swiglu", "bias": False, "num_kv_heads": 2,
+                      "tie_embeddings": False, "norm_eps": 1e-6, **TINY_TEXT},
+                     {"name": "stdlib_docs", "seq_len": 16}),
+}
+TRAIN = {"steps": 20, "batch_size": 8, "grad_accum_steps": 2, "lr": 3e-3, "schedule": "warmup_cosine",
+         "warmup_steps": 5, "grad_clip": 0.5, "label_smoothing": 0.1, "eval_every": 10, "eval_batches": 1,
+         "checkpoint_every": 20, "async_checkpoint": False, "weight_decay": 0.01}
+
+
+def run_cfg(family, **train):
+    model, data = FAMILIES[family]
+    return config_from_dict({"model": dict(model), "data": dict(data), "train": {**TRAIN, **train}})
+
+
+def _pair(cfg):
+    tmod = tbuild(cfg.model_name, cfg.model, seed=3)
+    jmod = jbuild(cfg.model_name, cfg.model, seed=0)
+    load_torch_state_dict(jmod, tmod.state_dict())  # start from the same converted weights
+    return tmod, jmod
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_trajectory_parity(family, tmp_path):
+    cfg = run_cfg(family)
+    tmod, jmod = _pair(cfg)
+    jt = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False)
+    tt = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False)
+    jh, th = jt.run(), tt.run()
+    assert len(jh) == len(th) == 20
+    worst_loss = worst_lr = 0.0
+    for a, b in zip(jh, th):
+        scale = max(1.0, abs(b["loss"]))
+        worst_loss = max(worst_loss, abs(a["loss"] - b["loss"]) / scale)
+        worst_lr = max(worst_lr, abs(a["lr"] - b["lr"]) / max(1.0, abs(b["lr"])))
+    jp = params_numpy(jt.state)
+    tp = {k: v.detach().numpy() for k, v in tt.module.state_dict().items()}
+    assert set(jp) == set(tp)
+    worst_param = max(float(np.abs(jp[k] - tp[k]).max()) for k in tp)
+    print(f"{family}: max |dloss|/max(1,|loss|) {worst_loss:.2e}, max |dlr| {worst_lr:.2e}, "
+          f"final params max abs diff {worst_param:.2e}")
+    assert worst_loss <= 1e-4
+    assert worst_lr <= 1e-4
+    assert worst_param <= 1e-4
+    assert jh[-1]["loss"] < jh[0]["loss"]  # it learns
+
+
+def test_pmap_matches_single_device(tmp_path):
+    import jax
+    assert jax.local_device_count() == 8, "tests/conftest.py sets 8 host devices"
+    cfg = run_cfg("lm_gpt2", steps=5, batch_size=16, grad_accum_steps=2)
+    single = JaxTrainer(cfg, str(tmp_path / "one"), progress=False).run()
+    pcfg = config_from_dict({**cfg.to_dict(), "parallel": {"mode": "pmap"}})
+    multi = JaxTrainer(pcfg, str(tmp_path / "pmap"), progress=False).run()
+    diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(single, multi)]
+    print("pmap vs single-device loss diffs:", ["%.1e" % d for d in diffs])
+    assert max(diffs) <= 1e-5
+
+
+def _train_cli(cfg_path, workdir, *extra, env=None):
+    return subprocess.run([sys.executable, "-m", "jaxformer", "train", "--config", cfg_path, "--workdir",
+                           workdir, "--no-progress", *extra], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def _losses(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [(r["step"], r["loss"]) for r in map(json.loads, f)]
+
+
+@pytest.fixture(scope="module")
+def resume_setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("resume")
+    cfg = run_cfg("lm_gpt2", steps=12, checkpoint_every=4, eval_every=4, dropout=0.1)
+    path = d / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    full = d / "full"
+    r = _train_cli(str(path), str(full))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return d, str(path), _losses(full)
+
+
+def test_resume_after_sigkill_is_exact(resume_setup):
+    d, path, reference = resume_setup
+    wd = str(d / "killed")
+    env = {**os.environ, "JAXFORMER_KILL_AT_STEP": "6"}
+    r = _train_cli(path, wd, env=env)
+    assert r.returncode == -9, (r.returncode, r.stderr[-2000:])  # really SIGKILLed mid-run
+    assert _losses(wd)[-1][0] == 6
+    r = _train_cli(path, wd, "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    resumed = _losses(wd)
+    assert [s for s, _ in resumed] == list(range(1, 13))
+    assert resumed == reference  # identical losses, dropout RNG and data order included
+
+
+def test_corrupted_newest_checkpoint_falls_back(resume_setup):
+    d, path, reference = resume_setup
+    wd = d / "corrupt"
+    shutil.copytree(d / "full", wd)
+    ckpt = wd / "checkpoints"
+    steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+    assert steps[-1] == 12
+    newest = ckpt / str(steps[-1])
+    for f in newest.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
+            f.write_bytes(b"\0" * 7)  # truncate/garble every array file of the newest step
+    from train.checkpoint import Checkpointer
+    cfg = load_config(path)
+    trainer = JaxTrainer(cfg, str(wd), progress=False)
+    state, record = trainer.ckpt.restore(trainer.state)
+    assert record["step"] == steps[-2]  # fell back to the previous good checkpoint
+    # and with every step corrupted: a clear error, not garbage
+    for s in steps:
+        for f in (ckpt / str(s)).rglob("*"):
+            if f.is_file() and "state" in str(f):
+                f.write_bytes(b"\0" * 7)
+    from train.checkpoint import CheckpointError
+    with pytest.raises(CheckpointError, match="no restorable checkpoint"):
+        Checkpointer(str(ckpt), keep=2).restore(trainer.state)
+
+
+def test_every_config_parses_and_unknown_keys_fail():
+    files = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".yaml"))
+    assert {"classifier.yaml", "seq2seq.yaml", "lm.yaml", "llama.yaml"} <= set(files)
+    for f in files:
+        cfg = load_config(os.path.join(ROOT, "configs", f))
+        assert cfg.model_name and cfg.data_name
+    p = os.path.join(ROOT, "configs", "lm.yaml")
+    with pytest.raises(ConfigError, match="train.learning_rate"):
+        load_config(p, ["train.learning_rate=1e-3"])
+    with pytest.raises(ConfigError, match="model.num_layerz"):
+        load_config(p, ["model.num_layerz=2"])
+    with pytest.raises(ConfigError, match="train.steps: expected an int"):
+        load_config(p, ["train.steps=many"])
+    with pytest.raises(ConfigError, match="data.seq_len"):
+        load_config(p, ["data.seq_len=-4"])
+    cfg = load_config(p, ["train.lr=3e-4", "model.num_layers=2"])
+    assert cfg.train.lr == 3e-4 and cfg.model.num_layers == 2
+
+
+@pytest.mark.parametrize("schedule", ["warmup_cosine", "constant", "inverse_sqrt"])
+def test_lr_schedules_align_step_for_step(schedule):
+    import jax.numpy as jnp
+
+    from train.optim import make_optax, make_torch_optimizer
+    cfg = run_cfg("lm_gpt2", schedule=schedule, steps=40, warmup_steps=8).train
+    _, sched = make_optax(cfg, {"w": jnp.zeros((2, 2))})
+    opt, tsched = make_torch_optimizer(cfg, torch.nn.Linear(2, 2))
+    for step in range(40):
+        lr_t = opt.param_groups[0]["lr"]
+        assert abs(float(sched(step)) - lr_t) <= 1e-4 * max(1.0, lr_t) + 1e-9, (step, float(sched(step)), lr_t)
+        opt.step()
+        tsched.step()
+
+
+@pytest.mark.parametrize("scheme", ["xavier_uniform", "normal_0.02"])
+def test_init_schemes_are_identical_across_frameworks(scheme):
+    from jaxformer.convert import to_torch_state_dict
+    from train.init import init_flax, init_torch
+    cfg = run_cfg("lm_llama_gqa")
+    tmod, jmod = tbuild("lm", cfg.model, seed=1), jbuild("lm", cfg.model, seed=2)
+    init_torch(tmod, scheme, 7)
+    init_flax(jmod, scheme, 7)
+    sd, back = tmod.state_dict(), to_torch_state_dict(jmod)
+    for k in sd:
+        assert torch.equal(sd[k], back[k]), k
+    w = sd["decoder.layers.0.ffn.up_proj.weight"]
+    if scheme == "xavier_uniform":
+        a = (6.0 / sum(w.shape)) ** 0.5
+        assert float(w.abs().max()) <= a and float(w.abs().max()) > 0.8 * a
+    else:
+        assert abs(float(w.std()) - 0.02) < 0.003
+
+
+def test_resolved_config_is_saved(tmp_path):
+    cfg = run_cfg("classifier_postln", steps=2)
+    JaxTrainer(cfg, str(tmp_path), progress=False).run()
+    saved = load_config(str(tmp_path / "config.yaml"))
+    assert saved == cfg
+    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r["step"] for r in lines] == [1, 2]
+    assert {"step", "loss", "lr", "grad_norm", "eval_loss", "eval_accuracy"} <= set(lines[-1])
+    assert any(f.startswith("events") for f in os.listdir(tmp_path / "tb"))
