@@ -39,8 +39,7 @@ def torch_leaf(leaf: str) -> str:
 
 
 def flax_to_torch_layout(leaf: str, x: np.ndarray, stacked: int = 0) -> np.ndarray:
-    """Re-layout one flax leaf as torch stores it. `stacked` leading axes (scanned layers) are
-    kept in place."""
+    """Re-layout one flax leaf as torch stores it. `stacked` leading axes are kept in place."""
     if leaf != "kernel":
         return x
     n = x.ndim - stacked
@@ -116,10 +115,47 @@ def flax_key(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def stacked_axes(path: tuple, model=None) -> int:
-    """Leading layer axes of a scanned (stacked) leaf; 0 unless the model says otherwise."""
-    fn: Callable | None = getattr(model, "stacked_axes", None)
-    return fn(path) if fn is not None else 0
+def scan_prefixes(model) -> tuple[tuple, ...]:
+    """Paths of scanned layer stacks (model.scan_layers): their params carry a leading layer
+    axis, while torch keeps `layers.{i}` modules. Found by the `scan_layers` flag on a stack."""
+    from flax import nnx
+    out = []
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Module) and getattr(node, "scan_layers", False) is True:
+            out.append(tuple(path) + ("layers",))
+    return tuple(out)
+
+
+def stacked_prefix(path: tuple, prefixes: tuple[tuple, ...]) -> tuple | None:
+    for pre in prefixes:
+        if tuple(path[: len(pre)]) == pre:
+            return pre
+    return None
+
+
+def torch_keys_for(path: tuple, shape: tuple, prefixes: tuple[tuple, ...] = ()) -> list[str]:
+    """Torch key(s) of one flax param: one, or one per layer for a scanned (stacked) leaf."""
+    pre = stacked_prefix(path, prefixes)
+    if pre is None:
+        return [torch_key(path)]
+    return [torch_key(pre + (i,) + tuple(path[len(pre):])) for i in range(shape[0])]
+
+
+def flax_leaf_to_torch(path: tuple, x: np.ndarray, prefixes: tuple[tuple, ...] = ()) -> dict[str, np.ndarray]:
+    """{torch key: array in torch layout} for one flax leaf (split per layer when stacked)."""
+    leaf = str(path[-1])
+    keys = torch_keys_for(path, x.shape, prefixes)
+    if stacked_prefix(path, prefixes) is None:
+        return {keys[0]: flax_to_torch_layout(leaf, x)}
+    return {k: flax_to_torch_layout(leaf, x[i]) for i, k in enumerate(keys)}
+
+
+def torch_shape_of(path: tuple, shape: tuple, prefixes: tuple[tuple, ...] = ()) -> tuple:
+    """The torch shape of each torch key of a flax leaf."""
+    leaf = str(path[-1])
+    if stacked_prefix(path, prefixes) is not None:
+        shape = shape[1:]
+    return flax_shape_to_torch(leaf, tuple(shape))
 
 
 def torch_to_flax_arrays(state_dict: Mapping[str, Any], model, *, allow_downcast: bool = False
@@ -127,33 +163,40 @@ def torch_to_flax_arrays(state_dict: Mapping[str, Any], model, *, allow_downcast
     """Map a torch state_dict onto `model`'s Param paths. Raises ConversionError listing all
     problems. Returns {flax path tuple: array in flax layout and the param's dtype}."""
     leaves = param_leaves(model)
+    prefixes = scan_prefixes(model)
     problems: list[str] = []
     out: dict[tuple, np.ndarray] = {}
     used: set[str] = set()
     for path, var in leaves.items():
-        tk = torch_key(path)
         leaf = str(path[-1])
         target_shape = tuple(var.shape)
         target_dtype = np.dtype(var.dtype)
-        if tk not in state_dict:
-            problems.append(f"missing: {tk} (flax {flax_key(path)}, shape "
-                            f"{flax_shape_to_torch(leaf, target_shape, stacked_axes(path, model))})")
-            continue
-        used.add(tk)
-        x = to_numpy(state_dict[tk])
-        if not _is_float(x.dtype):
-            problems.append(f"dtype: {tk} is {x.dtype}, expected a floating dtype ({target_dtype})")
-            continue
-        if x.dtype != target_dtype and x.dtype.itemsize > target_dtype.itemsize and not allow_downcast:
-            problems.append(f"dtype: {tk} is {x.dtype}; casting to {target_dtype} would lose precision")
-            continue
-        _check_finite(tk, x, problems)
-        y = torch_to_flax_layout(leaf, x, stacked_axes(path, model))
-        if y.shape != target_shape:
-            problems.append(f"shape: {tk} has torch shape {tuple(x.shape)}, expected "
-                            f"{flax_shape_to_torch(leaf, target_shape, stacked_axes(path, model))}")
-            continue
-        out[path] = y.astype(target_dtype, copy=False)
+        want = torch_shape_of(path, target_shape, prefixes)
+        parts, ok = [], True
+        for tk in torch_keys_for(path, target_shape, prefixes):
+            if tk not in state_dict:
+                problems.append(f"missing: {tk} (flax {flax_key(path)}, shape {want})")
+                ok = False
+                continue
+            used.add(tk)
+            x = to_numpy(state_dict[tk])
+            if not _is_float(x.dtype):
+                problems.append(f"dtype: {tk} is {x.dtype}, expected a floating dtype ({target_dtype})")
+                ok = False
+                continue
+            if x.dtype != target_dtype and x.dtype.itemsize > target_dtype.itemsize and not allow_downcast:
+                problems.append(f"dtype: {tk} is {x.dtype}; casting to {target_dtype} would lose precision")
+                ok = False
+                continue
+            _check_finite(tk, x, problems)
+            if tuple(x.shape) != want:
+                problems.append(f"shape: {tk} has torch shape {tuple(x.shape)}, expected {want}")
+                ok = False
+                continue
+            parts.append(torch_to_flax_layout(leaf, x))
+        if ok:
+            y = parts[0] if stacked_prefix(path, prefixes) is None else np.stack(parts)
+            out[path] = y.astype(target_dtype, copy=False)
     for k in state_dict:
         if k not in used:
             problems.append(f"unexpected: {k} (shape {tuple(getattr(state_dict[k], 'shape', ()))})")
@@ -176,13 +219,14 @@ def flax_to_torch_arrays(model) -> dict[str, np.ndarray]:
     """{torch key: numpy array in torch layout} for every Param of `model`."""
     out: dict[str, np.ndarray] = {}
     problems: list[str] = []
+    prefixes = scan_prefixes(model)
     for path, var in param_leaves(model).items():
         x = to_numpy(var.get_value())
         _check_finite(flax_key(path), x, problems)
-        key = torch_key(path)
-        if key in out:
-            problems.append(f"duplicate: two flax leaves map to torch key {key}")
-        out[key] = flax_to_torch_layout(str(path[-1]), x, stacked_axes(path, model))
+        for key, y in flax_leaf_to_torch(path, x, prefixes).items():
+            if key in out:
+                problems.append(f"duplicate: two flax leaves map to torch key {key}")
+            out[key] = y
     if problems:
         raise ConversionError(problems)
     return out
@@ -271,6 +315,7 @@ def convert_file(src: str, dst: str, *, to: str, name: str | None = None, cfg=No
         fmt = "flax"
     else:
         leaves = param_leaves(model)
+        prefixes = scan_prefixes(model)
         by_key = {flax_key(p): p for p in leaves}
         problems = [f"unexpected: {k}" for k in tensors if k not in by_key]
         problems += [f"missing: {k}" for k in by_key if k not in tensors]
@@ -281,8 +326,9 @@ def convert_file(src: str, dst: str, *, to: str, name: str | None = None, cfg=No
                 _check_finite(k, x, problems)
         if problems:
             raise ConversionError(problems)
-        out = {torch_key(by_key[k]): flax_to_torch_layout(str(by_key[k][-1]), x, stacked_axes(by_key[k], model))
-               for k, x in tensors.items()}
+        out = {}
+        for k, x in tensors.items():
+            out.update(flax_leaf_to_torch(by_key[k], x, prefixes))
         fmt = "pt"
     write_safetensors(dst, out, {"format": fmt, **model_metadata(name, cfg)})
     return {"model": name, "tensors": len(out), "to": to, "dst": dst}

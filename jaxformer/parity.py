@@ -205,11 +205,10 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
         g_params, g_args, g_kwargs = jax.grad(loss, argnums=(0, 1, 2))(params, f_args, f_kwargs)
         j_grad = {}
         if is_flax_mod:
+            prefixes = conv.scan_prefixes(flax_module)
             for path, v in nnx.to_flat_state(g_params):
-                path = tuple(path)
-                j_grad[conv.torch_key(path)] = conv.flax_to_torch_layout(
-                    str(path[-1]), np.asarray(v.get_value() if hasattr(v, "get_value") else v),
-                    conv.stacked_axes(path, flax_module))
+                x = np.asarray(v.get_value() if hasattr(v, "get_value") else v)
+                j_grad.update(conv.flax_leaf_to_torch(tuple(path), x, prefixes))
         for i, g in zip(float_pos, g_args):
             j_grad[f"input {i}"] = np.asarray(g)
         for k, g in g_kwargs.items():

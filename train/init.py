@@ -56,13 +56,17 @@ def init_flax(model, scheme: str, seed: int) -> None:
     if scheme == "default":
         return
     import jax.numpy as jnp
+    prefixes = convert.scan_prefixes(model)
     for path, var in convert.param_leaves(model).items():
         leaf = str(path[-1])
-        stacked = convert.stacked_axes(path, model)
-        torch_shape = convert.flax_shape_to_torch(leaf, tuple(var.shape), stacked)
-        x = init_array(scheme, _kind_from_flax_leaf(leaf, len(var.shape) - stacked), torch_shape,
-                       convert.torch_key(path), seed)
-        var.set_value(jnp.asarray(convert.torch_to_flax_layout(leaf, x, stacked)))
+        shape = tuple(var.shape)
+        torch_shape = convert.torch_shape_of(path, shape, prefixes)
+        kind = _kind_from_flax_leaf(leaf, len(torch_shape))
+        # one draw per torch key (per layer when scanned), so scanned == unscanned == torch
+        parts = [convert.torch_to_flax_layout(leaf, init_array(scheme, kind, torch_shape, key, seed))
+                 for key in convert.torch_keys_for(path, shape, prefixes)]
+        x = parts[0] if convert.stacked_prefix(path, prefixes) is None else np.stack(parts)
+        var.set_value(jnp.asarray(x))
 
 
 def init_torch(module, scheme: str, seed: int) -> None:

@@ -82,6 +82,9 @@ class StepFns:
             params = _cast_floats(params, self.compute_dtype)
             batch = {k: (v.astype(self.compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v)
                      for k, v in batch.items()}
+        # fresh Variable objects at this trace level: NNX refuses to mutate (advance the dropout
+        # RNG count of) Variables that were unflattened at an outer level (jit vs grad)
+        rest = jax.tree.map(lambda x: x, rest)
         model = nnx.merge(graphdef, params, rest)
         loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
                                                   self.cfg.train.label_smoothing, self.pad_id)
@@ -102,10 +105,7 @@ class StepFns:
             return (g_sum, l_sum + loss, c_sum + count, m_sum, rest), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        first = jax.tree.map(lambda x: x[0], batch)
-        m0 = jax.tree.map(lambda x: jnp.zeros((), jnp.float32),
-                          jax.eval_shape(lambda: self.loss_terms(self.graphdef_train, params,
-                                                                 state["rest"], first)[1][1]))
+        m0 = {k: jnp.zeros((), jnp.float32) for k in tasks.metric_keys(self.cfg.model_name)}
         init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), m0, state["rest"])
         (g_sum, l_sum, c_sum, m_sum, rest), _ = jax.lax.scan(micro, init, batch)
         g_sum, l_sum, c_sum, m_sum = self._psum((g_sum, l_sum, c_sum, m_sum))
@@ -203,7 +203,9 @@ class JaxTrainer:
         if tc.micro_batch % shards:
             raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} must divide by "
                              f"data x fsdp = {shards}")
-        stacked = getattr(self.model, "stacked_axes_by_key", None)
+        from jaxformer.convert import scan_prefixes
+        prefixes = [".".join(map(str, p)) + "." for p in scan_prefixes(self.model)]
+        stacked = (lambda key: int(any(key.startswith(p) for p in prefixes))) if prefixes else None
         self.shardings = sharding.state_shardings(self.state, self.mesh, stacked)
         self.state = sharding.place(self.state, self.shardings)
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -307,11 +309,11 @@ class JaxTrainer:
         return model
 
 
-def params_numpy(state) -> dict:
-    """Flat {torch key: array in torch layout} of a train state's params (for comparisons)."""
+def params_numpy(state, prefixes: tuple = ()) -> dict:
+    """Flat {torch key: array in torch layout} of a train state's params (for comparisons);
+    `prefixes`: the model's scanned stacks (jaxformer.convert.scan_prefixes)."""
     from jaxformer import convert
     out = {}
     for path, v in nnx.to_flat_state(state["params"]):
-        path = tuple(path)
-        out[convert.torch_key(path)] = convert.flax_to_torch_layout(str(path[-1]), np.asarray(v.get_value()))
+        out.update(convert.flax_leaf_to_torch(tuple(path), np.asarray(v.get_value()), prefixes))
     return out

@@ -52,6 +52,11 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
     raise ValueError(f"no training task for model {name!r}")
 
 
+def metric_keys(name: str) -> tuple[str, ...]:
+    """The keys of forward_loss's metric sums, known without tracing the model."""
+    return ("abs_err",) if name == "timeseries" else ("correct",)
+
+
 def eval_metrics(name: str, sums: dict) -> dict:
     """Turn summed eval terms into reported metrics."""
     import math

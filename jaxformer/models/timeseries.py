@@ -1,0 +1,94 @@
+"""TCN + Transformer forecaster: the seed tutorial's TCNTransformer (a Conv1d+ReLU stack, then a
+Transformer encoder) with a forecasting head. Temporal convolutions after Bai et al. 2018
+("An Empirical Evaluation of Generic Convolutional and Recurrent Networks for Sequence
+Modeling"); the encoder is Vaswani et al. 2017. Twin: torch_ref/models/timeseries.py.
+
+Series are [B, L, C] (L steps, C channels), channels last in both trees. Every conv pads
+explicitly (PITFALLS row 5): causal = ((k-1)*d, 0), same = (total // 2, rest), so every conv
+keeps the length L. The head reads the last step (or the mean over steps) and predicts
+[B, horizon, C_out] for the configured target channels.
+
+Where this departs from the seed's code, on purpose: the seed feeds [B, L, D] to
+nn.TransformerEncoder without batch_first=True, so its attention mixes the *batch* axis; here
+attention runs over time. The seed pads k // 2 on both sides, which lengthens the series by
+one for an even k; padding="same" here splits (k-1)*d asymmetrically and keeps L. The seed's
+encoder defaults (Post-LN, ReLU, eps 1e-5, no final norm) are this config's defaults.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config.vision import TimeSeriesConfig
+from jaxformer.layers.conv import Conv1d
+from jaxformer.layers.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding,
+                                         default_positions)
+from jaxformer.layers.transformer import Encoder
+
+
+def check_series(shape: tuple, num_channels: int, receptive_field: int, max_len: int) -> None:
+    """Raise ValueError unless shape is [B, L, num_channels] with receptive_field <= L <= max_len."""
+    if len(shape) != 3:
+        raise ValueError(f"series must be [B, L, C] (channels last), got shape {tuple(shape)}")
+    _, length, c = shape
+    if c != num_channels:
+        raise ValueError(f"series has {c} channels (last axis), config num_channels={num_channels}; "
+                         f"series are [B, L, C], got shape {tuple(shape)}")
+    if length < receptive_field:
+        raise ValueError(f"series length {length} is shorter than the receptive field "
+                         f"{receptive_field} of the conv stack (kernel_size, dilations, conv_layers)")
+    if length > max_len:
+        raise ValueError(f"series length {length} exceeds input_len={max_len}")
+
+
+class TCNTransformer(nnx.Module):
+    """Conv1d stack -> (+ positions) -> encoder -> pooled state -> Linear -> forecast.
+
+    Args:
+        cfg: TimeSeriesConfig.
+    Shapes: series [B, L, C] -> [B, horizon, C_out]. With return_intermediates, also
+    {"conv_layers.i": [B, L, D], "embeddings": [B, L, D], "encoder.layers.i": [B, L, D],
+    "pooled": [B, D]} (and "encoder.final_norm" when the stack has one).
+    """
+
+    def __init__(self, cfg: TimeSeriesConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.conv_layers = nnx.List([
+            Conv1d(cfg.num_channels if i == 0 else cfg.d_model, cfg.d_model, cfg.kernel_size,
+                   padding=[cfg.conv_padding(i)], dilation=cfg.dilation(i), rngs=rngs)
+            for i in range(cfg.conv_layers)])
+        if cfg.position == "sinusoidal":
+            self.embed_positions = SinusoidalPositionalEncoding(cfg.input_len, cfg.d_model)
+        elif cfg.position == "learned":
+            self.embed_positions = LearnedPositionalEmbedding(cfg.input_len, cfg.d_model, rngs=rngs)
+        else:
+            self.embed_positions = None
+        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
+        self.head = nnx.Linear(cfg.d_model, cfg.horizon * cfg.num_targets, rngs=rngs)
+
+    def __call__(self, series: jax.Array, *, return_intermediates: bool = False):
+        cfg = self.cfg
+        check_series(series.shape, cfg.num_channels, cfg.receptive_field, cfg.input_len)
+        b, length, _ = series.shape
+        inter = {}
+        # 1) temporal convolutions, length-preserving explicit pads
+        x = series
+        for i, conv in enumerate(self.conv_layers):
+            x = jax.nn.relu(conv(x))  # [B, L, D]
+            inter[f"conv_layers.{i}"] = x
+        # 2) positions
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(default_positions(b, length))  # [B, L, D]
+        x = self.dropout(x)
+        inter["embeddings"] = x
+        # 3) encoder stack
+        out = self.encoder(x, return_intermediates=return_intermediates)
+        h, enc = out if return_intermediates else (out, None)  # [B, L, D]
+        # 4) forecast from the last step (or the mean over steps)
+        pooled = h[:, -1] if cfg.pool == "last" else jnp.mean(h, axis=1)  # [B, D]
+        y = self.head(pooled).reshape(b, cfg.horizon, cfg.num_targets)  # [B, horizon, C_out]
+        if not return_intermediates:
+            return y
+        return y, {**inter, **{f"encoder.{k}": v for k, v in enc.items()}, "pooled": pooled}
