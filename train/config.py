@@ -43,6 +43,7 @@ class TrainConfig:
     remat_policy: str = "nothing_saveable"
     init: str = "default"
     dropout: float | None = None  # overrides model dropout for training, if set
+    init_from: str | None = None  # a model checkpoint dir (jaxformer/checkpoint_io.py) to fine-tune
     eval_every: int = 50
     eval_batches: int = 4
     checkpoint_every: int = 50

@@ -46,6 +46,9 @@ def model_config_for_training(cfg: RunConfig):
 def build_jax_model(cfg: RunConfig):
     model = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
     init_lib.init_flax(model, cfg.train.init, cfg.train.seed)
+    if cfg.train.init_from:  # fine-tune: start from a converted / imported checkpoint
+        from jaxformer.checkpoint_io import load_params_into
+        load_params_into(model, cfg.train.init_from)
     set_remat(model, cfg.train.remat_policy if cfg.train.remat else None)
     return model
 

@@ -66,6 +66,8 @@ class TorchTrainer:
                   os.path.join(tmp, "model.safetensors"))
         torch.save({"step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                     "rng": torch.get_rng_state()}, os.path.join(tmp, "train_state.pt"))
+        if os.path.isdir(d):  # a re-run over an old workdir: replace that step
+            shutil.rmtree(d)
         os.replace(tmp, d)  # atomic: a killed save leaves only the .tmp dir
         steps = sorted(int(n.split("_")[1]) for n in os.listdir(self.ckpt_dir)
                        if n.startswith("step_") and not n.endswith(".tmp"))

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config.vision import SwinConfig
-from jaxformer.layers.attention import dot_product_attention
+from jaxformer.layers.attention import dot_product_attention, key_projection
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.models.vit import PatchEmbedding, check_images
@@ -119,7 +119,7 @@ class WindowAttention(nnx.Module):
         bw, n, c = x.shape
         # 1) project and split heads
         q = self.q_proj(x).reshape(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
-        k = self.k_proj(x).reshape(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
+        k = key_projection(self.k_proj, x).reshape(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
         v = self.v_proj(x).reshape(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
         # 2) the shift mask repeats for every image: [nW, N, N] -> [B*nW, 1, N, N]
         if mask is not None:

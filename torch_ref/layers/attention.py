@@ -106,6 +106,14 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return out, weights
 
 
+def key_projection(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """x @ W_k + b_k with the gradient of b_k cut (softmax cancels it: its true gradient is 0
+    and Adam would turn its rounding noise into lr-sized steps). See the JAX twin."""
+    if linear.bias is None:
+        return linear(x)
+    return F.linear(x, linear.weight) + linear.bias.detach()
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
@@ -144,7 +152,7 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, kv: torch.Tensor) -> dict:
         """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
         b, s, _ = kv.shape
-        return {"k": self.k_proj(kv).view(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+        return {"k": key_projection(self.k_proj, kv).view(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
                 "v": self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jaxformer.config.vision import SwinConfig
-from torch_ref.layers.attention import dot_product_attention
+from torch_ref.layers.attention import dot_product_attention, key_projection
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import LayerNorm
 from torch_ref.models.vit import PatchEmbedding, check_images
@@ -103,7 +103,7 @@ class WindowAttention(nn.Module):
         bw, n, c = x.shape
         # 1) project and split heads
         q = self.q_proj(x).view(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
-        k = self.k_proj(x).view(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
+        k = key_projection(self.k_proj, x).view(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
         v = self.v_proj(x).view(bw, n, self.num_heads, self.head_dim)  # [B*nW, N, H, K]
         # 2) the shift mask repeats for every image: [nW, N, N] -> [B*nW, 1, N, N]
         if mask is not None:
