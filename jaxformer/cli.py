@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "parity": ("jaxformer.commands.parity", "run the parity registry: outputs and gradients, torch vs JAX"),
     "convert": ("jaxformer.commands.convert", "convert weights between torch and flax (safetensors)"),
+    "generate": ("jaxformer.commands.generate", "generate token ids with an lm/seq2seq model (KV cache)"),
     "train": ("train.cli", "train a config in JAX (jit/pmap) or torch, with checkpoints and metrics"),
 }
 

@@ -150,7 +150,10 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
         graphdef, params, rest = None, {}, None
 
     def run(params, f_args, f_kwargs):
-        model = nnx.merge(graphdef, params, rest) if graphdef is not None else flax_module
+        # fresh Variables at this trace level (NNX refuses mutations, e.g. RNG counts, of
+        # Variables that were created outside jax.grad)
+        model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest)) \
+            if graphdef is not None else flax_module
         a = list(jnp.asarray(x) for x in args)
         for i, v in zip(float_pos, f_args):
             a[i] = v

@@ -1,1 +1,143 @@
-"""Parity cases for the full text models (classifier, seq2seq, lm). Filled by the models issue."""
+"""Parity cases for the full text models (classifier, seq2seq, lm): outputs and gradients of
+every parameter at the foundation tolerances. Tiny sizes: D 32, 2 layers, vocab 64.
+
+Flavours: Post-LN/[CLS] and Pre-LN/mean classifier; seq2seq with shared+tied embeddings and
+with separate embeddings, an untied head, a different target vocabulary and decoder depth;
+GPT-2 (learned positions, LayerNorm, GELU-tanh, Pre-LN, biases, tied) and LLaMA (RoPE,
+RMSNorm, SwiGLU, no biases, GQA) LMs, with left padding; ALiBi and T5-bias LMs.
+
+Token embeddings are rescaled from the constructor's N(0, 1) to N(0, 1/D) (realistic_
+embeddings): with N(0, 1) tables tied to the output, logits reach |x| ~ 100 where float32's
+spacing is 7.6e-6, so the absolute 1e-5 output tolerance would be ~1 ulp and any change of
+summation order (MKL vs XLA, cache vs recompute) would exceed it (measured: 7.6e-6 on the
+tied cases with N(0, 1), 1.1e-5 for cached vs recomputed torch logits).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.config.models import ClassifierConfig, LMConfig, Seq2SeqConfig
+from parity_tests.registry import case, model_pair as _model_pair, padding
+
+B, T, S, D, H, V = 2, 7, 6, 32, 4, 64
+TINY = dict(vocab_size=V, d_model=D, num_heads=H, d_ff=64, num_layers=2, max_len=32, pad_id=0)
+GPT2 = dict(position="learned", norm="layernorm", norm_eps=1e-5, ffn="gelu_tanh", norm_position="pre",
+            bias=True, scale_embedding=False, tie_embeddings=True)
+LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", norm_position="pre",
+             bias=False, num_kv_heads=2, scale_embedding=False, tie_embeddings=False, final_norm=True)
+
+
+def realistic_embeddings(module):
+    """Rescale a torch_ref model's token embeddings to N(0, 1/D), in place (train/init.py's
+    xavier scheme draws the same scale; with the paper's sqrt(D) factor, unit-variance inputs)."""
+    import torch
+    with torch.no_grad():
+        for name, m in module.named_modules():
+            if name.endswith("embed_tokens"):
+                m.weight.mul_(m.weight.shape[1] ** -0.5)
+    return module
+
+
+def model_pair(name: str, cfg):
+    """registry.model_pair with realistic_embeddings on the torch side (converted into JAX)."""
+    build = _model_pair(name, cfg)
+
+    def f(seed: int):
+        t, j = build(seed)
+        return realistic_embeddings(t), j
+    return f
+
+
+def token_ids(batch: int, length: int, vocab: int, lengths=None, left: bool = False, pad_id: int = 0):
+    """Random ids in [1, vocab); rows shorter than `length` padded with pad_id (right, or left)."""
+    def make(rng):
+        x = rng.randint(1, vocab, size=(batch, length)).astype(np.int32)
+        for b, n in enumerate(lengths or []):
+            if left:
+                x[b, : length - n] = pad_id
+            else:
+                x[b, n:] = pad_id
+        return x
+    return make
+
+
+def left_padding(batch: int, length: int, lengths) -> np.ndarray:
+    return padding(batch, length, lengths)[:, ::-1].copy()
+
+
+# ---------------------------------------------------------------- classifier (seed tutorial)
+for tag, kw in {"postln_cls": dict(norm_position="post", pooling="cls"),
+                "preln_mean": dict(norm_position="pre", pooling="mean", num_classes=5)}.items():
+    cfg = ClassifierConfig(**TINY, **kw)
+    case(f"classifier_{tag}", "classifier_model", model_pair("classifier", cfg),
+         lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4])(r)})  # mask from pad_id
+case("classifier_preln_mean_intermediates", "classifier_model",
+     model_pair("classifier", ClassifierConfig(**TINY, norm_position="pre", pooling="mean")),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[5, 7])(r), "return_intermediates": True})
+
+# ---------------------------------------------------------------- seq2seq (Vaswani et al. 2017)
+S2S = {
+    "shared_tied": dict(share_embeddings=True, tie_output=True),
+    "separate_untied": dict(share_embeddings=False, tie_output=False, tgt_vocab_size=48,
+                            num_decoder_layers=3, norm_position="pre"),
+    "separate_tied": dict(share_embeddings=False, tie_output=True, tgt_vocab_size=40),
+}
+for tag, kw in S2S.items():
+    cfg = Seq2SeqConfig(**TINY, **kw)
+    case(f"seq2seq_{tag}", "seq2seq_model", model_pair("seq2seq", cfg),
+         lambda r, cfg=cfg: {"src_ids": token_ids(B, S, V, lengths=[6, 3])(r),
+                             "tgt_ids": token_ids(B, T, cfg.resolved_tgt_vocab, lengths=[7, 5])(r)})
+case("seq2seq_shared_tied_intermediates", "seq2seq_model",
+     model_pair("seq2seq", Seq2SeqConfig(**TINY)),
+     lambda r: {"src_ids": token_ids(B, S, V, lengths=[4, 6])(r), "tgt_ids": token_ids(B, T, V)(r),
+                "return_intermediates": True})
+
+# ---------------------------------------------------------------- causal LMs
+LMS = {
+    "gpt2": GPT2,
+    "llama_gqa": LLAMA,
+    "llama_mqa": {**LLAMA, "num_kv_heads": 1},
+    "alibi_postln": dict(position="alibi", norm_position="post", tie_embeddings=False),
+    "t5bias_sliding_window": dict(position="t5", norm_position="pre", sliding_window=4),
+}
+for tag, kw in LMS.items():
+    cfg = LMConfig(**TINY, **kw)
+    case(f"lm_{tag}", "lm_model", model_pair("lm", cfg), lambda r: {"ids": token_ids(B, T, V)(r)})
+    case(f"lm_{tag}_left_padding", "lm_model", model_pair("lm", cfg),
+         lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                    "attention_mask": left_padding(B, T, [7, 4])})
+case("lm_gpt2_intermediates", "lm_model", model_pair("lm", LMConfig(**TINY, **GPT2)),
+     lambda r: {"ids": token_ids(B, T, V)(r), "return_intermediates": True})
+
+# ---------------------------------------------------------------- BERT options (HF import)
+# Token type embeddings, the embedding LayerNorm and the pooler (TransformerConfig's BERT
+# options) on a Post-LN encoder without a final norm, as jaxformer/hf/bert.py imports BERT.
+from jaxformer.config import TransformerConfig  # noqa: E402
+
+BERT = dict(position="learned", norm="layernorm", norm_eps=1e-12, ffn="gelu", norm_position="post",
+            final_norm=False, bias=True, scale_embedding=False, type_vocab_size=2, embed_norm=True,
+            pooler=True)
+
+
+def token_types(batch: int, length: int, split: int):
+    """Segment A (type 0) then segment B (type 1) from position `split`."""
+    return lambda rng: (np.arange(length)[None, :] >= split).astype(np.int32).repeat(batch, 0)
+
+
+def bert_inputs(**extra):
+    return lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4])(r), "attention_mask": padding(B, T, [7, 4]),
+                      "token_type_ids": token_types(B, T, 3)(r), **extra}
+
+
+case("encoder_bert", "encoder_model", model_pair("encoder", TransformerConfig(**TINY, **BERT)), bert_inputs())
+case("encoder_bert_intermediates", "encoder_model", model_pair("encoder", TransformerConfig(**TINY, **BERT)),
+     bert_inputs(return_intermediates=True))
+case("encoder_bert_no_pooler_default_types", "encoder_model",
+     model_pair("encoder", TransformerConfig(**TINY, **{**BERT, "pooler": False})),
+     lambda r: {"ids": token_ids(B, T, V)(r)})  # token_type_ids None = all type 0
+case("classifier_bert", "classifier_model",
+     model_pair("classifier", ClassifierConfig(**TINY, **BERT, num_classes=3)), bert_inputs())
+case("classifier_bert_preln_mean_pooler_no_types", "classifier_model",
+     model_pair("classifier", ClassifierConfig(**TINY, **{**BERT, "type_vocab_size": 0, "norm_position": "pre",
+                                                          "final_norm": True}, pooling="mean")),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4])(r)})

@@ -55,8 +55,8 @@ def build_jax_model(cfg: RunConfig):
 
 def set_remat(model, policy: str | None) -> None:
     """Activation checkpointing per layer: every stack with a `remat_policy` attribute."""
-    for _, m in nnx.iter_graph(model) if hasattr(nnx, "iter_graph") else model.iter_modules():
-        if hasattr(m, "remat_policy"):
+    for _, m in nnx.iter_graph(model):
+        if isinstance(m, nnx.Module) and hasattr(m, "remat_policy"):
             m.remat_policy = policy
 
 
@@ -158,7 +158,8 @@ class JaxTrainer:
         self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
         self.model = model if model is not None else build_jax_model(cfg)
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
-        self.tx, self.schedule = make_optax(tc, params)
+        from jaxformer.convert import scan_prefixes
+        self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
         self.mode = cfg.parallel.mode
         self.mesh = None
         self.devices = None

@@ -40,12 +40,20 @@ def lr_multiplier(step, cfg, xp=np):
     return xp.where(step < w, warm, cos)
 
 
-def decay_mask(params, cfg):
-    """True where weight decay applies: everything, or only params with >= 2 dims."""
+def decay_mask(params, cfg, scan_prefixes=()):
+    """True where weight decay applies: everything, or only params with >= 2 dims per layer
+    (a scanned stack's leading layer axis does not count, so scan == loop == torch)."""
     import jax
+
+    from train.sharding import _key_of
     if cfg.decay_norms_and_biases:
         return jax.tree.map(lambda _: True, params)
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    prefixes = tuple(".".join(map(str, p)) + "." for p in scan_prefixes)
+
+    def f(path, p):
+        stacked = any(_key_of(path).startswith(pre) for pre in prefixes)
+        return p.ndim - int(stacked) >= 2
+    return jax.tree_util.tree_map_with_path(f, params)
 
 
 def clip_by_global_norm_torch(max_norm: float):
@@ -62,7 +70,7 @@ def clip_by_global_norm_torch(max_norm: float):
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optax(cfg, params):
+def make_optax(cfg, params, scan_prefixes=()):
     """AdamW with decoupled weight decay, torch-style clipping and the configured schedule."""
     import jax.numpy as jnp
     import optax
@@ -74,7 +82,7 @@ def make_optax(cfg, params):
     if cfg.grad_clip > 0:
         parts.append(clip_by_global_norm_torch(cfg.grad_clip))
     parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                             mask=decay_mask(params, cfg)))
+                             mask=decay_mask(params, cfg, scan_prefixes)))
     return optax.chain(*parts), schedule
 
 

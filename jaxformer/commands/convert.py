@@ -1,11 +1,17 @@
-"""`jaxformer convert`: convert weights between torch and flax layouts, file to file.
+"""`jaxformer convert`: convert weights between torch and flax layouts, file to file, or import
+and export Hugging Face model directories.
 
     jaxformer convert --to flax --config configs/lm.yaml model.safetensors flax.safetensors
     jaxformer convert --to torch flax.safetensors model.safetensors   # config from metadata
+    jaxformer convert --from hf HF_DIR --to flax OUT    # OUT/model.yaml, OUT/params, OUT/train.yaml
+    jaxformer convert --from flax CKPT --to hf OUT      # OUT/config.json, OUT/model.safetensors
 
-Input and output are safetensors (`.pt`/`.bin` inputs are read with weights_only=True).
-The conversion is strict and atomic: on any problem it prints every missing, unexpected or
-mis-shaped key and writes no output file.
+File mode: input and output are safetensors (`.pt`/`.bin` inputs are read with
+weights_only=True). HF mode: see jaxformer/hf/ (config.json plus model.safetensors, sharded
+safetensors with model.safetensors.index.json, or pytorch_model.bin read with
+weights_only=True; converted shard by shard with bounded memory).
+Every conversion is strict and atomic: on any problem it prints every missing, unexpected or
+mis-shaped key (or every unsupported config option) and writes nothing.
 """
 from __future__ import annotations
 
@@ -13,12 +19,17 @@ import sys
 
 
 def add_arguments(p) -> None:
-    p.add_argument("src", help="input .safetensors (or .pt/.bin, loaded with weights_only=True)")
-    p.add_argument("dst", help="output .safetensors")
-    p.add_argument("--to", required=True, choices=["flax", "torch"], help="target layout")
+    p.add_argument("src", help="input: a .safetensors (.pt/.bin) file; with --from hf a Hugging Face "
+                               "model directory; with --from flax a jaxformer model checkpoint dir")
+    p.add_argument("dst", help="output: a .safetensors file; with --from hf|flax a directory")
+    p.add_argument("--to", required=True, choices=["flax", "torch", "hf"], help="target layout")
+    p.add_argument("--from", dest="source", default=None, choices=["hf", "flax"],
+                   help="directory modes: hf (a Hugging Face dir, with --to flax) or flax (a "
+                        "jaxformer model checkpoint, with --to hf); omit for file mode")
     p.add_argument("--config", default=None,
-                   help="YAML with a `model:` section (or a bare model section); needed unless "
-                        "the input carries jaxformer metadata")
+                   help="file mode: YAML with a `model:` section (or a bare model section); needed "
+                        "unless the input carries jaxformer metadata")
+    p.add_argument("--overwrite", action="store_true", help="directory modes: replace an existing output")
 
 
 def load_model_section(path: str):
@@ -31,20 +42,60 @@ def load_model_section(path: str):
     return model_config_from_dict(section)
 
 
+MODES = {None: ("flax", "torch"), "hf": ("flax",), "flax": ("hf",)}
+
+
 def run(args) -> int:
-    from jaxformer.convert import ConversionError, convert_file
+    from jaxformer.config import ConfigError
+    from jaxformer.convert import ConversionError
+    if args.to not in MODES[args.source]:
+        src = f"--from {args.source}" if args.source else "file mode (no --from)"
+        print(f"error: {src} converts --to {' or '.join(MODES[args.source])}, not --to {args.to}",
+              file=sys.stderr)
+        return 2
+    try:
+        if args.source == "hf":
+            return _import_hf(args)
+        if args.source == "flax":
+            return _export_hf(args)
+        return _convert_file(args)
+    except (ConversionError, ConfigError, FileExistsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _convert_file(args) -> int:
+    from jaxformer.convert import convert_file
     name = cfg = None
     if args.config:
         name, cfg = load_model_section(args.config)
     src = args.src
     if not src.endswith(".safetensors"):
         src = _torch_file_to_safetensors(src)
-    try:
-        report = convert_file(src, args.dst, to=args.to, name=name, cfg=cfg)
-    except ConversionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    report = convert_file(src, args.dst, to=args.to, name=name, cfg=cfg)
     print(f"wrote {report['dst']}: {report['tensors']} tensors, model {report['model']}, layout {args.to}")
+    return 0
+
+
+def _import_hf(args) -> int:
+    from jaxformer.hf import convert_hf_to_flax
+    r = convert_hf_to_flax(args.src, args.dst, overwrite=args.overwrite)
+    print(f"wrote {r['out']}: {r['architecture']} -> jaxformer {r['model']}, {r['params']} params from "
+          f"{r['tensors']} HF tensors in {r['shards']} shard(s) ({r['bytes'] / 2**20:.1f} MiB)")
+    for k in r["skipped"]:
+        print(f"  skipped {k} (a buffer, or a weight HF itself ignores)")
+    for note in r["notes"]:
+        print(f"  note: {note}")
+    print(f"  train.yaml: {r['train_yaml']}")
+    print(f"  fine-tune: jaxformer train --config {r['out']}/train.yaml")
+    return 0
+
+
+def _export_hf(args) -> int:
+    from jaxformer.hf import convert_flax_to_hf
+    r = convert_flax_to_hf(args.src, args.dst, overwrite=args.overwrite)
+    print(f"wrote {r['out']}: jaxformer {r['model']} -> {r['architecture']} ({r['tensors']} tensors); "
+          f"load it with transformers' AutoModel*.from_pretrained")
     return 0
 
 

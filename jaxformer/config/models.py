@@ -33,7 +33,9 @@ def _check_token(cfg, name: str, vocab: int) -> None:
 @dataclass(frozen=True)
 class ClassifierConfig(TransformerConfig):
     """The seed tutorial's encoder classifier: scaled embeddings, positions, an encoder stack,
-    [CLS] (first token) or mean pooling over non-pad tokens, then a linear head.
+    [CLS] (first token) or mean pooling over non-pad tokens, then a linear head. BERT adds
+    pooler=True (dense + tanh on the pooled vector), token types and an embedding norm
+    (TransformerConfig's BERT options).
 
     dtype: compute dtype; "bfloat16" runs the matmuls in bf16 (params stay float32).
     """
@@ -83,6 +85,7 @@ class Seq2SeqConfig(TransformerConfig):
         check(self.pad_id < self.resolved_tgt_vocab, "pad_id",
               f"must be a target token id too (< {self.resolved_tgt_vocab})")
         check_choice(self, "dtype", COMPUTE_DTYPES)
+        check(not self.pooler, "pooler", "only the encoder and classifier have a pooler")
 
     @property
     def resolved_decoder_layers(self) -> int:
@@ -119,9 +122,53 @@ class LMConfig(TransformerConfig):
         _check_token(self, "bos_id", self.vocab_size)
         _check_token(self, "eos_id", self.vocab_size)
         check_choice(self, "dtype", COMPUTE_DTYPES)
+        check(not self.pooler, "pooler", "only the encoder and classifier have a pooler")
 
     def decoder_config(self) -> TransformerConfig:
         return stack_config(self)
 
 
-__all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "stack_config", "COMPUTE_DTYPES"]
+STRATEGIES = ("greedy", "sample", "beam")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Decoding settings shared by jaxformer.generation and torch_ref.generation.
+
+    strategy: greedy | sample (temperature, then top-k, then top-p) | beam.
+    top_k: keep the k most likely tokens (0 = off).  top_p: keep the smallest set of most
+        likely tokens whose probability reaches top_p (1.0 = off).
+    num_beams, length_penalty: beam search; a finished hypothesis scores
+        sum(log p) / (number of generated tokens, EOS included) ** length_penalty.
+    eos_id: None = the model config's eos_id.  stop_at_eos: False generates exactly
+        max_new_tokens (benchmarks).
+    cache_len: KV cache slots; None = prompt length + max_new_tokens (LM) or
+        1 + max_new_tokens (seq2seq decoder). A fixed value keeps one compilation for
+        prompts of different lengths.
+    seed: sampling RNG seed (streams differ between the frameworks, PITFALLS row 9).
+    """
+
+    max_new_tokens: int = 32
+    strategy: str = "greedy"
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    num_beams: int = 4
+    length_penalty: float = 1.0
+    eos_id: int | None = None
+    stop_at_eos: bool = True
+    cache_len: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive(self, "max_new_tokens", "num_beams")
+        check_choice(self, "strategy", STRATEGIES)
+        check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
+        check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an int >= 0, got {self.top_k!r}")
+        check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.cache_len is not None:
+            check_positive(self, "cache_len")
+
+
+__all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "GenerationConfig", "stack_config",
+           "COMPUTE_DTYPES"]

@@ -42,6 +42,11 @@ class TransformerConfig:
     sliding_window: int | None = None  # keys further back than this are masked
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
     pad_id: int = 0
+    scan_layers: bool = False  # JAX: stack identical layers, run them with lax.scan (torch loops)
+    # BERT options (Devlin et al. 2019); the defaults leave every other model unchanged
+    type_vocab_size: int = 0  # token type (segment) embeddings added to the tokens; 0 = none
+    embed_norm: bool = False  # a norm (`norm`, `norm_eps`) on the summed embeddings
+    pooler: bool = False  # encoder / classifier: dense + tanh on the pooled ([CLS]) vector
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len",
@@ -67,6 +72,8 @@ class TransformerConfig:
             check(self.resolved_head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
         if self.sliding_window is not None:
             check_positive(self, "sliding_window")
+        check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
+              f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
               f"must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
 

@@ -40,6 +40,7 @@ class ViTConfig:
     bias: bool = True  # biases on q/k/v/o and the FFN (HF: qkv_bias=True)
     class_token: bool = True
     pool: str = "cls"  # "cls": the [CLS] output; "mean": mean of the patch outputs
+    scan_layers: bool = False  # JAX: run the encoder layers with lax.scan over stacked params
     dropout: float = 0.0
     attn_dropout: float = 0.0
     embed_dropout: float = 0.0
@@ -77,7 +78,7 @@ class ViTConfig:
             num_layers=self.num_layers, ffn=self.ffn, norm="layernorm", norm_eps=self.norm_eps,
             norm_position="pre", final_norm=True, bias=self.bias, dropout=self.dropout,
             attn_dropout=self.attn_dropout, position="none", max_len=self.num_tokens,
-            scale_embedding=False)
+            scale_embedding=False, scan_layers=self.scan_layers)
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,12 @@ def _norm(cfg: TransformerConfig, rngs: nnx.Rngs):
 
 
 def residual(cfg: TransformerConfig, norm, sublayer, x: jax.Array) -> jax.Array:
-    """Apply `sublayer` with its residual connection in the configured norm position."""
+    """Apply `sublayer` with its residual connection in the configured norm position. The
+    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as
+    under torch autocast)."""
     if cfg.norm_position == "pre":
-        return x + sublayer(norm(x))
-    return norm(x + sublayer(x))
+        return x + sublayer(norm(x)).astype(x.dtype)
+    return norm(x + sublayer(x).astype(x.dtype))
 
 
 class EncoderLayer(nnx.Module):
@@ -62,7 +64,12 @@ class EncoderLayer(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
-    then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D]."""
+    then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D].
+
+    With cache={"self": {"k", "v"} [B, L, G, K], "cross": {"k", "v"} [B, S, G, K]} and
+    cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
+    ("cross" holds its keys/values, from init_cache).
+    """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -74,15 +81,45 @@ class DecoderLayer(nnx.Module):
         self.ffn_norm = _norm(cfg, rngs)
 
     def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask=None, bias=None,
-                 memory_mask=None, memory_bias=None, positions=None) -> jax.Array:
-        x = residual(self.cfg, self.attn_norm,
-                     lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions), x)
+                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
+                 cache_index=None):
+        new_cache = {}
+
+        def self_block(h):
+            if cache is None:
+                return self.self_attn(h, mask=mask, bias=bias, positions=positions)
+            out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
+                                                    cache=cache["self"], cache_index=cache_index)
+            return out
+
+        def cross_block(h):
+            if cache is None:
+                return self.cross_attn(h, memory, mask=memory_mask, bias=memory_bias)
+            out, new_cache["cross"] = self.cross_attn(h, mask=memory_mask, bias=memory_bias,
+                                                      cache=cache["cross"])
+            return out
+
+        x = residual(self.cfg, self.attn_norm, self_block, x)
+        if self.cross_attn is not None:
+            if memory is None and cache is None:
+                raise ValueError("DecoderLayer with cross-attention needs `memory`")
+            x = residual(self.cfg, self.cross_attn_norm, cross_block, x)
+        x = residual(self.cfg, self.ffn_norm, self.ffn, x)
+        return x if cache is None else (x, new_cache)
+
+    def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
+                   dtype=jnp.float32) -> dict:
+        """An empty self-attention cache of `length` slots, plus the cross-attention keys and
+        values of memory [B, S, D] (projected once)."""
+        attn = self.self_attn
+        shape = (batch, length, attn.num_kv_heads, attn.head_dim)  # [B, L, G, K]
+        cache = {"self": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}}
         if self.cross_attn is not None:
             if memory is None:
-                raise ValueError("DecoderLayer with cross-attention needs `memory`")
-            x = residual(self.cfg, self.cross_attn_norm,
-                         lambda h: self.cross_attn(h, memory, mask=memory_mask, bias=memory_bias), x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x)
+                raise ValueError("init_cache of a DecoderLayer with cross-attention needs `memory`")
+            kv = self.cross_attn.project_kv(memory)
+            cache["cross"] = {"k": kv["k"].astype(dtype), "v": kv["v"].astype(dtype)}
+        return cache
 
 
 class _Stack(nnx.Module):
@@ -92,26 +129,77 @@ class _Stack(nnx.Module):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.scan_layers = cfg.scan_layers
+        self.remat_policy: str | None = None  # set by the trainer (train.remat)
         self.rel_bias = T5RelativePositionBias(
             cfg.rel_num_buckets, cfg.rel_max_distance, cfg.num_heads,
             bidirectional=not self.causal, rngs=rngs) if cfg.position == "t5" else None
         self.final_norm = _norm(cfg, rngs) if cfg.final_norm else None
 
-    def self_attention_inputs(self, x: jax.Array, mask, positions):
-        """-> (mask, bias, positions) for self-attention over x [B, T, D]."""
+    def self_attention_inputs(self, x: jax.Array, mask, positions, cache_index=None,
+                              cache_len: int | None = None):
+        """-> (mask, bias, positions) for self-attention over x [B, T, D]. With a cache, the
+        keys are its cache_len slots and query i sits in slot cache_index + i; ALiBi/T5 biases
+        then use slot distances (equal to position distances, padding being on the left)."""
         b, t, _ = x.shape
-        positions = default_positions(b, t) if positions is None else positions
+        offset = 0 if cache_index is None else cache_index
+        s = t if cache_len is None else cache_len
+        positions = default_positions(b, t, offset) if positions is None else positions
         if self.causal:
-            mask = combine_masks(mask, make_causal_mask(t))
+            mask = combine_masks(mask, make_causal_mask(t, s, offset))
         if self.cfg.sliding_window is not None:
-            mask = combine_masks(mask, make_sliding_window_mask(t, t, self.cfg.sliding_window)
+            mask = combine_masks(mask, make_sliding_window_mask(t, s, self.cfg.sliding_window, offset)
                                  if self.causal else _band_mask(t, self.cfg.sliding_window))
+        q_pos, k_pos = positions, positions
+        if cache_index is not None:
+            q_pos, k_pos = default_positions(1, t, offset), default_positions(1, s)  # slots
         bias = None
         if self.cfg.position == "alibi":
-            bias = alibi_bias(self.cfg.num_heads, positions, positions)
+            bias = alibi_bias(self.cfg.num_heads, q_pos, k_pos)
         elif self.rel_bias is not None:
-            bias = self.rel_bias(positions, positions)
+            bias = self.rel_bias(q_pos, k_pos)
         return mask, bias, positions
+
+    def make_layers(self, make, rngs: nnx.Rngs):
+        """num_layers layers from make(rngs): a list, or with scan_layers one module whose
+        params carry a leading layer axis [L, ...] (nnx.vmap over split RNG streams)."""
+        n = self.cfg.num_layers
+        if not self.scan_layers:
+            return nnx.List([make(rngs) for _ in range(n)])
+
+        @nnx.split_rngs(splits=n)
+        @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n)
+        def stacked(rngs):
+            return make(rngs)
+        return stacked(rngs)
+
+    def run_layers(self, x, call, intermediates: dict | None):
+        """x -> call(layer, x) for every layer, as a Python loop or (scan_layers) one lax.scan
+        over the stacked params. With remat_policy, each layer's activations are recomputed
+        in the backward pass (jax.checkpoint with that policy), also inside the scan."""
+        policy = getattr(jax.checkpoint_policies, self.remat_policy) if self.remat_policy else None
+        if not self.scan_layers:
+            for i, layer in enumerate(self.layers):
+                x = _remat_call(layer, x, call, policy) if policy else call(layer, x)
+                if intermediates is not None:
+                    intermediates[f"layers.{i}"] = x
+            return x
+        graphdef, state = nnx.split(self.layers)
+        keep = intermediates is not None
+
+        def body(h, layer_state):
+            layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
+            h = call(layer, h)
+            return h, (h if keep else None, nnx.state(layer))
+
+        if policy:
+            body = jax.checkpoint(body, policy=policy)
+        x, (ys, new_state) = jax.lax.scan(body, x, state)
+        nnx.update(self.layers, new_state)  # advanced dropout RNG counts
+        if keep:
+            for i in range(self.cfg.num_layers):
+                intermediates[f"layers.{i}"] = ys[i]
+        return x
 
     def finish(self, x, intermediates):
         if self.final_norm is not None:
@@ -119,6 +207,19 @@ class _Stack(nnx.Module):
             if intermediates is not None:
                 intermediates["final_norm"] = x
         return (x, intermediates) if intermediates is not None else x
+
+
+def _remat_call(layer, x, call, policy):
+    """call(layer, x) under jax.checkpoint, threading the layer's state (dropout RNG) through."""
+    graphdef, state = nnx.split(layer)
+
+    def f(state, h):
+        inner = nnx.merge(graphdef, jax.tree.map(lambda a: a, state))
+        return call(inner, h), nnx.state(inner)
+
+    y, new_state = jax.checkpoint(f, policy=policy)(state, x)
+    nnx.update(layer, new_state)
+    return y
 
 
 def _band_mask(t: int, window: int) -> jax.Array:
@@ -136,15 +237,12 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.layers = self.make_layers(lambda r: EncoderLayer(cfg, rngs=r), rngs)
 
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False):
         mask, bias, positions = self.self_attention_inputs(x, mask, positions)
         inter = {} if return_intermediates else None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, mask=mask, bias=bias, positions=positions)
-            if inter is not None:
-                inter[f"layers.{i}"] = x
+        x = self.run_layers(x, lambda layer, h: layer(h, mask=mask, bias=bias, positions=positions), inter)
         return self.finish(x, inter)
 
 
@@ -153,31 +251,67 @@ class Decoder(_Stack):
     cross_attention=False (decoder-only LMs).
 
     Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
+
+    Incremental decoding: cache = init_cache(...) (one dict per layer) and cache_index (int
+    scalar, may be traced): x holds the T new tokens, which sit in slots cache_index.., and
+    `mask` is a key mask over the L cache slots (e.g. [B, 1, 1, L] from left padding); the
+    causal part is added here. Returns (x, new_cache) (or (x, intermediates, new_cache)).
     """
 
     causal = True
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(cfg, cross_attention=cross_attention, rngs=rngs)
-                                for _ in range(cfg.num_layers)])
+        self.layers = self.make_layers(lambda r: DecoderLayer(cfg, cross_attention=cross_attention, rngs=r),
+                                       rngs)
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
-                 return_intermediates: bool = False):
-        mask, bias, positions = self.self_attention_inputs(x, mask, positions)
+                 return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+        cache_len = None if cache is None else cache[0]["self"]["k"].shape[1]
+        if cache is not None and cache_index is None:
+            raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
+        mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
         inter = {} if return_intermediates else None
+        if cache is None:
+            x = self.run_layers(x, lambda layer, h: layer(h, memory, mask=mask, bias=bias,
+                                                          memory_mask=memory_mask, positions=positions), inter)
+            return self.finish(x, inter)
+        if self.scan_layers:
+            raise NotImplementedError("KV-cache decoding with model.scan_layers: true is not supported; "
+                                      "build the model with scan_layers: false (the checkpoint keys are "
+                                      "the same, convert.py unstacks them)")
+        new_cache = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
+            if cache is None:
+                x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
+            else:
+                x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
+                                       positions=positions, cache=cache[i], cache_index=cache_index)
+                new_cache.append(layer_cache)
             if inter is not None:
                 inter[f"layers.{i}"] = x
-        return self.finish(x, inter)
+        out = self.finish(x, inter)
+        if cache is None:
+            return out
+        return (*out, new_cache) if inter is not None else (out, new_cache)
+
+    def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
+                   dtype=jnp.float32) -> list:
+        """Per layer: an empty self-attention cache of `length` slots [B, L, G, K] and, with
+        cross-attention, the keys/values of memory [B, S, D]."""
+        if self.scan_layers:
+            raise NotImplementedError("KV-cache decoding with model.scan_layers: true is not supported")
+        return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
 
 
 class TextEmbedding(nnx.Module):
-    """Token embedding (optionally * sqrt(D)), plus absolute positions when the scheme has them
-    (sinusoidal, learned), then dropout. RoPE/ALiBi/T5 act inside attention instead.
+    """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
+    type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,
+    learned), then an optional norm (BERT, embed_norm) and dropout. RoPE/ALiBi/T5 act inside
+    attention instead. The sum's order (tokens + types + positions) is HF BERT's.
 
-    Shapes: ids [B, T] int, positions [B, T] int -> [B, T, D].
+    Shapes: ids [B, T] int, positions [B, T] int, token_type_ids [B, T] int (None = all 0)
+    -> [B, T, D].
     """
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
@@ -190,16 +324,27 @@ class TextEmbedding(nnx.Module):
             self.embed_positions = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model, rngs=rngs)
         else:
             self.embed_positions = None
+        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02, rngs=rngs) \
+            if cfg.type_vocab_size else None
+        self.norm = _norm(cfg, rngs) if cfg.embed_norm else None
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.max_len = cfg.max_len
 
-    def __call__(self, ids: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+    def __call__(self, ids: jax.Array, positions: jax.Array | None = None,
+                 token_type_ids: jax.Array | None = None) -> jax.Array:
         b, t = ids.shape
         if positions is None:
             if t > self.max_len:
                 raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
             positions = default_positions(b, t)
         x = self.embed_tokens(ids)  # [B, T, D]
+        if self.embed_token_types is not None:
+            types = jnp.zeros_like(ids) if token_type_ids is None else token_type_ids  # [B, T]
+            x = x + self.embed_token_types(types)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids given, but the config has no token types (type_vocab_size=0)")
         if self.embed_positions is not None:
             x = x + self.embed_positions(positions)
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)

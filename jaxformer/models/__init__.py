@@ -8,6 +8,9 @@ from flax import nnx
 
 MODELS: dict[str, str] = {
     "encoder": "jaxformer.models.encoder:TextEncoder",
+    "classifier": "jaxformer.models.classifier:Classifier",
+    "seq2seq": "jaxformer.models.seq2seq:Seq2Seq",
+    "lm": "jaxformer.models.lm:LM",
     "vit": "jaxformer.models.vit:ViT",
     "swin": "jaxformer.models.swin:SwinTransformer",
     "timeseries": "jaxformer.models.timeseries:TCNTransformer",

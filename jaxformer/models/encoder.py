@@ -3,6 +3,7 @@ encoder layers and a final norm. Twin: torch_ref/models/encoder.py."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import TransformerConfig
@@ -11,19 +12,26 @@ from jaxformer.layers.transformer import Encoder, TextEmbedding
 
 
 class TextEncoder(nnx.Module):
-    """Shapes: ids [B, T] int, attention_mask [B, T] (1 = token, None = all) -> [B, T, D]."""
+    """Shapes: ids [B, T] int, attention_mask [B, T] (1 = token, None = all),
+    token_type_ids [B, T] int (type_vocab_size > 0; None = all 0) -> [B, T, D].
+
+    With cfg.pooler (BERT's BertModel), returns (hidden [B, T, D], pooled [B, D]) where
+    pooled = tanh(pooler(hidden[:, 0])), the [CLS] summary.
+    """
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = TextEmbedding(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
+        self.pooler = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                 return_intermediates: bool = False):
+                 token_type_ids: jax.Array | None = None, return_intermediates: bool = False):
         mask = None if attention_mask is None else make_padding_mask(attention_mask)
-        x = self.embed(ids)  # [B, T, D]
+        x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
         out = self.encoder(x, mask=mask, return_intermediates=return_intermediates)
+        h, inter = out if return_intermediates else (out, None)  # [B, T, D]
+        result = h if self.pooler is None else (h, jnp.tanh(self.pooler(h[:, 0])))  # pooled [B, D]
         if return_intermediates:
-            out, inter = out
-            return out, {"embeddings": x, **inter}
-        return out
+            return result, {"embeddings": x, **inter}
+        return result

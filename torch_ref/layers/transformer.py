@@ -37,10 +37,12 @@ def _norm(cfg: TransformerConfig):
 
 
 def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor) -> torch.Tensor:
-    """Apply `sublayer` with its residual connection in the configured norm position."""
+    """Apply `sublayer` with its residual connection in the configured norm position. The
+    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as
+    under torch autocast)."""
     if cfg.norm_position == "pre":
-        return x + sublayer(norm(x))
-    return norm(x + sublayer(x))
+        return x + sublayer(norm(x)).to(x.dtype)
+    return norm(x + sublayer(x).to(x.dtype))
 
 
 class EncoderLayer(nn.Module):
@@ -62,7 +64,12 @@ class EncoderLayer(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
-    then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D]."""
+    then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D].
+
+    With cache={"self": {"k", "v"} [B, L, G, K], "cross": {"k", "v"} [B, S, G, K]} and
+    cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
+    ("cross" holds its keys/values, from init_cache).
+    """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True):
         super().__init__()
@@ -75,15 +82,47 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = _norm(cfg)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
-                 memory_mask=None, memory_bias=None, positions=None) -> torch.Tensor:
-        x = residual(self.cfg, self.attn_norm,
-                     lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions), x)
+                memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
+                cache_index=None):
+        new_cache = {}
+
+        def self_block(h):
+            if cache is None:
+                return self.self_attn(h, mask=mask, bias=bias, positions=positions)
+            out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
+                                                    cache=cache["self"], cache_index=cache_index)
+            return out
+
+        def cross_block(h):
+            if cache is None:
+                return self.cross_attn(h, memory, mask=memory_mask, bias=memory_bias)
+            out, new_cache["cross"] = self.cross_attn(h, mask=memory_mask, bias=memory_bias,
+                                                      cache=cache["cross"])
+            return out
+
+        x = residual(self.cfg, self.attn_norm, self_block, x)
+        if self.cross_attn is not None:
+            if memory is None and cache is None:
+                raise ValueError("DecoderLayer with cross-attention needs `memory`")
+            x = residual(self.cfg, self.cross_attn_norm, cross_block, x)
+        x = residual(self.cfg, self.ffn_norm, self.ffn, x)
+        return x if cache is None else (x, new_cache)
+
+    def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
+                   dtype=torch.float32) -> dict:
+        """An empty self-attention cache of `length` slots, plus the cross-attention keys and
+        values of memory [B, S, D] (projected once)."""
+        attn = self.self_attn
+        shape = (batch, length, attn.num_kv_heads, attn.head_dim)  # [B, L, G, K]
+        device = attn.q_proj.weight.device
+        cache = {"self": {"k": torch.zeros(shape, dtype=dtype, device=device),
+                          "v": torch.zeros(shape, dtype=dtype, device=device)}}
         if self.cross_attn is not None:
             if memory is None:
-                raise ValueError("DecoderLayer with cross-attention needs `memory`")
-            x = residual(self.cfg, self.cross_attn_norm,
-                         lambda h: self.cross_attn(h, memory, mask=memory_mask, bias=memory_bias), x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x)
+                raise ValueError("init_cache of a DecoderLayer with cross-attention needs `memory`")
+            kv = self.cross_attn.project_kv(memory)
+            cache["cross"] = {"k": kv["k"].to(dtype), "v": kv["v"].to(dtype)}
+        return cache
 
 
 class _Stack(nn.Module):
@@ -99,20 +138,28 @@ class _Stack(nn.Module):
             bidirectional=not self.causal) if cfg.position == "t5" else None
         self.final_norm = _norm(cfg) if cfg.final_norm else None
 
-    def self_attention_inputs(self, x: torch.Tensor, mask, positions):
-        """-> (mask, bias, positions) for self-attention over x [B, T, D]."""
+    def self_attention_inputs(self, x: torch.Tensor, mask, positions, cache_index=None,
+                              cache_len: int | None = None):
+        """-> (mask, bias, positions) for self-attention over x [B, T, D]. With a cache, the
+        keys are its cache_len slots and query i sits in slot cache_index + i; ALiBi/T5 biases
+        then use slot distances (equal to position distances, padding being on the left)."""
         b, t, _ = x.shape
-        positions = default_positions(b, t, device=x.device) if positions is None else positions
+        offset = 0 if cache_index is None else cache_index
+        s = t if cache_len is None else cache_len
+        positions = default_positions(b, t, offset, device=x.device) if positions is None else positions
         if self.causal:
-            mask = combine_masks(mask, make_causal_mask(t, device=x.device))
+            mask = combine_masks(mask, make_causal_mask(t, s, offset, device=x.device))
         if self.cfg.sliding_window is not None:
-            mask = combine_masks(mask, make_sliding_window_mask(t, t, self.cfg.sliding_window, device=x.device)
+            mask = combine_masks(mask, make_sliding_window_mask(t, s, self.cfg.sliding_window, offset, device=x.device)
                                  if self.causal else _band_mask(t, self.cfg.sliding_window, x.device))
+        q_pos, k_pos = positions, positions
+        if cache_index is not None:
+            q_pos, k_pos = default_positions(1, t, offset, device=x.device), default_positions(1, s, device=x.device)  # slots
         bias = None
         if self.cfg.position == "alibi":
-            bias = alibi_bias(self.cfg.num_heads, positions, positions)
+            bias = alibi_bias(self.cfg.num_heads, q_pos, k_pos)
         elif self.rel_bias is not None:
-            bias = self.rel_bias(positions, positions)
+            bias = self.rel_bias(q_pos, k_pos)
         return mask, bias, positions
 
     def finish(self, x, intermediates):
@@ -155,6 +202,11 @@ class Decoder(_Stack):
     cross_attention=False (decoder-only LMs).
 
     Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
+
+    Incremental decoding: cache = init_cache(...) (one dict per layer) and cache_index (int):
+    x holds the T new tokens, which sit in slots cache_index.., and `mask` is a key mask over
+    the L cache slots (e.g. [B, 1, 1, L] from left padding); the causal part is added here.
+    Returns (x, new_cache) (or (x, intermediates, new_cache)).
     """
 
     causal = True
@@ -165,21 +217,42 @@ class Decoder(_Stack):
                                 for _ in range(cfg.num_layers)])
 
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
-                 return_intermediates: bool = False):
-        mask, bias, positions = self.self_attention_inputs(x, mask, positions)
+                return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+        cache_len = None if cache is None else cache[0]["self"]["k"].shape[1]
+        if cache is not None and cache_index is None:
+            raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
+        mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
         inter = {} if return_intermediates else None
+        new_cache = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
+            if cache is None:
+                x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
+            else:
+                x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
+                                       positions=positions, cache=cache[i], cache_index=cache_index)
+                new_cache.append(layer_cache)
             if inter is not None:
                 inter[f"layers.{i}"] = x
-        return self.finish(x, inter)
+        out = self.finish(x, inter)
+        if cache is None:
+            return out
+        return (*out, new_cache) if inter is not None else (out, new_cache)
+
+    def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
+                   dtype=torch.float32) -> list:
+        """Per layer: an empty self-attention cache of `length` slots [B, L, G, K] and, with
+        cross-attention, the keys/values of memory [B, S, D]."""
+        return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
 
 
 class TextEmbedding(nn.Module):
-    """Token embedding (optionally * sqrt(D)), plus absolute positions when the scheme has them
-    (sinusoidal, learned), then dropout. RoPE/ALiBi/T5 act inside attention instead.
+    """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
+    type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,
+    learned), then an optional norm (BERT, embed_norm) and dropout. RoPE/ALiBi/T5 act inside
+    attention instead. The sum's order (tokens + types + positions) is HF BERT's.
 
-    Shapes: ids [B, T] int, positions [B, T] int -> [B, T, D].
+    Shapes: ids [B, T] int, positions [B, T] int, token_type_ids [B, T] int (None = all 0)
+    -> [B, T, D].
     """
 
     def __init__(self, cfg: TransformerConfig):
@@ -193,16 +266,27 @@ class TextEmbedding(nn.Module):
             self.embed_positions = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
         else:
             self.embed_positions = None
+        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02) \
+            if cfg.type_vocab_size else None
+        self.norm = _norm(cfg) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.embed_dropout)
         self.max_len = cfg.max_len
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         b, t = ids.shape
         if positions is None:
             if t > self.max_len:
                 raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
             positions = default_positions(b, t, device=ids.device)
         x = self.embed_tokens(ids)  # [B, T, D]
+        if self.embed_token_types is not None:
+            types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids  # [B, T]
+            x = x + self.embed_token_types(types)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids given, but the config has no token types (type_vocab_size=0)")
         if self.embed_positions is not None:
             x = x + self.embed_positions(positions)
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)

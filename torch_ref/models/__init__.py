@@ -7,6 +7,9 @@ import torch
 
 MODELS: dict[str, str] = {
     "encoder": "torch_ref.models.encoder:TextEncoder",
+    "classifier": "torch_ref.models.classifier:Classifier",
+    "seq2seq": "torch_ref.models.seq2seq:Seq2Seq",
+    "lm": "torch_ref.models.lm:LM",
     "vit": "torch_ref.models.vit:ViT",
     "swin": "torch_ref.models.swin:SwinTransformer",
     "timeseries": "torch_ref.models.timeseries:TCNTransformer",

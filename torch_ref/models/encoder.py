@@ -11,20 +11,27 @@ from torch_ref.layers.transformer import Encoder, TextEmbedding
 
 
 class TextEncoder(nn.Module):
-    """Shapes: ids [B, T] int, attention_mask [B, T] (1 = token, None = all) -> [B, T, D]."""
+    """Shapes: ids [B, T] int, attention_mask [B, T] (1 = token, None = all),
+    token_type_ids [B, T] int (type_vocab_size > 0; None = all 0) -> [B, T, D].
+
+    With cfg.pooler (BERT's BertModel), returns (hidden [B, T, D], pooled [B, D]) where
+    pooled = tanh(pooler(hidden[:, 0])), the [CLS] summary.
+    """
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = TextEmbedding(cfg)
         self.encoder = Encoder(cfg)
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=True) if cfg.pooler else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                return_intermediates: bool = False):
+                token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False):
         mask = None if attention_mask is None else make_padding_mask(attention_mask)
-        x = self.embed(ids)  # [B, T, D]
+        x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
         out = self.encoder(x, mask=mask, return_intermediates=return_intermediates)
+        h, inter = out if return_intermediates else (out, None)  # [B, T, D]
+        result = h if self.pooler is None else (h, torch.tanh(self.pooler(h[:, 0])))  # pooled [B, D]
         if return_intermediates:
-            out, inter = out
-            return out, {"embeddings": x, **inter}
-        return out
+            return result, {"embeddings": x, **inter}
+        return result

@@ -1,0 +1,164 @@
+"""Side-by-side greedy generation on CPU: new tokens per second for jaxformer, torch_ref and
+Hugging Face transformers.GPT2LMHeadModel at GPT-2 small size (124M, random weights from
+GPT2Config(), no download), batch 1 and batch 8, 128 new tokens after a 32-token prompt.
+
+All three run the SAME weights: the HF model's state dict is mapped onto torch_ref's names
+(c_attn split into q/k/v, Conv1D [in, out] transposed) and converted into jaxformer, so the
+script also reports whether the three produce the same token ids. Not a test: it times.
+
+    python bench/generate.py [--new 128] [--prompt 32] [--batches 1 8] [--repeats 2]
+
+Targets (issue): jaxformer >= 45 tok/s at batch 1, >= 2x HF at batch 8.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def gpt2_small_lm_config(max_len: int):
+    from jaxformer.config.models import LMConfig
+    return LMConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                    max_len=max_len, position="learned", norm="layernorm", norm_eps=1e-5,
+                    ffn="gelu_tanh", norm_position="pre", bias=True, scale_embedding=False,
+                    tie_embeddings=True, final_norm=True, pad_id=0, bos_id=50256, eos_id=50256)
+
+
+def hf_to_torch_ref(sd: dict, num_layers: int, d: int) -> dict:
+    """HF GPT2LMHeadModel state dict -> torch_ref LM keys (Linear weights [out, in])."""
+    out = {"embed.embed_tokens.weight": sd["transformer.wte.weight"],
+           "embed.embed_positions.weight": sd["transformer.wpe.weight"],
+           "decoder.final_norm.weight": sd["transformer.ln_f.weight"],
+           "decoder.final_norm.bias": sd["transformer.ln_f.bias"]}
+    for i in range(num_layers):
+        h, o = f"transformer.h.{i}.", f"decoder.layers.{i}."
+        w, b = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]  # Conv1D [in, 3D]
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            out[o + f"self_attn.{name}.weight"] = w[:, j * d:(j + 1) * d].t().contiguous()
+            out[o + f"self_attn.{name}.bias"] = b[j * d:(j + 1) * d]
+        pairs = {"self_attn.o_proj": "attn.c_proj", "ffn.up_proj": "mlp.c_fc", "ffn.down_proj": "mlp.c_proj"}
+        for ours, theirs in pairs.items():
+            out[o + ours + ".weight"] = sd[h + theirs + ".weight"].t().contiguous()
+            out[o + ours + ".bias"] = sd[h + theirs + ".bias"]
+        for ours, theirs in {"attn_norm": "ln_1", "ffn_norm": "ln_2"}.items():
+            out[o + ours + ".weight"] = sd[h + theirs + ".weight"]
+            out[o + ours + ".bias"] = sd[h + theirs + ".bias"]
+    return out
+
+
+def first_mismatch(tmodel, ids, ref, other):
+    """Where two greedy runs first part, and the reference's top-2 logit gap there: a gap at
+    the float32 noise level (~1e-6) means a near-tie flipped, not a bug."""
+    import torch
+    rows, steps = np.nonzero(ref != other)
+    if len(rows) == 0:
+        return None
+    k = int(np.argmin(steps))
+    r, s = int(rows[k]), int(steps[k])
+    with torch.no_grad():
+        seq = torch.as_tensor(np.concatenate([ids[r], ref[r, :s]])[None]).long()
+        logits = tmodel(seq)[0, -1].double()
+    top2 = torch.topk(logits, 2).values
+    return {"row": r, "step": s, "torch_ref_top2_gap": float(top2[0] - top2[1])}
+
+
+def timed(fn, warmup, repeats: int):
+    warmup()  # compilation (JAX: the same shapes, so the full run), allocator, thread pools
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["hf", "torch_ref", "jaxformer"])
+    args = ap.parse_args(argv)
+
+    import jax
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from jaxformer import convert
+    from jaxformer import generation as jgen
+    from jaxformer.config.models import GenerationConfig
+    from jaxformer.models import build_model as jbuild
+    from torch_ref import generation as tgen
+    from torch_ref.models import build_model as tbuild
+
+    torch.manual_seed(0)
+    hf_cfg = GPT2Config()
+    hf = GPT2LMHeadModel(hf_cfg).eval()
+    cfg = gpt2_small_lm_config(hf_cfg.n_positions)
+    sd = hf_to_torch_ref(hf.state_dict(), cfg.num_layers, cfg.d_model)
+    tmodel = tbuild("lm", cfg).eval()
+    convert.check_torch_load(tmodel, sd)
+    jmodel = jbuild("lm", cfg)
+    convert.load_torch_state_dict(jmodel, sd)
+    gen = GenerationConfig(max_new_tokens=args.new, strategy="greedy", stop_at_eos=False)
+
+    print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads), {os.cpu_count()} CPUs; GPT-2 small "
+          f"{sum(p.numel() for p in hf.parameters()) / 1e6:.0f}M params; prompt {args.prompt}, "
+          f"{args.new} new tokens, greedy, best of {args.repeats}", flush=True)
+    # batch 1 is weight-streaming bound: every token reads all fp32 weights once (the tied
+    # head included), so memory bandwidth / weight bytes caps tok/s whatever the framework
+    big = np.ones(64 * 2 ** 20, np.float32)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        big.sum()
+    bandwidth = 5 * big.nbytes / (time.perf_counter() - t0)
+    weight_bytes = 4 * sum(p.numel() for p in tmodel.parameters())
+    print(f"read bandwidth ~{bandwidth / 1e9:.1f} GB/s, weights {weight_bytes / 1e6:.0f} MB -> batch-1 "
+          f"ceiling ~{bandwidth / weight_bytes:.0f} tok/s", flush=True)
+    rows = []
+    for b in args.batches:
+        ids = np.random.RandomState(b).randint(0, cfg.vocab_size, (b, args.prompt)).astype(np.int32)
+        def hf_run(n):
+            return hf.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                               max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[:, args.prompt:].numpy()
+        short = dataclasses.replace(gen, max_new_tokens=4)
+        runners = {  # name: (timed run, warm-up)
+            "hf": (lambda: hf_run(args.new), lambda: hf_run(4)),
+            "torch_ref": (lambda: tgen.lm_generate(tmodel, ids, None, gen), lambda: tgen.lm_generate(tmodel, ids, None, short)),
+            "jaxformer": (lambda: jgen.lm_generate(jmodel, ids, None, gen), lambda: jgen.lm_generate(jmodel, ids, None, gen)),
+        }
+        tokens, speed = {}, {}
+        for name, (fn, warm) in runners.items():
+            if name in args.skip:
+                continue
+            with torch.no_grad():
+                dt, tokens[name] = timed(fn, warm, args.repeats)
+            speed[name] = b * args.new / dt
+            print(f"batch {b}  {name:10s} {speed[name]:8.1f} tok/s  ({dt:.2f} s)", flush=True)
+        ref = speed.get("hf")
+        row = {"batch": b, **{f"{k}_tok_s": round(v, 2) for k, v in speed.items()}}
+        if ref:
+            row.update({f"{k}_vs_hf": round(v / ref, 2) for k, v in speed.items() if k != "hf"})
+        names = list(tokens)
+        row["same_tokens"] = {f"{a}=={c}": bool(np.array_equal(tokens[a], tokens[c]))
+                              for i, a in enumerate(names) for c in names[i + 1:]}
+        if "torch_ref" in tokens and "jaxformer" in tokens:
+            row["jax_vs_torch_first_mismatch"] = first_mismatch(tmodel, ids, tokens["torch_ref"], tokens["jaxformer"])
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""`jaxformer generate`: generate token ids with an `lm` or `seq2seq` model from weights on disk.
+
+    jaxformer generate --weights lm.safetensors --config configs/lm.yaml \\
+        --prompt "5 6 7 8" --prompt "9 10" --max-new-tokens 32 [--framework jax|torch]
+        [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
+        [--num-beams W] [--length-penalty A] [--seed S] [--json]
+
+--weights is either a safetensors file in torch or flax layout (as `jaxformer convert` writes
+it; the layout comes from its `format` metadata), or a jaxformer model checkpoint directory
+(DIR/model.yaml + DIR/params, orbax; jaxformer/checkpoint_io.py, written by `jaxformer convert
+--from hf` and by training exports). A training run's checkpoint directory (the whole train
+state) has no loader here yet and gives a clear error. --config is a YAML with a `model:`
+section; without it, the file's jaxformer metadata (or DIR/model.yaml) names the model.
+Prompts are whitespace-separated token ids (the source sentence for seq2seq). Prints one line
+of ids per prompt (or JSON).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--weights", required=True, help="safetensors file (torch or flax layout) or orbax dir")
+    p.add_argument("--config", default=None, help="YAML with a `model:` section (default: file metadata)")
+    p.add_argument("--prompt", action="append", required=True,
+                   help="whitespace-separated token ids; repeat for a batch")
+    p.add_argument("--framework", choices=["jax", "torch"], default="jax")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--strategy", choices=["greedy", "sample", "beam"], default="greedy")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--num-beams", type=int, default=4)
+    p.add_argument("--length-penalty", type=float, default=1.0)
+    p.add_argument("--no-eos-stop", action="store_true", help="always generate max-new-tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of lines")
+
+
+class GenerateError(ValueError):
+    pass
+
+
+def load_model(weights: str, config: str | None, framework: str):
+    """-> (name, cfg, model) with the weights loaded strictly (every key checked)."""
+    from jaxformer import convert
+    name = cfg = None
+    if config:
+        from jaxformer.commands.convert import load_model_section
+        name, cfg = load_model_section(config)
+    if os.path.isdir(weights):
+        return _load_model_dir(weights, name, cfg, framework)
+    tensors, meta = convert.read_safetensors(weights)
+    if cfg is None:
+        if "jaxformer_config" not in meta:
+            raise GenerateError(f"{weights} carries no jaxformer metadata; pass --config")
+        from jaxformer.config import model_config_from_dict
+        name, cfg = model_config_from_dict({"name": meta["jaxformer_model"], **json.loads(meta["jaxformer_config"])})
+    if name not in ("lm", "seq2seq"):
+        raise GenerateError(f"generate needs an `lm` or `seq2seq` model, got {name!r}")
+    state_dict = torch_layout(tensors, meta, name, cfg)
+    if framework == "jax":
+        from jaxformer.models import build_model
+        model = build_model(name, cfg)
+        convert.load_torch_state_dict(model, state_dict)
+    else:
+        from torch_ref.models import build_model
+        model = build_model(name, cfg)
+        convert.check_torch_load(model, {k: convert.to_torch(v) for k, v in state_dict.items()})
+    return name, cfg, model
+
+
+def torch_layout(tensors: dict, meta: dict, name: str, cfg) -> dict:
+    """Tensors of a safetensors file -> {torch key: array in torch layout}."""
+    from jaxformer import convert
+    from jaxformer.models import abstract_model
+    if meta.get("format", "pt") != "flax":
+        return tensors
+    model = abstract_model(name, cfg)
+    by_key = {convert.flax_key(p): p for p in convert.param_leaves(model)}
+    problems = [f"unexpected: {k}" for k in tensors if k not in by_key]
+    problems += [f"missing: {k}" for k in by_key if k not in tensors]
+    if problems:
+        raise convert.ConversionError(problems)
+    prefixes = convert.scan_prefixes(model)
+    out = {}
+    for k, x in tensors.items():
+        out.update(convert.flax_leaf_to_torch(by_key[k], x, prefixes))
+    return out
+
+
+def _load_model_dir(directory: str, name, cfg, framework: str):
+    """A jaxformer model checkpoint dir (model.yaml + orbax params) -> (name, cfg, model)."""
+    from jaxformer import checkpoint_io, convert
+    if not os.path.exists(os.path.join(directory, "model.yaml")):
+        raise GenerateError(
+            f"{directory} is a directory without model.yaml, so not a jaxformer model checkpoint "
+            "(jaxformer/checkpoint_io.py). Training-run checkpoints hold the whole train state and "
+            "have no loader for generate yet: export the params as a model checkpoint or as "
+            "safetensors (`jaxformer convert`) and pass that to --weights.")
+    dir_name, dir_cfg = checkpoint_io.load_model_config(directory)
+    if cfg is not None and (name, cfg) != (dir_name, dir_cfg):
+        raise GenerateError(f"--config describes {name!r} {cfg}, but {directory}/model.yaml "
+                            f"holds {dir_name!r} {dir_cfg}")
+    if dir_name not in ("lm", "seq2seq"):
+        raise GenerateError(f"generate needs an `lm` or `seq2seq` model, got {dir_name!r}")
+    name, cfg, model = checkpoint_io.load_model(directory)
+    if framework == "torch":
+        from torch_ref.models import build_model
+        tmodel = build_model(name, cfg)
+        convert.check_torch_load(tmodel, {k: convert.to_torch(v) for k, v in convert.flax_to_torch_arrays(model).items()})
+        model = tmodel
+    return name, cfg, model
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from jaxformer.config import ConfigError
+    from jaxformer.config.models import GenerationConfig
+    from jaxformer.convert import ConversionError
+    try:
+        gen = GenerationConfig(max_new_tokens=args.max_new_tokens, strategy=args.strategy,
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                               num_beams=args.num_beams, length_penalty=args.length_penalty,
+                               stop_at_eos=not args.no_eos_stop, seed=args.seed)
+        prompts = [[int(t) for t in p.split()] for p in args.prompt]
+        name, cfg, model = load_model(args.weights, args.config, args.framework)
+        if args.framework == "jax":
+            from jaxformer import generation as g
+        else:
+            from torch_ref import generation as g
+        if name == "lm":
+            ids, mask = g.pad_prompts(prompts, cfg.pad_id)
+            out = g.lm_generate(model, ids, mask, gen)
+        else:
+            if any(len(p) == 0 for p in prompts):
+                raise ValueError("every prompt needs at least one token")
+            src = np.full((len(prompts), max(len(p) for p in prompts)), cfg.pad_id, np.int32)
+            for b, p in enumerate(prompts):
+                src[b, :len(p)] = p  # sources are right-padded; the mask comes from pad_id
+            out = g.seq2seq_generate(model, src, None, gen)
+    except (ValueError, ConfigError, ConversionError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    tokens, scores = out if isinstance(out, tuple) else (out, None)
+    rows = [_trim(row, cfg.pad_id, cfg.eos_id if gen.stop_at_eos else None) for row in np.asarray(tokens)]
+    if args.json:
+        print(json.dumps({"model": name, "framework": args.framework, "tokens": rows,
+                          **({"scores": [float(s) for s in scores]} if scores is not None else {})}))
+    else:
+        for row in rows:
+            print(" ".join(str(t) for t in row))
+    return 0
+
+
+def _trim(row, pad_id: int, eos_id: int | None) -> list[int]:
+    """Token ids up to and including the first EOS (the pads after it dropped)."""
+    out = []
+    for t in row.tolist():
+        out.append(int(t))
+        if eos_id is not None and t == eos_id:
+            break
+    return out

@@ -1,0 +1,266 @@
+"""Autoregressive generation with a KV cache for `lm` and `seq2seq`: greedy, sampling
+(temperature, top-k, top-p) and beam search. Twin: torch_ref/generation.py.
+
+The model is split once (nnx.split) into a static graphdef and its state; everything after
+that is a pure function of arrays, jitted whole: prefill, then a lax.while_loop over a cache
+preallocated at a fixed size, so one compilation serves every step and no token goes back to
+the host until the end. `TRACES` counts how often each jitted function was traced.
+
+Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
+the attention mask, so a left-padded row computes what the unpadded row would.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer.config.models import GenerationConfig
+from jaxformer.models.common import check_tokens
+
+TRACES: collections.Counter = collections.Counter()  # jitted function name -> times traced
+
+
+# ----------------------------------------------------------------------------- inputs
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists to one array: -> ids [B, P] int32, mask [B, P] int32 (1 = token)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    p = max(len(x) for x in prompts)
+    ids = np.full((len(prompts), p), pad_id, np.int32)
+    mask = np.zeros((len(prompts), p), np.int32)
+    for b, x in enumerate(prompts):
+        ids[b, p - len(x):] = x
+        mask[b, p - len(x):] = 1
+    return ids, mask
+
+
+def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: int = 0) -> int:
+    """The cache length for a prompt of prompt_len slots (`start` extra target slots, e.g. BOS)
+    plus gen.max_new_tokens, or ValueError when it exceeds max_len or gen.cache_len."""
+    need = prompt_len + start + gen.max_new_tokens
+    if prompt_len + start > max_len:
+        raise ValueError(f"prompt length {prompt_len + start} exceeds max_len={max_len}")
+    if need > max_len:
+        raise ValueError(f"prompt length {prompt_len + start} + max_new_tokens {gen.max_new_tokens} "
+                         f"= {need} exceeds max_len={max_len}")
+    if gen.cache_len is not None and need > gen.cache_len:
+        raise ValueError(f"prompt length {prompt_len + start} + max_new_tokens {gen.max_new_tokens} "
+                         f"= {need} exceeds the KV cache ({gen.cache_len} slots)")
+    return need if gen.cache_len is None else gen.cache_len
+
+
+# ----------------------------------------------------------------------------- token choice
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> jax.Array:
+    """logits [B, V] -> [B, V] float32 divided by temperature, -inf outside the top-k tokens
+    and outside the top-p nucleus (the smallest set of most likely tokens whose probability
+    reaches top_p). Ties at a threshold are kept."""
+    x = logits.astype(jnp.float32) / temperature
+    if top_k > 0:
+        kth = jax.lax.top_k(x, min(top_k, x.shape[-1]))[0][:, -1:]  # [B, 1]
+        x = jnp.where(x < kth, -jnp.inf, x)
+    if top_p < 1.0:
+        sorted_x = jnp.flip(jnp.sort(x, axis=-1), axis=-1)  # [B, V] descending
+        probs = jax.nn.softmax(sorted_x, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
+        n_keep = jnp.sum(before < top_p, axis=-1, keepdims=True)  # [B, 1], >= 1
+        x = jnp.where(x < jnp.take_along_axis(sorted_x, n_keep - 1, axis=-1), -jnp.inf, x)
+    return x
+
+
+def select_tokens(logits: jax.Array, key: jax.Array, gen: GenerationConfig) -> jax.Array:
+    """logits [B, V] -> token ids [B] int32: argmax (greedy) or a sample of filter_logits."""
+    if gen.strategy == "greedy":
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    x = filter_logits(logits, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+    return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- loops (inside jit)
+def decode_loop(step, carry, first_logits, key, gen: GenerationConfig, eos_id: int, pad_id: int):
+    """Greedy/sampling: step(tok [B], i, carry) -> (logits [B, V], carry) feeds generated token i.
+    Runs until max_new_tokens or every row has produced EOS. -> tokens [B, N] (pad after EOS)."""
+    b, n = first_logits.shape[0], gen.max_new_tokens
+    key, sub = jax.random.split(key)
+    tok = select_tokens(first_logits, sub, gen)  # [B]
+    out = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(tok)  # [B, N]
+    done = (tok == eos_id) & gen.stop_at_eos
+
+    def cond(s):
+        return (s[0] < n) & ~jnp.all(s[3])
+
+    def body(s):
+        i, tok, out, done, carry, key = s
+        logits, carry = step(tok, i - 1, carry)
+        key, sub = jax.random.split(key)
+        nxt = jnp.where(done, pad_id, select_tokens(logits, sub, gen))  # [B]
+        out = jax.lax.dynamic_update_slice(out, nxt[:, None], (jnp.int32(0), i))
+        return i + 1, nxt, out, done | ((nxt == eos_id) & gen.stop_at_eos), carry, key
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(1), tok, out, done, carry, key))[2]
+
+
+def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_id: int, pad_id: int):
+    """Beam search over B x W rows (row b * W + w is beam w of item b). step as in decode_loop;
+    reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams. Keeps the W
+    best finished hypotheses (score = sum log p / length ** length_penalty; a beam still alive
+    at max_new_tokens finishes there). -> (tokens [B, N], scores [B]) of the best hypothesis."""
+    bw, v = first_logits.shape
+    w, n = gen.num_beams, gen.max_new_tokens
+    b = bw // w
+    neg = jnp.float32(-jnp.inf)
+    alive_lp = jnp.tile(jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.full((w - 1,), neg)]), (b, 1))  # [B, W]
+    alive_seq = jnp.full((b, w, n), pad_id, jnp.int32)  # [B, W, N]
+    fin_seq, fin_score = alive_seq, jnp.full((b, w), neg)  # [B, W, N], [B, W]
+
+    def body(i, s):
+        logits, carry, alive_lp, alive_seq, fin_seq, fin_score = s
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, w, v)  # [B, W, V]
+        top_lp, top_idx = jax.lax.top_k((alive_lp[:, :, None] + logp).reshape(b, w * v), 2 * w)  # [B, 2W]
+        beam, tok = top_idx // v, (top_idx % v).astype(jnp.int32)  # [B, 2W]
+        seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(tok)  # [B, 2W, N]
+        is_eos = tok == eos_id
+        norm = (i + 1).astype(jnp.float32) ** gen.length_penalty
+        fin_new = jnp.where(is_eos | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
+        fin_score, sel = jax.lax.top_k(jnp.concatenate([fin_score, fin_new], axis=1), w)  # [B, W]
+        fin_seq = jnp.take_along_axis(jnp.concatenate([fin_seq, seqs], axis=1), sel[:, :, None], axis=1)
+        alive_lp, sel = jax.lax.top_k(jnp.where(is_eos, neg, top_lp), w)  # [B, W]
+        alive_seq = jnp.take_along_axis(seqs, sel[:, :, None], axis=1)  # [B, W, N]
+        parent = jnp.take_along_axis(beam, sel, axis=1)  # [B, W]
+        rows = (jnp.arange(b, dtype=parent.dtype)[:, None] * w + parent).reshape(bw)  # [B*W]
+        carry = reorder(carry, rows)
+        last = jnp.take_along_axis(tok, sel, axis=1).reshape(bw)  # [B*W]
+        logits, carry = step(last, i, carry)
+        return logits, carry, alive_lp, alive_seq, fin_seq, fin_score
+
+    s = jax.lax.fori_loop(0, n, body, (first_logits, carry, alive_lp, alive_seq, fin_seq, fin_score))
+    return s[4][:, 0], s[5][:, 0]
+
+
+def _reorder_self(cache, rows):
+    """Gather the self-attention caches (and any other per-row arrays) of `rows`; the
+    cross-attention keys/values are the same for every beam of an item and stay."""
+    return [{**c, "self": jax.tree.map(lambda a: a[rows], c["self"])} for c in cache]
+
+
+# ----------------------------------------------------------------------------- LM
+def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index):
+    """Pure function: one cached LM call. -> (logits [B, T, V], new cache)."""
+    TRACES["lm_forward"] += 1
+    return nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
+
+
+# jitted, cache donated: the caller's loop (tests, debugging) compiles prefill once and the
+# one-token step once, whatever the number of steps
+lm_step = jax.jit(lm_forward, static_argnums=0, donate_argnums=4)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id"))
+def _lm_generate(graphdef, state, ids, mask, key, *, gen, cache_len, eos_id, pad_id):
+    TRACES["lm_generate"] += 1
+    model = nnx.merge(graphdef, state)
+    b, p = ids.shape
+    if gen.strategy == "beam":  # every beam starts from the prompt
+        ids, mask = jnp.repeat(ids, gen.num_beams, axis=0), jnp.repeat(mask, gen.num_beams, axis=0)
+        b = b * gen.num_beams
+    slot_mask = jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(mask.astype(jnp.int32))  # [B, L]
+    logits, cache = model(ids, slot_mask, cache=model.init_cache(b, cache_len), cache_index=0)
+
+    def step(tok, i, carry):
+        cache, slot_mask = carry
+        slot = p + i  # generated token i sits in slot P + i
+        slot_mask = jax.lax.dynamic_update_slice(slot_mask, jnp.ones((b, 1), jnp.int32), (jnp.int32(0), slot))
+        logits, cache = model(tok[:, None], slot_mask, cache=cache, cache_index=slot)
+        return logits[:, 0], (cache, slot_mask)
+
+    if gen.strategy == "beam":
+        reorder = lambda carry, rows: (_reorder_self(carry[0], rows), carry[1][rows])
+        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_id, pad_id)
+    return decode_loop(step, (cache, slot_mask), logits[:, -1], key, gen, eos_id, pad_id)
+
+
+def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):
+    """Generate after a batch of (left-padded) prompts. ids [B, P] int, attention_mask [B, P]
+    (1 = token; None = all) -> tokens [B, N] int32 numpy (pad_id after EOS); with beam search
+    (tokens, scores [B])."""
+    cfg = model.cfg
+    ids = np.asarray(ids)
+    check_tokens(ids, cfg.vocab_size, cfg.max_len, "prompt token id")
+    mask = np.ones_like(ids, np.int32) if attention_mask is None else np.asarray(attention_mask, np.int32)
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask shape {mask.shape} != prompt shape {ids.shape}")
+    if (mask.sum(axis=1) == 0).any():
+        raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
+    cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
+    model.eval()
+    graphdef, state = nnx.split(model)
+    out = _lm_generate(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
+                       jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0),
+                       cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+    return jax.tree.map(np.asarray, out)
+
+
+# ----------------------------------------------------------------------------- seq2seq
+def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_index):
+    """Pure function: one cached decoder call. -> (logits [B, T, V], new cache)."""
+    TRACES["seq2seq_decode_forward"] += 1
+    return nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache,
+                                             cache_index=cache_index)
+
+
+seq2seq_step = jax.jit(seq2seq_decode_forward, static_argnums=0, donate_argnums=4)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id"))
+def _seq2seq_generate(graphdef, state, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id):
+    TRACES["seq2seq_generate"] += 1
+    model = nnx.merge(graphdef, state)
+    memory, memory_mask = model.encode(src_ids, src_mask)  # [B, S, D], [B, 1, 1, S]
+    if gen.strategy == "beam":
+        memory = jnp.repeat(memory, gen.num_beams, axis=0)
+        memory_mask = jnp.repeat(memory_mask, gen.num_beams, axis=0)
+    b = memory.shape[0]
+    bos = jnp.full((b, 1), model.cfg.bos_id, jnp.int32)
+    logits, cache = model.decode(bos, None, memory_mask, cache=model.init_cache(memory, cache_len),
+                                 cache_index=0)
+
+    def step(tok, i, cache):
+        logits, cache = model.decode(tok[:, None], None, memory_mask, cache=cache, cache_index=i + 1)
+        return logits[:, 0], cache
+
+    if gen.strategy == "beam":
+        return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_id, pad_id)
+    return decode_loop(step, cache, logits[:, -1], key, gen, eos_id, pad_id)
+
+
+def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig()):
+    """Translate a batch: src_ids [B, S] int (right-padded with pad_id), src_mask [B, S]
+    (None = src_ids != pad_id) -> tokens [B, N] int32 numpy after BOS (pad_id after EOS);
+    with beam search (tokens, scores [B])."""
+    cfg = model.cfg
+    src_ids = np.asarray(src_ids)
+    check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
+    mask = (src_ids != cfg.pad_id) if src_mask is None else np.asarray(src_mask).astype(bool)
+    cache_len = check_lengths(0, gen, cfg.max_len, start=1)
+    model.eval()
+    graphdef, state = nnx.split(model)
+    out = _seq2seq_generate(graphdef, state, jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
+                            jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0),
+                            cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+    return jax.tree.map(np.asarray, out)
+
+
+def _eos(gen: GenerationConfig, cfg) -> int:
+    return cfg.eos_id if gen.eos_id is None else gen.eos_id
+
+
+def generate(model, *args, gen: GenerationConfig = GenerationConfig(), **kw):
+    """lm_generate or seq2seq_generate, by the model's type."""
+    return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, **kw)

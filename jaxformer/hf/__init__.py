@@ -1,0 +1,265 @@
+"""Hugging Face checkpoints in and out of jaxformer: the Python API behind
+`jaxformer convert --from hf|flax`.
+
+    from jaxformer import hf
+    model, name, cfg = hf.from_pretrained("path/to/hf_dir")     # a built Flax NNX model
+    hf.save_pretrained(model, name, cfg, "out_dir")              # AutoModel*.from_pretrained(out_dir)
+    hf.convert_hf_to_flax("path/to/hf_dir", "ckpt_dir")          # streaming, bounded memory
+    hf.convert_flax_to_hf("ckpt_dir", "out_dir")
+
+Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
+<-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
+ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`).
+
+Import: config.json -> our config (family.config_from_hf: every option mapped, ignored for a
+stated reason, or an error naming it); weights: HF tensor -> torch_ref key and layout
+(family.tensor_fn) -> jaxformer.convert's rule table, shard by shard (loading.convert_stream),
+with the converter's strict checks run on the whole plan before any data is read.
+Export: our params -> torch_ref state_dict (jaxformer.convert.flax_to_torch_arrays) -> HF
+names and layout (family.state_dict_to_hf) -> config.json + model.safetensors.
+
+Every output directory is written under a temporary name and renamed into place at the end,
+so a failed conversion leaves nothing at OUT.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from jaxformer.config import ConfigError
+from jaxformer.convert import ConversionError
+
+FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.bert", "jaxformer.hf.vision")
+
+
+def _families():
+    return [importlib.import_module(m) for m in FAMILY_MODULES]
+
+
+def supported_architectures() -> dict[str, str]:
+    """HF architecture -> jaxformer model name."""
+    out = {}
+    for fam in _families():
+        out.update(fam.ARCHITECTURES)
+    return out
+
+
+def family_for_architecture(config: dict):
+    archs = config.get("architectures") or []
+    if len(archs) != 1:
+        raise ConfigError(f"config.json: architectures={archs!r}; expected exactly one of "
+                          f"{sorted(supported_architectures())}")
+    for fam in _families():
+        if archs[0] in fam.ARCHITECTURES:
+            return fam, archs[0]
+    raise ConfigError(f"config.json: architecture {archs[0]!r} is not supported; supported: "
+                      f"{sorted(supported_architectures())}")
+
+
+def read_config(ckpt) -> tuple[Any, str, str, Any, list[str]]:
+    """-> (family module, architecture, model name, config, notes) of an HFCheckpoint."""
+    fam, arch = family_for_architecture(ckpt.config)
+    name, cfg, notes = fam.config_from_hf(ckpt.config, arch, tuple(ckpt.tensors))
+    return fam, arch, name, cfg, notes
+
+
+# ----------------------------------------------------------------------------- import
+def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False):
+    """Load a Hugging Face model directory as a built Flax NNX model.
+
+    -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
+    ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
+    from jaxformer.hf.loading import HFCheckpoint, ModelSink, convert_stream
+    from jaxformer.models import abstract_model
+    ckpt = HFCheckpoint(path)
+    fam, arch, name, cfg, notes = read_config(ckpt)
+    # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
+    # in eager JAX compiles one initializer per parameter shape (seconds on a small Swin).
+    model = abstract_model(name, cfg)
+    report = convert_stream(ckpt, fam.tensor_fn(name, cfg, arch), model, ModelSink(model))
+    materialize_rng_state(model, seed)
+    model.eval()
+    report.update(architecture=arch, model=name, notes=notes)
+    return (model, name, cfg, report) if return_report else (model, name, cfg)
+
+
+def materialize_rng_state(model, seed: int) -> None:
+    """Give an abstract model's remaining state (the dropout RNG keys and counts) concrete
+    values: distinct keys split from `seed` (not the exact forks build_model would draw; they
+    only seed dropout). Raises if any other abstract state is left."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    flat = [(p, v) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Param)))]
+    keys = jax.random.split(jax.random.key(seed), max(1, len(flat)))
+    for i, (path, var) in enumerate(flat):
+        value = var.get_value()
+        if not isinstance(value, jax.ShapeDtypeStruct):
+            continue
+        if isinstance(var, nnx.RngKey) and value.shape == ():
+            var.set_value(keys[i])
+        elif isinstance(var, nnx.RngCount):
+            var.set_value(jnp.zeros(value.shape, value.dtype))
+        else:
+            raise TypeError(f"cannot materialize abstract state {'.'.join(map(str, path))} "
+                            f"({type(var).__name__})")
+
+
+def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_bytes: int = 256 << 20,
+                       write_train_yaml: bool = True) -> dict:
+    """HF directory -> jaxformer model checkpoint (OUT/model.yaml + orbax OUT/params, as
+    checkpoint_io.save_model writes) plus OUT/train.yaml to fine-tune it. Streams shard by
+    shard: peak memory is about one batch of `flush_bytes` converted arrays or twice the
+    largest tensor, not the model (see loading.py). Returns a report."""
+    import yaml
+
+    from jaxformer.config import to_dict
+    from jaxformer.hf.loading import HFCheckpoint, ParamsWriter, convert_stream
+    from jaxformer.models import abstract_model
+    ckpt = HFCheckpoint(src)
+    fam, arch, name, cfg, notes = read_config(ckpt)
+    abstract = abstract_model(name, cfg)
+    fn = fam.tensor_fn(name, cfg, arch)
+    out = os.path.abspath(out)
+
+    def write(tmp: str) -> dict:
+        with open(os.path.join(tmp, "model.yaml"), "w") as f:
+            yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
+        writer = ParamsWriter(tmp)
+        report = convert_stream(ckpt, fn, abstract, writer, flush_bytes=flush_bytes)
+        writer.close()
+        report["batches"] = writer.batches
+        if write_train_yaml:
+            report["train_yaml"] = write_train_config(tmp, out, name, cfg)
+        return report
+
+    report = atomic_dir(out, write, overwrite=overwrite)
+    report.update(architecture=arch, model=name, out=out, notes=notes,
+                  shards=len(ckpt.shards), bytes=ckpt.nbytes)
+    return report
+
+
+# ----------------------------------------------------------------------------- export
+def exporter(name: str, cfg):
+    """The family module that exports this model, or ConversionError saying why none does."""
+    from jaxformer.hf import bert, gpt2, llama, vision
+    if name == "lm":
+        fam = llama if cfg.position == "rope" else gpt2
+    elif name in ("encoder", "classifier"):
+        fam = bert
+    elif name in ("vit", "swin"):
+        fam = vision
+    else:
+        raise ConversionError([f"model {name!r} has no Hugging Face export (supported: lm, encoder, "
+                               "classifier, vit, swin)"])
+    problems = fam.export_problems(name, cfg)
+    if problems:
+        raise ConversionError([f"{name} config has no {fam.__name__.rsplit('.', 1)[-1]} HF "
+                               f"equivalent: {p}" for p in problems])
+    return fam
+
+
+def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True) -> dict:
+    """Write `model` as a Hugging Face directory (config.json + model.safetensors) that
+    transformers' AutoModel*.from_pretrained loads. Atomic: nothing at `path` on failure."""
+    from jaxformer.convert import flax_to_torch_arrays
+    fam = exporter(name, cfg)
+    hf_config = fam.config_to_hf(name, cfg)
+    hf_sd = fam.state_dict_to_hf(flax_to_torch_arrays(model), name, cfg)
+
+    def write(tmp: str) -> dict:
+        from safetensors.numpy import save_file
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(hf_config, f, indent=2, sort_keys=True)
+        save_file({k: np.ascontiguousarray(v) for k, v in hf_sd.items()},
+                  os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        return {"architecture": hf_config["architectures"][0], "tensors": len(hf_sd)}
+
+    return atomic_dir(os.path.abspath(path), write, overwrite=overwrite)
+
+
+def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
+    """A jaxformer model checkpoint directory -> a Hugging Face directory."""
+    from jaxformer.checkpoint_io import load_model
+    name, cfg, model = load_model(ckpt)
+    report = save_pretrained(model, name, cfg, out, overwrite=overwrite)
+    report.update(model=name, out=os.path.abspath(out))
+    return report
+
+
+# ----------------------------------------------------------------------------- files
+def atomic_dir(out: str, write, *, overwrite: bool):
+    """write(tmp_dir) -> result, then rename tmp_dir to `out`. On any error, or if `out`
+    exists and overwrite is False, nothing is left at `out`'s path (an existing `out` is
+    kept untouched unless the write succeeded)."""
+    if os.path.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(out)}-", dir=parent)
+    try:
+        result = write(tmp)
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return result
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+TRAIN_SECTION = dict(steps=200, batch_size=8, lr=5e-5, schedule="warmup_cosine", warmup_steps=20,
+                     weight_decay=0.01, grad_clip=1.0, eval_every=50, eval_batches=4,
+                     checkpoint_every=100)
+
+
+def train_data_section(name: str, cfg) -> tuple[dict | None, str]:
+    """The embedded dataset that fits this model, or (None, why not)."""
+    if name == "lm":
+        if cfg.vocab_size < 259:
+            return None, f"the byte-level datasets need vocab_size >= 259, the model has {cfg.vocab_size}"
+        return {"name": "stdlib_docs", "seq_len": min(128, cfg.max_len)}, ""
+    if name == "classifier":
+        if cfg.num_classes != 3 or cfg.vocab_size < 259:
+            return None, (f"the embedded text_source dataset has 3 classes and byte ids < 259; the "
+                          f"model has {cfg.num_classes} classes and vocab_size {cfg.vocab_size}")
+        return {"name": "text_source", "seq_len": min(64, cfg.max_len)}, ""
+    if name in ("vit", "swin"):
+        if cfg.num_classes != 10 or cfg.image_size % 8 or cfg.num_channels not in (1, 3):
+            return None, ("the embedded digits dataset has 10 classes and 1 or 3 channels at a multiple "
+                          f"of 8 pixels; the model has {cfg.num_classes} classes, {cfg.num_channels} "
+                          f"channels, {cfg.image_size} pixels")
+        return {"name": "digits", "image_size": cfg.image_size, "num_channels": cfg.num_channels}, ""
+    return None, f"there is no training task for a bare {name!r} model (train/tasks.py)"
+
+
+def write_train_config(tmp: str, final_out: str, name: str, cfg) -> str:
+    """OUT/train.yaml: model (as imported), data, train (init_from: OUT), parallel. Where no
+    embedded dataset fits, the data section names a placeholder dataset that fails loudly."""
+    import yaml
+
+    from jaxformer.config import to_dict
+    data, why = train_data_section(name, cfg)
+    header = ("# Fine-tune an imported Hugging Face checkpoint: jaxformer train --config "
+              f"{os.path.join(final_out, 'train.yaml')}\n"
+              "# The embedded datasets use jaxformer's byte-level tokenizer, not the model's own;\n"
+              "# point `data` at your data for a real fine-tune.\n")
+    if data is None:
+        header += f"# NOTE: {why}.\n# Replace the data section before training.\n"
+        data = {"name": "REPLACE_WITH_A_DATASET"}
+    raw = {"model": {"name": name, **to_dict(cfg)}, "data": data,
+           "train": {**TRAIN_SECTION, "init_from": final_out}, "parallel": {"mode": "none"}}
+    with open(os.path.join(tmp, "train.yaml"), "w") as f:
+        f.write(header)
+        yaml.safe_dump(raw, f, sort_keys=False)
+    return "written" if not why else f"written with a placeholder data section: {why}"
+
+
+__all__ = ["from_pretrained", "save_pretrained", "convert_hf_to_flax", "convert_flax_to_hf",
+           "supported_architectures", "ConfigError", "ConversionError"]

@@ -1,0 +1,172 @@
+"""BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`).
+
+Mapping and its deliberate details:
+  * BERT is a Post-LN encoder without a final norm: norm_position="post", final_norm=False,
+    learned absolute positions (max_position_embeddings -> max_len), no embedding scaling,
+    and the TransformerConfig BERT options: type_vocab_size (token type embeddings),
+    embed_norm (the embedding LayerNorm) and pooler (dense + tanh on [CLS]).
+  * One layer_norm_eps (HF default 1e-12) for every LayerNorm -> norm_eps.
+  * hidden_act "gelu" is exact GELU -> ffn="gelu" ("gelu_new"/... -> "gelu_tanh", "relu").
+  * Dropouts: hidden_dropout_prob -> dropout and embed_dropout, attention_probs_dropout_prob
+    -> attn_dropout; classifier_dropout must be null or equal hidden_dropout_prob (jaxformer's
+    classifier uses `dropout` before the head).
+  * The pooler is there iff the checkpoint has pooler weights (BertModel(add_pooling_layer=
+    False) has none); BertForSequenceClassification always has it.
+  * Unsupported (an error naming the option): position_embedding_type other than "absolute",
+    is_decoder / add_cross_attention, problem_type other than single-label classification,
+    pruned heads.
+  * Legacy names (`LayerNorm.gamma/beta`) are read; `embeddings.position_ids` buffers are
+    skipped. Export writes HF's current names.
+  * HF BERT attends to every token when attention_mask is None; jaxformer's classifier masks
+    ids == pad_id then. Pass attention_mask explicitly to compare the two.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.config import TransformerConfig
+from jaxformer.config.models import ClassifierConfig
+from jaxformer.hf.common import Options, Renamer, build_config, rename_all, token_ids
+from jaxformer.hf.loading import MappingError
+
+ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier"}
+MODEL_TYPE = "bert"
+DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
+                attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
+                layer_norm_eps=1e-12, pad_token_id=0, position_embedding_type="absolute",
+                classifier_dropout=None, is_decoder=False, add_cross_attention=False,
+                problem_type=None, pruned_heads={}, tie_word_embeddings=True,
+                bos_token_id=None, eos_token_id=None)
+IGNORED = {"tie_word_embeddings": "ties BertForMaskedLM's prediction head, which neither class has",
+           "bos_token_id": "no generation", "eos_token_id": "no generation"}
+ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+        "relu": "relu"}
+ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+LAYER = "encoder.layer.{i}."
+RULES = Renamer([
+    ("embeddings.word_embeddings.weight", "embed.embed_tokens.weight"),
+    ("embeddings.position_embeddings.weight", "embed.embed_positions.weight"),
+    ("embeddings.token_type_embeddings.weight", "embed.embed_token_types.weight"),
+    ("embeddings.LayerNorm.{leaf}", "embed.norm.{leaf}"),
+    (LAYER + "attention.self.query.{leaf}", "encoder.layers.{i}.self_attn.q_proj.{leaf}"),
+    (LAYER + "attention.self.key.{leaf}", "encoder.layers.{i}.self_attn.k_proj.{leaf}"),
+    (LAYER + "attention.self.value.{leaf}", "encoder.layers.{i}.self_attn.v_proj.{leaf}"),
+    (LAYER + "attention.output.dense.{leaf}", "encoder.layers.{i}.self_attn.o_proj.{leaf}"),
+    (LAYER + "attention.output.LayerNorm.{leaf}", "encoder.layers.{i}.attn_norm.{leaf}"),
+    (LAYER + "intermediate.dense.{leaf}", "encoder.layers.{i}.ffn.up_proj.{leaf}"),
+    (LAYER + "output.dense.{leaf}", "encoder.layers.{i}.ffn.down_proj.{leaf}"),
+    (LAYER + "output.LayerNorm.{leaf}", "encoder.layers.{i}.ffn_norm.{leaf}"),
+    ("pooler.dense.{leaf}", "pooler.{leaf}"),
+])
+
+
+def _strip(key: str, arch: str) -> str | None:
+    """The BertModel-relative name of a key: `bert.` prefix removed (a classification
+    checkpoint always has it; a BertModel one may), legacy gamma/beta renamed."""
+    if key.startswith("bert."):
+        key = key[len("bert."):]
+    elif arch == "BertForSequenceClassification" and not key.startswith("classifier."):
+        return None
+    if key.endswith(".gamma"):
+        key = key[: -len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+        key = key[: -len("beta")] + "bias"
+    return key
+
+
+def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
+    o = Options(raw, DEFAULTS, family=f"bert {arch}", ignored=IGNORED)
+    act = o.require("hidden_act", ACTS, f"jaxformer FFN activations: {sorted(ACTS)}")
+    o.require("position_embedding_type", ("absolute",),
+              "jaxformer's BERT has absolute learned positions only")
+    o.require("is_decoder", (False,), "a decoder BERT has no jaxformer equivalent")
+    o.require("add_cross_attention", (False,), "a BERT with cross-attention has no jaxformer equivalent")
+    o.require("pruned_heads", lambda v: not v, "pruned heads give layers different widths")
+    drop = float(o["hidden_dropout_prob"])
+    vocab = o["vocab_size"]
+    fields = dict(
+        vocab_size=vocab, d_model=o["hidden_size"], num_heads=o["num_attention_heads"],
+        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ACTS.get(act, "gelu"),
+        norm="layernorm", norm_eps=float(o["layer_norm_eps"]), norm_position="post", final_norm=False,
+        bias=True, norm_bias=True, dropout=drop, attn_dropout=float(o["attention_probs_dropout_prob"]),
+        ffn_dropout=0.0, embed_dropout=drop, position="learned", max_len=o["max_position_embeddings"],
+        scale_embedding=False, type_vocab_size=o["type_vocab_size"], embed_norm=True,
+        **token_ids(o, vocab, need_bos_eos=False))
+    if arch == "BertModel":
+        fields["pooler"] = any((_strip(k, arch) or "").startswith("pooler.") for k in keys)
+        o["classifier_dropout"], o["problem_type"]  # BertModel has no head: they do not apply
+        return "encoder", build_config(TransformerConfig, fields, o), o.notes
+    o.require("classifier_dropout", lambda v: v is None or float(v) == drop,
+              f"jaxformer's classifier uses one dropout (hidden_dropout_prob={drop}) before the head")
+    o.require("problem_type", (None, "single_label_classification"),
+              "jaxformer trains classifiers with single-label cross-entropy")
+    fields.update(pooler=True, pooling="cls", num_classes=o.num_labels(), dtype="float32")
+    return "classifier", build_config(ClassifierConfig, fields, o), o.notes
+
+
+def tensor_fn(name: str, cfg, arch: str):
+    def fn(key: str, x: np.ndarray):
+        k = _strip(key, arch)
+        if k == "embeddings.position_ids":
+            return None  # a buffer: arange(max_len)
+        if k in ("classifier.weight", "classifier.bias") and arch == "BertForSequenceClassification":
+            return {k: x}
+        new = None if k is None else RULES.to_torch(k)
+        if new is None:
+            raise MappingError(f"unmapped: {key} has no jaxformer {name} (BERT) equivalent")
+        return {new: x}
+    return fn
+
+
+# ----------------------------------------------------------------------------- export
+def export_problems(name: str, cfg) -> list[str]:
+    want = dict(position="learned", norm="layernorm", norm_position="post", final_norm=False, bias=True,
+                norm_bias=True, scale_embedding=False, sliding_window=None, embed_norm=True,
+                ffn_dropout=0.0)
+    out = [f"{k}={getattr(cfg, k)!r} (BERT needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+    if cfg.ffn not in ACTS_TO_HF:
+        out.append(f"ffn={cfg.ffn!r} (BERT activations: {sorted(ACTS_TO_HF)})")
+    if cfg.type_vocab_size < 1:
+        out.append("type_vocab_size=0 (BERT always has token type embeddings)")
+    if cfg.resolved_kv_heads != cfg.num_heads or cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
+        out.append("grouped-query attention or a custom head_dim (BERT has neither)")
+    if cfg.embed_dropout != cfg.dropout:
+        out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (BERT has one "
+                   "hidden_dropout_prob)")
+    if name == "classifier":
+        if not cfg.pooler or cfg.pooling != "cls":
+            out.append(f"pooler={cfg.pooler}, pooling={cfg.pooling!r} (BertForSequenceClassification "
+                       "pools [CLS] through its pooler)")
+        if cfg.dtype != "float32":
+            out.append(f"dtype={cfg.dtype!r} (export float32 models)")
+    return out
+
+
+def config_to_hf(name: str, cfg) -> dict:
+    arch = "BertModel" if name == "encoder" else "BertForSequenceClassification"
+    out = {"architectures": [arch], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
+           "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
+           "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.d_ff,
+           "hidden_act": ACTS_TO_HF[cfg.ffn], "hidden_dropout_prob": cfg.dropout,
+           "attention_probs_dropout_prob": cfg.attn_dropout, "max_position_embeddings": cfg.max_len,
+           "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.norm_eps,
+           "pad_token_id": cfg.pad_id, "position_embedding_type": "absolute",
+           "classifier_dropout": None, "is_decoder": False, "add_cross_attention": False,
+           "initializer_range": 0.02, "dtype": "float32"}
+    if name == "classifier":
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
+    return out
+
+
+def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.ndarray]:
+    if name == "encoder":
+        return rename_all(sd, RULES.to_hf, "BERT")
+
+    def rename(key: str) -> str | None:
+        if key.startswith("classifier."):
+            return key
+        new = RULES.to_hf(key)
+        return None if new is None else "bert." + new
+    return rename_all(sd, rename, "BERT")

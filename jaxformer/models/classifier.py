@@ -1,0 +1,58 @@
+"""The seed tutorial's TransformerClassifier: token embedding scaled by sqrt(D), positions, an
+encoder stack (Post-LN as in the tutorial, or Pre-LN), pooling of the first token ([CLS]) or a
+mean over non-pad tokens, dropout and a linear head `classifier`. Twin:
+torch_ref/models/classifier.py.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config.models import ClassifierConfig, stack_config
+from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.positional import default_positions
+from jaxformer.layers.transformer import Encoder, TextEmbedding
+from jaxformer.models.common import check_tokens, set_compute_dtype
+
+
+class Classifier(nnx.Module):
+    """Sequence classifier.
+
+    Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; None = ids != pad_id),
+    token_type_ids [B, T] int (type_vocab_size > 0; None = all 0)
+    -> logits [B, num_classes] float32. return_intermediates adds
+    {"embeddings", "layers.i", "final_norm", "pooled"}. With cfg.pooler (BERT), the pooled
+    vector goes through tanh(pooler(.)) before the dropout and the head.
+    """
+
+    def __init__(self, cfg: ClassifierConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        stack = stack_config(cfg)
+        self.embed = TextEmbedding(stack, rngs=rngs)
+        self.encoder = Encoder(stack, rngs=rngs)
+        self.pooler = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
+        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+        self.classifier = nnx.Linear(cfg.d_model, cfg.num_classes, use_bias=True, rngs=rngs)
+        set_compute_dtype(self, cfg.dtype)
+
+    def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                 token_type_ids: jax.Array | None = None, return_intermediates: bool = False):
+        b, t = ids.shape
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
+        valid = ids != self.cfg.pad_id if attention_mask is None else attention_mask.astype(bool)  # [B, T]
+        x = self.embed(ids, default_positions(b, t),
+                       token_type_ids=token_type_ids)  # [B, T, D]
+        out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates)
+        h, inter = out if return_intermediates else (out, None)  # [B, T, D]
+        if self.cfg.pooling == "cls":
+            pooled = h[:, 0]  # [B, D], the first ([CLS]) token
+        else:
+            w = valid.astype(h.dtype)[:, :, None]  # [B, T, 1]
+            pooled = jnp.sum(h * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B, D]
+        if self.pooler is not None:
+            pooled = jnp.tanh(self.pooler(pooled))  # [B, D]
+        logits = self.classifier(self.dropout(pooled)).astype(jnp.float32)  # [B, C]
+        if return_intermediates:
+            return logits, {"embeddings": x, **inter, "pooled": pooled}
+        return logits

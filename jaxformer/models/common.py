@@ -1,0 +1,43 @@
+"""Helpers shared by the text models (classifier, seq2seq, lm): input checks at the model
+boundary, positions from an attention mask, compute dtype. Twin: torch_ref/models/common.py."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.layers.embedding import check_ids, check_length
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def check_tokens(ids, vocab_size: int, max_len: int | None, what: str = "token id") -> None:
+    """ValueError for a sequence longer than max_len, or an id outside [0, vocab_size): JAX
+    would clamp it silently (PITFALLS row 10). Traced ids (inside jit) are not checked; the
+    generation entry points check their inputs before tracing."""
+    if ids.ndim != 2:
+        raise ValueError(f"{what}s must be [batch, length], got shape {tuple(ids.shape)}")
+    if max_len is not None:
+        check_length(ids.shape[1], max_len, f"{what} sequence length")
+    check_ids(ids, vocab_size, what, "vocab_size")
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """mask [B, L] (1 = token) -> positions [B, L] int32 that count real tokens only, so a
+    left-padded row gets the positions of the unpadded one; pad slots get 0."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def compute_dtype(name: str):
+    return COMPUTE_DTYPES[name]
+
+
+def set_compute_dtype(model: nnx.Module, name: str) -> None:
+    """bf16 compute with fp32 params, as torch.autocast does it: every Linear casts its input,
+    kernel and bias to the compute dtype (nnx.Linear's `dtype`); embeddings, norms (which
+    compute in fp32) and the residual stream stay fp32."""
+    if name == "float32":
+        return
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, nnx.Linear):
+            module.dtype = COMPUTE_DTYPES[name]

@@ -1,0 +1,72 @@
+"""Decoder-only causal language model: token embedding (+ learned/sinusoidal positions), a
+Decoder stack without cross-attention, a final norm and an output projection tied to the
+embedding or separate (`lm_head`). GPT-2 (learned positions, LayerNorm, GELU-tanh, Pre-LN,
+biases, tied) and LLaMA (RoPE, RMSNorm, SwiGLU, no biases, GQA) are config presets
+(configs/lm.yaml, configs/llama.yaml). Twin: torch_ref/models/lm.py.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config.models import LMConfig
+from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.positional import default_positions
+from jaxformer.layers.transformer import Decoder, TextEmbedding
+from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
+                                     set_compute_dtype)
+
+
+class LM(nnx.Module):
+    """Causal LM.
+
+    Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; left padding is allowed, the
+    positions then count real tokens only) -> logits [B, T, V] float32.
+    Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
+    attention_mask [B, L] over all cache slots; returns (logits, new_cache).
+    return_intermediates adds {"embeddings", "layers.i", "final_norm"} (before the cache).
+    """
+
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        stack = cfg.decoder_config()
+        self.embed = TextEmbedding(stack, rngs=rngs)
+        self.decoder = Decoder(stack, cross_attention=False, rngs=rngs)
+        self.lm_head = None if cfg.tie_embeddings else nnx.Linear(
+            cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+        set_compute_dtype(self, cfg.dtype)
+
+    def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                 return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+        b, t = ids.shape
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
+        slots = t if cache is None else cache[0]["self"]["k"].shape[1]
+        start = 0 if cache_index is None else cache_index
+        if attention_mask is None:
+            positions, mask = default_positions(b, t, start), None  # [B, T]
+        else:
+            if tuple(attention_mask.shape) != (b, slots):
+                raise ValueError(f"attention_mask must be [batch, {slots}] (one entry per "
+                                 f"{'cache slot' if cache is not None else 'token'}), "
+                                 f"got {tuple(attention_mask.shape)}")
+            positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(attention_mask), start, t, 1)  # [B, T]
+            mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
+        x = self.embed(ids, positions)  # [B, T, D]
+        out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
+                           cache=cache, cache_index=cache_index)
+        out = out if isinstance(out, tuple) else (out,)
+        logits = self.logits(out[0])  # [B, T, V]
+        if return_intermediates:
+            out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
+        return logits if len(out) == 1 else (logits, *out[1:])
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head."""
+        h = h.astype(compute_dtype(self.cfg.dtype))
+        out = self.embed.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
+        return out.astype(jnp.float32)
+
+    def init_cache(self, batch: int, length: int) -> list:
+        """An empty KV cache of `length` slots per layer, in the compute dtype."""
+        return self.decoder.init_cache(batch, length, dtype=compute_dtype(self.cfg.dtype))

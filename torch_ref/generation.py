@@ -1,0 +1,226 @@
+"""Autoregressive generation with a KV cache for `lm` and `seq2seq`: greedy, sampling
+(temperature, top-k, top-p) and beam search. Twin: jaxformer/generation.py.
+
+Same algorithm step for step as the JAX twin (prefill, then one token per step into a cache
+preallocated at a fixed size), as a Python loop under torch.no_grad. Greedy and beam search
+give the same token ids in both frameworks from the same weights; sampling cannot (the RNG
+streams differ, PITFALLS row 9), but filter_logits is deterministic and matches.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from jaxformer.config.models import GenerationConfig
+from torch_ref.models.common import check_tokens
+
+
+# ----------------------------------------------------------------------------- inputs
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists to one array: -> ids [B, P] int32, mask [B, P] int32 (1 = token)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    p = max(len(x) for x in prompts)
+    ids = np.full((len(prompts), p), pad_id, np.int32)
+    mask = np.zeros((len(prompts), p), np.int32)
+    for b, x in enumerate(prompts):
+        ids[b, p - len(x):] = x
+        mask[b, p - len(x):] = 1
+    return ids, mask
+
+
+def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: int = 0) -> int:
+    """The cache length for a prompt of prompt_len slots (`start` extra target slots, e.g. BOS)
+    plus gen.max_new_tokens, or ValueError when it exceeds max_len or gen.cache_len."""
+    need = prompt_len + start + gen.max_new_tokens
+    if prompt_len + start > max_len:
+        raise ValueError(f"prompt length {prompt_len + start} exceeds max_len={max_len}")
+    if need > max_len:
+        raise ValueError(f"prompt length {prompt_len + start} + max_new_tokens {gen.max_new_tokens} "
+                         f"= {need} exceeds max_len={max_len}")
+    if gen.cache_len is not None and need > gen.cache_len:
+        raise ValueError(f"prompt length {prompt_len + start} + max_new_tokens {gen.max_new_tokens} "
+                         f"= {need} exceeds the KV cache ({gen.cache_len} slots)")
+    return need if gen.cache_len is None else gen.cache_len
+
+
+# ----------------------------------------------------------------------------- token choice
+def filter_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> torch.Tensor:
+    """logits [B, V] -> [B, V] float32 divided by temperature, -inf outside the top-k tokens
+    and outside the top-p nucleus (the smallest set of most likely tokens whose probability
+    reaches top_p). Ties at a threshold are kept."""
+    x = logits.float() / temperature
+    if top_k > 0:
+        kth = torch.topk(x, min(top_k, x.shape[-1]), dim=-1).values[:, -1:]  # [B, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x = torch.sort(x, dim=-1, descending=True).values  # [B, V] descending
+        probs = torch.softmax(sorted_x, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
+        n_keep = (before < top_p).sum(dim=-1, keepdim=True)  # [B, 1], >= 1
+        x = x.masked_fill(x < torch.gather(sorted_x, -1, n_keep - 1), float("-inf"))
+    return x
+
+
+def select_tokens(logits: torch.Tensor, generator: torch.Generator, gen: GenerationConfig) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]: argmax (greedy) or a sample of filter_logits."""
+    if gen.strategy == "greedy":
+        return torch.argmax(logits, dim=-1)
+    x = filter_logits(logits, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+    return torch.multinomial(torch.softmax(x, dim=-1), 1, generator=generator)[:, 0]
+
+
+# ----------------------------------------------------------------------------- loops
+def decode_loop(step, carry, first_logits, generator, gen: GenerationConfig, eos_id: int, pad_id: int):
+    """Greedy/sampling: step(tok [B], i, carry) -> (logits [B, V], carry) feeds generated token i.
+    Runs until max_new_tokens or every row has produced EOS. -> tokens [B, N] (pad after EOS)."""
+    b, n = first_logits.shape[0], gen.max_new_tokens
+    tok = select_tokens(first_logits, generator, gen)  # [B]
+    out = torch.full((b, n), pad_id, dtype=torch.long)
+    out[:, 0] = tok  # [B, N]
+    done = (tok == eos_id) & gen.stop_at_eos
+    i = 1
+    while i < n and not bool(done.all()):
+        logits, carry = step(tok, i - 1, carry)
+        nxt = torch.where(done, pad_id, select_tokens(logits, generator, gen))  # [B]
+        out[:, i] = nxt
+        tok, done, i = nxt, done | ((nxt == eos_id) & gen.stop_at_eos), i + 1
+    return out
+
+
+def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_id: int, pad_id: int):
+    """Beam search over B x W rows (row b * W + w is beam w of item b). step as in decode_loop;
+    reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams. Keeps the W
+    best finished hypotheses (score = sum log p / length ** length_penalty; a beam still alive
+    at max_new_tokens finishes there). -> (tokens [B, N], scores [B]) of the best hypothesis."""
+    bw, v = first_logits.shape
+    w, n = gen.num_beams, gen.max_new_tokens
+    b = bw // w
+    neg = float("-inf")
+    alive_lp = torch.cat([torch.zeros(1), torch.full((w - 1,), neg)]).repeat(b, 1)  # [B, W]
+    alive_seq = torch.full((b, w, n), pad_id, dtype=torch.long)  # [B, W, N]
+    fin_seq, fin_score = alive_seq, torch.full((b, w), neg)  # [B, W, N], [B, W]
+    logits = first_logits
+    for i in range(n):
+        logp = torch.log_softmax(logits.float(), dim=-1).reshape(b, w, v)  # [B, W, V]
+        top_lp, top_idx = torch.topk((alive_lp[:, :, None] + logp).reshape(b, w * v), 2 * w, dim=1)  # [B, 2W]
+        beam, tok = top_idx // v, top_idx % v  # [B, 2W]
+        seqs = torch.gather(alive_seq, 1, beam[:, :, None].expand(b, 2 * w, n)).clone()  # [B, 2W, N]
+        seqs[:, :, i] = tok
+        is_eos = tok == eos_id
+        norm = float(i + 1) ** gen.length_penalty
+        fin_new = torch.where(is_eos | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
+        fin_score, sel = torch.topk(torch.cat([fin_score, fin_new], dim=1), w, dim=1)  # [B, W]
+        fin_seq = torch.gather(torch.cat([fin_seq, seqs], dim=1), 1, sel[:, :, None].expand(b, w, n))
+        alive_lp, sel = torch.topk(torch.where(is_eos, neg, top_lp), w, dim=1)  # [B, W]
+        alive_seq = torch.gather(seqs, 1, sel[:, :, None].expand(b, w, n))  # [B, W, N]
+        parent = torch.gather(beam, 1, sel)  # [B, W]
+        rows = (torch.arange(b)[:, None] * w + parent).reshape(bw)  # [B*W]
+        carry = reorder(carry, rows)
+        last = torch.gather(tok, 1, sel).reshape(bw)  # [B*W]
+        logits, carry = step(last, i, carry)
+    return fin_seq[:, 0], fin_score[:, 0]
+
+
+def _reorder_self(cache, rows):
+    """Gather the self-attention caches of `rows`; the cross-attention keys/values are the
+    same for every beam of an item and stay."""
+    return [{**c, "self": {k: a[rows] for k, a in c["self"].items()}} for c in cache]
+
+
+# ----------------------------------------------------------------------------- LM
+@torch.no_grad()
+def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_id, pad_id):
+    b, p = ids.shape
+    if gen.strategy == "beam":  # every beam starts from the prompt
+        ids, mask = ids.repeat_interleave(gen.num_beams, 0), mask.repeat_interleave(gen.num_beams, 0)
+        b = b * gen.num_beams
+    slot_mask = torch.zeros((b, cache_len), dtype=torch.long)
+    slot_mask[:, :p] = mask  # [B, L]
+    logits, cache = model(ids, slot_mask, cache=model.init_cache(b, cache_len), cache_index=0)
+
+    def step(tok, i, carry):
+        cache, slot_mask = carry
+        slot = p + i  # generated token i sits in slot P + i
+        slot_mask = slot_mask.clone()
+        slot_mask[:, slot] = 1
+        logits, cache = model(tok[:, None], slot_mask, cache=cache, cache_index=slot)
+        return logits[:, 0], (cache, slot_mask)
+
+    if gen.strategy == "beam":
+        reorder = lambda carry, rows: (_reorder_self(carry[0], rows), carry[1][rows])
+        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_id, pad_id)
+    return decode_loop(step, (cache, slot_mask), logits[:, -1], generator, gen, eos_id, pad_id)
+
+
+def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):
+    """Generate after a batch of (left-padded) prompts. ids [B, P] int, attention_mask [B, P]
+    (1 = token; None = all) -> tokens [B, N] int32 numpy (pad_id after EOS); with beam search
+    (tokens, scores [B])."""
+    cfg = model.cfg
+    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    check_tokens(ids, cfg.vocab_size, cfg.max_len, "prompt token id")
+    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(np.asarray(attention_mask)).long()
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(mask.shape)} != prompt shape {tuple(ids.shape)}")
+    if bool((mask.sum(dim=1) == 0).any()):
+        raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
+    cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
+    model.eval()
+    out = _lm_generate(model, ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
+                       cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+    return _to_numpy(out)
+
+
+# ----------------------------------------------------------------------------- seq2seq
+@torch.no_grad()
+def _seq2seq_generate(model, src_ids, src_mask, generator, *, gen, cache_len, eos_id, pad_id):
+    memory, memory_mask = model.encode(src_ids, src_mask)  # [B, S, D], [B, 1, 1, S]
+    if gen.strategy == "beam":
+        memory = memory.repeat_interleave(gen.num_beams, 0)
+        memory_mask = memory_mask.repeat_interleave(gen.num_beams, 0)
+    b = memory.shape[0]
+    bos = torch.full((b, 1), model.cfg.bos_id, dtype=torch.long)
+    logits, cache = model.decode(bos, None, memory_mask, cache=model.init_cache(memory, cache_len),
+                                 cache_index=0)
+
+    def step(tok, i, cache):
+        logits, cache = model.decode(tok[:, None], None, memory_mask, cache=cache, cache_index=i + 1)
+        return logits[:, 0], cache
+
+    if gen.strategy == "beam":
+        return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_id, pad_id)
+    return decode_loop(step, cache, logits[:, -1], generator, gen, eos_id, pad_id)
+
+
+def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig()):
+    """Translate a batch: src_ids [B, S] int (right-padded with pad_id), src_mask [B, S]
+    (None = src_ids != pad_id) -> tokens [B, N] int32 numpy after BOS (pad_id after EOS);
+    with beam search (tokens, scores [B])."""
+    cfg = model.cfg
+    src_ids = torch.as_tensor(np.asarray(src_ids), dtype=torch.long)
+    check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
+    mask = (src_ids != cfg.pad_id) if src_mask is None else torch.as_tensor(np.asarray(src_mask)).bool()
+    cache_len = check_lengths(0, gen, cfg.max_len, start=1)
+    model.eval()
+    out = _seq2seq_generate(model, src_ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
+                            cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+    return _to_numpy(out)
+
+
+def _eos(gen: GenerationConfig, cfg) -> int:
+    return cfg.eos_id if gen.eos_id is None else gen.eos_id
+
+
+def _to_numpy(out):
+    if isinstance(out, tuple):
+        return out[0].numpy().astype(np.int32), out[1].numpy()
+    return out.numpy().astype(np.int32)
+
+
+def generate(model, *args, gen: GenerationConfig = GenerationConfig(), **kw):
+    """lm_generate or seq2seq_generate, by the model's type."""
+    return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, **kw)

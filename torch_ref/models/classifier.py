@@ -1,0 +1,61 @@
+"""The seed tutorial's TransformerClassifier: token embedding scaled by sqrt(D), positions, an
+encoder stack (Post-LN as in the tutorial, or Pre-LN), pooling of the first token ([CLS]) or a
+mean over non-pad tokens, dropout and a linear head `classifier`. Twin:
+jaxformer/models/classifier.py.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from jaxformer.config.models import ClassifierConfig, stack_config
+from torch_ref.layers.attention import make_padding_mask
+from torch_ref.layers.positional import default_positions
+from torch_ref.layers.transformer import Encoder, TextEmbedding
+from torch_ref.models.common import autocast, check_tokens
+
+
+class Classifier(nn.Module):
+    """Sequence classifier.
+
+    Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; None = ids != pad_id),
+    token_type_ids [B, T] int (type_vocab_size > 0; None = all 0)
+    -> logits [B, num_classes] float32. return_intermediates adds
+    {"embeddings", "layers.i", "final_norm", "pooled"}. With cfg.pooler (BERT), the pooled
+    vector goes through tanh(pooler(.)) before the dropout and the head.
+    """
+
+    def __init__(self, cfg: ClassifierConfig):
+        super().__init__()
+        self.cfg = cfg
+        stack = stack_config(cfg)
+        self.embed = TextEmbedding(stack)
+        self.encoder = Encoder(stack)
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=True) if cfg.pooler else None
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.classifier = nn.Linear(cfg.d_model, cfg.num_classes, bias=True)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False):
+        with autocast(self.cfg.dtype, ids.device):
+            return self._forward(ids, attention_mask, return_intermediates, token_type_ids)
+
+    def _forward(self, ids, attention_mask, return_intermediates, token_type_ids=None):
+        b, t = ids.shape
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
+        valid = ids != self.cfg.pad_id if attention_mask is None else attention_mask.bool()  # [B, T]
+        x = self.embed(ids, default_positions(b, t, device=ids.device),
+                       token_type_ids=token_type_ids)  # [B, T, D]
+        out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates)
+        h, inter = out if return_intermediates else (out, None)  # [B, T, D]
+        if self.cfg.pooling == "cls":
+            pooled = h[:, 0]  # [B, D], the first ([CLS]) token
+        else:
+            w = valid.to(h.dtype)[:, :, None]  # [B, T, 1]
+            pooled = torch.sum(h * w, dim=1) / torch.sum(w, dim=1).clamp(min=1.0)  # [B, D]
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))  # [B, D]
+        logits = self.classifier(self.dropout(pooled)).float()  # [B, C]
+        if return_intermediates:
+            return logits, {"embeddings": x, **inter, "pooled": pooled}
+        return logits

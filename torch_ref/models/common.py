@@ -1,0 +1,38 @@
+"""Helpers shared by the text models (classifier, seq2seq, lm): input checks at the model
+boundary, positions from an attention mask, compute dtype. Twin: jaxformer/models/common.py."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from torch_ref.layers.embedding import check_ids, check_length
+
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def check_tokens(ids, vocab_size: int, max_len: int | None, what: str = "token id") -> None:
+    """ValueError for a sequence longer than max_len, or an id outside [0, vocab_size)."""
+    if ids.dim() != 2:
+        raise ValueError(f"{what}s must be [batch, length], got shape {tuple(ids.shape)}")
+    if max_len is not None:
+        check_length(ids.shape[1], max_len, f"{what} sequence length")
+    check_ids(ids, vocab_size, what, "vocab_size")
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """mask [B, L] (1 = token) -> positions [B, L] that count real tokens only, so a
+    left-padded row gets the positions of the unpadded one; pad slots get 0."""
+    return (torch.cumsum(mask.long(), dim=1) - 1).clamp(min=0)
+
+
+def compute_dtype(name: str):
+    return COMPUTE_DTYPES[name]
+
+
+def autocast(name: str, device: torch.device):
+    """bf16 compute with fp32 params: torch.autocast (Linear/matmul/SDPA in bf16; embeddings,
+    norms and the residual stream stay fp32). The JAX twin sets nnx.Linear's dtype instead."""
+    if name == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=COMPUTE_DTYPES[name])

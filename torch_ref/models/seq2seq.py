@@ -1,0 +1,101 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017):
+scaled token embeddings (one table shared by source and target, or `src_embed`/`tgt_embed`),
+sinusoidal positions, an Encoder with a source padding mask from pad_id, a causal Decoder
+with cross-attention, and an output projection tied to the target embedding or `lm_head`.
+Twin: jaxformer/models/seq2seq.py.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from jaxformer.config.models import Seq2SeqConfig
+from torch_ref.layers.attention import make_padding_mask
+from torch_ref.layers.positional import default_positions
+from torch_ref.layers.transformer import Decoder, Encoder, TextEmbedding
+from torch_ref.models.common import autocast, check_tokens, compute_dtype
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder.
+
+    Shapes: src_ids [B, S] int, tgt_ids [B, T] int (starting with bos_id), src_mask [B, S]
+    (1 = token; None = src_ids != pad_id) -> logits [B, T, V_tgt] float32. The target side
+    is causal only: its pad tokens come after the real ones, so they never reach them.
+    return_intermediates adds {"src_embeddings", "encoder.layers.i", "encoder.final_norm",
+    "tgt_embeddings", "decoder.layers.i", "decoder.final_norm"}.
+    """
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.cfg = cfg
+        enc, dec = cfg.encoder_config(), cfg.decoder_config()
+        self.embed = TextEmbedding(enc) if cfg.share_embeddings else None
+        self.src_embed = None if cfg.share_embeddings else TextEmbedding(enc)
+        self.tgt_embed = None if cfg.share_embeddings else TextEmbedding(dec)
+        self.encoder = Encoder(enc)
+        self.decoder = Decoder(dec, cross_attention=True)
+        self.lm_head = None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.resolved_tgt_vocab, bias=False)
+
+    def source_embedding(self) -> TextEmbedding:
+        return self.embed if self.embed is not None else self.src_embed
+
+    def target_embedding(self) -> TextEmbedding:
+        return self.embed if self.embed is not None else self.tgt_embed
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor | None = None, *,
+               return_intermediates: bool = False):
+        """-> memory [B, S, D], memory_mask [B, 1, 1, S] bool (and intermediates)."""
+        with autocast(self.cfg.dtype, src_ids.device):
+            b, s = src_ids.shape
+            check_tokens(src_ids, self.cfg.vocab_size, self.cfg.max_len, "source token id")
+            valid = src_ids != self.cfg.pad_id if src_mask is None else src_mask.bool()  # [B, S]
+            memory_mask = make_padding_mask(valid)  # [B, 1, 1, S]
+            x = self.source_embedding()(src_ids, default_positions(b, s, device=src_ids.device))  # [B, S, D]
+            out = self.encoder(x, mask=memory_mask, return_intermediates=return_intermediates)
+        if not return_intermediates:
+            return out, memory_mask
+        memory, inter = out
+        return memory, memory_mask, {"src_embeddings": x, **{f"encoder.{k}": v for k, v in inter.items()}}
+
+    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor, *,
+               return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+        """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
+        With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
+        with autocast(self.cfg.dtype, tgt_ids.device):
+            b, t = tgt_ids.shape
+            check_tokens(tgt_ids, self.cfg.resolved_tgt_vocab, self.cfg.max_len if cache is None else None,
+                         "target token id")
+            positions = default_positions(b, t, 0 if cache_index is None else cache_index,
+                                          device=tgt_ids.device)  # [B, T]
+            y = self.target_embedding()(tgt_ids, positions)  # [B, T, D]
+            out = self.decoder(y, memory, memory_mask=memory_mask, positions=positions,
+                               return_intermediates=return_intermediates, cache=cache, cache_index=cache_index)
+            out = out if isinstance(out, tuple) else (out,)
+            logits = self.logits(out[0])  # [B, T, V]
+        if return_intermediates:
+            out = (out[0], {"tgt_embeddings": y, **{f"decoder.{k}": v for k, v in out[1].items()}},
+                   *out[2:])
+        return logits if len(out) == 1 else (logits, *out[1:])
+
+    def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_mask: torch.Tensor | None = None, *,
+                return_intermediates: bool = False):
+        if not return_intermediates:
+            memory, memory_mask = self.encode(src_ids, src_mask)
+            return self.decode(tgt_ids, memory, memory_mask)
+        memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True)
+        logits, dec_inter = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True)
+        return logits, {**enc_inter, **dec_inter}
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, T, D] -> [B, T, V_tgt] float32, via the tied target embedding or lm_head."""
+        h = h.to(compute_dtype(self.cfg.dtype))
+        if self.lm_head is None:
+            return self.target_embedding().embed_tokens.attend(h).float()
+        return self.lm_head(h).float()
+
+    def init_cache(self, memory: torch.Tensor, length: int) -> list:
+        """Decoder KV cache: `length` empty self-attention slots per layer, plus the
+        cross-attention keys/values of memory [B, S, D], projected once."""
+        with autocast(self.cfg.dtype, memory.device):
+            return self.decoder.init_cache(memory.shape[0], length, memory, dtype=compute_dtype(self.cfg.dtype))
