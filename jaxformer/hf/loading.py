@@ -22,8 +22,8 @@ Converting (`convert_stream`)
   converted arrays are handed to the sink in batches of at most `flush_bytes` (a single
   larger tensor is a batch of its own). Peak memory above the runtime is therefore about one
   batch or twice the largest tensor (read + re-laid-out copy), whatever the model's size:
-  bench/hf_streaming.py measures 589 MiB above the imports for a 2.2 GB LLaMA-shaped model in
-  500 MB shards (largest tensor 250 MB), 786 MiB in all.
+  bench/hf_streaming.py measures 570 MiB above the imports (768 MiB in all) for a 2.2 GB
+  float32 LLaMA-shaped model in 500 MB shards whose largest tensor is 250 MB.
 
 Sinks: `ModelSink` sets the values into a built nnx model; `ParamsWriter` writes an orbax
 checkpoint incrementally (orbax partial saves, one per batch) that

@@ -16,6 +16,11 @@ from flax import nnx
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
 
 
+# Backend of the fused path: None lets XLA choose; "cudnn" selects cuDNN flash attention on
+# NVIDIA GPUs (bench/gpu_train.py sets it).
+FUSED_IMPLEMENTATION: str | None = None
+
+
 # ----------------------------------------------------------------------------- masks
 def make_padding_mask(valid: jax.Array) -> jax.Array:
     """valid [B, S] (1/True = real token) -> [B, 1, 1, S] bool."""
@@ -82,7 +87,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                           implementation=FUSED_IMPLEMENTATION)
         if visible is not None:
             out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
                                      1, 2).astype(out.dtype)  # [B, T, H?, 1]
