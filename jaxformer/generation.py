@@ -4,7 +4,9 @@
 The model is split once (nnx.split) into a static graphdef and its state; everything after
 that is a pure function of arrays, jitted whole: prefill, then a lax.while_loop over a cache
 preallocated at a fixed size, so one compilation serves every step and no token goes back to
-the host until the end. `TRACES` counts how often each jitted function was traced.
+the host until the end. `TRACES` counts how often each jitted function was traced. On CPU
+the linear kernels are transposed once per call, before the loop, into the layout XLA:CPU
+streams fastest at a few rows (GenerationConfig.weight_layout, jaxformer/layers/linear.py).
 
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
 the attention mask, so a left-padded row computes what the unpadded row would.
@@ -22,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config.models import GenerationConfig
+from jaxformer.layers import linear
 from jaxformer.models.common import check_tokens
 
 TRACES: collections.Counter = collections.Counter()  # jitted function name -> times traced
@@ -162,10 +165,30 @@ def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index):
 lm_step = jax.jit(lm_forward, static_argnums=0, donate_argnums=4)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id"))
-def _lm_generate(graphdef, state, ids, mask, key, *, gen, cache_len, eos_id, pad_id):
-    TRACES["lm_generate"] += 1
+def _merge_for_decoding(graphdef, state, transposed: bool):
+    """The model inside a generate jit; with `transposed`, its kernels are swapped to [out, in]
+    here, once, outside the decode loop (the caller traces under linear.transposed_kernels)."""
     model = nnx.merge(graphdef, state)
+    if transposed:
+        linear.transpose_kernels(model)
+    return model
+
+
+def _transposed(gen: GenerationConfig) -> bool:
+    if gen.weight_layout == "auto":
+        return jax.default_backend() == "cpu"
+    return gen.weight_layout == "transposed"
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id", "transposed"))
+def _lm_generate(graphdef, state, ids, mask, key, *, gen, cache_len, eos_id, pad_id, transposed):
+    TRACES["lm_generate"] += 1
+    with linear.transposed_kernels(transposed):
+        return _lm_generate_body(_merge_for_decoding(graphdef, state, transposed), ids, mask, key,
+                                 gen, cache_len, eos_id, pad_id)
+
+
+def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_id, pad_id):
     b, p = ids.shape
     if gen.strategy == "beam":  # every beam starts from the prompt
         ids, mask = jnp.repeat(ids, gen.num_beams, axis=0), jnp.repeat(mask, gen.num_beams, axis=0)
@@ -202,8 +225,9 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     model.eval()
     graphdef, state = nnx.split(model)
     out = _lm_generate(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
-                       jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0),
-                       cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+                       jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0, weight_layout="auto"),
+                       cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id,
+                       transposed=_transposed(gen))
     return jax.tree.map(np.asarray, out)
 
 
@@ -218,10 +242,15 @@ def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_i
 seq2seq_step = jax.jit(seq2seq_decode_forward, static_argnums=0, donate_argnums=4)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id"))
-def _seq2seq_generate(graphdef, state, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id):
+@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id", "transposed"))
+def _seq2seq_generate(graphdef, state, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id, transposed):
     TRACES["seq2seq_generate"] += 1
-    model = nnx.merge(graphdef, state)
+    with linear.transposed_kernels(transposed):
+        return _seq2seq_generate_body(_merge_for_decoding(graphdef, state, transposed), src_ids,
+                                      src_mask, key, gen, cache_len, eos_id, pad_id)
+
+
+def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_id, pad_id):
     memory, memory_mask = model.encode(src_ids, src_mask)  # [B, S, D], [B, 1, 1, S]
     if gen.strategy == "beam":
         memory = jnp.repeat(memory, gen.num_beams, axis=0)
@@ -252,8 +281,9 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     model.eval()
     graphdef, state = nnx.split(model)
     out = _seq2seq_generate(graphdef, state, jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
-                            jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0),
-                            cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+                            jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0, weight_layout="auto"),
+                            cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id,
+                            transposed=_transposed(gen))
     return jax.tree.map(np.asarray, out)
 
 

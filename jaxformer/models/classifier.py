@@ -11,6 +11,7 @@ from flax import nnx
 
 from jaxformer.config.models import ClassifierConfig, stack_config
 from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.transformer import Encoder, TextEmbedding
 from jaxformer.models.common import check_tokens, set_compute_dtype
@@ -31,9 +32,9 @@ class Classifier(nnx.Module):
         stack = stack_config(cfg)
         self.embed = TextEmbedding(stack, rngs=rngs)
         self.encoder = Encoder(stack, rngs=rngs)
-        self.pooler = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
+        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.classifier = nnx.Linear(cfg.d_model, cfg.num_classes, use_bias=True, rngs=rngs)
+        self.classifier = Linear(cfg.d_model, cfg.num_classes, use_bias=True, rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,

@@ -8,6 +8,7 @@ from flax import nnx
 
 from jaxformer.config import TransformerConfig
 from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.transformer import Encoder, TextEmbedding
 
 
@@ -23,7 +24,7 @@ class TextEncoder(nnx.Module):
         self.cfg = cfg
         self.embed = TextEmbedding(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
-        self.pooler = nnx.Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
+        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  token_type_ids: jax.Array | None = None, return_intermediates: bool = False):

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxformer.config.models import LMConfig
 from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.transformer import Decoder, TextEmbedding
 from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
@@ -33,7 +34,7 @@ class LM(nnx.Module):
         stack = cfg.decoder_config()
         self.embed = TextEmbedding(stack, rngs=rngs)
         self.decoder = Decoder(stack, cross_attention=False, rngs=rngs)
-        self.lm_head = None if cfg.tie_embeddings else nnx.Linear(
+        self.lm_head = None if cfg.tie_embeddings else Linear(
             cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 
@@ -41,7 +42,7 @@ class LM(nnx.Module):
                  return_intermediates: bool = False, cache: list | None = None, cache_index=None):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
-        slots = t if cache is None else cache[0]["self"]["k"].shape[1]
+        slots = t if cache is None else cache[0]["self"]["k"].shape[2]
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
             positions, mask = default_positions(b, t, start), None  # [B, T]

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxformer.config.models import Seq2SeqConfig
 from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.transformer import Decoder, Encoder, TextEmbedding
 from jaxformer.models.common import check_tokens, compute_dtype, set_compute_dtype
@@ -35,7 +36,7 @@ class Seq2Seq(nnx.Module):
         self.tgt_embed = None if cfg.share_embeddings else TextEmbedding(dec, rngs=rngs)
         self.encoder = Encoder(enc, rngs=rngs)
         self.decoder = Decoder(dec, cross_attention=True, rngs=rngs)
-        self.lm_head = None if cfg.tie_output else nnx.Linear(
+        self.lm_head = None if cfg.tie_output else Linear(
             cfg.d_model, cfg.resolved_tgt_vocab, use_bias=False, rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 

@@ -22,6 +22,7 @@ from flax import nnx
 
 from jaxformer.config.vision import TimeSeriesConfig
 from jaxformer.layers.conv import Conv1d
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding,
                                          default_positions)
 from jaxformer.layers.transformer import Encoder
@@ -66,7 +67,7 @@ class TCNTransformer(nnx.Module):
             self.embed_positions = None
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
-        self.head = nnx.Linear(cfg.d_model, cfg.horizon * cfg.num_targets, rngs=rngs)
+        self.head = Linear(cfg.d_model, cfg.horizon * cfg.num_targets, rngs=rngs)
 
     def __call__(self, series: jax.Array, *, return_intermediates: bool = False):
         cfg = self.cfg

@@ -13,6 +13,7 @@ from flax import nnx
 
 from jaxformer.config.vision import ViTConfig
 from jaxformer.layers.conv import Conv2d
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.layers.positional import LearnedPositionalEmbedding, default_positions
 from jaxformer.layers.transformer import Encoder
@@ -77,7 +78,7 @@ class ViT(nnx.Module):
         self.embed_positions = LearnedPositionalEmbedding(cfg.num_tokens, cfg.d_model, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
-        self.classifier = nnx.Linear(cfg.d_model, cfg.num_classes, rngs=rngs)
+        self.classifier = Linear(cfg.d_model, cfg.num_classes, rngs=rngs)
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False):
         cfg = self.cfg

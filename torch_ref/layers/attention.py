@@ -118,7 +118,7 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
 
-    KV cache (incremental decoding), a dict {"k", "v"} of [B, L, G, K] tensors:
+    KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] tensors:
       * with cache_index (int): self-attention decode step. The new keys/values (RoPE'd at
         `positions`) are written into slots cache_index..cache_index+T (in place here; JAX
         returns an updated copy) and the queries attend over all L slots; `mask` must hide
@@ -165,7 +165,7 @@ class MultiHeadAttention(nn.Module):
         # 1) project and split heads
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
         if read_only:
-            k, v = cache["k"], cache["v"]  # [B, S, G, K], projected once
+            k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, S, G, K] views, projected once
         else:
             kv_heads = self.project_kv(x if kv is None else kv)
             k, v = kv_heads["k"], kv_heads["v"]  # [B, S, G, K]
@@ -177,10 +177,10 @@ class MultiHeadAttention(nn.Module):
                 k = self.rope(k, positions)
         # 2b) write the new keys/values into their cache slots
         if cache is not None and not read_only:
-            cache["k"][:, cache_index:cache_index + t] = k.to(cache["k"].dtype)  # [B, L, G, K]
-            cache["v"][:, cache_index:cache_index + t] = v.to(cache["v"].dtype)  # [B, L, G, K]
-            k, v = cache["k"], cache["v"]
-            cache = {"k": k, "v": v}
+            cache["k"][:, :, cache_index:cache_index + t] = k.transpose(1, 2).to(cache["k"].dtype)  # [B, G, L, K]
+            cache["v"][:, :, cache_index:cache_index + t] = v.transpose(1, 2).to(cache["v"].dtype)  # [B, G, L, K]
+            cache = {"k": cache["k"], "v": cache["v"]}
+            k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, L, G, K] views
         # 3) attend
         out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,

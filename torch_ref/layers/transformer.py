@@ -66,7 +66,7 @@ class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
     then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D].
 
-    With cache={"self": {"k", "v"} [B, L, G, K], "cross": {"k", "v"} [B, S, G, K]} and
+    With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
     ("cross" holds its keys/values, from init_cache).
     """
@@ -113,7 +113,7 @@ class DecoderLayer(nn.Module):
         """An empty self-attention cache of `length` slots, plus the cross-attention keys and
         values of memory [B, S, D] (projected once)."""
         attn = self.self_attn
-        shape = (batch, length, attn.num_kv_heads, attn.head_dim)  # [B, L, G, K]
+        shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
         device = attn.q_proj.weight.device
         cache = {"self": {"k": torch.zeros(shape, dtype=dtype, device=device),
                           "v": torch.zeros(shape, dtype=dtype, device=device)}}
@@ -121,7 +121,7 @@ class DecoderLayer(nn.Module):
             if memory is None:
                 raise ValueError("init_cache of a DecoderLayer with cross-attention needs `memory`")
             kv = self.cross_attn.project_kv(memory)
-            cache["cross"] = {"k": kv["k"].to(dtype), "v": kv["v"].to(dtype)}
+            cache["cross"] = {name: a.transpose(1, 2).to(dtype).contiguous() for name, a in kv.items()}  # [B, G, S, K]
         return cache
 
 
@@ -218,7 +218,7 @@ class Decoder(_Stack):
 
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None):
-        cache_len = None if cache is None else cache[0]["self"]["k"].shape[1]
+        cache_len = None if cache is None else cache[0]["self"]["k"].shape[2]
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
@@ -240,7 +240,7 @@ class Decoder(_Stack):
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
                    dtype=torch.float32) -> list:
-        """Per layer: an empty self-attention cache of `length` slots [B, L, G, K] and, with
+        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] and, with
         cross-attention, the keys/values of memory [B, S, D]."""
         return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
 

@@ -42,7 +42,7 @@ class LM(nn.Module):
     def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
-        slots = t if cache is None else cache[0]["self"]["k"].shape[1]
+        slots = t if cache is None else cache[0]["self"]["k"].shape[2]
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
             positions, mask = default_positions(b, t, start, device=ids.device), None  # [B, T]
