@@ -4,7 +4,8 @@ d_ff 1024, 6 layers, batch 32, seq 128, AdamW, clipping 1.0). Reported as ratios
 
     python bench/train_step.py [--steps 10] [--warmup 3] [--no-compile] [--profile DIR]
 
-Not a test: it times things. fp32, dropout 0.1 in both (the seed's value).
+Not a test: it times things. fp32, dropout 0.1 in both (the seed's value; BENCH_DROPOUT=0
+in the environment turns it off in both).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SEED_CLASSIFIER = dict(name="classifier", vocab_size=30000, d_model=256, num_heads=8, d_ff=1024, num_layers=6,
-                       max_len=128, num_classes=2, dropout=0.1, norm_position="post", pad_id=0)
+                       max_len=128, num_classes=2, dropout=float(os.environ.get("BENCH_DROPOUT", 0.1)), norm_position="post", pad_id=0)
 TRAIN = dict(steps=1000, batch_size=32, lr=1e-4, weight_decay=0.01, grad_clip=1.0, warmup_steps=0,
              schedule="constant", eval_every=1000, checkpoint_every=1000)
 

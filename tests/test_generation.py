@@ -180,6 +180,49 @@ def test_whole_generate_loop_compiles_once():
     np.testing.assert_array_equal(a[::-1], b)  # greedy ignores the seed; rows just swapped
 
 
+# ----------------------------------------------------------------------------- weight layout
+@pytest.mark.parametrize("name,flavour", [("lm", "gpt2"), ("lm", "llama_gqa"), ("seq2seq", "separate_untied_pre")])
+def test_transposed_weight_layout_generates_what_the_stored_one_does(name, flavour):
+    """GenerationConfig.weight_layout: the [out, in] kernel copies (jaxformer/layers/linear.py)
+    change only the order of fp32 additions inside each matmul; greedy and beam ids match."""
+    _, j = pair(name, (LMS if name == "lm" else S2S)[flavour])
+    args = jgen.pad_prompts(PROMPTS, 0) if name == "lm" else (SOURCES, None)
+    for gen in (GenerationConfig(max_new_tokens=N, stop_at_eos=False),
+                GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=3)):
+        stored = jgen.generate(j, *args, gen=dataclasses.replace(gen, weight_layout="stored"))
+        transposed = jgen.generate(j, *args, gen=dataclasses.replace(gen, weight_layout="transposed"))
+        if gen.strategy == "beam":  # (tokens, scores): scores may differ in the last bit
+            np.testing.assert_allclose(transposed[1], stored[1], rtol=1e-6)
+            stored, transposed = stored[0], transposed[0]
+        np.testing.assert_array_equal(stored, transposed)
+
+
+def test_linear_in_the_transposed_layout_computes_the_same_map():
+    from jaxformer.layers import linear
+    lin = linear.Linear(24, 40, rngs=nnx.Rngs(0))
+    lin.bias[...] = jax.random.normal(jax.random.key(1), (40,))
+    x = jax.random.normal(jax.random.key(2), (3, 5, 24))
+    graphdef, state = nnx.split(lin)
+
+    def apply(state, x, transposed):
+        with linear.transposed_kernels(transposed):
+            m = nnx.merge(graphdef, state)
+            if transposed:
+                linear.transpose_kernels(m)
+                assert m.kernel[...].shape == (40, 24)  # [out, in]
+            return m(x), m(x, stop_bias_gradient=True)
+
+    ref, ref_cut = jax.jit(apply, static_argnums=2)(state, x, False)
+    out, out_cut = jax.jit(apply, static_argnums=2)(state, x, True)
+    assert float(jnp.abs(out - ref).max()) <= 1e-6 * float(jnp.abs(ref).max())
+    np.testing.assert_array_equal(ref, ref_cut)  # the cut bias is still added
+    np.testing.assert_array_equal(out, out_cut)
+    # the cut removes the bias gradient only
+    grad = jax.grad(lambda st: jnp.sum(apply(st, x, False)[1] ** 2))(state)
+    assert float(jnp.abs(grad["bias"][...]).max()) == 0.0
+    assert float(jnp.abs(grad["kernel"][...]).max()) > 0.0
+
+
 # ----------------------------------------------------------------------------- cross-framework
 @pytest.mark.parametrize("flavour", ["gpt2", "llama_gqa", "alibi_postln"])
 def test_lm_greedy_tokens_match_across_frameworks(flavour):
@@ -361,7 +404,7 @@ def test_bad_generation_input_raises(framework):
 
 def test_generation_config_is_validated():
     for bad in (dict(strategy="nucleus"), dict(temperature=0.0), dict(top_p=0.0), dict(top_k=-1),
-                dict(max_new_tokens=0), dict(num_beams=0)):
+                dict(max_new_tokens=0), dict(num_beams=0), dict(weight_layout="column_major")):
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
 
