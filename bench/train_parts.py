@@ -21,7 +21,8 @@ def row(name, j, t): print(f"{name:34s} jax {j:7.1f} ms  torch {t:7.1f} ms  rati
 x_np = rng.standard_normal((B, T, D)).astype(np.float32)
 # 1) FFN
 W1, W2 = rng.standard_normal((D, F)).astype(np.float32) * .05, rng.standard_normal((F, D)).astype(np.float32) * .05
-def jffn(p, x): return jnp.sum((jax.nn.relu(x @ p[0]) @ p[1]) ** 2)
+from jaxformer.layers.linear import matmul  # the Linear layers' matmul (hand-written backward)
+def jffn(p, x): return jnp.sum(matmul(jax.nn.relu(matmul(x, p[0])), p[1]) ** 2)
 g = jax.jit(jax.grad(jffn)); pj = (jnp.asarray(W1), jnp.asarray(W2)); xj = jnp.asarray(x_np)
 tw1, tw2 = torch.tensor(W1.T.copy(), requires_grad=True), torch.tensor(W2.T.copy(), requires_grad=True)
 xt = torch.tensor(x_np)
@@ -54,7 +55,7 @@ def tsdpa():
 row("attention fused fwd+bwd", tm(lambda: jax.block_until_ready(gf((qj, qj, qj)))), tm(tsdpa))
 # 3) projections 4 x DxD fwd+bwd
 Wq = rng.standard_normal((4, D, D)).astype(np.float32) * .05
-gp = jax.jit(jax.grad(lambda W, x: sum(jnp.sum((x @ W[i]) ** 2) for i in range(4))))
+gp = jax.jit(jax.grad(lambda W, x: sum(jnp.sum(matmul(x, W[i]) ** 2) for i in range(4))))
 tW = [torch.tensor(Wq[i].T.copy(), requires_grad=True) for i in range(4)]
 def tproj(): sum(((torch.nn.functional.linear(xt, w)) ** 2).sum() for w in tW).backward()
 row("4 projections fwd+bwd", tm(lambda: jax.block_until_ready(gp(jnp.asarray(Wq), xj))), tm(tproj))

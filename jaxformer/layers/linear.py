@@ -1,4 +1,5 @@
-"""Linear layer with a decode-time weight layout for XLA:CPU.
+"""Linear layer: a matmul with a hand-written backward, and a decode-time weight layout for
+XLA:CPU.
 
 No torch twin: torch_ref uses nn.Linear, whose weight is already stored [out, in], the layout
 this module switches to while decoding.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -50,22 +52,49 @@ def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> ja
     return y.T.reshape(*lead, w_t.shape[0])
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def matmul(x: jax.Array, w: jax.Array, precision=None) -> jax.Array:
+    """x [..., in] @ w [in, out] -> [..., out], with the backward written out.
+
+    Why. Autodiff gives dx = dy @ w^T as a dot contracting w's last axis, a form XLA:CPU runs
+    at about half the speed of the forward's (measured: the seed FFN's forward + backward took
+    345 ms with autodiff's form, 236 ms with this one, same bits). Here w^T is materialized
+    first (an optimization barrier keeps XLA from folding the transpose back into the dot),
+    so dx is a plain [..., out] @ [out, in] product. dw = x^T dy is unchanged.
+    """
+    return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
+
+
+def _matmul_fwd(x, w, precision):
+    return matmul(x, w, precision), (x, w)
+
+
+def _matmul_bwd(precision, res, dy):
+    x, w = res
+    w_t = jax.lax.optimization_barrier(jnp.swapaxes(w, 0, 1))  # [out, in], materialized
+    dx = jax.lax.dot_general(dy, w_t, (((dy.ndim - 1,), (0,)), ((), ())), precision=precision)
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])  # [M, in], [M, out]
+    dw = jax.lax.dot_general(x2, dy2, (((0,), (0,)), ((), ())), precision=precision)  # [in, out]
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
 class Linear(nnx.Linear):
-    """nnx.Linear (kernel [in, out], bias [out]; same parameters, same checkpoint keys), plus
-    the transposed decode layout of the module docstring."""
+    """nnx.Linear (kernel [in, out], bias [out]; same parameters, same checkpoint keys), with
+    `matmul`'s backward and the transposed decode layout of the module docstring."""
 
     def __call__(self, x: jax.Array, stop_bias_gradient: bool = False) -> jax.Array:
         """x [..., in] -> [..., out]. stop_bias_gradient: use the bias value but cut its
         gradient (the attention key bias; see attention.key_projection)."""
-        if not kernels_transposed() and not stop_bias_gradient:
-            return super().__call__(x)
         kernel = self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None
         x, kernel, bias = self.promote_dtype((x, kernel, bias), dtype=self.dtype)
         if kernels_transposed():
             y = weight_stationary_matmul(x, kernel, self.precision)  # kernel [out, in]
         else:
-            y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=self.precision)
+            y = matmul(x, kernel, self.precision)
         if bias is None:
             return y
         bias = jax.lax.stop_gradient(bias) if stop_bias_gradient else bias
