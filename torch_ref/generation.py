@@ -8,42 +8,11 @@ streams differ, PITFALLS row 9), but filter_logits is deterministic and matches.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import torch
 
-from jaxformer.config.models import GenerationConfig
+from jaxformer.config.models import GenerationConfig, check_lengths, pad_prompts  # noqa: F401 (re-exported)
 from torch_ref.models.common import check_tokens
-
-
-# ----------------------------------------------------------------------------- inputs
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pad token lists to one array: -> ids [B, P] int32, mask [B, P] int32 (1 = token)."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    p = max(len(x) for x in prompts)
-    ids = np.full((len(prompts), p), pad_id, np.int32)
-    mask = np.zeros((len(prompts), p), np.int32)
-    for b, x in enumerate(prompts):
-        ids[b, p - len(x):] = x
-        mask[b, p - len(x):] = 1
-    return ids, mask
-
-
-def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: int = 0) -> int:
-    """The cache length for a prompt of prompt_len slots (`start` extra target slots, e.g. BOS)
-    plus gen.max_new_tokens, or ValueError when it exceeds max_len or gen.cache_len."""
-    need = prompt_len + start + gen.max_new_tokens
-    if prompt_len + start > max_len:
-        raise ValueError(f"prompt length {prompt_len + start} exceeds max_len={max_len}")
-    if need > max_len:
-        raise ValueError(f"prompt length {prompt_len + start} + max_new_tokens {gen.max_new_tokens} "
-                         f"= {need} exceeds max_len={max_len}")
-    if gen.cache_len is not None and need > gen.cache_len:
-        raise ValueError(f"prompt length {prompt_len + start} + max_new_tokens {gen.max_new_tokens} "
-                         f"= {need} exceeds the KV cache ({gen.cache_len} slots)")
-    return need if gen.cache_len is None else gen.cache_len
 
 
 # ----------------------------------------------------------------------------- token choice
