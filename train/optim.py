@@ -63,7 +63,7 @@ def clip_by_global_norm_torch(max_norm: float):
     import optax
 
     def update(updates, state, params=None):
-        norm = optax.global_norm(updates)
+        norm = optax.tree.norm(updates)
         coef = jnp.minimum(1.0, max_norm / (norm + 1e-6))
         return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
 

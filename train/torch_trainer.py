@@ -110,7 +110,7 @@ class TorchTrainer:
                 loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, mb,
                                                                 tc.label_smoothing, self.pad_id)
             loss.float().backward()
-            loss_sum += float(loss)
+            loss_sum += float(loss.detach())
             counts.append(float(count))
             for k, v in metrics.items():
                 metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
