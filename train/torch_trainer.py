@@ -113,7 +113,7 @@ class TorchTrainer:
             loss_sum += float(loss.detach())
             counts.append(float(count))
             for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v)
+                metric_sums[k] = metric_sums.get(k, 0.0) + float(v.detach())
         count_sum = sum(counts)
         params = [p for p in self.module.parameters() if p.grad is not None]
         for p in params:
