@@ -100,19 +100,19 @@ class StepFns:
         grad_fn = jax.value_and_grad(lambda p, r, b: self.loss_terms(self.graphdef_train, p, r, b),
                                      has_aux=True)
 
-        def micro(carry, mb):
-            g_sum, l_sum, c_sum, m_sum, rest = carry
+        def terms(rest, mb):  # one micro-batch -> (grads, loss, count, metrics, rest)
             (loss, (count, metrics, rest)), g = grad_fn(params, rest, mb)
-            g_sum = jax.tree.map(jnp.add, g_sum, g)
-            m_sum = jax.tree.map(jnp.add, m_sum, metrics)
-            return (g_sum, l_sum + loss, c_sum + count, m_sum, rest), None
+            return g, loss, count, metrics, rest
+
+        def micro(carry, mb):
+            *new, rest = terms(carry[-1], mb)
+            return (*jax.tree.map(jnp.add, carry[:-1], tuple(new)), rest), None
 
         if jax.tree.leaves(batch)[0].shape[0] == 1:
-            # one micro-batch: no accumulation loop. The loop's zero-filled gradient sums and
-            # adds cost ~0.1 s of the seed classifier's ~2.4 s step, and the loop boundary
-            # stops XLA fusing across it.
-            (l_sum, (c_sum, m_sum, rest)), g_sum = grad_fn(params, state["rest"],
-                                                           jax.tree.map(lambda x: x[0], batch))
+            # one micro-batch: no accumulation loop. Its zero-filled gradient sums and adds
+            # cost 2-4% of the seed classifier's step, and the loop boundary stops XLA fusing
+            # across it.
+            g_sum, l_sum, c_sum, m_sum, rest = terms(state["rest"], jax.tree.map(lambda x: x[0], batch))
         else:
             zeros = jax.tree.map(jnp.zeros_like, params)
             m0 = {k: jnp.zeros((), jnp.float32) for k in tasks.metric_keys(self.cfg.model_name)}
