@@ -4,9 +4,16 @@
 The model is split once (nnx.split) into a static graphdef and its state; everything after
 that is a pure function of arrays, jitted whole: prefill, then a lax.while_loop over a cache
 preallocated at a fixed size, so one compilation serves every step and no token goes back to
-the host until the end. `TRACES` counts how often each jitted function was traced. On CPU
-the linear kernels are transposed once per call, before the loop, into the layout XLA:CPU
-streams fastest at a few rows (GenerationConfig.weight_layout, jaxformer/layers/linear.py).
+the host until the end. `TRACES` counts how often each jitted function was traced.
+
+On the CPU backend three things make a decode step stream weights near the speed of a bare
+matrix-vector product:
+  * the linear kernels run as [out, in] copies, the layout XLA:CPU streams fastest at a few
+    rows (GenerationConfig.weight_layout, jaxformer/layers/linear.py). The copies are made
+    once and kept with the model for later calls (GenerationConfig.keep_decode_weights;
+    `release_decode_weights` frees them);
+  * one-token attention reads the KV cache in place (attention.elementwise_decode_attention);
+  * the generate programs are compiled with YNNPACK limited to dots (`_CPU_COMPILER_OPTIONS`).
 
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
 the attention mask, so a left-padded row computes what the unpadded row would.
@@ -14,8 +21,10 @@ the attention mask, so a left-padded row computes what the unpadded row would.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +32,15 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config.models import GenerationConfig, check_lengths, pad_prompts  # noqa: F401 (re-exported)
-from jaxformer.layers import linear
+from jaxformer.layers import attention, linear
 from jaxformer.models.common import check_tokens
 
 TRACES: collections.Counter = collections.Counter()  # jitted function name -> times traced
+
+# XLA:CPU options of the generate programs: YNNPACK fuses dots only, so the reductions of the
+# elementwise cache attention and the norms go through XLA's own emitter (with YNNPACK's
+# reductions that attention made GPT-2 decoding 1.5x slower at batch 1, 3.5x at batch 8).
+_CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 
 
 # ----------------------------------------------------------------------------- token choice
@@ -124,24 +138,29 @@ def _reorder_self(cache, rows):
 
 
 # ----------------------------------------------------------------------------- LM
-def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index):
-    """Pure function: one cached LM call. -> (logits [B, T, V], new cache)."""
+def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=None):
+    """Pure function: one cached LM call. -> (logits [B, T, V], new cache). elementwise: the
+    one-token attention form (attention.elementwise_decode_attention); None = as generate
+    runs it on this backend."""
     TRACES["lm_forward"] += 1
-    return nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
+    with attention.elementwise_decode_attention(_on_cpu() if elementwise is None else elementwise):
+        return nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
 
 
-# jitted, cache donated: the caller's loop (tests, debugging) compiles prefill once and the
-# one-token step once, whatever the number of steps
-lm_step = jax.jit(lm_forward, static_argnums=0, donate_argnums=4)
+def lm_step(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=None):
+    """lm_forward jitted and compiled as generate is, cache donated: the caller's loop (tests,
+    debugging) compiles prefill once and the one-token step once, whatever the number of steps."""
+    return _compiled(lm_forward, static_argnums=(0,), donate_argnums=(4,))(
+        graphdef, state, ids, slot_mask, cache, cache_index, elementwise=elementwise)
 
 
-def _merge_for_decoding(graphdef, state, transposed: bool):
-    """The model inside a generate jit; with `transposed`, its kernels are swapped to [out, in]
-    here, once, outside the decode loop (the caller traces under linear.transposed_kernels)."""
-    model = nnx.merge(graphdef, state)
-    if transposed:
-        linear.transpose_kernels(model)
-    return model
+# ----------------------------------------------------------------------------- decode layout
+_DECODE_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, [out, in] kernels)
+_swap_last = jax.jit(lambda kernels: [jnp.swapaxes(k, -1, -2) for k in kernels])
+
+
+def _linears(model: nnx.Module) -> list:
+    return [m for _, m in nnx.iter_modules(model) if isinstance(m, linear.Linear)]
 
 
 def _transposed(gen: GenerationConfig) -> bool:
@@ -150,11 +169,69 @@ def _transposed(gen: GenerationConfig) -> bool:
     return gen.weight_layout == "transposed"
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id", "transposed"))
-def _lm_generate(graphdef, state, ids, mask, key, *, gen, cache_len, eos_id, pad_id, transposed):
+def decode_kernels(model: nnx.Module, gen: GenerationConfig) -> list | None:
+    """The [out, in] copies of the model's Linear kernels that generate decodes with (None for
+    the stored layout). With gen.keep_decode_weights they are made once and reused while the
+    kernels are the same arrays: a training step or a weight load sets new arrays, and the
+    next call transposes those. The copies go with the model (a weak reference) or with
+    `release_decode_weights`."""
+    if not _transposed(gen):
+        return None
+    source = [m.kernel.get_value() for m in _linears(model)]
+    hit = _DECODE_KERNELS.pop(model, None)
+    if hit is not None and len(hit[0]) == len(source) and all(r() is a for r, a in zip(hit[0], source)):
+        kernels = hit[1]
+    else:
+        kernels = _swap_last(source)
+    if gen.keep_decode_weights:
+        _DECODE_KERNELS[model] = ([weakref.ref(a) for a in source], kernels)
+    return kernels
+
+
+def release_decode_weights(model: nnx.Module | None = None) -> None:
+    """Free the kept [out, in] kernel copies of `model` (None: of every model)."""
+    if model is None:
+        _DECODE_KERNELS.clear()
+    else:
+        _DECODE_KERNELS.pop(model, None)
+
+
+def _merge_for_decoding(graphdef, state, kernels):
+    """The model inside a generate jit, its Linear kernels replaced by the [out, in] copies
+    when given (the caller traces under linear.transposed_kernels)."""
+    model = nnx.merge(graphdef, state)
+    if kernels is not None:
+        for module, kernel in zip(_linears(model), kernels, strict=True):
+            module.kernel.set_value(kernel)
+    return model
+
+
+def _on_cpu() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+@contextlib.contextmanager
+def _decode_tracing(kernels):
+    """The trace-time switches of the decode layout (module docstring)."""
+    with linear.transposed_kernels(kernels is not None), attention.elementwise_decode_attention(_on_cpu()):
+        yield
+
+
+_GENERATE_STATIC = ("graphdef", "gen", "cache_len", "eos_id", "pad_id")
+
+
+@functools.cache
+def _compiled(fn, static_argnums=(), static_argnames=("elementwise",), donate_argnums=()):
+    """jax.jit of a decoding program, with _CPU_COMPILER_OPTIONS on the CPU backend (built
+    at the first call, so importing this module initializes no backend)."""
+    return jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
+                   donate_argnums=donate_argnums, compiler_options=_CPU_COMPILER_OPTIONS if _on_cpu() else None)
+
+
+def _lm_generate(graphdef, state, kernels, ids, mask, key, *, gen, cache_len, eos_id, pad_id):
     TRACES["lm_generate"] += 1
-    with linear.transposed_kernels(transposed):
-        return _lm_generate_body(_merge_for_decoding(graphdef, state, transposed), ids, mask, key,
+    with _decode_tracing(kernels):
+        return _lm_generate_body(_merge_for_decoding(graphdef, state, kernels), ids, mask, key,
                                  gen, cache_len, eos_id, pad_id)
 
 
@@ -194,29 +271,33 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
     model.eval()
     graphdef, state = nnx.split(model)
-    out = _lm_generate(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
-                       jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0, weight_layout="auto"),
-                       cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id,
-                       transposed=_transposed(gen))
+    out = _compiled(_lm_generate, static_argnames=_GENERATE_STATIC)(
+        graphdef, state, decode_kernels(model, gen), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
+        jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
+        pad_id=cfg.pad_id)
     return jax.tree.map(np.asarray, out)
 
 
 # ----------------------------------------------------------------------------- seq2seq
-def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_index):
-    """Pure function: one cached decoder call. -> (logits [B, T, V], new cache)."""
+def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=None):
+    """Pure function: one cached decoder call. -> (logits [B, T, V], new cache). elementwise:
+    as in lm_forward."""
     TRACES["seq2seq_decode_forward"] += 1
-    return nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache,
-                                             cache_index=cache_index)
+    with attention.elementwise_decode_attention(_on_cpu() if elementwise is None else elementwise):
+        return nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache,
+                                                 cache_index=cache_index)
 
 
-seq2seq_step = jax.jit(seq2seq_decode_forward, static_argnums=0, donate_argnums=4)
+def seq2seq_step(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=None):
+    """seq2seq_decode_forward jitted as lm_step is."""
+    return _compiled(seq2seq_decode_forward, static_argnums=(0,), donate_argnums=(4,))(
+        graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=elementwise)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "gen", "cache_len", "eos_id", "pad_id", "transposed"))
-def _seq2seq_generate(graphdef, state, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id, transposed):
+def _seq2seq_generate(graphdef, state, kernels, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id):
     TRACES["seq2seq_generate"] += 1
-    with linear.transposed_kernels(transposed):
-        return _seq2seq_generate_body(_merge_for_decoding(graphdef, state, transposed), src_ids,
+    with _decode_tracing(kernels):
+        return _seq2seq_generate_body(_merge_for_decoding(graphdef, state, kernels), src_ids,
                                       src_mask, key, gen, cache_len, eos_id, pad_id)
 
 
@@ -250,11 +331,17 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     cache_len = check_lengths(0, gen, cfg.max_len, start=1)
     model.eval()
     graphdef, state = nnx.split(model)
-    out = _seq2seq_generate(graphdef, state, jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
-                            jax.random.key(gen.seed), gen=dataclasses.replace(gen, seed=0, weight_layout="auto"),
-                            cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id,
-                            transposed=_transposed(gen))
+    out = _compiled(_seq2seq_generate, static_argnames=_GENERATE_STATIC)(
+        graphdef, state, decode_kernels(model, gen), jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
+        jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
+        pad_id=cfg.pad_id)
     return jax.tree.map(np.asarray, out)
+
+
+def _static(gen: GenerationConfig) -> GenerationConfig:
+    """The part of gen the traced program depends on (the seed is a traced key; the layout
+    and the kept copies are decided outside), so those settings share one compilation."""
+    return dataclasses.replace(gen, seed=0, weight_layout="auto", keep_decode_weights=True)
 
 
 def _eos(gen: GenerationConfig, cfg) -> int:

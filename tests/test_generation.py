@@ -64,19 +64,21 @@ def jitted(model):
 
 
 # ----------------------------------------------------------------------------- cache vs recompute
-def _jax_lm_cached(model, ids, mask, n):
-    """Greedy with the cache via the jitted pure step; -> (logits per step [n, B, V], tokens)."""
+def _jax_lm_cached(model, ids, mask, n, elementwise=None):
+    """Greedy with the cache via the jitted pure step; -> (logits per step [n, B, V], tokens).
+    elementwise: the one-token attention form (None = generate's on this backend)."""
     graphdef, state = nnx.split(model)
     b, p = ids.shape
     slot_mask = np.zeros((b, p + n), np.int32)
     slot_mask[:, :p] = mask
     logits, cache = jgen.lm_step(graphdef, state, jnp.asarray(ids), jnp.asarray(slot_mask),
-                                 model.init_cache(b, p + n), 0)
+                                 model.init_cache(b, p + n), 0, elementwise)
     steps = [np.asarray(logits[:, -1])]
     for i in range(n - 1):
         tok = steps[-1].argmax(-1).astype(np.int32)
         slot_mask[:, p + i] = 1
-        logits, cache = jgen.lm_step(graphdef, state, jnp.asarray(tok[:, None]), jnp.asarray(slot_mask), cache, p + i)
+        logits, cache = jgen.lm_step(graphdef, state, jnp.asarray(tok[:, None]), jnp.asarray(slot_mask), cache,
+                                     p + i, elementwise)
         steps.append(np.asarray(logits[:, 0]))
     return np.stack(steps), np.stack([s.argmax(-1) for s in steps], 1)
 
@@ -107,20 +109,27 @@ def _recompute(forward, ids, mask, tokens, k):
     return forward(seq, m)[:, p + k - 1]
 
 
+# JAX runs both one-token attention forms: the broadcast multiply-and-sum that generate uses
+# on CPU (attention.elementwise_decode_attention) and the batched dots it uses elsewhere
+FORMS = {"jax": (True, False), "torch": (None,)}
+
+
 @pytest.mark.parametrize("framework", ["jax", "torch"])
 @pytest.mark.parametrize("flavour", sorted(LMS))
 def test_lm_cached_logits_equal_full_recompute(flavour, framework):
     t, j = pair("lm", LMS[flavour])
     ids, mask = jgen.pad_prompts(PROMPTS, 0)
-    if framework == "jax":
-        steps, tokens = _jax_lm_cached(j, ids, mask, N)
-        forward = jitted(j)
-    else:
-        steps, tokens = _torch_lm_cached(t, ids, mask, N)
-        forward = lambda s, m: t(torch.as_tensor(s).long(), torch.as_tensor(m)).detach().numpy()
-    diffs = [np.abs(steps[k] - _recompute(forward, ids, mask, tokens, k)).max() for k in range(N)]
-    print(f"[cache vs recompute] lm_{flavour} {framework}: max |diff| over {N} steps {max(diffs):.3e}")
-    assert max(diffs) <= 1e-5, f"step {int(np.argmax(diffs))}: {max(diffs):.3e}"
+    for elementwise in FORMS[framework]:
+        if framework == "jax":
+            steps, tokens = _jax_lm_cached(j, ids, mask, N, elementwise)
+            forward = jitted(j)
+        else:
+            steps, tokens = _torch_lm_cached(t, ids, mask, N)
+            forward = lambda s, m: t(torch.as_tensor(s).long(), torch.as_tensor(m)).detach().numpy()
+        diffs = [np.abs(steps[k] - _recompute(forward, ids, mask, tokens, k)).max() for k in range(N)]
+        form = {True: " elementwise", False: " dots", None: ""}[elementwise]
+        print(f"[cache vs recompute] lm_{flavour} {framework}{form}: max |diff| over {N} steps {max(diffs):.3e}")
+        assert max(diffs) <= 1e-5, f"{form} step {int(np.argmax(diffs))}: {max(diffs):.3e}"
 
 
 @pytest.mark.parametrize("framework", ["jax", "torch"])
@@ -130,32 +139,34 @@ def test_seq2seq_cached_logits_equal_full_recompute(flavour, framework):
     t, j = pair("seq2seq", cfg)
     b = SOURCES.shape[0]
     bos = np.full((b, 1), cfg.bos_id, np.int32)
-    steps = []
-    if framework == "jax":
-        graphdef, state = nnx.split(j)
-        memory, mmask = j.encode(jnp.asarray(SOURCES))
-        cache, tok = j.init_cache(memory, N + 1), bos
-        for i in range(N):
-            logits, cache = jgen.seq2seq_step(graphdef, state, jnp.asarray(tok), mmask, cache, i)
-            steps.append(np.asarray(logits[:, 0]))
-            tok = steps[-1].argmax(-1)[:, None].astype(np.int32)
-        fwd = jitted(j)
-        forward = lambda tgt: fwd(SOURCES, tgt)
-    else:
-        with torch.no_grad():
-            memory, mmask = t.encode(torch.as_tensor(SOURCES).long())
-            cache, tok = t.init_cache(memory, N + 1), torch.as_tensor(bos).long()
+    for elementwise in FORMS[framework]:
+        steps = []
+        if framework == "jax":
+            graphdef, state = nnx.split(j)
+            memory, mmask = j.encode(jnp.asarray(SOURCES))
+            cache, tok = j.init_cache(memory, N + 1), bos
             for i in range(N):
-                logits, cache = t.decode(tok, None, mmask, cache=cache, cache_index=i)
-                steps.append(logits[:, 0].numpy())
-                tok = torch.as_tensor(steps[-1].argmax(-1))[:, None]
-        forward = lambda tgt: t(torch.as_tensor(SOURCES).long(), torch.as_tensor(tgt).long()).detach().numpy()
-    tokens = np.stack([s.argmax(-1) for s in steps], 1).astype(np.int32)
-    tgt = np.concatenate([bos, tokens[:, :-1]], 1)  # every prefix, right-padded to N (causal)
-    diffs = [np.abs(steps[k] - forward(np.where(np.arange(N) <= k, tgt, cfg.pad_id))[:, k]).max()
-             for k in range(N)]
-    print(f"[cache vs recompute] seq2seq_{flavour} {framework}: max |diff| over {N} steps {max(diffs):.3e}")
-    assert max(diffs) <= 1e-5, f"step {int(np.argmax(diffs))}: {max(diffs):.3e}"
+                logits, cache = jgen.seq2seq_step(graphdef, state, jnp.asarray(tok), mmask, cache, i, elementwise)
+                steps.append(np.asarray(logits[:, 0]))
+                tok = steps[-1].argmax(-1)[:, None].astype(np.int32)
+            fwd = jitted(j)
+            forward = lambda tgt: fwd(SOURCES, tgt)
+        else:
+            with torch.no_grad():
+                memory, mmask = t.encode(torch.as_tensor(SOURCES).long())
+                cache, tok = t.init_cache(memory, N + 1), torch.as_tensor(bos).long()
+                for i in range(N):
+                    logits, cache = t.decode(tok, None, mmask, cache=cache, cache_index=i)
+                    steps.append(logits[:, 0].numpy())
+                    tok = torch.as_tensor(steps[-1].argmax(-1))[:, None]
+            forward = lambda tgt: t(torch.as_tensor(SOURCES).long(), torch.as_tensor(tgt).long()).detach().numpy()
+        tokens = np.stack([s.argmax(-1) for s in steps], 1).astype(np.int32)
+        tgt = np.concatenate([bos, tokens[:, :-1]], 1)  # every prefix, right-padded to N (causal)
+        diffs = [np.abs(steps[k] - forward(np.where(np.arange(N) <= k, tgt, cfg.pad_id))[:, k]).max()
+                 for k in range(N)]
+        form = {True: " elementwise", False: " dots", None: ""}[elementwise]
+        print(f"[cache vs recompute] seq2seq_{flavour} {framework}{form}: max |diff| over {N} steps {max(diffs):.3e}")
+        assert max(diffs) <= 1e-5, f"{form} step {int(np.argmax(diffs))}: {max(diffs):.3e}"
 
 
 # ----------------------------------------------------------------------------- one compilation
@@ -167,6 +178,37 @@ def test_decode_step_compiles_once():
     assert jgen.TRACES["lm_forward"] - before == 2  # one trace for the prefill, ONE for all steps
     _jax_lm_cached(j, ids[::-1], mask[::-1], N)  # new values, same shapes: no retrace at all
     assert jgen.TRACES["lm_forward"] - before == 2
+
+
+def test_elementwise_decode_attention_reads_the_cache_without_copies():
+    """The point of attention.elementwise_decode_attention: a decode loop compiled with it
+    copies no KV cache (with the dot form XLA:CPU copied each cache two to four times per
+    step). Counted in the optimized HLO of a 4-step loop, for MHA and for GQA."""
+    from jaxformer.layers import attention
+    for flavour in ("gpt2", "llama_gqa"):
+        _, j = pair("lm", dataclasses.replace(LMS[flavour], num_layers=2))
+        graphdef, state = nnx.split(j)
+        cache = j.init_cache(1, 40)  # batch 1: the case that copied
+        cache_type = "f32[" + ",".join(map(str, cache[0]["self"]["k"].shape)) + "]"
+
+        def loop(state, cache, elementwise):
+            model = nnx.merge(graphdef, state)
+
+            def body(i, cache):
+                with attention.elementwise_decode_attention(elementwise):
+                    return model(jnp.ones((1, 1), jnp.int32), jnp.ones((1, 40), jnp.int32), cache=cache,
+                                 cache_index=7 + i)[1]
+            return jax.lax.fori_loop(0, 4, body, cache)
+
+        counts = {}
+        for elementwise in (True, False):
+            hlo = jax.jit(loop, static_argnums=2, donate_argnums=1, compiler_options=jgen._CPU_COMPILER_OPTIONS).lower(
+                state, cache, elementwise).compile().as_text()
+            counts[elementwise] = sum(1 for line in hlo.splitlines()
+                                      if " copy(" in line and line.split("=")[1].strip().startswith(cache_type))
+        print(f"[decode attention] {flavour}: cache-sized copies in the loop: elementwise {counts[True]}, "
+              f"dots {counts[False]}")
+        assert counts[True] == 0, counts
 
 
 def test_whole_generate_loop_compiles_once():
@@ -195,6 +237,38 @@ def test_transposed_weight_layout_generates_what_the_stored_one_does(name, flavo
             np.testing.assert_allclose(transposed[1], stored[1], rtol=1e-6)
             stored, transposed = stored[0], transposed[0]
         np.testing.assert_array_equal(stored, transposed)
+
+
+def test_kept_decode_weights_follow_the_model_weights():
+    """GenerationConfig.keep_decode_weights: the [out, in] copies are made once and reused;
+    new kernel arrays (a training step, a weight load) are transposed again, so generation
+    never runs stale weights; release_decode_weights and the model's death free them."""
+    import gc
+    _, j = pair("lm", dataclasses.replace(LMS["gpt2"], num_layers=2))
+    ids, mask = jgen.pad_prompts(PROMPTS, 0)
+    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False, weight_layout="transposed")
+    first = jgen.decode_kernels(j, gen)
+    assert jgen.decode_kernels(j, gen) is first  # reused, not transposed again
+    before = jgen.lm_generate(j, ids, mask, gen)
+    # new weights: every kernel scaled by -1 (a different model, same shapes)
+    for m in jgen._linears(j):
+        m.kernel.set_value(-m.kernel.get_value())
+    assert jgen.decode_kernels(j, gen) is not first
+    after = jgen.lm_generate(j, ids, mask, gen)
+    fresh = jgen.lm_generate(j, ids, mask, dataclasses.replace(gen, keep_decode_weights=False))
+    stored = jgen.lm_generate(j, ids, mask, dataclasses.replace(gen, weight_layout="stored"))
+    np.testing.assert_array_equal(after, fresh)
+    np.testing.assert_array_equal(after, stored)
+    assert not np.array_equal(after, before)  # the new weights were used
+    assert j not in jgen._DECODE_KERNELS  # keep_decode_weights=False dropped the kept copies
+    jgen.decode_kernels(j, gen)
+    jgen.release_decode_weights(j)
+    assert j not in jgen._DECODE_KERNELS
+    jgen.decode_kernels(j, gen)
+    n = len(jgen._DECODE_KERNELS)
+    del j, m
+    gc.collect()
+    assert len(jgen._DECODE_KERNELS) == n - 1  # the copies went with the model
 
 
 def test_linear_in_the_transposed_layout_computes_the_same_map():

@@ -151,9 +151,13 @@ class GenerationConfig:
         prompts of different lengths.
     seed: sampling RNG seed (streams differ between the frameworks, PITFALLS row 9).
     weight_layout: jaxformer only. "transposed" decodes with [out, in] copies of the linear
-        kernels, made once per call (jaxformer/layers/linear.py: 3.4x faster matmuls at
-        batch 8 on XLA:CPU, at the cost of a second copy of those weights while generating);
-        "stored" uses the kernels as they are; "auto" = transposed on the CPU backend only.
+        kernels (jaxformer/layers/linear.py: 3.4x faster matmuls at batch 8 on XLA:CPU, at
+        the cost of a second copy of those weights); "stored" uses the kernels as they are;
+        "auto" = transposed on the CPU backend only.
+    keep_decode_weights: jaxformer only. True keeps the [out, in] copies with the model for
+        later calls while its kernels stay the same arrays (a serving loop transposes once;
+        jaxformer.generation.release_decode_weights frees them); False makes them for this
+        call only.
     """
 
     max_new_tokens: int = 32
@@ -168,6 +172,7 @@ class GenerationConfig:
     cache_len: int | None = None
     seed: int = 0
     weight_layout: str = "auto"
+    keep_decode_weights: bool = True
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_beams")

@@ -7,6 +7,8 @@ outputs exactly 0 (never NaN, never the mean of V), in both frameworks.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import jax
@@ -20,6 +22,32 @@ from jaxformer.layers.positional import RotaryEmbedding, default_positions
 # Backend of the fused path: None lets XLA choose; "cudnn" selects cuDNN flash attention on
 # NVIDIA GPUs (bench/gpu_train.py sets it).
 FUSED_IMPLEMENTATION: str | None = None
+
+# Single-query attention over a head-major KV cache as a broadcast multiply and a sum instead
+# of two batched matrix-vector products (`elementwise_decode_attention`).
+_ELEMENTWISE_DECODE: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxformer_elementwise_decode", default=False)
+
+
+@contextlib.contextmanager
+def elementwise_decode_attention(active: bool = True):
+    """While tracing inside this context, a one-token query over a head-major cache computes
+    its scores and its weighted sum as a broadcast multiply and a sum over the cache axis.
+
+    Why (XLA:CPU). As two dots, XLA reshapes the freshly written cache [B, G, L, K] into the
+    dot's [B*G, L, K] form, then fuses a second copy of the cache write into that operand, so
+    the loop buffer is read by two in-place writers and copy insertion adds two to four full
+    copies of every cache per step (48 copies of 0.5 MB per GPT-2 token at batch 1), and the
+    value cache is transposed for the matrix-vector form at every step. The multiply-and-sum
+    form reads both caches in place: no copies, no transposes. Its fp32 sums run in another
+    order than the dot's (~1e-7 relative). It needs XLA's own reduction emitter: YNNPACK's
+    reduction is 3x slower here, so generate compiles its loop with YNNPACK limited to dots
+    (jaxformer.generation).
+    """
+    token = _ELEMENTWISE_DECODE.set(active)
+    try:
+        yield
+    finally:
+        _ELEMENTWISE_DECODE.reset(token)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -105,7 +133,12 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     b, t, _, d = q.shape
     r, s = num_heads // num_kv, k.shape[2]
     q = q.reshape(b, t, num_kv, r, d)  # [B, T, G, R, K]
-    scores = jnp.einsum("btgrk,bgsk->bgrts", q, k).astype(jnp.float32) * scale  # [B, G, R, T, S]
+    elementwise = kv_head_major and t == 1 and _ELEMENTWISE_DECODE.get()
+    if elementwise:  # one query: sum_k q k, read from the cache in place
+        q_bgr = jnp.swapaxes(q, 1, 2)[:, :, :, :, None, :]  # [B, G, R, 1, 1, K]
+        scores = jnp.sum(q_bgr * k[:, :, None, None], axis=-1).astype(jnp.float32) * scale  # [B, G, R, 1, S]
+    else:
+        scores = jnp.einsum("btgrk,bgsk->bgrts", q, k).astype(jnp.float32) * scale  # [B, G, R, T, S]
     scores = scores.reshape(b, num_heads, t, s)  # [B, H, T, S]
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
@@ -117,7 +150,11 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     weights = weights.astype(v.dtype)
     if dropout_active:
         weights = dropout(weights)
-    out = jnp.einsum("bgrts,bgsk->btgrk", weights.reshape(b, num_kv, r, t, s), v)  # [B, T, G, R, K]
+    if elementwise:  # sum_s w v, read from the cache in place
+        out = jnp.sum(weights.reshape(b, num_kv, r, t, s, 1) * v[:, :, None, None], axis=-2)  # [B, G, R, 1, K]
+        out = jnp.moveaxis(out, 3, 1)  # [B, 1, G, R, K]
+    else:
+        out = jnp.einsum("bgrts,bgsk->btgrk", weights.reshape(b, num_kv, r, t, s), v)  # [B, T, G, R, K]
     out = out.reshape(b, t, num_heads, d)  # [B, T, H, K]
     return (out, weights) if return_weights else out
 

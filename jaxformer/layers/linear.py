@@ -10,9 +10,10 @@ and at M = 8 that streams W at 4-5 GB/s. The same product written as W^T [N, K] 
 with W^T stored row-major, streams at 18-22 GB/s (measured on the 2-core CI machine, GPT-2
 small sizes: 3.4x faster at M = 8, 1.1-1.4x at M = 1; bench/generate.py). XLA folds a
 transpose of that result back into the slow form, and it does not hoist the transpose of a
-loop-invariant weight out of a while loop. So generation transposes the kernels itself, once,
-before its decode loop (`transpose_kernels`), and traces the loop inside
-`transposed_kernels()`, under which every `Linear` reads its kernel as [out, in] and computes
+loop-invariant weight out of a while loop. So generation transposes the kernels itself, before
+its decode loop and outside the jitted program (jaxformer.generation.decode_kernels, which
+keeps the copies for later calls), and traces the program inside `transposed_kernels()`,
+under which every `Linear` reads its kernel as [out, in] and computes
 optimization_barrier(W^T @ x^T)^T. The sums are the same; only the order of the fp32
 additions inside the dot may differ (~1e-7 relative).
 """
