@@ -134,9 +134,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     r, s = num_heads // num_kv, k.shape[2]
     q = q.reshape(b, t, num_kv, r, d)  # [B, T, G, R, K]
     elementwise = kv_head_major and t == 1 and _ELEMENTWISE_DECODE.get()
-    if elementwise:  # one query: sum_k q k, read from the cache in place
-        q_bgr = jnp.swapaxes(q, 1, 2)[:, :, :, :, None, :]  # [B, G, R, 1, 1, K]
-        scores = jnp.sum(q_bgr * k[:, :, None, None], axis=-1).astype(jnp.float32) * scale  # [B, G, R, 1, S]
+    if elementwise:  # one query: sum_k q k, read from the cache in place, products and sums in fp32
+        q_bgr = jnp.swapaxes(q, 1, 2)[:, :, :, :, None, :].astype(jnp.float32)  # [B, G, R, 1, 1, K]
+        scores = jnp.sum(q_bgr * k[:, :, None, None].astype(jnp.float32), axis=-1) * scale  # [B, G, R, 1, S]
     else:
         scores = jnp.einsum("btgrk,bgsk->bgrts", q, k).astype(jnp.float32) * scale  # [B, G, R, T, S]
     scores = scores.reshape(b, num_heads, t, s)  # [B, H, T, S]
@@ -150,8 +150,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     weights = weights.astype(v.dtype)
     if dropout_active:
         weights = dropout(weights)
-    if elementwise:  # sum_s w v, read from the cache in place
-        out = jnp.sum(weights.reshape(b, num_kv, r, t, s, 1) * v[:, :, None, None], axis=-2)  # [B, G, R, 1, K]
+    if elementwise:  # sum_s w v, read from the cache in place, in fp32
+        out = jnp.sum(weights.reshape(b, num_kv, r, t, s, 1).astype(jnp.float32)
+                      * v[:, :, None, None].astype(jnp.float32), axis=-2).astype(v.dtype)  # [B, G, R, 1, K]
         out = jnp.moveaxis(out, 3, 1)  # [B, 1, G, R, K]
     else:
         out = jnp.einsum("bgrts,bgsk->btgrk", weights.reshape(b, num_kv, r, t, s), v)  # [B, T, G, R, K]
