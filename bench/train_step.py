@@ -4,8 +4,9 @@ d_ff 1024, 6 layers, batch 32, seq 128, AdamW, clipping 1.0). Reported as ratios
 
     python bench/train_step.py [--steps 10] [--warmup 3] [--no-compile] [--profile DIR]
 
-Not a test: it times things. The implementations run in rounds, one step of each per round. fp32, dropout 0.1 in both (the seed's value; BENCH_DROPOUT=0
-in the environment turns it off in both).
+Not a test: it times things. The implementations run in rounds, one step of each per round.
+fp32, dropout 0.1 in both (the seed's value; BENCH_DROPOUT=0 in the environment turns it off
+in both).
 """
 from __future__ import annotations
 

@@ -143,7 +143,7 @@ def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=
     one-token attention form (attention.elementwise_decode_attention); None = as generate
     runs it on this backend."""
     TRACES["lm_forward"] += 1
-    with attention.elementwise_decode_attention(_on_cpu() if elementwise is None else elementwise):
+    with _decode_tracing(None, elementwise):
         return nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
 
 
@@ -159,13 +159,9 @@ _DECODE_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # mode
 _swap_last = jax.jit(lambda kernels: [jnp.swapaxes(k, -1, -2) for k in kernels])
 
 
-def _linears(model: nnx.Module) -> list:
-    return [m for _, m in nnx.iter_modules(model) if isinstance(m, linear.Linear)]
-
-
 def _transposed(gen: GenerationConfig) -> bool:
     if gen.weight_layout == "auto":
-        return jax.default_backend() == "cpu"
+        return _on_cpu()
     return gen.weight_layout == "transposed"
 
 
@@ -177,7 +173,7 @@ def decode_kernels(model: nnx.Module, gen: GenerationConfig) -> list | None:
     `release_decode_weights`."""
     if not _transposed(gen):
         return None
-    source = [m.kernel.get_value() for m in _linears(model)]
+    source = [m.kernel.get_value() for m in linear.linear_modules(model)]
     hit = _DECODE_KERNELS.pop(model, None)
     if hit is not None and len(hit[0]) == len(source) and all(r() is a for r, a in zip(hit[0], source)):
         kernels = hit[1]
@@ -201,7 +197,7 @@ def _merge_for_decoding(graphdef, state, kernels):
     when given (the caller traces under linear.transposed_kernels)."""
     model = nnx.merge(graphdef, state)
     if kernels is not None:
-        for module, kernel in zip(_linears(model), kernels, strict=True):
+        for module, kernel in zip(linear.linear_modules(model), kernels, strict=True):
             module.kernel.set_value(kernel)
     return model
 
@@ -211,9 +207,11 @@ def _on_cpu() -> bool:
 
 
 @contextlib.contextmanager
-def _decode_tracing(kernels):
-    """The trace-time switches of the decode layout (module docstring)."""
-    with linear.transposed_kernels(kernels is not None), attention.elementwise_decode_attention(_on_cpu()):
+def _decode_tracing(kernels, elementwise=None):
+    """The trace-time switches of the decode layout (module docstring): [out, in] kernels when
+    given; the one-token attention form, None = elementwise on the CPU backend."""
+    with linear.transposed_kernels(kernels is not None), \
+            attention.elementwise_decode_attention(_on_cpu() if elementwise is None else elementwise):
         yield
 
 
@@ -283,7 +281,7 @@ def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_i
     """Pure function: one cached decoder call. -> (logits [B, T, V], new cache). elementwise:
     as in lm_forward."""
     TRACES["seq2seq_decode_forward"] += 1
-    with attention.elementwise_decode_attention(_on_cpu() if elementwise is None else elementwise):
+    with _decode_tracing(None, elementwise):
         return nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache,
                                                  cache_index=cache_index)
 

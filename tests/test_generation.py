@@ -18,6 +18,7 @@ from flax import nnx
 from jaxformer import cli, convert
 from jaxformer import generation as jgen
 from jaxformer.config.models import GenerationConfig, LMConfig, Seq2SeqConfig
+from jaxformer.layers import linear
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity import setup_precision
 from parity_tests.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
@@ -251,7 +252,7 @@ def test_kept_decode_weights_follow_the_model_weights():
     assert jgen.decode_kernels(j, gen) is first  # reused, not transposed again
     before = jgen.lm_generate(j, ids, mask, gen)
     # new weights: every kernel scaled by -1 (a different model, same shapes)
-    for m in jgen._linears(j):
+    for m in linear.linear_modules(j):
         m.kernel.set_value(-m.kernel.get_value())
     assert jgen.decode_kernels(j, gen) is not first
     after = jgen.lm_generate(j, ids, mask, gen)
@@ -272,7 +273,6 @@ def test_kept_decode_weights_follow_the_model_weights():
 
 
 def test_linear_in_the_transposed_layout_computes_the_same_map():
-    from jaxformer.layers import linear
     lin = linear.Linear(24, 40, rngs=nnx.Rngs(0))
     lin.bias[...] = jax.random.normal(jax.random.key(1), (40,))
     x = jax.random.normal(jax.random.key(2), (3, 5, 24))

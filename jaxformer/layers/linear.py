@@ -102,13 +102,17 @@ class Linear(nnx.Linear):
         return y + bias.astype(y.dtype)
 
 
+def linear_modules(model: nnx.Module) -> list[Linear]:
+    """Every `Linear` of the model, in nnx.iter_modules order (the order the decode-layout
+    kernel copies of jaxformer.generation are listed and set back in)."""
+    return [m for _, m in nnx.iter_modules(model) if isinstance(m, Linear)]
+
+
 def transpose_kernels(model: nnx.Module) -> None:
     """Swap the last two axes of every `Linear` kernel in place (stacked [L, in, out] kernels of
-    scanned layers included). For a model merged inside a jitted function: the transposed
-    copies are made once, outside any loop the function then runs."""
-    for _, module in nnx.iter_modules(model):
-        if isinstance(module, Linear):
-            module.kernel.set_value(jnp.swapaxes(module.kernel.get_value(), -1, -2))
+    scanned layers included): the layout `transposed_kernels()` expects."""
+    for module in linear_modules(model):
+        module.kernel.set_value(jnp.swapaxes(module.kernel.get_value(), -1, -2))
 
 
 def attend(table: jax.Array, x: jax.Array) -> jax.Array:
