@@ -23,7 +23,7 @@ GPT2_SMALL = dict(name="lm", vocab_size=50304, d_model=768, num_heads=12, d_ff=3
 
 
 def cfg_for(batch: int, seq: int):
-    from train.config import config_from_dict
+    from jaxformer.train.config import config_from_dict
     return config_from_dict({"model": GPT2_SMALL, "data": {"name": "stdlib_docs", "seq_len": seq},
                              "train": {"steps": 1000, "batch_size": batch, "precision": "bf16", "lr": 6e-4,
                                        "grad_clip": 1.0, "init": "normal_0.02", "warmup_steps": 0,
@@ -52,8 +52,8 @@ def bench_jax(cfg, seq, steps, warmup):
     from flax import nnx
 
     import jaxformer.layers.attention as attn
-    from train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
-    from train.optim import make_optax
+    from jaxformer.train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
+    from jaxformer.train.optim import make_optax
     attn.FUSED_IMPLEMENTATION = "cudnn"
     model = build_jax_model(cfg)
     _, params, _ = nnx.split(model, nnx.Param, ...)
@@ -75,9 +75,9 @@ def bench_torch(cfg, seq, steps, warmup):
     import numpy as np
     import torch
 
-    from train.optim import make_torch_optimizer
-    from train.torch_tasks import forward_loss
-    from train.torch_trainer import build_torch_model
+    from jaxformer.train.optim import make_torch_optimizer
+    from jaxformer.train.torch_tasks import forward_loss
+    from jaxformer.train.torch_trainer import build_torch_model
     torch.backends.cuda.matmul.allow_tf32 = True
     module = build_torch_model(cfg).cuda()
     n = sum(p.numel() for p in module.parameters())

@@ -133,7 +133,7 @@ import resource, runpy, sys
 try:
     if sys.argv[1:] == ["--imports-only"]:
         import flax.nnx, orbax.checkpoint, jaxformer.cli, jaxformer.hf, jaxformer.hf.loading, jaxformer.models
-        import jaxformer.commands.convert
+        import jaxformer.cli.convert
         from orbax.checkpoint.experimental.v1 import partial
     else:
         sys.argv = ["jaxformer"] + sys.argv[1:]

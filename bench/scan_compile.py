@@ -17,9 +17,9 @@ def compile_seconds(layers: int, scan: bool) -> float:
     import jax
     from flax import nnx
 
-    from train.config import config_from_dict
-    from train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
-    from train.optim import make_optax
+    from jaxformer.train.config import config_from_dict
+    from jaxformer.train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
+    from jaxformer.train.optim import make_optax
     from jaxformer.convert import scan_prefixes
     import numpy as np
     cfg = config_from_dict({

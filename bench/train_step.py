@@ -27,7 +27,7 @@ TRAIN = dict(steps=1000, batch_size=32, lr=1e-4, weight_decay=0.01, grad_clip=1.
 
 
 def make_cfg():
-    from train.config import config_from_dict
+    from jaxformer.train.config import config_from_dict
     return config_from_dict({"model": SEED_CLASSIFIER, "data": {"name": "text_source", "seq_len": 128},
                              "train": TRAIN})
 
@@ -59,8 +59,8 @@ def time_rounds(runners: dict, steps: int, warmup: int) -> dict:
 def bench_jax(cfg, b):
     import jax
 
-    from train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
-    from train.optim import make_optax
+    from jaxformer.train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
+    from jaxformer.train.optim import make_optax
     from flax import nnx
     model = build_jax_model(cfg)
     _, params, _ = nnx.split(model, nnx.Param, ...)
@@ -87,9 +87,9 @@ def profile_jax(run, directory):
 def bench_torch(cfg, b, compile_=False):
     import torch
 
-    from train.torch_tasks import forward_loss
-    from train.torch_trainer import build_torch_model
-    from train.optim import make_torch_optimizer
+    from jaxformer.train.torch_tasks import forward_loss
+    from jaxformer.train.torch_trainer import build_torch_model
+    from jaxformer.train.optim import make_torch_optimizer
     module = build_torch_model(cfg)
     module.train()
     opt, sched = make_torch_optimizer(cfg.train, module)

@@ -11,11 +11,11 @@ renamed into place), so a failed export leaves nothing behind.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import yaml
+
+from jaxformer import fileio
 
 
 def save_model(model, name: str, cfg, directory: str) -> None:
@@ -23,23 +23,13 @@ def save_model(model, name: str, cfg, directory: str) -> None:
     from flax import nnx
 
     from jaxformer.config import to_dict
-    directory = os.path.abspath(directory)
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
-    try:
+    with fileio.atomic_dir(os.path.abspath(directory), overwrite=True) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
             yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         ckptr = ocp.StandardCheckpointer()
         ckptr.save(os.path.join(tmp, "params"), params)
         ckptr.wait_until_finished()
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def load_model_config(directory: str):

@@ -16,11 +16,11 @@ conversion leaves no output file. A torch -> flax -> torch round trip is bit-exa
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
+
+from jaxformer.fileio import atomic_file
 
 RENAMES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
 
@@ -252,21 +252,6 @@ def check_torch_load(module, state_dict: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- files
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """Run write(tmp) then rename tmp -> path; on any error no file is left at `path`."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def read_safetensors(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """-> (tensors, metadata). Raises ConversionError on a truncated or malformed file."""
     from safetensors import safe_open
@@ -285,8 +270,9 @@ def read_safetensors(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 def write_safetensors(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
     from safetensors.numpy import save_file
-    atomic_write(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-                                             tmp, metadata=dict(metadata)))
+    with atomic_file(path) as tmp:
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp,
+                  metadata=dict(metadata))
 
 
 def model_metadata(name: str, cfg) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """One parametrized test runs every registered parity case: outputs and gradients."""
 import pytest
 
-from parity_tests.registry import load_all, run_case
+from jaxformer.parity.registry import load_all, run_case
 
 CASES = load_all()
 

@@ -12,7 +12,7 @@ from jaxformer.config import TransformerConfig, to_dict
 from jaxformer.convert import (ConversionError, convert_file, flax_key, load_torch_state_dict,
                                param_leaves, to_torch_state_dict, torch_key, write_safetensors)
 from jaxformer.models import build_model as jbuild
-from parity_tests.registry import CASES, load_all
+from jaxformer.parity.registry import CASES, load_all
 from torch_ref.models import build_model as tbuild
 
 load_all()

@@ -21,7 +21,7 @@ from jaxformer.config.models import GenerationConfig, LMConfig, Seq2SeqConfig
 from jaxformer.layers import linear
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity import setup_precision
-from parity_tests.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
+from jaxformer.parity.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
 from torch_ref import generation as tgen
 from torch_ref.models import build_model as tbuild
 

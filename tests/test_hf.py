@@ -215,8 +215,8 @@ def test_export_without_hf_equivalent_is_an_error(tmp_path):
 def test_cli_sharded_import_train_yaml_and_export(hf_dirs, tmp_path, capsys):
     """A sharded LLaMA through `convert --from hf` (several orbax partial saves), loaded back,
     fine-tune config, then `convert --from flax --to hf`."""
-    from train.config import load_config
-    from train.jax_trainer import build_jax_model
+    from jaxformer.train.config import load_config
+    from jaxformer.train.jax_trainer import build_jax_model
     hf_model, _ = hf_dirs["llama_gqa"]
     src = tmp_path / "sharded"
     hf_model.save_pretrained(src, max_shard_size="20KB")

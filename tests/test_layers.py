@@ -14,7 +14,7 @@ from jaxformer.layers import embedding as jemb
 from jaxformer.layers import norm as jnorm
 from jaxformer.layers import positional as jpos
 from jaxformer.parity import check_parity
-from parity_tests.registry import CASES, load_all, run_case
+from jaxformer.parity.registry import CASES, load_all, run_case
 from torch_ref.layers import attention as tattn
 from torch_ref.layers import embedding as temb
 from torch_ref.layers import norm as tnorm

@@ -20,7 +20,7 @@ from jaxformer.config import model_config_from_dict
 from jaxformer.config.models import ClassifierConfig, LMConfig, Seq2SeqConfig
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity import first_divergence, setup_precision
-from parity_tests.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
+from jaxformer.parity.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
 from torch_ref.models import build_model as tbuild
 
 setup_precision()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from train.config import config_from_dict, load_config
-from train.jax_trainer import JaxTrainer, params_numpy
+from jaxformer.train.config import config_from_dict, load_config
+from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import FAMILIES, ROOT, run_cfg  # noqa: E402

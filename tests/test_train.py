@@ -15,9 +15,9 @@ from jaxformer.config import ConfigError
 from jaxformer.convert import load_torch_state_dict
 from jaxformer.models import build_model as jbuild
 from torch_ref.models import build_model as tbuild
-from train.config import config_from_dict, load_config
-from train.jax_trainer import JaxTrainer, params_numpy
-from train.torch_trainer import TorchTrainer
+from jaxformer.train.config import config_from_dict, load_config
+from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
+from jaxformer.train.torch_trainer import TorchTrainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_TEXT = dict(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout=0.0)
@@ -152,7 +152,7 @@ def test_corrupted_newest_checkpoint_falls_back(resume_setup):
     for f in newest.rglob("*"):
         if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
             f.write_bytes(b"\0" * 7)  # truncate/garble every array file of the newest step
-    from train.checkpoint import Checkpointer
+    from jaxformer.train.checkpoint import Checkpointer
     cfg = load_config(path)
     trainer = JaxTrainer(cfg, str(wd), progress=False)
     state, record = trainer.ckpt.restore(trainer.state)
@@ -162,7 +162,7 @@ def test_corrupted_newest_checkpoint_falls_back(resume_setup):
         for f in (ckpt / str(s)).rglob("*"):
             if f.is_file() and "state" in str(f):
                 f.write_bytes(b"\0" * 7)
-    from train.checkpoint import CheckpointError
+    from jaxformer.train.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="no restorable checkpoint"):
         Checkpointer(str(ckpt), keep=2).restore(trainer.state)
 
@@ -191,7 +191,7 @@ def test_every_config_parses_and_unknown_keys_fail():
 def test_lr_schedules_align_step_for_step(schedule):
     import jax.numpy as jnp
 
-    from train.optim import make_optax, make_torch_optimizer
+    from jaxformer.train.optim import make_optax, make_torch_optimizer
     cfg = run_cfg("lm_gpt2", schedule=schedule, steps=40, warmup_steps=8).train
     _, sched = make_optax(cfg, {"w": jnp.zeros((2, 2))})
     opt, tsched = make_torch_optimizer(cfg, torch.nn.Linear(2, 2))
@@ -205,7 +205,7 @@ def test_lr_schedules_align_step_for_step(schedule):
 @pytest.mark.parametrize("scheme", ["xavier_uniform", "normal_0.02"])
 def test_init_schemes_are_identical_across_frameworks(scheme):
     from jaxformer.convert import to_torch_state_dict
-    from train.init import init_flax, init_torch
+    from jaxformer.train.init import init_flax, init_torch
     cfg = run_cfg("lm_llama_gqa")
     tmod, jmod = tbuild("lm", cfg.model, seed=1), jbuild("lm", cfg.model, seed=2)
     init_torch(tmod, scheme, 7)

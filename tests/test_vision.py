@@ -320,7 +320,7 @@ def test_conv_padding_pairs():
 @pytest.mark.parametrize("name", ["vit", "swin", "timeseries"])
 def test_yaml_config_parses_builds_and_fits_its_data(name):
     from jaxformer.config import from_dict
-    from train.data import dataset_config_class, load_dataset
+    from jaxformer.train.data import dataset_config_class, load_dataset
     doc = yaml.safe_load(open(f"configs/{name}.yaml"))
     assert set(doc) == {"model", "data", "train", "parallel"}
     model_name, cfg = model_config_from_dict(doc["model"])
@@ -344,7 +344,7 @@ def test_yaml_config_parses_builds_and_fits_its_data(name):
 
 # ----------------------------------------------------------------------------- datasets
 def test_digits_split_is_seeded_disjoint_and_train_normalised():
-    from train.data import digits
+    from jaxformer.train.data import digits
     tr, ev = digits.load({"image_size": 16}, seed=0)
     tr2, _ = digits.load({"image_size": 16}, seed=0)
     tr3, _ = digits.load({"image_size": 16}, seed=1)
@@ -358,7 +358,7 @@ def test_digits_split_is_seeded_disjoint_and_train_normalised():
 
 
 def test_series_windows_chronological_and_train_normalised():
-    from train.data import series
+    from jaxformer.train.data import series
     cfg = {"length": 400, "num_channels": 2, "input_len": 16, "horizon": 4, "target_channels": [1]}
     tr, ev = series.load(cfg, seed=0)
     assert tr["inputs"].shape == (320 - 20 + 1, 16, 2) and tr["targets"].shape == (301, 4, 1)

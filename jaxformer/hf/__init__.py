@@ -26,12 +26,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
+from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
@@ -193,25 +192,10 @@ def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
     return report
 
 
-# ----------------------------------------------------------------------------- files
 def atomic_dir(out: str, write, *, overwrite: bool):
-    """write(tmp_dir) -> result, then rename tmp_dir to `out`. On any error, or if `out`
-    exists and overwrite is False, nothing is left at `out`'s path (an existing `out` is
-    kept untouched unless the write succeeded)."""
-    if os.path.exists(out) and not overwrite:
-        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(out)}-", dir=parent)
-    try:
-        result = write(tmp)
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return result
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """write(tmp_dir) -> result inside jaxformer.fileio.atomic_dir(out)."""
+    with fileio.atomic_dir(out, overwrite=overwrite) as tmp:
+        return write(tmp)
 
 
 TRAIN_SECTION = dict(steps=200, batch_size=8, lr=5e-5, schedule="warmup_cosine", warmup_steps=20,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxformer.config.base import check, check_positive
-from train.data import tokenizer
+from jaxformer.train.data import tokenizer
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
           "October", "November", "December")

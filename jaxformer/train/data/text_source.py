@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxformer.config.base import check, check_positive
-from train.data import tokenizer
+from jaxformer.train.data import tokenizer
 
 MODULES = ("argparse", "textwrap", "json.decoder", "json.encoder", "dataclasses", "functools",
            "pathlib", "collections", "calendar", "configparser", "difflib", "fractions", "heapq",

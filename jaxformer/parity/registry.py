@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-CASE_MODULES = ("parity_tests.cases_layers", "parity_tests.cases_models", "parity_tests.cases_vision")
+CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models",
+                "jaxformer.parity.cases_vision")
 
 FOUNDATION_TOL = 1e-5  # outputs: max abs; gradients: x max(1, max |grad|)
 

@@ -13,13 +13,15 @@ import shutil
 import numpy as np
 import torch
 
-from train import data as data_lib
-from train import init as init_lib
-from train import tasks, torch_tasks
-from train.config import RunConfig, save_config
-from train.jax_trainer import model_config_for_training
-from train.logging_utils import MetricsWriter, Progress
-from train.optim import make_torch_optimizer
+from jaxformer import fileio
+
+from jaxformer.train import data as data_lib
+from jaxformer.train import init as init_lib
+from jaxformer.train import tasks, torch_tasks
+from jaxformer.train.config import RunConfig, save_config
+from jaxformer.train.jax_trainer import model_config_for_training
+from jaxformer.train.logging_utils import MetricsWriter, Progress
+from jaxformer.train.optim import make_torch_optimizer
 
 
 def build_torch_model(cfg: RunConfig):
@@ -59,16 +61,11 @@ class TorchTrainer:
     def _save(self, step: int) -> None:
         from safetensors.torch import save_file
         d = os.path.join(self.ckpt_dir, f"step_{step}")
-        tmp = d + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        save_file({k: v.detach().contiguous() for k, v in self.module.state_dict().items()},
-                  os.path.join(tmp, "model.safetensors"))
-        torch.save({"step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                    "rng": torch.get_rng_state()}, os.path.join(tmp, "train_state.pt"))
-        if os.path.isdir(d):  # a re-run over an old workdir: replace that step
-            shutil.rmtree(d)
-        os.replace(tmp, d)  # atomic: a killed save leaves only the .tmp dir
+        with fileio.atomic_dir(d, overwrite=True) as tmp:  # a re-run over an old workdir replaces that step
+            save_file({k: v.detach().contiguous() for k, v in self.module.state_dict().items()},
+                      os.path.join(tmp, "model.safetensors"))
+            torch.save({"step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                        "rng": torch.get_rng_state()}, os.path.join(tmp, "train_state.pt"))
         steps = sorted(int(n.split("_")[1]) for n in os.listdir(self.ckpt_dir)
                        if n.startswith("step_") and not n.endswith(".tmp"))
         for s in steps[: -self.cfg.train.keep_checkpoints]:

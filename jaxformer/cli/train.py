@@ -1,5 +1,5 @@
-"""`jaxformer train --config configs/NAME.yaml [--set key=value ...] [--workdir DIR]
-[--framework jax|torch] [--resume]`"""
+"""`jaxformer train --config NAME|PATH [--set key=value ...] [--workdir DIR]
+[--framework jax|torch] [--resume]`: NAME is a packaged config (lm, llama, classifier, ...)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,8 @@ import sys
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--config", required=True, help="YAML with model/data/train/parallel sections")
+    p.add_argument("--config", required=True,
+                   help="a packaged config's name (lm, llama, ...) or a YAML path with model/data/train/parallel sections")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any nested key, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>)")
@@ -36,7 +37,7 @@ def init_distributed(args) -> None:
 
 def run(args) -> int:
     from jaxformer.config import ConfigError
-    from train.config import load_config
+    from jaxformer.train.config import load_config
     init_distributed(args)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -45,12 +46,12 @@ def run(args) -> int:
         return 2
     workdir = args.workdir or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
     if args.framework == "torch":
-        from train.torch_trainer import TorchTrainer
+        from jaxformer.train.torch_trainer import TorchTrainer
         trainer = TorchTrainer(cfg, workdir, resume=args.resume, progress=not args.no_progress)
         trainer.run()
         model = trainer.module
     else:
-        from train.jax_trainer import JaxTrainer
+        from jaxformer.train.jax_trainer import JaxTrainer
         trainer = JaxTrainer(cfg, workdir, resume=args.resume, progress=not args.no_progress)
         trainer.run()
         model = trainer.trained_model()
@@ -71,7 +72,7 @@ def run(args) -> int:
 def _sample(cfg, model, framework: str) -> str | None:
     """A short generated sample for lm / seq2seq runs."""
     try:
-        from train.samples import sample_text
+        from jaxformer.train.samples import sample_text
     except ImportError:
         return None
     return sample_text(cfg, model, framework)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from train.tasks import CLASSIFICATION
+from jaxformer.train.tasks import CLASSIFICATION
 
 
 def cross_entropy_sum(logits, labels, weights, label_smoothing: float):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config import TransformerConfig
-from parity_tests.registry import case, ids, mirror, mirror_fn, model_pair, normal, padding
+from jaxformer.parity.registry import case, ids, mirror, mirror_fn, model_pair, normal, padding
 
 B, T, S, D, H = 2, 6, 5, 32, 4
 K = D // H

@@ -15,11 +15,11 @@ from typing import Mapping
 import numpy as np
 
 DATASETS: dict[str, str] = {
-    "stdlib_docs": "train.data.stdlib_docs",
-    "text_source": "train.data.text_source",
-    "dates": "train.data.dates",
-    "digits": "train.data.digits",
-    "series": "train.data.series",
+    "stdlib_docs": "jaxformer.train.data.stdlib_docs",
+    "text_source": "jaxformer.train.data.text_source",
+    "dates": "jaxformer.train.data.dates",
+    "digits": "jaxformer.train.data.digits",
+    "series": "jaxformer.train.data.series",
 }
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.data import tokenizer
+from jaxformer.train.data import tokenizer
 
 LM_PROMPT = "The \"if\" statement is used for"
 SEQ2SEQ_INPUTS = ("Friday, March 5, 2021", "5th of december 1999", "JUL 04 1976")

@@ -13,7 +13,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from parity_tests.registry import load_all, run_case
+    from jaxformer.parity.registry import load_all, run_case
     cases = load_all()
     names = [n for n in cases if args.pattern is None or args.pattern in n]
     if args.list:

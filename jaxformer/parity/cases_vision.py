@@ -13,7 +13,7 @@ dilation 2 and 4.
 from __future__ import annotations
 
 from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
-from parity_tests.registry import case, model_pair, normal
+from jaxformer.parity.registry import case, model_pair, normal
 
 B = 2
 

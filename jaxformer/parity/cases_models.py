@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config.models import ClassifierConfig, LMConfig, Seq2SeqConfig
-from parity_tests.registry import case, model_pair as _model_pair, padding
+from jaxformer.parity.registry import case, model_pair as _model_pair, padding
 
 B, T, S, D, H, V = 2, 7, 6, 32, 4, 64
 TINY = dict(vocab_size=V, d_model=D, num_heads=H, d_ff=64, num_layers=2, max_len=32, pad_id=0)

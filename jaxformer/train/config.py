@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from importlib import resources
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -142,14 +144,36 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
     if "name" not in data_raw:
         raise ConfigError("data.name: missing; it selects the dataset")
     data_name = data_raw.pop("name")
-    from train.data import dataset_config_class
+    from jaxformer.train.data import dataset_config_class
     data = from_dict(dataset_config_class(data_name), data_raw, prefix="data.")
     train = from_dict(TrainConfig, raw.get("train") or {}, prefix="train.")
     parallel = from_dict(ParallelConfig, raw.get("parallel") or {}, prefix="parallel.")
     return RunConfig(name, model, data_name, data, train, parallel)
 
 
+def packaged_configs() -> list[str]:
+    """Names of the configs that ship in the package (jaxformer/configs/NAME.yaml)."""
+    folder = resources.files("jaxformer") / "configs"
+    return sorted(f.name[:-5] for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
+def resolve_config(spec: str) -> str:
+    """A config path, or the name of a packaged config (`lm`, `llama`, ...) -> a file path.
+
+    A path that exists wins; a bare name (no directory, with or without .yaml) is looked up
+    among the packaged configs."""
+    if os.path.isfile(spec):
+        return spec
+    name = spec[:-5] if spec.endswith(".yaml") else spec
+    if os.sep not in spec and name in packaged_configs():
+        return str(resources.files("jaxformer") / "configs" / f"{name}.yaml")
+    raise ConfigError(f"--config {spec}: no such file, and not a packaged config "
+                      f"(packaged: {', '.join(packaged_configs())})")
+
+
 def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Load a YAML config (a path or a packaged config's name) with --set overrides applied."""
+    path = resolve_config(path)
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
     if not isinstance(raw, dict):

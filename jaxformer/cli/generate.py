@@ -48,7 +48,7 @@ def load_model(weights: str, config: str | None, framework: str):
     from jaxformer import convert
     name = cfg = None
     if config:
-        from jaxformer.commands.convert import load_model_section
+        from jaxformer.cli.convert import load_model_section
         name, cfg = load_model_section(config)
     if os.path.isdir(weights):
         return _load_model_dir(weights, name, cfg, framework)

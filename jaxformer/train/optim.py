@@ -45,7 +45,7 @@ def decay_mask(params, cfg, scan_prefixes=()):
     (a scanned stack's leading layer axis does not count, so scan == loop == torch)."""
     import jax
 
-    from train.sharding import _key_of
+    from jaxformer.train.sharding import _key_of
     if cfg.decay_norms_and_biases:
         return jax.tree.map(lambda _: True, params)
     prefixes = tuple(".".join(map(str, p)) + "." for p in scan_prefixes)

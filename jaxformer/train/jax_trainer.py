@@ -26,13 +26,13 @@ import optax
 from flax import nnx
 
 from jaxformer.models import build_model
-from train import data as data_lib
-from train import init as init_lib
-from train import tasks
-from train.checkpoint import Checkpointer
-from train.config import RunConfig, save_config
-from train.logging_utils import MetricsWriter, Progress
-from train.optim import make_optax
+from jaxformer.train import data as data_lib
+from jaxformer.train import init as init_lib
+from jaxformer.train import tasks
+from jaxformer.train.checkpoint import Checkpointer
+from jaxformer.train.config import RunConfig, save_config
+from jaxformer.train.logging_utils import MetricsWriter, Progress
+from jaxformer.train.optim import make_optax
 
 
 def model_config_for_training(cfg: RunConfig):
@@ -204,7 +204,7 @@ class JaxTrainer:
         """jit + NamedSharding over a (data, fsdp, tensor) mesh; see train/sharding.py."""
         from jax.sharding import NamedSharding, PartitionSpec
 
-        from train import sharding
+        from jaxformer.train import sharding
         m = self.cfg.parallel.mesh
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
@@ -239,7 +239,7 @@ class JaxTrainer:
 
     def memory_report(self) -> dict:
         """Per-device bytes of parameters and optimiser state (device 0 of this process)."""
-        from train.sharding import per_device_bytes
+        from jaxformer.train.sharding import per_device_bytes
         p, o = per_device_bytes(self.state["params"]), per_device_bytes(self.state["opt_state"])
         d0 = next(k for k in p if k.startswith("device"))
         return {"param_bytes_total": p["total"], "param_bytes_per_device": p[d0],
