@@ -205,7 +205,8 @@ def test_lr_schedules_align_step_for_step(schedule):
 @pytest.mark.parametrize("scheme", ["xavier_uniform", "normal_0.02"])
 def test_init_schemes_are_identical_across_frameworks(scheme):
     from jaxformer.convert import to_torch_state_dict
-    from jaxformer.train.init import init_flax, init_torch
+    from jaxformer.train.init import init_flax
+    from jaxformer.train.torch_init import init_torch
     cfg = run_cfg("lm_llama_gqa")
     tmod, jmod = tbuild("lm", cfg.model, seed=1), jbuild("lm", cfg.model, seed=2)
     init_torch(tmod, scheme, 7)

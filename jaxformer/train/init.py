@@ -67,33 +67,3 @@ def init_flax(model, scheme: str, seed: int) -> None:
                  for key in convert.torch_keys_for(path, shape, prefixes)]
         x = parts[0] if convert.stacked_prefix(path, prefixes) is None else np.stack(parts)
         var.set_value(jnp.asarray(x))
-
-
-def init_torch(module, scheme: str, seed: int) -> None:
-    """Re-initialise a torch_ref module's params in place, bit-identical to init_flax."""
-    if scheme == "default":
-        return
-    import torch
-    from torch_ref.layers.conv import _ConvNd
-    from torch_ref.layers.embedding import Embedding
-    from torch_ref.layers.norm import LayerNorm, RMSNorm
-    from torch_ref.layers.positional import LearnedPositionalEmbedding
-    kinds = {}
-    for mname, m in module.named_modules():
-        prefix = f"{mname}." if mname else ""
-        for pname, p in m.named_parameters(recurse=False):
-            if isinstance(m, (torch.nn.Linear, _ConvNd)) and pname == "weight":
-                kind = "kernel"
-            elif isinstance(m, (Embedding, LearnedPositionalEmbedding)) or (
-                    isinstance(m, torch.nn.Embedding) and pname == "weight"):
-                kind = "embedding"
-            elif isinstance(m, (LayerNorm, RMSNorm, torch.nn.LayerNorm)) and pname == "weight":
-                kind = "scale"
-            elif pname == "bias" and p.dim() == 1:
-                kind = "bias"
-            else:
-                kind = "other"
-            kinds[prefix + pname] = kind
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            p.copy_(torch.from_numpy(init_array(scheme, kinds[name], tuple(p.shape), name, seed)))

@@ -16,8 +16,7 @@ import torch
 from jaxformer import fileio
 
 from jaxformer.train import data as data_lib
-from jaxformer.train import init as init_lib
-from jaxformer.train import tasks, torch_tasks
+from jaxformer.train import tasks, torch_init, torch_tasks
 from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.jax_trainer import model_config_for_training
 from jaxformer.train.logging_utils import MetricsWriter, Progress
@@ -27,7 +26,7 @@ from jaxformer.train.optim import make_torch_optimizer
 def build_torch_model(cfg: RunConfig):
     from torch_ref.models import build_model
     module = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
-    init_lib.init_torch(module, cfg.train.init, cfg.train.seed)
+    torch_init.init_torch(module, cfg.train.init, cfg.train.seed)
     return module
 
 

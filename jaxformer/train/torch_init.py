@@ -1,0 +1,35 @@
+"""Torch twin of jaxformer/train/init.py: the named init schemes applied to a torch_ref module,
+drawing the same arrays (`init.init_array`) key by key, so both frameworks start bit-identical."""
+from __future__ import annotations
+
+from jaxformer.train.init import init_array
+
+
+def init_torch(module, scheme: str, seed: int) -> None:
+    """Re-initialise a torch_ref module's params in place, bit-identical to init_flax."""
+    if scheme == "default":
+        return
+    import torch
+    from torch_ref.layers.conv import _ConvNd
+    from torch_ref.layers.embedding import Embedding
+    from torch_ref.layers.norm import LayerNorm, RMSNorm
+    from torch_ref.layers.positional import LearnedPositionalEmbedding
+    kinds = {}
+    for mname, m in module.named_modules():
+        prefix = f"{mname}." if mname else ""
+        for pname, p in m.named_parameters(recurse=False):
+            if isinstance(m, (torch.nn.Linear, _ConvNd)) and pname == "weight":
+                kind = "kernel"
+            elif isinstance(m, (Embedding, LearnedPositionalEmbedding)) or (
+                    isinstance(m, torch.nn.Embedding) and pname == "weight"):
+                kind = "embedding"
+            elif isinstance(m, (LayerNorm, RMSNorm, torch.nn.LayerNorm)) and pname == "weight":
+                kind = "scale"
+            elif pname == "bias" and p.dim() == 1:
+                kind = "bias"
+            else:
+                kind = "other"
+            kinds[prefix + pname] = kind
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.from_numpy(init_array(scheme, kinds[name], tuple(p.shape), name, seed)))
