@@ -71,8 +71,9 @@ def run(args) -> int:
 
 def _sample(cfg, model, framework: str) -> str | None:
     """A short generated sample for lm / seq2seq runs."""
-    try:
-        from jaxformer.train.samples import sample_text
-    except ImportError:
-        return None
-    return sample_text(cfg, model, framework)
+    from jaxformer.train.samples import sample_text
+    if framework == "jax":
+        from jaxformer.generation import generate
+    else:
+        from torch_ref.generation import generate
+    return sample_text(cfg, model, generate)

@@ -9,15 +9,12 @@ LM_PROMPT = "The \"if\" statement is used for"
 SEQ2SEQ_INPUTS = ("Friday, March 5, 2021", "5th of december 1999", "JUL 04 1976")
 
 
-def sample_text(cfg, model, framework: str) -> str | None:
+def sample_text(cfg, model, generate) -> str | None:
+    """generate: jaxformer.generation.generate or its torch twin, matching `model`."""
     if cfg.model_name not in ("lm", "seq2seq") or cfg.train.sample_tokens == 0:
         return None
     from jaxformer.config.models import GenerationConfig
     max_len = cfg.model.max_len
-    if framework == "jax":
-        from jaxformer.generation import generate
-    else:
-        from torch_ref.generation import generate
     if cfg.model_name == "lm":
         prompt = tokenizer.encode(LM_PROMPT)[None, : max_len // 2]
         n = min(cfg.train.sample_tokens, max_len - prompt.shape[1])
