@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    # built from a copy of the source, so no stale build/ folder of the checkout leaks in
+    src = tmp_path_factory.mktemp("src") / "jaxformer"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache"))
     out = tmp_path_factory.mktemp("wheel")
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(out), ROOT], capture_output=True, text=True)
+                        "-w", str(out), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     (path,) = glob.glob(str(out / "*.whl"))
     return zipfile.ZipFile(path)

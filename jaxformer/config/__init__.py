@@ -11,29 +11,47 @@ from typing import Any, Mapping
 from jaxformer.config.base import ConfigError, from_dict, replace, to_dict
 from jaxformer.config.transformer import TransformerConfig
 
-# model name -> "module:ConfigClass". Lazily imported so that one model's file
-# can be added without touching the others.
-MODEL_CONFIGS: dict[str, str] = {
-    "encoder": "jaxformer.config.transformer:TransformerConfig",
-    "decoder": "jaxformer.config.transformer:TransformerConfig",
-    "classifier": "jaxformer.config.models:ClassifierConfig",
-    "seq2seq": "jaxformer.config.models:Seq2SeqConfig",
-    "lm": "jaxformer.config.models:LMConfig",
-    "vit": "jaxformer.config.vision:ViTConfig",
-    "swin": "jaxformer.config.vision:SwinConfig",
-    "timeseries": "jaxformer.config.vision:TimeSeriesConfig",
+# The model registry, one table for both trees: name -> (config "module:Class" under
+# jaxformer.config, model "module:Class" under each tree's models package, i.e.
+# jaxformer.models.<module> and its twin torch_ref.models.<module>; None for a config that
+# only serves as a part of others). Imported lazily, so one model's file can be added
+# without touching the others.
+MODELS: dict[str, tuple[str, str | None]] = {
+    "encoder": ("transformer:TransformerConfig", "encoder:TextEncoder"),
+    "decoder": ("transformer:TransformerConfig", None),
+    "classifier": ("models:ClassifierConfig", "classifier:Classifier"),
+    "seq2seq": ("models:Seq2SeqConfig", "seq2seq:Seq2Seq"),
+    "lm": ("models:LMConfig", "lm:LM"),
+    "vit": ("vision:ViTConfig", "vit:ViT"),
+    "swin": ("vision:SwinConfig", "swin:SwinTransformer"),
+    "timeseries": ("vision:TimeSeriesConfig", "timeseries:TCNTransformer"),
 }
 
 
-def register_model_config(name: str, target: str) -> None:
-    MODEL_CONFIGS[name] = target
+def register_model(name: str, config: str, model: str | None) -> None:
+    """Add a model: register_model("mine", "mymodule:MyConfig", "mine:MyModel")."""
+    MODELS[name] = (config, model)
+
+
+def _entry(name: str) -> tuple[str, str | None]:
+    if name not in MODELS:
+        raise ConfigError(f"model.name: unknown model {name!r}; known: {sorted(MODELS)}")
+    return MODELS[name]
 
 
 def model_config_class(name: str) -> type:
-    if name not in MODEL_CONFIGS:
-        raise ConfigError(f"model.name: unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}")
-    module, cls = MODEL_CONFIGS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    module, cls = _entry(name)[0].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+
+
+def model_module(name: str) -> tuple[str, str]:
+    """-> (module, class) of a buildable model, the same names in both trees' models packages."""
+    target = _entry(name)[1]
+    if target is None:
+        raise ConfigError(f"model.name: {name!r} is a part of other models, not a model of its own; "
+                          f"models: {sorted(n for n, (_, m) in MODELS.items() if m)}")
+    module, cls = target.split(":")
+    return module, cls
 
 
 def model_config_from_dict(data: Mapping[str, Any]) -> tuple[str, Any]:
@@ -46,5 +64,5 @@ def model_config_from_dict(data: Mapping[str, Any]) -> tuple[str, Any]:
 
 
 __all__ = ["ConfigError", "TransformerConfig", "from_dict", "to_dict", "replace",
-           "MODEL_CONFIGS", "register_model_config", "model_config_class",
+           "MODELS", "register_model", "model_config_class", "model_module",
            "model_config_from_dict"]

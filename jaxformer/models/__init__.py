@@ -1,31 +1,18 @@
-"""Model registry: name -> Flax NNX class. The torch twins live under the same names in
-torch_ref.models. Each class takes (cfg, *, rngs)."""
+"""Model builders: name -> Flax NNX class, by the one registry table jaxformer.config.MODELS
+(torch_ref.models resolves the same names to the torch twins). Each class takes (cfg, *, rngs)."""
 from __future__ import annotations
 
 import importlib
 
 from flax import nnx
 
-MODELS: dict[str, str] = {
-    "encoder": "jaxformer.models.encoder:TextEncoder",
-    "classifier": "jaxformer.models.classifier:Classifier",
-    "seq2seq": "jaxformer.models.seq2seq:Seq2Seq",
-    "lm": "jaxformer.models.lm:LM",
-    "vit": "jaxformer.models.vit:ViT",
-    "swin": "jaxformer.models.swin:SwinTransformer",
-    "timeseries": "jaxformer.models.timeseries:TCNTransformer",
-}
-
-
-def register_model(name: str, target: str) -> None:
-    MODELS[name] = target
+from jaxformer.config import model_module
 
 
 def model_class(name: str) -> type:
-    if name not in MODELS:
-        raise ValueError(f"model.name: unknown model {name!r}; known: {sorted(MODELS)}")
-    module, cls = MODELS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The class registered under `name` in jaxformer.config.MODELS."""
+    module, cls = model_module(name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
 def build_model(name: str, cfg, *, seed: int = 0):
