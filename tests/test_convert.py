@@ -146,7 +146,7 @@ def test_cli_round_trip_and_truncated_file(tmp_path):
 
 
 def test_pickle_bin_is_loaded_weights_only(tmp_path):
-    """A .bin whose pickle would run code is refused and the code does not run (PITFALLS 14)."""
+    """A .bin whose pickle would run code is refused and the code does not run (docs/numerics.md §14)."""
     marker = tmp_path / "pwned"
 
     class Evil:

@@ -1,5 +1,5 @@
 """The full text models (classifier, seq2seq, lm) beyond the parity registry
-(parity_tests/cases_models.py): configs/*.yaml build in both frameworks, bad input raises in
+(jaxformer/parity/cases_models.py): configs/*.yaml build in both frameworks, bad input raises in
 both, named intermediates locate a divergence, padding invariance, the converter round trip,
 and the bf16-compute forward against torch's bf16 autocast (KL reported)."""
 from __future__ import annotations
@@ -216,7 +216,7 @@ BF16 = {
 @pytest.mark.parametrize("key", sorted(BF16))
 def test_bf16_forward_matches_torch_autocast(key, capsys):
     """bf16 compute (fp32 params): JAX (nnx.Linear dtype=bf16) vs torch.autocast(bf16) on CPU,
-    KL(p_torch || p_jax) <= 1e-3 (PITFALLS row 13: compare bf16 with bf16, report the KL).
+    KL(p_torch || p_jax) <= 1e-3 (docs/numerics.md §13: compare bf16 with bf16, report the KL).
     Measured (seed 0, torch 2.13 / jax 0.10.2 CPU): lm_gpt2 2.9e-5, seq2seq 2.0e-5, lm_llama
     7.2e-6, classifier 3.3e-6 (max |logit diff| 8e-3..3e-2; each framework's bf16 is itself
     4e-3..3e-2 off its fp32 run)."""

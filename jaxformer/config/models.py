@@ -35,7 +35,7 @@ def _check_token(cfg, name: str, vocab: int) -> None:
 
 @dataclass(frozen=True)
 class ClassifierConfig(TransformerConfig):
-    """The seed tutorial's encoder classifier: scaled embeddings, positions, an encoder stack,
+    """A Transformer encoder classifier: scaled embeddings, positions, an encoder stack,
     [CLS] (first token) or mean pooling over non-pad tokens, then a linear head. BERT adds
     pooler=True (dense + tanh on the pooled vector), token types and an embedding norm
     (TransformerConfig's BERT options).
@@ -149,10 +149,10 @@ class GenerationConfig:
     cache_len: KV cache slots; None = prompt length + max_new_tokens (LM) or
         1 + max_new_tokens (seq2seq decoder). A fixed value keeps one compilation for
         prompts of different lengths.
-    seed: sampling RNG seed (streams differ between the frameworks, PITFALLS row 9).
+    seed: sampling RNG seed (streams differ between the frameworks, docs/numerics.md §9).
     weight_layout: jaxformer only. "transposed" decodes with [out, in] copies of the linear
-        kernels (jaxformer/layers/linear.py: 3.4x faster matmuls at batch 8 on XLA:CPU, at
-        the cost of a second copy of those weights); "stored" uses the kernels as they are;
+        kernels (jaxformer/layers/linear.py: faster matmuls at few rows on XLA:CPU, at the
+        cost of a second copy of those weights); "stored" uses the kernels as they are;
         "auto" = transposed on the CPU backend only.
     keep_decode_weights: jaxformer only. True keeps the [out, in] copies with the model for
         later calls while its kernels stay the same arrays (a serving loop transposes once;

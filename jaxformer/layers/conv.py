@@ -1,4 +1,4 @@
-"""Convolutions with explicit padding pairs (PITFALLS row 5: nnx.Conv pads 'SAME' by default,
+"""Convolutions with explicit padding pairs (docs/numerics.md §5: nnx.Conv pads 'SAME' by default,
 torch pads 0). Kernels are stored in flax layout: [k..., C_in, C_out] (HWIO); the converter
 transposes them to torch's [C_out, C_in, k...] (OIHW). Twin: torch_ref/layers/conv.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Token and learned position embeddings, with range checks JAX does not do (PITFALLS row 10).
+"""Token and learned position embeddings, with range checks JAX does not do (docs/numerics.md §10).
 Twin: torch_ref/layers/embedding.py."""
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from jaxformer.layers import linear
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
     """Raise ValueError if a concrete id array has an entry outside [0, upper).
 
-    JAX clamps out-of-range gathers silently, so concrete inputs are checked here. Traced
-    inputs (inside jit) cannot raise; the data pipeline checks those at its boundary."""
+    JAX gathers never raise on an out-of-range index (indexing clamps, jnp.take fills NaN), so
+    concrete inputs are checked here. Traced inputs (inside jit) cannot raise; the data
+    pipeline checks those at its boundary."""
     if isinstance(ids, jax.core.Tracer):
         return
     arr = np.asarray(ids)

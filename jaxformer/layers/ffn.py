@@ -19,7 +19,7 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 
 
 def activation(kind: str):
-    """The nonlinearity of an FFN kind. GELU variants are named, never defaulted (PITFALLS row 2)."""
+    """The nonlinearity of an FFN kind. GELU variants are named, never defaulted (docs/numerics.md §2)."""
     return {"relu": jax.nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "swiglu": jax.nn.silu,
             "geglu": gelu_exact, "geglu_tanh": gelu_tanh}[kind]
 

@@ -44,7 +44,7 @@ def rotate_half(x: jax.Array) -> jax.Array:
 
 
 class RotaryEmbedding(nnx.Module):
-    """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (PITFALLS row 6):
+    """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (docs/numerics.md §6):
     dims i and i + K/2 form a rotated pair. No parameters.
 
     Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K].

@@ -1,5 +1,5 @@
-"""The seed tutorial's TransformerClassifier: token embedding scaled by sqrt(D), positions, an
-encoder stack (Post-LN as in the tutorial, or Pre-LN), pooling of the first token ([CLS]) or a
+"""A Transformer sequence classifier: token embedding scaled by sqrt(D), positions, an
+encoder stack (Post-LN as in Vaswani et al. 2017, or Pre-LN), pooling of the first token ([CLS]) or a
 mean over non-pad tokens, dropout and a linear head `classifier`. Twin:
 torch_ref/models/classifier.py.
 """

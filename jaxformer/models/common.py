@@ -13,7 +13,7 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 def check_tokens(ids, vocab_size: int, max_len: int | None, what: str = "token id") -> None:
     """ValueError for a sequence longer than max_len, or an id outside [0, vocab_size): JAX
-    would clamp it silently (PITFALLS row 10). Traced ids (inside jit) are not checked; the
+    would not raise (docs/numerics.md §10). Traced ids (inside jit) are not checked; the
     generation entry points check their inputs before tracing."""
     if ids.ndim != 2:
         raise ValueError(f"{what}s must be [batch, length], got shape {tuple(ids.shape)}")

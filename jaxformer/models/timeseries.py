@@ -1,18 +1,18 @@
-"""TCN + Transformer forecaster: the seed tutorial's TCNTransformer (a Conv1d+ReLU stack, then a
-Transformer encoder) with a forecasting head. Temporal convolutions after Bai et al. 2018
-("An Empirical Evaluation of Generic Convolutional and Recurrent Networks for Sequence
-Modeling"); the encoder is Vaswani et al. 2017. Twin: torch_ref/models/timeseries.py.
+"""TCN + Transformer forecaster: a Conv1d+ReLU stack, then a Transformer encoder, with a
+forecasting head. Temporal convolutions after Bai et al. 2018 ("An Empirical Evaluation of
+Generic Convolutional and Recurrent Networks for Sequence Modeling"); the encoder is Vaswani
+et al. 2017. Twin: torch_ref/models/timeseries.py.
 
 Series are [B, L, C] (L steps, C channels), channels last in both trees. Every conv pads
-explicitly (PITFALLS row 5): causal = ((k-1)*d, 0), same = (total // 2, rest), so every conv
-keeps the length L. The head reads the last step (or the mean over steps) and predicts
+explicitly (docs/numerics.md §5): causal = ((k-1)*d, 0), same = (total // 2, rest), so every
+conv keeps the length L. The head reads the last step (or the mean over steps) and predicts
 [B, horizon, C_out] for the configured target channels.
 
-Where this departs from the seed's code, on purpose: the seed feeds [B, L, D] to
-nn.TransformerEncoder without batch_first=True, so its attention mixes the *batch* axis; here
-attention runs over time. The seed pads k // 2 on both sides, which lengthens the series by
-one for an even k; padding="same" here splits (k-1)*d asymmetrically and keeps L. The seed's
-encoder defaults (Post-LN, ReLU, eps 1e-5, no final norm) are this config's defaults.
+Two choices differ from the common PyTorch TCNTransformer recipe, on purpose: feeding
+[B, L, D] to nn.TransformerEncoder without batch_first=True makes attention mix the *batch*
+axis, so here attention runs over time; padding k // 2 on both sides lengthens the series by
+one for an even k, so padding="same" here splits (k-1)*d asymmetrically and keeps L. The
+encoder defaults are nn.TransformerEncoder's (Post-LN, ReLU, eps 1e-5, no final norm).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Token embeddings are rescaled from the constructor's N(0, 1) to N(0, 1/D) (reali
 embeddings): with N(0, 1) tables tied to the output, logits reach |x| ~ 100 where float32's
 spacing is 7.6e-6, so the absolute 1e-5 output tolerance would be ~1 ulp and any change of
 summation order (MKL vs XLA, cache vs recompute) would exceed it (measured: 7.6e-6 on the
-tied cases with N(0, 1), 1.1e-5 for cached vs recomputed torch logits).
+tied cases with N(0, 1), 1.1e-5 for cached vs recomputed torch logits; docs/numerics.md §17).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", norm_
 
 
 def realistic_embeddings(module):
-    """Rescale a torch_ref model's token embeddings to N(0, 1/D), in place (train/init.py's
+    """Rescale a torch_ref model's token embeddings to N(0, 1/D), in place (jaxformer/train/init.py's
     xavier scheme draws the same scale; with the paper's sqrt(D) factor, unit-variance inputs)."""
     import torch
     with torch.no_grad():
@@ -65,7 +65,7 @@ def left_padding(batch: int, length: int, lengths) -> np.ndarray:
     return padding(batch, length, lengths)[:, ::-1].copy()
 
 
-# ---------------------------------------------------------------- classifier (seed tutorial)
+# ---------------------------------------------------------------- classifier
 for tag, kw in {"postln_cls": dict(norm_position="post", pooling="cls"),
                 "preln_mean": dict(norm_position="pre", pooling="mean", num_classes=5)}.items():
     cfg = ClassifierConfig(**TINY, **kw)

@@ -21,7 +21,7 @@ import numpy as np
 
 
 def setup_precision() -> None:
-    """fp32 everywhere: JAX matmuls at 'highest', TF32 off in torch (PITFALLS row 3)."""
+    """fp32 everywhere: JAX matmuls at 'highest', TF32 off in torch (docs/numerics.md §3)."""
     import jax
     import torch
     jax.config.update("jax_default_matmul_precision", "highest")

@@ -2,7 +2,7 @@
 tolerance; `run_case` converts torch's weights into the flax twin and compares outputs and
 gradients with jaxformer.parity.check_parity.
 
-Cases live in the cases_*.py modules beside this file, grouped by issue/component, and
+Cases live in the cases_*.py modules beside this file, grouped by component, and
 register themselves on import. `load_all()` imports them all.
 """
 from __future__ import annotations

@@ -30,7 +30,7 @@ class TrainConfig:
     seed: int = 0
     lr: float = 1e-3
     schedule: str = "warmup_cosine"
-    warmup_steps: int = 20  # the seeds use 4000 on full-size runs
+    warmup_steps: int = 20  # Vaswani et al. 2017 use 4000 at full size
     min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
     weight_decay: float = 0.01
     decay_norms_and_biases: bool = False  # False: exempt 1-D params (biases, norm scales)

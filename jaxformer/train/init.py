@@ -1,4 +1,4 @@
-"""Named init schemes, identical in both frameworks (PITFALLS row 9).
+"""Named init schemes, identical in both frameworks (docs/numerics.md §9).
 
 Every parameter is drawn in numpy from a generator seeded by (seed, crc32 of its torch key),
 in torch layout, then laid out for its framework. So `init: xavier_uniform` gives bit-identical

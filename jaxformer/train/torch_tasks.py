@@ -1,4 +1,4 @@
-"""Torch twin of train/tasks.py: the same batches, the same summed losses."""
+"""Torch twin of jaxformer/train/tasks.py: the same batches, the same summed losses."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,5 @@
 """The torch_ref trainer: the same config, data order, batches, loss, optimiser, schedule,
-clipping, accumulation and init as train/jax_trainer.py, step for step.
+clipping, accumulation and init as jaxformer/train/jax_trainer.py, step for step.
 
 Checkpoints are WORKDIR/torch_checkpoints/step_N/: `model.safetensors` (a torch_ref state_dict,
 which `jaxformer convert --to flax` accepts) and `train_state.pt` (optimiser, scheduler and

@@ -108,7 +108,8 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 def key_projection(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """x @ W_k + b_k with the gradient of b_k cut (softmax cancels it: its true gradient is 0
-    and Adam would turn its rounding noise into lr-sized steps). See the JAX twin."""
+    and Adam would turn its rounding noise into lr-sized steps). Exact only without RoPE, which
+    rotates b_k per position (docs/numerics.md §15). See the JAX twin."""
     if linear.bias is None:
         return linear(x)
     return F.linear(x, linear.weight) + linear.bias.detach()

@@ -1,4 +1,4 @@
-"""Normalisation layers with explicit eps (PITFALLS row 1). Twin: jaxformer/layers/norm.py."""
+"""Normalisation layers with explicit eps (docs/numerics.md §1). Twin: jaxformer/layers/norm.py."""
 from __future__ import annotations
 
 import torch

@@ -1,7 +1,7 @@
 """Encoder and decoder layers (Pre-LN or Post-LN) and their stacks.
 Twin: jaxformer/layers/transformer.py.
 
-Post-LN (the seeds, Vaswani et al. 2017):  x = norm(x + dropout(sublayer(x)))
+Post-LN (Vaswani et al. 2017):            x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).

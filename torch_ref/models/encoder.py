@@ -1,4 +1,4 @@
-"""The seed tutorial's TransformerEncoder: scaled token embedding, positions, a stack of
+"""A Transformer text encoder: scaled token embedding, positions, a stack of
 encoder layers and a final norm. Twin: jaxformer/models/encoder.py."""
 from __future__ import annotations
 
