@@ -1,11 +1,11 @@
 """Train-step time: jaxformer (jax.jit) vs torch_ref eager vs torch_ref under torch.compile, side
-by side in one run, on the seed tutorial's classifier (vocab 30000, d_model 256, 8 heads,
+by side in one run, on the classifier config's model (vocab 30000, d_model 256, 8 heads,
 d_ff 1024, 6 layers, batch 32, seq 128, AdamW, clipping 1.0). Reported as ratios to torch eager.
 
     python bench/train_step.py [--steps 10] [--warmup 3] [--no-compile] [--profile DIR]
 
 Not a test: it times things. The implementations run in rounds, one step of each per round.
-fp32, dropout 0.1 in both (the seed's value; BENCH_DROPOUT=0 in the environment turns it off
+fp32, dropout 0.1 in both (the classifier config's value; BENCH_DROPOUT=0 in the environment turns it off
 in both).
 """
 from __future__ import annotations
