@@ -18,7 +18,9 @@ from flax import nnx
 from jaxformer import cli, convert
 from jaxformer import generation as jgen
 from jaxformer.config.models import GenerationConfig, LMConfig, Seq2SeqConfig
+from jaxformer import lowering
 from jaxformer.layers import linear
+from jaxformer.lowering import DecodeLayout
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity import setup_precision
 from jaxformer.parity.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
@@ -111,7 +113,7 @@ def _recompute(forward, ids, mask, tokens, k):
 
 
 # JAX runs both one-token attention forms: the broadcast multiply-and-sum that generate uses
-# on CPU (attention.elementwise_decode_attention) and the batched dots it uses elsewhere
+# on CPU (lowering's elementwise_attention) and the batched dots it uses elsewhere
 FORMS = {"jax": (True, False), "torch": (None,)}
 
 
@@ -182,10 +184,9 @@ def test_decode_step_compiles_once():
 
 
 def test_elementwise_decode_attention_reads_the_cache_without_copies():
-    """The point of attention.elementwise_decode_attention: a decode loop compiled with it
+    """The point of lowering's elementwise_attention: a decode loop compiled with it
     copies no KV cache (with the dot form XLA:CPU copied each cache two to four times per
     step). Counted in the optimized HLO of a 4-step loop, for MHA and for GQA."""
-    from jaxformer.layers import attention
     for flavour in ("gpt2", "llama_gqa"):
         _, j = pair("lm", dataclasses.replace(LMS[flavour], num_layers=2))
         graphdef, state = nnx.split(j)
@@ -196,14 +197,14 @@ def test_elementwise_decode_attention_reads_the_cache_without_copies():
             model = nnx.merge(graphdef, state)
 
             def body(i, cache):
-                with attention.elementwise_decode_attention(elementwise):
+                with lowering.tracing(elementwise_attention=elementwise):
                     return model(jnp.ones((1, 1), jnp.int32), jnp.ones((1, 40), jnp.int32), cache=cache,
                                  cache_index=7 + i)[1]
             return jax.lax.fori_loop(0, 4, body, cache)
 
         counts = {}
         for elementwise in (True, False):
-            hlo = jax.jit(loop, static_argnums=2, donate_argnums=1, compiler_options=jgen._CPU_COMPILER_OPTIONS).lower(
+            hlo = jax.jit(loop, static_argnums=2, donate_argnums=1, compiler_options=lowering.CPU_COMPILER_OPTIONS).lower(
                 state, cache, elementwise).compile().as_text()
             counts[elementwise] = sum(1 for line in hlo.splitlines()
                                       if " copy(" in line and line.split("=")[1].strip().startswith(cache_type))
@@ -226,14 +227,14 @@ def test_whole_generate_loop_compiles_once():
 # ----------------------------------------------------------------------------- weight layout
 @pytest.mark.parametrize("name,flavour", [("lm", "gpt2"), ("lm", "llama_gqa"), ("seq2seq", "separate_untied_pre")])
 def test_transposed_weight_layout_generates_what_the_stored_one_does(name, flavour):
-    """GenerationConfig.weight_layout: the [out, in] kernel copies (jaxformer/layers/linear.py)
-    change only the order of fp32 additions inside each matmul; greedy and beam ids match."""
+    """DecodeLayout.kernels: the [out, in] kernel copies (jaxformer/layers/linear.py) change
+    only the order of fp32 additions inside each matmul; greedy and beam ids match."""
     _, j = pair(name, (LMS if name == "lm" else S2S)[flavour])
     args = jgen.pad_prompts(PROMPTS, 0) if name == "lm" else (SOURCES, None)
     for gen in (GenerationConfig(max_new_tokens=N, stop_at_eos=False),
                 GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=3)):
-        stored = jgen.generate(j, *args, gen=dataclasses.replace(gen, weight_layout="stored"))
-        transposed = jgen.generate(j, *args, gen=dataclasses.replace(gen, weight_layout="transposed"))
+        stored = jgen.generate(j, *args, gen=gen, layout="stored")
+        transposed = jgen.generate(j, *args, gen=gen, layout="transposed")
         if gen.strategy == "beam":  # (tokens, scores): scores may differ in the last bit
             np.testing.assert_allclose(transposed[1], stored[1], rtol=1e-6)
             stored, transposed = stored[0], transposed[0]
@@ -241,35 +242,36 @@ def test_transposed_weight_layout_generates_what_the_stored_one_does(name, flavo
 
 
 def test_kept_decode_weights_follow_the_model_weights():
-    """GenerationConfig.keep_decode_weights: the [out, in] copies are made once and reused;
+    """DecodeLayout.keep_weights: the [out, in] copies are made once and reused;
     new kernel arrays (a training step, a weight load) are transposed again, so generation
     never runs stale weights; release_decode_weights and the model's death free them."""
     import gc
     _, j = pair("lm", dataclasses.replace(LMS["gpt2"], num_layers=2))
     ids, mask = jgen.pad_prompts(PROMPTS, 0)
-    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False, weight_layout="transposed")
-    first = jgen.decode_kernels(j, gen)
-    assert jgen.decode_kernels(j, gen) is first  # reused, not transposed again
-    before = jgen.lm_generate(j, ids, mask, gen)
+    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    layout = DecodeLayout("transposed")
+    first = jgen.decode_kernels(j, layout)
+    assert jgen.decode_kernels(j, layout) is first  # reused, not transposed again
+    before = jgen.lm_generate(j, ids, mask, gen, layout)
     # new weights: every kernel scaled by -1 (a different model, same shapes)
     for m in linear.linear_modules(j):
         m.kernel.set_value(-m.kernel.get_value())
-    assert jgen.decode_kernels(j, gen) is not first
-    after = jgen.lm_generate(j, ids, mask, gen)
-    fresh = jgen.lm_generate(j, ids, mask, dataclasses.replace(gen, keep_decode_weights=False))
-    stored = jgen.lm_generate(j, ids, mask, dataclasses.replace(gen, weight_layout="stored"))
+    assert jgen.decode_kernels(j, layout) is not first
+    after = jgen.lm_generate(j, ids, mask, gen, layout)
+    fresh = jgen.lm_generate(j, ids, mask, gen, dataclasses.replace(layout, keep_weights=False))
+    stored = jgen.lm_generate(j, ids, mask, gen, dataclasses.replace(layout, kernels="stored"))
     np.testing.assert_array_equal(after, fresh)
     np.testing.assert_array_equal(after, stored)
     assert not np.array_equal(after, before)  # the new weights were used
-    assert j not in jgen._DECODE_KERNELS  # keep_decode_weights=False dropped the kept copies
-    jgen.decode_kernels(j, gen)
+    assert j not in lowering._KEPT_KERNELS  # keep_weights=False dropped the kept copies
+    jgen.decode_kernels(j, layout)
     jgen.release_decode_weights(j)
-    assert j not in jgen._DECODE_KERNELS
-    jgen.decode_kernels(j, gen)
-    n = len(jgen._DECODE_KERNELS)
+    assert j not in lowering._KEPT_KERNELS
+    jgen.decode_kernels(j, layout)
+    n = len(lowering._KEPT_KERNELS)
     del j, m
     gc.collect()
-    assert len(jgen._DECODE_KERNELS) == n - 1  # the copies went with the model
+    assert len(lowering._KEPT_KERNELS) == n - 1  # the copies went with the model
 
 
 def test_linear_in_the_transposed_layout_computes_the_same_map():
@@ -279,7 +281,7 @@ def test_linear_in_the_transposed_layout_computes_the_same_map():
     graphdef, state = nnx.split(lin)
 
     def apply(state, x, transposed):
-        with linear.transposed_kernels(transposed):
+        with lowering.tracing(transposed_kernels=transposed):
             m = nnx.merge(graphdef, state)
             if transposed:
                 linear.transpose_kernels(m)
@@ -478,9 +480,17 @@ def test_bad_generation_input_raises(framework):
 
 def test_generation_config_is_validated():
     for bad in (dict(strategy="nucleus"), dict(temperature=0.0), dict(top_p=0.0), dict(top_k=-1),
-                dict(max_new_tokens=0), dict(num_beams=0), dict(weight_layout="column_major")):
+                dict(max_new_tokens=0), dict(num_beams=0)):
         with pytest.raises(ValueError):
             GenerationConfig(**bad)
+
+
+def test_decode_layout_is_validated():
+    with pytest.raises(ValueError):
+        DecodeLayout("column_major")
+    _, j = pair("lm", dataclasses.replace(LMS["gpt2"], num_layers=1))
+    with pytest.raises(ValueError, match="column_major"):
+        jgen.lm_generate(j, np.array([[5, 6]]), layout="column_major")
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -4,7 +4,7 @@
 Same algorithm step for step as the JAX twin (prefill, then one token per step into a cache
 preallocated at a fixed size), as a Python loop under torch.no_grad. Greedy and beam search
 give the same token ids in both frameworks from the same weights; sampling cannot (the RNG
-streams differ, PITFALLS row 9), but filter_logits is deterministic and matches.
+streams differ, docs/numerics.md §9), but filter_logits is deterministic and matches.
 """
 from __future__ import annotations
 
