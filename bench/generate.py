@@ -8,7 +8,7 @@ script also reports whether the three produce the same token ids. Not a test: it
 
     python bench/generate.py [--new 128] [--prompt 32] [--batches 1 8] [--repeats 3]
 
-Targets (issue): jaxformer >= 45 tok/s at batch 1, >= 2x HF at batch 8.
+Targets: jaxformer >= 45 tok/s at batch 1, >= 2x HF at batch 8.
 """
 from __future__ import annotations
 

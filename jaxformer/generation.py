@@ -6,14 +6,11 @@ that is a pure function of arrays, jitted whole: prefill, then a lax.while_loop 
 preallocated at a fixed size, so one compilation serves every step and no token goes back to
 the host until the end. `TRACES` counts how often each jitted function was traced.
 
-On the CPU backend three things make a decode step stream weights near the speed of a bare
-matrix-vector product:
-  * the linear kernels run as [out, in] copies, the layout XLA:CPU streams fastest at a few
-    rows (GenerationConfig.weight_layout, jaxformer/layers/linear.py). The copies are made
-    once and kept with the model for later calls (GenerationConfig.keep_decode_weights;
-    `release_decode_weights` frees them);
-  * one-token attention reads the KV cache in place (attention.elementwise_decode_attention);
-  * the generate programs are compiled with YNNPACK limited to dots (`_CPU_COMPILER_OPTIONS`).
+How the model is lowered for decoding (the [out, in] kernel copies and their keeping, the
+one-token attention form, the XLA:CPU compiler options) is jaxformer/lowering.py's business:
+the generate functions take one `layout` argument (a lowering.DecodeLayout, or the name of
+its kernel layout; "auto" = transposed on the CPU backend) and trace their programs inside
+lowering.decoding. Measured figures: bench/README.md, "Decode layout on CPU".
 
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
 the attention mask, so a left-padded row computes what the unpadded row would.
@@ -21,26 +18,20 @@ the attention mask, so a left-padded row computes what the unpadded row would.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import functools
-import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.config.models import GenerationConfig, check_lengths, pad_prompts  # noqa: F401 (re-exported)
-from jaxformer.layers import attention, linear
+from jaxformer.layers import linear
+from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens
 
 TRACES: collections.Counter = collections.Counter()  # jitted function name -> times traced
-
-# XLA:CPU options of the generate programs: YNNPACK fuses dots only, so the reductions of the
-# elementwise cache attention and the norms go through XLA's own emitter (with YNNPACK's
-# reductions that attention made GPT-2 decoding 1.5x slower at batch 1, 3.5x at batch 8).
-_CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 
 
 # ----------------------------------------------------------------------------- token choice
@@ -140,61 +131,35 @@ def _reorder_self(cache, rows):
 # ----------------------------------------------------------------------------- LM
 def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=None):
     """Pure function: one cached LM call. -> (logits [B, T, V], new cache). elementwise: the
-    one-token attention form (attention.elementwise_decode_attention); None = as generate
-    runs it on this backend."""
+    one-token attention form (lowering's elementwise_attention); None = as generate runs it on
+    this backend."""
     TRACES["lm_forward"] += 1
-    with _decode_tracing(None, elementwise):
+    with lowering.decoding(False, elementwise):
         return nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
 
 
 def lm_step(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=None):
     """lm_forward jitted and compiled as generate is, cache donated: the caller's loop (tests,
     debugging) compiles prefill once and the one-token step once, whatever the number of steps."""
-    return _compiled(lm_forward, static_argnums=(0,), donate_argnums=(4,))(
+    return lowering.decode_jit(lm_forward, static_argnums=(0,), static_argnames=_STEP_STATIC, donate_argnums=(4,))(
         graphdef, state, ids, slot_mask, cache, cache_index, elementwise=elementwise)
 
 
 # ----------------------------------------------------------------------------- decode layout
-_DECODE_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, [out, in] kernels)
-_swap_last = jax.jit(lambda kernels: [jnp.swapaxes(k, -1, -2) for k in kernels])
-
-
-def _transposed(gen: GenerationConfig) -> bool:
-    if gen.weight_layout == "auto":
-        return _on_cpu()
-    return gen.weight_layout == "transposed"
-
-
-def decode_kernels(model: nnx.Module, gen: GenerationConfig) -> list | None:
-    """The [out, in] copies of the model's Linear kernels that generate decodes with (None for
-    the stored layout). With gen.keep_decode_weights they are made once and reused while the
-    kernels are the same arrays: a training step or a weight load sets new arrays, and the
-    next call transposes those. The copies go with the model (a weak reference) or with
-    `release_decode_weights`."""
-    if not _transposed(gen):
+def decode_kernels(model: nnx.Module, layout: DecodeLayout | str = "auto") -> list | None:
+    """The [out, in] copies of the model's Linear kernels that generate decodes with under
+    `layout` (None for the stored layout); kept or made per call as lowering.kernel_copies
+    says."""
+    layout = DecodeLayout.of(layout)
+    if not layout.transposed():
         return None
     source = [m.kernel.get_value() for m in linear.linear_modules(model)]
-    hit = _DECODE_KERNELS.pop(model, None)
-    if hit is not None and len(hit[0]) == len(source) and all(r() is a for r, a in zip(hit[0], source)):
-        kernels = hit[1]
-    else:
-        kernels = _swap_last(source)
-    if gen.keep_decode_weights:
-        _DECODE_KERNELS[model] = ([weakref.ref(a) for a in source], kernels)
-    return kernels
-
-
-def release_decode_weights(model: nnx.Module | None = None) -> None:
-    """Free the kept [out, in] kernel copies of `model` (None: of every model)."""
-    if model is None:
-        _DECODE_KERNELS.clear()
-    else:
-        _DECODE_KERNELS.pop(model, None)
+    return lowering.kernel_copies(model, source, keep=layout.keep_weights)
 
 
 def _merge_for_decoding(graphdef, state, kernels):
     """The model inside a generate jit, its Linear kernels replaced by the [out, in] copies
-    when given (the caller traces under linear.transposed_kernels)."""
+    when given (the caller traces under lowering.decoding(True))."""
     model = nnx.merge(graphdef, state)
     if kernels is not None:
         for module, kernel in zip(linear.linear_modules(model), kernels, strict=True):
@@ -202,33 +167,13 @@ def _merge_for_decoding(graphdef, state, kernels):
     return model
 
 
-def _on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
-
-
-@contextlib.contextmanager
-def _decode_tracing(kernels, elementwise=None):
-    """The trace-time switches of the decode layout (module docstring): [out, in] kernels when
-    given; the one-token attention form, None = elementwise on the CPU backend."""
-    with linear.transposed_kernels(kernels is not None), \
-            attention.elementwise_decode_attention(_on_cpu() if elementwise is None else elementwise):
-        yield
-
-
+_STEP_STATIC = ("elementwise",)
 _GENERATE_STATIC = ("graphdef", "gen", "cache_len", "eos_id", "pad_id")
-
-
-@functools.cache
-def _compiled(fn, static_argnums=(), static_argnames=("elementwise",), donate_argnums=()):
-    """jax.jit of a decoding program, with _CPU_COMPILER_OPTIONS on the CPU backend (built
-    at the first call, so importing this module initializes no backend)."""
-    return jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
-                   donate_argnums=donate_argnums, compiler_options=_CPU_COMPILER_OPTIONS if _on_cpu() else None)
 
 
 def _lm_generate(graphdef, state, kernels, ids, mask, key, *, gen, cache_len, eos_id, pad_id):
     TRACES["lm_generate"] += 1
-    with _decode_tracing(kernels):
+    with lowering.decoding(kernels is not None):
         return _lm_generate_body(_merge_for_decoding(graphdef, state, kernels), ids, mask, key,
                                  gen, cache_len, eos_id, pad_id)
 
@@ -254,10 +199,12 @@ def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_id, pad_id):
     return decode_loop(step, (cache, slot_mask), logits[:, -1], key, gen, eos_id, pad_id)
 
 
-def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):
+def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig(),
+                layout: DecodeLayout | str = "auto"):
     """Generate after a batch of (left-padded) prompts. ids [B, P] int, attention_mask [B, P]
     (1 = token; None = all) -> tokens [B, N] int32 numpy (pad_id after EOS); with beam search
-    (tokens, scores [B])."""
+    (tokens, scores [B]). layout: the kernel layout to decode with (lowering.DecodeLayout)."""
+    layout = DecodeLayout.of(layout)
     cfg = model.cfg
     ids = np.asarray(ids)
     check_tokens(ids, cfg.vocab_size, cfg.max_len, "prompt token id")
@@ -269,8 +216,8 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
     model.eval()
     graphdef, state = nnx.split(model)
-    out = _compiled(_lm_generate, static_argnames=_GENERATE_STATIC)(
-        graphdef, state, decode_kernels(model, gen), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
+    out = lowering.decode_jit(_lm_generate, static_argnames=_GENERATE_STATIC)(
+        graphdef, state, decode_kernels(model, layout), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
         jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
         pad_id=cfg.pad_id)
     return jax.tree.map(np.asarray, out)
@@ -281,20 +228,21 @@ def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_i
     """Pure function: one cached decoder call. -> (logits [B, T, V], new cache). elementwise:
     as in lm_forward."""
     TRACES["seq2seq_decode_forward"] += 1
-    with _decode_tracing(None, elementwise):
+    with lowering.decoding(False, elementwise):
         return nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache,
                                                  cache_index=cache_index)
 
 
 def seq2seq_step(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=None):
     """seq2seq_decode_forward jitted as lm_step is."""
-    return _compiled(seq2seq_decode_forward, static_argnums=(0,), donate_argnums=(4,))(
+    return lowering.decode_jit(seq2seq_decode_forward, static_argnums=(0,), static_argnames=_STEP_STATIC,
+                               donate_argnums=(4,))(
         graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=elementwise)
 
 
 def _seq2seq_generate(graphdef, state, kernels, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id):
     TRACES["seq2seq_generate"] += 1
-    with _decode_tracing(kernels):
+    with lowering.decoding(kernels is not None):
         return _seq2seq_generate_body(_merge_for_decoding(graphdef, state, kernels), src_ids,
                                       src_mask, key, gen, cache_len, eos_id, pad_id)
 
@@ -318,10 +266,12 @@ def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_id
     return decode_loop(step, cache, logits[:, -1], key, gen, eos_id, pad_id)
 
 
-def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig()):
+def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig(),
+                     layout: DecodeLayout | str = "auto"):
     """Translate a batch: src_ids [B, S] int (right-padded with pad_id), src_mask [B, S]
     (None = src_ids != pad_id) -> tokens [B, N] int32 numpy after BOS (pad_id after EOS);
-    with beam search (tokens, scores [B])."""
+    with beam search (tokens, scores [B]). layout: as in lm_generate."""
+    layout = DecodeLayout.of(layout)
     cfg = model.cfg
     src_ids = np.asarray(src_ids)
     check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
@@ -329,23 +279,23 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     cache_len = check_lengths(0, gen, cfg.max_len, start=1)
     model.eval()
     graphdef, state = nnx.split(model)
-    out = _compiled(_seq2seq_generate, static_argnames=_GENERATE_STATIC)(
-        graphdef, state, decode_kernels(model, gen), jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
+    out = lowering.decode_jit(_seq2seq_generate, static_argnames=_GENERATE_STATIC)(
+        graphdef, state, decode_kernels(model, layout), jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
         jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
         pad_id=cfg.pad_id)
     return jax.tree.map(np.asarray, out)
 
 
 def _static(gen: GenerationConfig) -> GenerationConfig:
-    """The part of gen the traced program depends on (the seed is a traced key; the layout
-    and the kept copies are decided outside), so those settings share one compilation."""
-    return dataclasses.replace(gen, seed=0, weight_layout="auto", keep_decode_weights=True)
+    """The part of gen the traced program depends on (the seed is a traced key), so every seed
+    shares one compilation."""
+    return dataclasses.replace(gen, seed=0)
 
 
 def _eos(gen: GenerationConfig, cfg) -> int:
     return cfg.eos_id if gen.eos_id is None else gen.eos_id
 
 
-def generate(model, *args, gen: GenerationConfig = GenerationConfig(), **kw):
+def generate(model, *args, gen: GenerationConfig = GenerationConfig(), layout: DecodeLayout | str = "auto", **kw):
     """lm_generate or seq2seq_generate, by the model's type."""
-    return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, **kw)
+    return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, layout=layout, **kw)

@@ -132,7 +132,6 @@ class LMConfig(TransformerConfig):
 
 
 STRATEGIES = ("greedy", "sample", "beam")
-WEIGHT_LAYOUTS = ("auto", "stored", "transposed")
 
 
 @dataclass(frozen=True)
@@ -150,14 +149,6 @@ class GenerationConfig:
         1 + max_new_tokens (seq2seq decoder). A fixed value keeps one compilation for
         prompts of different lengths.
     seed: sampling RNG seed (streams differ between the frameworks, docs/numerics.md §9).
-    weight_layout: jaxformer only. "transposed" decodes with [out, in] copies of the linear
-        kernels (jaxformer/layers/linear.py: faster matmuls at few rows on XLA:CPU, at the
-        cost of a second copy of those weights); "stored" uses the kernels as they are;
-        "auto" = transposed on the CPU backend only.
-    keep_decode_weights: jaxformer only. True keeps the [out, in] copies with the model for
-        later calls while its kernels stay the same arrays (a serving loop transposes once;
-        jaxformer.generation.release_decode_weights frees them); False makes them for this
-        call only.
     """
 
     max_new_tokens: int = 32
@@ -171,13 +162,10 @@ class GenerationConfig:
     stop_at_eos: bool = True
     cache_len: int | None = None
     seed: int = 0
-    weight_layout: str = "auto"
-    keep_decode_weights: bool = True
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_beams")
         check_choice(self, "strategy", STRATEGIES)
-        check_choice(self, "weight_layout", WEIGHT_LAYOUTS)
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an int >= 0, got {self.top_k!r}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")

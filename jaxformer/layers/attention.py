@@ -2,52 +2,24 @@
 Twin: torch_ref/layers/attention.py.
 
 Masks are boolean, True = may attend, broadcastable to [B, H, T, S]. Masks are combined as
-booleans before they touch the scores (PITFALLS row 4). A query row with no visible key
+booleans before they touch the scores (docs/numerics.md §4). A query row with no visible key
 outputs exactly 0 (never NaN, never the mean of V), in both frameworks.
+
+How the same maths is lowered is chosen at trace time by jaxformer/lowering.py: the backend
+of the fused path, and the one-token form over a KV cache that reads the cache in place on
+XLA:CPU (measured figures: bench/README.md, "Decode layout on CPU").
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
-
-
-# Backend of the fused path: None lets XLA choose; "cudnn" selects cuDNN flash attention on
-# NVIDIA GPUs (bench/gpu_train.py sets it).
-FUSED_IMPLEMENTATION: str | None = None
-
-# Single-query attention over a head-major KV cache as a broadcast multiply and a sum instead
-# of two batched matrix-vector products (`elementwise_decode_attention`).
-_ELEMENTWISE_DECODE: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxformer_elementwise_decode", default=False)
-
-
-@contextlib.contextmanager
-def elementwise_decode_attention(active: bool = True):
-    """While tracing inside this context, a one-token query over a head-major cache computes
-    its scores and its weighted sum as a broadcast multiply and a sum over the cache axis.
-
-    Why (XLA:CPU). As two dots, XLA reshapes the freshly written cache [B, G, L, K] into the
-    dot's [B*G, L, K] form, then fuses a second copy of the cache write into that operand, so
-    the loop buffer is read by two in-place writers and copy insertion adds two to four full
-    copies of every cache per step (48 copies of 0.5 MB per GPT-2 token at batch 1), and the
-    value cache is transposed for the matrix-vector form at every step. The multiply-and-sum
-    form reads both caches in place: no copies, no transposes. Its fp32 sums run in another
-    order than the dot's (~1e-7 relative). It needs XLA's own reduction emitter: YNNPACK's
-    reduction is 3x slower here, so generate compiles its loop with YNNPACK limited to dots
-    (jaxformer.generation).
-    """
-    token = _ELEMENTWISE_DECODE.set(active)
-    try:
-        yield
-    finally:
-        _ELEMENTWISE_DECODE.reset(token)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -87,7 +59,7 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
                           bias: jax.Array | None = None, scale: float | None = None,
                           return_weights: bool = False, dropout: nnx.Dropout | None = None,
-                          kv_head_major: bool = False):
+                          kv_head_major: bool = False, implementation: str | None = None):
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
@@ -99,6 +71,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         dropout: applied to the weights; an active dropout forces the explicit path.
         kv_head_major: k, v are [B, G, S, K] (the KV cache layout); takes the explicit path,
             which then needs no transpose of the cache (one step reads it in place).
+        implementation: backend of the fused path (jax.nn.dot_product_attention's); None =
+            `lowering.active().fused_attention` (itself None by default: XLA chooses).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     if mask is not None:
@@ -114,13 +88,14 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
     visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
+    switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
 
     if not return_weights and not dropout_active and not kv_head_major:
         # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                           implementation=FUSED_IMPLEMENTATION)
+        backend = switches.fused_attention if implementation is None else implementation
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, implementation=backend)
         if visible is not None:
             out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
                                      1, 2).astype(out.dtype)  # [B, T, H?, 1]
@@ -133,7 +108,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     b, t, _, d = q.shape
     r, s = num_heads // num_kv, k.shape[2]
     q = q.reshape(b, t, num_kv, r, d)  # [B, T, G, R, K]
-    elementwise = kv_head_major and t == 1 and _ELEMENTWISE_DECODE.get()
+    # One query over the cache (lowering's elementwise_attention): a broadcast multiply and a sum
+    # over the cache axis instead of two dots, which XLA:CPU feeds with copies of the cache
+    elementwise = kv_head_major and t == 1 and switches.elementwise_attention
     if elementwise:  # one query: sum_k q k, read from the cache in place, products and sums in fp32
         q_bgr = jnp.swapaxes(q, 1, 2)[:, :, :, :, None, :].astype(jnp.float32)  # [B, G, R, 1, 1, K]
         scores = jnp.sum(q_bgr * k[:, :, None, None].astype(jnp.float32), axis=-1) * scale  # [B, G, R, 1, S]
@@ -174,7 +151,7 @@ def key_projection(linear: Linear, x: jax.Array) -> jax.Array:
 
 
 class MultiHeadAttention(nnx.Module):
-    """Multi-head attention with separate q/k/v/o projections (PITFALLS row 8), grouped-query
+    """Multi-head attention with separate q/k/v/o projections (docs/numerics.md §8), grouped-query
     attention and optional rotary positions.
 
     Args:
@@ -186,7 +163,7 @@ class MultiHeadAttention(nnx.Module):
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
 
     KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] arrays (the
-    layout a decode step reads without a transpose: 9x faster attention at batch 8 on CPU):
+    layout a decode step reads without a transpose; bench/README.md):
       * with cache_index (int scalar, may be traced): self-attention decode step. The new
         keys/values (RoPE'd at `positions`) are written into slots cache_index..cache_index+T
         and the queries attend over all L slots; `mask` must hide the unwritten ones.

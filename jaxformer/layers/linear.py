@@ -1,47 +1,28 @@
-"""Linear layer: a matmul with a hand-written backward, and a decode-time weight layout for
-XLA:CPU.
+"""Linear layer: a matmul with a hand-written backward, and the [out, in] kernel layout
+decoding uses on XLA:CPU.
 
-No torch twin: torch_ref uses nn.Linear, whose weight is already stored [out, in], the layout
-this module switches to while decoding.
+No torch twin: torch_ref uses nn.Linear, whose weight is already stored [out, in].
 
-Why. Decoding multiplies a few rows (M = batch) by every weight matrix, so it streams weights
-from memory. On XLA:CPU, x [M, K] @ W [K, N] goes through Eigen with W as the right operand,
-and at M = 8 that streams W at 4-5 GB/s. The same product written as W^T [N, K] @ x^T -> [N, M],
-with W^T stored row-major, streams at 18-22 GB/s (measured on the 2-core CI machine, GPT-2
-small sizes: 3.4x faster at M = 8, 1.1-1.4x at M = 1; bench/generate.py). XLA folds a
-transpose of that result back into the slow form, and it does not hoist the transpose of a
-loop-invariant weight out of a while loop. So generation transposes the kernels itself, before
-its decode loop and outside the jitted program (jaxformer.generation.decode_kernels, which
-keeps the copies for later calls), and traces the program inside `transposed_kernels()`,
-under which every `Linear` reads its kernel as [out, in] and computes
-optimization_barrier(W^T @ x^T)^T. The sums are the same; only the order of the fp32
-additions inside the dot may differ (~1e-7 relative).
+Decoding multiplies a few rows by every weight matrix, so it streams weights from memory, and
+XLA:CPU streams a weight much faster as the row-major left operand of W^T [N, K] @ x^T than as
+the right operand of x [M, K] @ W [K, N]. XLA folds a transpose of the result back into the
+slow form and does not hoist the transpose of a loop-invariant weight out of a while loop, so
+generation transposes the kernels itself, outside its jitted program, and traces that program
+with `lowering.active().transposed_kernels` set: every `Linear` then reads its kernel as
+[out, in] and computes optimization_barrier(W^T @ x^T)^T. The sums are the same; only the
+order of the fp32 additions inside the dot may differ (~1e-7 relative). The switch, the kept
+copies and the decision when to use them live in jaxformer/lowering.py; measured figures in
+bench/README.md, "Decode layout on CPU".
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-_TRANSPOSED: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxformer_transposed", default=False)
-
-
-@contextlib.contextmanager
-def transposed_kernels(active: bool = True):
-    """While tracing inside this context, `Linear` kernels are [..., out, in] (see module doc)."""
-    token = _TRANSPOSED.set(active)
-    try:
-        yield
-    finally:
-        _TRANSPOSED.reset(token)
-
-
-def kernels_transposed() -> bool:
-    return _TRANSPOSED.get()
+from jaxformer import lowering
 
 
 def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> jax.Array:
@@ -58,10 +39,10 @@ def matmul(x: jax.Array, w: jax.Array, precision=None) -> jax.Array:
     """x [..., in] @ w [in, out] -> [..., out], with the backward written out.
 
     Why. Autodiff gives dx = dy @ w^T as a dot contracting w's last axis, a form XLA:CPU runs
-    at about half the speed of the forward's (measured: the seed FFN's forward + backward took
-    345 ms with autodiff's form, 236 ms with this one, same bits). Here w^T is materialized
-    first (an optimization barrier keeps XLA from folding the transpose back into the dot),
-    so dx is a plain [..., out] @ [out, in] product. dw = x^T dy is unchanged.
+    at about half the speed of the forward's (same bits; figures in bench/README.md). Here
+    w^T is materialized first (an optimization barrier keeps XLA from folding the transpose
+    back into the dot), so dx is a plain [..., out] @ [out, in] product. dw = x^T dy is
+    unchanged.
     """
     return jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
 
@@ -84,7 +65,7 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 class Linear(nnx.Linear):
     """nnx.Linear (kernel [in, out], bias [out]; same parameters, same checkpoint keys), with
-    `matmul`'s backward and the transposed decode layout of the module docstring."""
+    `matmul`'s backward and the [out, in] decode layout of the module docstring."""
 
     def __call__(self, x: jax.Array, stop_bias_gradient: bool = False) -> jax.Array:
         """x [..., in] -> [..., out]. stop_bias_gradient: use the bias value but cut its
@@ -92,7 +73,7 @@ class Linear(nnx.Linear):
         kernel = self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None
         x, kernel, bias = self.promote_dtype((x, kernel, bias), dtype=self.dtype)
-        if kernels_transposed():
+        if lowering.active().transposed_kernels:
             y = weight_stationary_matmul(x, kernel, self.precision)  # kernel [out, in]
         else:
             y = matmul(x, kernel, self.precision)
@@ -110,15 +91,15 @@ def linear_modules(model: nnx.Module) -> list[Linear]:
 
 def transpose_kernels(model: nnx.Module) -> None:
     """Swap the last two axes of every `Linear` kernel in place (stacked [L, in, out] kernels of
-    scanned layers included): the layout `transposed_kernels()` expects."""
+    scanned layers included): the layout `lowering.tracing(transposed_kernels=True)` expects."""
     for module in linear_modules(model):
         module.kernel.set_value(jnp.swapaxes(module.kernel.get_value(), -1, -2))
 
 
 def attend(table: jax.Array, x: jax.Array) -> jax.Array:
     """Tied output projection x [..., D] @ table[V, D]^T -> [..., V]. The table is already
-    [out, in], so under `transposed_kernels()` it takes the weight-stationary form directly."""
+    [out, in], so with transposed kernels it takes the weight-stationary form directly."""
     table = table.astype(x.dtype)
-    if kernels_transposed():
+    if lowering.active().transposed_kernels:
         return weight_stationary_matmul(x, table)
     return jnp.einsum("...d,vd->...v", x, table)

@@ -1,0 +1,155 @@
+"""How jaxformer's maths is lowered for speed, in one place: the trace-time switches, the
+XLA:CPU compiler options of the decode programs and the kernel copies they decode with.
+
+Nothing here changes the function a model computes, only which XLA ops compute it (fp32 sums
+may run in another order, ~1e-7 relative). Model code asks one question, `active()`, at trace
+time; `tracing(...)` sets the answer, a frozen `Lowering`:
+  * transposed_kernels: every `Linear` reads its kernel as [..., out, in] and multiplies with
+    the weight as the row-major left operand (jaxformer/layers/linear.py). Decoding multiplies
+    a few rows by every weight matrix, and XLA:CPU streams a weight far faster in that form.
+  * elementwise_attention: a one-token query over a head-major KV cache takes its scores and
+    its weighted sum as a broadcast multiply and a sum over the cache axis
+    (jaxformer/layers/attention.py). As two dots, XLA:CPU copies and transposes the cache at
+    every step; this form reads it in place.
+  * fused_attention: the backend of the fused attention path (jax.nn.dot_product_attention's
+    `implementation`): None lets XLA choose, "cudnn" selects cuDNN flash attention on NVIDIA
+    GPUs.
+
+For decoding (jaxformer.generation): `DecodeLayout` (the kernel layout generate decodes with,
+"auto" = transposed on the CPU backend, and whether the [out, in] copies are kept with the
+model), `kernel_copies` / `release_decode_weights` (the kept copies), `decoding(...)` (the
+switches of a decode program) and `decode_jit` (XLA:CPU with YNNPACK limited to dots, so the
+elementwise attention's reductions go through XLA's own emitter). Measured figures:
+bench/README.md, "Decode layout on CPU".
+
+Imports only jax, never jaxformer.layers, so the layers may ask it without an arrow going up.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import weakref
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+
+# ----------------------------------------------------------------------------- trace-time switches
+@dataclass(frozen=True)
+class Lowering:
+    """The trace-time switches (module docstring); the defaults are the plain forms."""
+
+    transposed_kernels: bool = False
+    elementwise_attention: bool = False
+    fused_attention: str | None = None
+
+
+_ACTIVE: contextvars.ContextVar[Lowering] = contextvars.ContextVar("jaxformer_lowering", default=Lowering())
+
+
+def active() -> Lowering:
+    """The switches in force while tracing."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def tracing(**switches):
+    """While tracing inside this context, the given `Lowering` fields take these values (the
+    others keep theirs). A jitted function reads them at its trace, so enter the context
+    around the call that traces it."""
+    token = _ACTIVE.set(dataclasses.replace(_ACTIVE.get(), **switches))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def on_cpu() -> bool:
+    return jax.default_backend() == "cpu"
+
+
+def decoding(transposed_kernels: bool, elementwise_attention: bool | None = None):
+    """`tracing` for a decode program: [out, in] kernels when transposed_kernels; the one-token
+    attention form, None = elementwise on the CPU backend."""
+    return tracing(transposed_kernels=transposed_kernels,
+                   elementwise_attention=on_cpu() if elementwise_attention is None else elementwise_attention)
+
+
+# ----------------------------------------------------------------------------- decode layout
+LAYOUTS = ("auto", "stored", "transposed")
+
+
+@dataclass(frozen=True)
+class DecodeLayout:
+    """The linear-kernel layout jaxformer.generation decodes with.
+
+    kernels: "transposed" decodes with [out, in] copies of the linear kernels (the
+        transposed_kernels switch), at the cost of a second copy of those weights; "stored"
+        uses the kernels as they are; "auto" = transposed on the CPU backend only.
+    keep_weights: True keeps the copies with the model for later calls while its kernels stay
+        the same arrays (a serving loop transposes once; `release_decode_weights` frees them);
+        False makes them for one call only.
+    """
+
+    kernels: str = "auto"
+    keep_weights: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kernels not in LAYOUTS:
+            raise ValueError(f"DecodeLayout.kernels must be one of {LAYOUTS}, got {self.kernels!r}")
+
+    @classmethod
+    def of(cls, layout: DecodeLayout | str) -> DecodeLayout:
+        """A DecodeLayout, or the name of its kernel layout (the copies kept)."""
+        return layout if isinstance(layout, DecodeLayout) else cls(kernels=layout)
+
+    def transposed(self) -> bool:
+        if self.kernels == "auto":
+            return on_cpu()
+        return self.kernels == "transposed"
+
+
+_KEPT_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, [out, in] copies)
+_swap_last = jax.jit(lambda kernels: [jnp.swapaxes(k, -1, -2) for k in kernels])
+
+
+def kernel_copies(model, kernels: list, keep: bool) -> list:
+    """[out, in] copies (last two axes swapped) of `kernels`, the model's linear kernels in a
+    fixed order. Kept copies of the model are reused while its kernels are the same arrays: a
+    training step or a weight load sets new arrays, and the next call transposes those. With
+    keep the copies stay with the model (a weak reference) until it dies or
+    `release_decode_weights`; without, any kept ones are dropped."""
+    hit = _KEPT_KERNELS.pop(model, None)
+    if hit is not None and len(hit[0]) == len(kernels) and all(r() is a for r, a in zip(hit[0], kernels)):
+        copies = hit[1]
+    else:
+        copies = _swap_last(kernels)
+    if keep:
+        _KEPT_KERNELS[model] = ([weakref.ref(a) for a in kernels], copies)
+    return copies
+
+
+def release_decode_weights(model=None) -> None:
+    """Free the kept [out, in] kernel copies of `model` (None: of every model)."""
+    if model is None:
+        _KEPT_KERNELS.clear()
+    else:
+        _KEPT_KERNELS.pop(model, None)
+
+
+# ----------------------------------------------------------------------------- compiler options
+# XLA:CPU options of the decode programs: YNNPACK fuses dots only, so the reductions of the
+# elementwise attention and of the norms go through XLA's own emitter (YNNPACK's reductions
+# made that attention slower than the dots).
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+
+
+@functools.cache
+def decode_jit(fn, static_argnums=(), static_argnames=(), donate_argnums=()):
+    """jax.jit of a decode program, with CPU_COMPILER_OPTIONS on the CPU backend (built at the
+    first call, so importing a module that uses it initializes no backend)."""
+    return jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
+                   donate_argnums=donate_argnums, compiler_options=CPU_COMPILER_OPTIONS if on_cpu() else None)
