@@ -2,7 +2,7 @@
 string naming a module, as importlib and the registries use) goes down, never up.
 
     1. jaxformer (package root), config, tables, fileio      framework-free
-    2. layers, lowering; then models                    jax / flax
+    2. lowering (jax only); then layers; then models      jax / flax
     3. convert; then checkpoint_io, generation, parity
     4. hf, train                                             (neither imports the other)
     5. cli, __main__
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RANK = {
     "jaxformer": 1, "jaxformer.config": 1, "jaxformer.tables": 1, "jaxformer.fileio": 1,
-    "jaxformer.layers": 2, "jaxformer.lowering": 2, "jaxformer.models": 2.5,
+    "jaxformer.lowering": 1.5, "jaxformer.layers": 2, "jaxformer.models": 2.5,
     "jaxformer.convert": 3, "jaxformer.checkpoint_io": 3.5, "jaxformer.generation": 3.5,
     "jaxformer.parity": 3.5,
     "jaxformer.hf": 4, "jaxformer.train": 4,
