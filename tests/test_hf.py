@@ -137,7 +137,7 @@ def test_import_matches_hf(fam, hf_dirs):
 
 def test_a_wrong_mapping_is_caught(hf_dirs, tmp_path):
     """The comparison can fail: a GPT-2 whose config claims exact GELU (the weights are the
-    same) gives different logits (PITFALLS row 2)."""
+    same) gives different logits (docs/numerics.md §2)."""
     hf_model, path = hf_dirs["gpt2"]
     bad = _copy_with_config(path, tmp_path / "g", activation_function="gelu")
     model, _, cfg = hf.from_pretrained(bad)
@@ -165,7 +165,7 @@ def test_greedy_decoding_matches_hf(fam, hf_dirs):
 def test_streaming_engine_equals_the_converter(hf_dirs):
     """convert_stream (shard by shard, planned from headers) gives exactly what
     jaxformer.convert.torch_to_flax_arrays gives on the whole torch_ref state_dict."""
-    from jaxformer.hf.loading import HFCheckpoint
+    from jaxformer.hf.files import HFCheckpoint
     from jaxformer.models import abstract_model
     for fam in ("gpt2", "bert_cls"):
         ckpt = HFCheckpoint(hf_dirs[fam][1])

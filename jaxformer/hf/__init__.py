@@ -13,8 +13,8 @@ ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` 
 
 Import: config.json -> our config (family.config_from_hf: every option mapped, ignored for a
 stated reason, or an error naming it); weights: HF tensor -> torch_ref key and layout
-(family.tensor_fn) -> jaxformer.convert's rule table, shard by shard (loading.convert_stream),
-with the converter's strict checks run on the whole plan before any data is read.
+(family.tensor_fn) -> jaxformer.convert's rule table, shard by shard (streaming.convert_stream),
+with the converter's per-tensor check run on the whole plan before any data is read.
 Export: our params -> torch_ref state_dict (jaxformer.convert.flax_to_torch_arrays) -> HF
 names and layout (family.state_dict_to_hf) -> config.json + model.safetensors.
 
@@ -74,7 +74,8 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False):
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
-    from jaxformer.hf.loading import HFCheckpoint, ModelSink, convert_stream
+    from jaxformer.hf.files import HFCheckpoint
+    from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model
     ckpt = HFCheckpoint(path)
     fam, arch, name, cfg, notes = read_config(ckpt)
@@ -115,11 +116,12 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
     """HF directory -> jaxformer model checkpoint (OUT/model.yaml + orbax OUT/params, as
     checkpoint_io.save_model writes) plus OUT/train.yaml to fine-tune it. Streams shard by
     shard: peak memory is about one batch of `flush_bytes` converted arrays or twice the
-    largest tensor, not the model (see loading.py). Returns a report."""
+    largest tensor, not the model (see streaming.py). Returns a report."""
     import yaml
 
     from jaxformer.config import to_dict
-    from jaxformer.hf.loading import HFCheckpoint, ParamsWriter, convert_stream
+    from jaxformer.hf.files import HFCheckpoint
+    from jaxformer.hf.streaming import ParamsWriter, convert_stream
     from jaxformer.models import abstract_model
     ckpt = HFCheckpoint(src)
     fam, arch, name, cfg, notes = read_config(ckpt)
