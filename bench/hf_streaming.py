@@ -132,7 +132,8 @@ SELF_MEASURED = r"""
 import resource, runpy, sys
 try:
     if sys.argv[1:] == ["--imports-only"]:
-        import flax.nnx, orbax.checkpoint, jaxformer.cli, jaxformer.hf, jaxformer.hf.loading, jaxformer.models
+        import flax.nnx, orbax.checkpoint, jaxformer.cli, jaxformer.hf, jaxformer.models
+        import jaxformer.hf.files, jaxformer.hf.streaming
         import jaxformer.cli.convert
         from orbax.checkpoint.experimental.v1 import partial
     else:
@@ -158,7 +159,7 @@ VERIFY = r"""
 import json, sys, numpy as np, jax, orbax.checkpoint as ocp
 from flax import nnx
 from jaxformer.checkpoint_io import load_model_config
-from jaxformer.hf.loading import HFCheckpoint
+from jaxformer.hf.files import HFCheckpoint
 from jaxformer.models import abstract_model
 src, out = sys.argv[1], sys.argv[2]
 name, cfg = load_model_config(out)

@@ -94,9 +94,32 @@ def _is_float(dtype) -> bool:
 
 def _check_finite(key: str, x: np.ndarray, problems: list[str]) -> None:
     if _is_float(x.dtype):
-        bad = ~np.isfinite(x.astype(np.float32))
-        if bad.any():
-            problems.append(f"non-finite: {key} has {int(bad.sum())} NaN/inf value(s)")
+        # float64 is checked as float32 (a value beyond float32's range is inf there); narrower
+        # floats are exact in float32, so they are checked in place, without a copy
+        finite = np.isfinite(x.astype(np.float32) if x.dtype.itemsize > 4 else x)
+        if not finite.all():
+            problems.append(f"non-finite: {key} has {finite.size - int(np.count_nonzero(finite))} "
+                            "NaN/inf value(s)")
+
+
+def check_tensor(key: str, x: np.ndarray, expected_shape: tuple, expected_dtype, *,
+                 allow_downcast: bool = False, values: bool = True) -> list[str]:
+    """Every problem of one torch-layout tensor bound for a param of `expected_dtype` whose
+    torch shape is `expected_shape`: a non-float dtype, a cast that would lose precision
+    (unless allow_downcast), non-finite values and a wrong shape; [] when it converts. `key`
+    names the tensor in the messages. values=False checks dtype and shape only (planning
+    from file headers, on a stand-in array)."""
+    expected_dtype = np.dtype(expected_dtype)
+    problems: list[str] = []
+    if not _is_float(x.dtype):
+        problems.append(f"dtype: {key} is {x.dtype}, expected a floating dtype ({expected_dtype})")
+    elif x.dtype != expected_dtype and x.dtype.itemsize > expected_dtype.itemsize and not allow_downcast:
+        problems.append(f"dtype: {key} is {x.dtype}; casting to {expected_dtype} would lose precision")
+    if values:
+        _check_finite(key, x, problems)
+    if tuple(x.shape) != tuple(expected_shape):
+        problems.append(f"shape: {key} has torch shape {tuple(x.shape)}, expected {tuple(expected_shape)}")
+    return problems
 
 
 # ----------------------------------------------------------------------------- model state
@@ -180,17 +203,9 @@ def torch_to_flax_arrays(state_dict: Mapping[str, Any], model, *, allow_downcast
                 continue
             used.add(tk)
             x = to_numpy(state_dict[tk])
-            if not _is_float(x.dtype):
-                problems.append(f"dtype: {tk} is {x.dtype}, expected a floating dtype ({target_dtype})")
-                ok = False
-                continue
-            if x.dtype != target_dtype and x.dtype.itemsize > target_dtype.itemsize and not allow_downcast:
-                problems.append(f"dtype: {tk} is {x.dtype}; casting to {target_dtype} would lose precision")
-                ok = False
-                continue
-            _check_finite(tk, x, problems)
-            if tuple(x.shape) != want:
-                problems.append(f"shape: {tk} has torch shape {tuple(x.shape)}, expected {want}")
+            bad = check_tensor(tk, x, want, target_dtype, allow_downcast=allow_downcast)
+            if bad:
+                problems += bad
                 ok = False
                 continue
             parts.append(torch_to_flax_layout(leaf, x))

@@ -137,7 +137,7 @@ def test_import_matches_hf(fam, hf_dirs):
 
 def test_a_wrong_mapping_is_caught(hf_dirs, tmp_path):
     """The comparison can fail: a GPT-2 whose config claims exact GELU (the weights are the
-    same) gives different logits (PITFALLS row 2)."""
+    same) gives different logits (docs/numerics.md §2)."""
     hf_model, path = hf_dirs["gpt2"]
     bad = _copy_with_config(path, tmp_path / "g", activation_function="gelu")
     model, _, cfg = hf.from_pretrained(bad)
@@ -165,7 +165,7 @@ def test_greedy_decoding_matches_hf(fam, hf_dirs):
 def test_streaming_engine_equals_the_converter(hf_dirs):
     """convert_stream (shard by shard, planned from headers) gives exactly what
     jaxformer.convert.torch_to_flax_arrays gives on the whole torch_ref state_dict."""
-    from jaxformer.hf.loading import HFCheckpoint
+    from jaxformer.hf.files import HFCheckpoint
     from jaxformer.models import abstract_model
     for fam in ("gpt2", "bert_cls"):
         ckpt = HFCheckpoint(hf_dirs[fam][1])
@@ -216,6 +216,7 @@ def test_cli_sharded_import_train_yaml_and_export(hf_dirs, tmp_path, capsys):
     """A sharded LLaMA through `convert --from hf` (several orbax partial saves), loaded back,
     fine-tune config, then `convert --from flax --to hf`."""
     from jaxformer.train.config import load_config
+    from jaxformer.train.finetune import finetune_yaml
     from jaxformer.train.jax_trainer import build_jax_model
     hf_model, _ = hf_dirs["llama_gqa"]
     src = tmp_path / "sharded"
@@ -223,8 +224,14 @@ def test_cli_sharded_import_train_yaml_and_export(hf_dirs, tmp_path, capsys):
     assert os.path.exists(src / "model.safetensors.index.json")
     assert len(set(json.load(open(src / "model.safetensors.index.json"))["weight_map"].values())) > 2
     out = tmp_path / "ckpt"
-    report = hf.convert_hf_to_flax(str(src), str(out), flush_bytes=8192)
-    assert report["batches"] > 2 and report["train_yaml"] == "written"
+
+    def train_yaml(name, cfg):  # what the CLI adds: jaxformer.train's fine-tune config
+        text, why = finetune_yaml(name, cfg, str(out), str(out / "train.yaml"))
+        assert why == ""  # a real data section
+        return {"train.yaml": text}
+
+    report = hf.convert_hf_to_flax(str(src), str(out), flush_bytes=8192, extra_files=train_yaml)
+    assert report["batches"] > 2 and report["files"] == ["train.yaml"]
     name, cfg, model = load_model(str(out))
     assert max_diff("llama_gqa", hf_outputs(hf_model, "llama_gqa"), our_outputs(model, "llama_gqa")) <= TOL
     run = load_config(str(out / "train.yaml"))
@@ -234,11 +241,28 @@ def test_cli_sharded_import_train_yaml_and_export(hf_dirs, tmp_path, capsys):
     assert all(np.array_equal(np.asarray(a[p].get_value()), np.asarray(b[p].get_value())) for p in a)
     # the same through the command line, then back to HF
     assert cli(["convert", "--from", "hf", str(src), "--to", "flax", str(tmp_path / "cli")]) == 0
-    assert "fine-tune: jaxformer train --config" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "train.yaml: written\n" in printed and "fine-tune: jaxformer train --config" in printed
+    assert load_config(str(tmp_path / "cli" / "train.yaml")).train.init_from == str(tmp_path / "cli")
     assert cli(["convert", "--from", "flax", str(tmp_path / "cli"), "--to", "hf", str(tmp_path / "hf")]) == 0
     back = T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     np.testing.assert_array_equal(hf_outputs(back, "llama_gqa")[0], hf_outputs(hf_model, "llama_gqa")[0])
     assert cli(["convert", "--from", "hf", str(src), "--to", "torch", str(tmp_path / "x")]) == 2
+
+
+def test_extra_files_are_part_of_the_atomic_output(hf_dirs, tmp_path):
+    """convert_hf_to_flax writes model.yaml and params, plus the caller's extra_files inside
+    the same atomic write: if making them fails, nothing is left at OUT."""
+    def fail(name, cfg):
+        raise RuntimeError("no extra files")
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="no extra files"):
+        hf.convert_hf_to_flax(hf_dirs["gpt2"][1], str(out), extra_files=fail)
+    assert not os.path.exists(out) and not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+    hf.convert_hf_to_flax(hf_dirs["gpt2"][1], str(out), extra_files=lambda name, cfg: {"name.txt": name})
+    assert sorted(os.listdir(out)) == ["model.yaml", "name.txt", "params"]
+    assert open(out / "name.txt").read() == "lm"
 
 
 # ----------------------------------------------------------------------------- safe loading

@@ -15,9 +15,10 @@ import pytest
 import torch
 import yaml
 
-from jaxformer import convert, hf_vision
+from jaxformer import convert
 from jaxformer.config import ConfigError, model_config_from_dict
 from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
+from jaxformer.hf import vision as hf_vision
 from jaxformer.models import abstract_model
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity import setup_precision
@@ -87,8 +88,8 @@ def test_vit_matches_hf(kw):
 
 
 def test_vit_wrong_eps_fails_the_hf_comparison():
-    """The comparison can fail: the same weights with a LayerNorm eps other than HF's (PITFALLS
-    row 1) give different logits."""
+    """The comparison can fail: the same weights with a LayerNorm eps other than HF's
+    (docs/numerics.md §1) give different logits."""
     hf = _hf_vit()
     cfg = hf_vision.vit_config_from_hf(hf.config, norm_eps=1e-1)
     with pytest.raises(AssertionError, match="logits vs HF"):

@@ -11,10 +11,13 @@ Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaFor
 <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`).
 
+Modules: files (reading checkpoint directories safely), streaming (the shard-by-shard
+conversion), common (config.json options, the activation table, key renaming), one per family.
+
 Import: config.json -> our config (family.config_from_hf: every option mapped, ignored for a
 stated reason, or an error naming it); weights: HF tensor -> torch_ref key and layout
-(family.tensor_fn) -> jaxformer.convert's rule table, shard by shard (loading.convert_stream),
-with the converter's strict checks run on the whole plan before any data is read.
+(family.tensor_fn) -> jaxformer.convert's rule table, shard by shard (streaming.convert_stream),
+with the converter's per-tensor check run on the whole plan before any data is read.
 Export: our params -> torch_ref state_dict (jaxformer.convert.flax_to_torch_arrays) -> HF
 names and layout (family.state_dict_to_hf) -> config.json + model.safetensors.
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -74,7 +77,8 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False):
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
-    from jaxformer.hf.loading import HFCheckpoint, ModelSink, convert_stream
+    from jaxformer.hf.files import HFCheckpoint
+    from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model
     ckpt = HFCheckpoint(path)
     fam, arch, name, cfg, notes = read_config(ckpt)
@@ -111,35 +115,37 @@ def materialize_rng_state(model, seed: int) -> None:
 
 
 def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_bytes: int = 256 << 20,
-                       write_train_yaml: bool = True) -> dict:
+                       extra_files: Callable[[str, Any], Mapping[str, str]] | None = None) -> dict:
     """HF directory -> jaxformer model checkpoint (OUT/model.yaml + orbax OUT/params, as
-    checkpoint_io.save_model writes) plus OUT/train.yaml to fine-tune it. Streams shard by
-    shard: peak memory is about one batch of `flush_bytes` converted arrays or twice the
-    largest tensor, not the model (see loading.py). Returns a report."""
+    checkpoint_io.save_model writes). Streams shard by shard: peak memory is about one batch
+    of `flush_bytes` converted arrays or twice the largest tensor, not the model (see
+    streaming.py). `extra_files(name, cfg) -> {file name: text}` adds files to OUT (the CLI's
+    train.yaml) inside the same atomic write. Returns a report."""
     import yaml
 
     from jaxformer.config import to_dict
-    from jaxformer.hf.loading import HFCheckpoint, ParamsWriter, convert_stream
+    from jaxformer.hf.files import HFCheckpoint
+    from jaxformer.hf.streaming import ParamsWriter, convert_stream
     from jaxformer.models import abstract_model
     ckpt = HFCheckpoint(src)
     fam, arch, name, cfg, notes = read_config(ckpt)
     abstract = abstract_model(name, cfg)
     fn = fam.tensor_fn(name, cfg, arch)
     out = os.path.abspath(out)
-
-    def write(tmp: str) -> dict:
+    with fileio.atomic_dir(out, overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
             yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
         writer = ParamsWriter(tmp)
         report = convert_stream(ckpt, fn, abstract, writer, flush_bytes=flush_bytes)
         writer.close()
         report["batches"] = writer.batches
-        if write_train_yaml:
-            report["train_yaml"] = write_train_config(tmp, out, name, cfg)
-        return report
-
-    report = atomic_dir(out, write, overwrite=overwrite)
-    report.update(architecture=arch, model=name, out=out, notes=notes,
+        files = dict(extra_files(name, cfg)) if extra_files else {}
+        for file_name, text in files.items():
+            if os.path.basename(file_name) != file_name or file_name in ("model.yaml", "params"):
+                raise ValueError(f"extra_files: {file_name!r} is not a new file name inside OUT")
+            with open(os.path.join(tmp, file_name), "w") as f:
+                f.write(text)
+    report.update(architecture=arch, model=name, out=out, notes=notes, files=sorted(files),
                   shards=len(ckpt.shards), bytes=ckpt.nbytes)
     return report
 
@@ -167,20 +173,18 @@ def exporter(name: str, cfg):
 def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True) -> dict:
     """Write `model` as a Hugging Face directory (config.json + model.safetensors) that
     transformers' AutoModel*.from_pretrained loads. Atomic: nothing at `path` on failure."""
+    from safetensors.numpy import save_file
+
     from jaxformer.convert import flax_to_torch_arrays
     fam = exporter(name, cfg)
     hf_config = fam.config_to_hf(name, cfg)
     hf_sd = fam.state_dict_to_hf(flax_to_torch_arrays(model), name, cfg)
-
-    def write(tmp: str) -> dict:
-        from safetensors.numpy import save_file
+    with fileio.atomic_dir(os.path.abspath(path), overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2, sort_keys=True)
         save_file({k: np.ascontiguousarray(v) for k, v in hf_sd.items()},
                   os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-        return {"architecture": hf_config["architectures"][0], "tensors": len(hf_sd)}
-
-    return atomic_dir(os.path.abspath(path), write, overwrite=overwrite)
+    return {"architecture": hf_config["architectures"][0], "tensors": len(hf_sd)}
 
 
 def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
@@ -190,59 +194,6 @@ def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
     report = save_pretrained(model, name, cfg, out, overwrite=overwrite)
     report.update(model=name, out=os.path.abspath(out))
     return report
-
-
-def atomic_dir(out: str, write, *, overwrite: bool):
-    """write(tmp_dir) -> result inside jaxformer.fileio.atomic_dir(out)."""
-    with fileio.atomic_dir(out, overwrite=overwrite) as tmp:
-        return write(tmp)
-
-
-TRAIN_SECTION = dict(steps=200, batch_size=8, lr=5e-5, schedule="warmup_cosine", warmup_steps=20,
-                     weight_decay=0.01, grad_clip=1.0, eval_every=50, eval_batches=4,
-                     checkpoint_every=100)
-
-
-def train_data_section(name: str, cfg) -> tuple[dict | None, str]:
-    """The embedded dataset that fits this model, or (None, why not)."""
-    if name == "lm":
-        if cfg.vocab_size < 259:
-            return None, f"the byte-level datasets need vocab_size >= 259, the model has {cfg.vocab_size}"
-        return {"name": "stdlib_docs", "seq_len": min(128, cfg.max_len)}, ""
-    if name == "classifier":
-        if cfg.num_classes != 3 or cfg.vocab_size < 259:
-            return None, (f"the embedded text_source dataset has 3 classes and byte ids < 259; the "
-                          f"model has {cfg.num_classes} classes and vocab_size {cfg.vocab_size}")
-        return {"name": "text_source", "seq_len": min(64, cfg.max_len)}, ""
-    if name in ("vit", "swin"):
-        if cfg.num_classes != 10 or cfg.image_size % 8 or cfg.num_channels not in (1, 3):
-            return None, ("the embedded digits dataset has 10 classes and 1 or 3 channels at a multiple "
-                          f"of 8 pixels; the model has {cfg.num_classes} classes, {cfg.num_channels} "
-                          f"channels, {cfg.image_size} pixels")
-        return {"name": "digits", "image_size": cfg.image_size, "num_channels": cfg.num_channels}, ""
-    return None, f"there is no training task for a bare {name!r} model (train/tasks.py)"
-
-
-def write_train_config(tmp: str, final_out: str, name: str, cfg) -> str:
-    """OUT/train.yaml: model (as imported), data, train (init_from: OUT), parallel. Where no
-    embedded dataset fits, the data section names a placeholder dataset that fails loudly."""
-    import yaml
-
-    from jaxformer.config import to_dict
-    data, why = train_data_section(name, cfg)
-    header = ("# Fine-tune an imported Hugging Face checkpoint: jaxformer train --config "
-              f"{os.path.join(final_out, 'train.yaml')}\n"
-              "# The embedded datasets use jaxformer's byte-level tokenizer, not the model's own;\n"
-              "# point `data` at your data for a real fine-tune.\n")
-    if data is None:
-        header += f"# NOTE: {why}.\n# Replace the data section before training.\n"
-        data = {"name": "REPLACE_WITH_A_DATASET"}
-    raw = {"model": {"name": name, **to_dict(cfg)}, "data": data,
-           "train": {**TRAIN_SECTION, "init_from": final_out}, "parallel": {"mode": "none"}}
-    with open(os.path.join(tmp, "train.yaml"), "w") as f:
-        f.write(header)
-        yaml.safe_dump(raw, f, sort_keys=False)
-    return "written" if not why else f"written with a placeholder data section: {why}"
 
 
 __all__ = ["from_pretrained", "save_pretrained", "convert_hf_to_flax", "convert_flax_to_hf",

@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxformer.config import TransformerConfig
 from jaxformer.config.models import ClassifierConfig
-from jaxformer.hf.common import Options, Renamer, build_config, rename_all, token_ids
-from jaxformer.hf.loading import MappingError
+from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns,
+                                 ffn_from_hf, ffn_to_hf, rename_all, token_ids)
 
 ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier"}
 MODEL_TYPE = "bert"
@@ -40,9 +40,6 @@ DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_att
                 bos_token_id=None, eos_token_id=None)
 IGNORED = {"tie_word_embeddings": "ties BertForMaskedLM's prediction head, which neither class has",
            "bos_token_id": "no generation", "eos_token_id": "no generation"}
-ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-        "relu": "relu"}
-ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 LAYER = "encoder.layer.{i}."
 RULES = Renamer([
     ("embeddings.word_embeddings.weight", "embed.embed_tokens.weight"),
@@ -63,7 +60,8 @@ RULES = Renamer([
 
 def _strip(key: str, arch: str) -> str | None:
     """The BertModel-relative name of a key: `bert.` prefix removed (a classification
-    checkpoint always has it; a BertModel one may), legacy gamma/beta renamed."""
+    checkpoint always has it; a BertModel one may), legacy gamma/beta leaves read as
+    weight/bias (as transformers reads them, on any key)."""
     if key.startswith("bert."):
         key = key[len("bert."):]
     elif arch == "BertForSequenceClassification" and not key.startswith("classifier."):
@@ -77,7 +75,7 @@ def _strip(key: str, arch: str) -> str | None:
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
     o = Options(raw, DEFAULTS, family=f"bert {arch}", ignored=IGNORED)
-    act = o.require("hidden_act", ACTS, f"jaxformer FFN activations: {sorted(ACTS)}")
+    ffn = ffn_from_hf(o, "hidden_act")
     o.require("position_embedding_type", ("absolute",),
               "jaxformer's BERT has absolute learned positions only")
     o.require("is_decoder", (False,), "a decoder BERT has no jaxformer equivalent")
@@ -87,7 +85,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
     vocab = o["vocab_size"]
     fields = dict(
         vocab_size=vocab, d_model=o["hidden_size"], num_heads=o["num_attention_heads"],
-        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ACTS.get(act, "gelu"),
+        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ffn,
         norm="layernorm", norm_eps=float(o["layer_norm_eps"]), norm_position="post", final_norm=False,
         bias=True, norm_bias=True, dropout=drop, attn_dropout=float(o["attention_probs_dropout_prob"]),
         ffn_dropout=0.0, embed_dropout=drop, position="learned", max_len=o["max_position_embeddings"],
@@ -125,8 +123,8 @@ def export_problems(name: str, cfg) -> list[str]:
                 norm_bias=True, scale_embedding=False, sliding_window=None, embed_norm=True,
                 ffn_dropout=0.0)
     out = [f"{k}={getattr(cfg, k)!r} (BERT needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
-    if cfg.ffn not in ACTS_TO_HF:
-        out.append(f"ffn={cfg.ffn!r} (BERT activations: {sorted(ACTS_TO_HF)})")
+    if cfg.ffn not in exportable_ffns():
+        out.append(f"ffn={cfg.ffn!r} (BERT activations: {exportable_ffns()})")
     if cfg.type_vocab_size < 1:
         out.append("type_vocab_size=0 (BERT always has token type embeddings)")
     if cfg.resolved_kv_heads != cfg.num_heads or cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
@@ -148,7 +146,7 @@ def config_to_hf(name: str, cfg) -> dict:
     out = {"architectures": [arch], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
            "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
            "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.d_ff,
-           "hidden_act": ACTS_TO_HF[cfg.ffn], "hidden_dropout_prob": cfg.dropout,
+           "hidden_act": ffn_to_hf(cfg.ffn), "hidden_dropout_prob": cfg.dropout,
            "attention_probs_dropout_prob": cfg.attn_dropout, "max_position_embeddings": cfg.max_len,
            "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.norm_eps,
            "pad_token_id": cfg.pad_id, "position_embedding_type": "absolute",

@@ -1,5 +1,6 @@
-"""Shared pieces of the Hugging Face families: strict reading of config.json options and
-template-based key renaming. Imports neither jax nor torch.
+"""Shared pieces of the Hugging Face families: strict reading of config.json options, the
+activation table, and template-based key renaming (`Renamer`, the one renaming mechanism of
+every family, both directions). Imports neither jax nor torch.
 
 config.json is read as a plain dict (no transformers needed). Keys a checkpoint omits take
 Hugging Face's class defaults, spelled out per family. Every key is then either mapped to a
@@ -90,6 +91,41 @@ class Options:
                               + "\n  ".join(problems))
 
 
+# HF activation name (hidden_act / activation_function) -> jaxformer ffn kind. GELU is exact
+# (erf) under "gelu" and the tanh approximation under the other names (docs/numerics.md §2).
+# "silu" exists only as the gate of a gated FFN (LLaMA's SwiGLU); the other families' FFNs are
+# plain, and the gated kinds are not theirs.
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "swiglu"}
+GATED = ("swiglu",)
+
+
+def activations(*, gated: bool) -> dict[str, str]:
+    """The part of ACTIVATIONS a family with a gated (LLaMA) or plain FFN can import."""
+    return {k: v for k, v in ACTIVATIONS.items() if (v in GATED) == gated}
+
+
+def ffn_to_hf(ffn: str, *, tanh: str = "gelu_new") -> str | None:
+    """The HF activation name export writes for an ffn kind, or None when HF has none. `tanh`:
+    which of HF's names of the tanh GELU the family writes."""
+    if ffn == "gelu_tanh":
+        return tanh
+    return next((k for k, v in ACTIVATIONS.items() if v == ffn), None)
+
+
+def ffn_from_hf(opts: Options, key: str, *, gated: bool = False, why: str | None = None) -> str:
+    """The ffn kind of the HF activation option `key`. One the family cannot import is a
+    problem, explained by `why` (default: the names it can import)."""
+    table = activations(gated=gated)
+    name = opts.require(key, table, why or f"jaxformer FFN activations: {sorted(table)}")
+    return table[name] if name in tuple(table) else next(iter(table.values()))
+
+
+def exportable_ffns() -> list[str]:
+    """The plain (ungated) ffn kinds that have an HF activation name."""
+    return sorted(set(activations(gated=False).values()))
+
+
 def token_ids(opts: Options, vocab_size: int, *, need_bos_eos: bool) -> dict[str, int]:
     """bos/eos/pad ids for jaxformer: a list of eos ids keeps the first (noted), a null pad
     becomes 0 (only used to fill generated rows after EOS and for masks)."""
@@ -132,14 +168,20 @@ def build_config(cls, fields: dict, opts: Options):
 
 
 # ----------------------------------------------------------------------------- renaming
-PLACEHOLDERS = {"i": r"\d+", "leaf": r"weight|bias", "attn": r"q_proj|k_proj|v_proj|o_proj",
-                "mlp": r"gate_proj|up_proj|down_proj"}
+class MappingError(ValueError):
+    """A family cannot map a checkpoint key."""
+
+
+PLACEHOLDERS = {"i": r"\d+", "j": r"\d+", "leaf": r"weight|bias",
+                "attn": r"q_proj|k_proj|v_proj|o_proj", "mlp": r"gate_proj|up_proj|down_proj"}
 
 
 class Renamer:
     """Two-way key renaming by templates, e.g. ("model.layers.{i}.input_layernorm.weight",
-    "decoder.layers.{i}.attn_norm.weight"). Placeholders: {i} (a layer index), {leaf}
-    (weight|bias), {attn} (q/k/v/o_proj), {mlp} (gate/up/down_proj)."""
+    "decoder.layers.{i}.attn_norm.weight"). Placeholders: {i}, {j} (layer indices), {leaf}
+    (weight|bias), {attn} (q/k/v/o_proj), {mlp} (gate/up/down_proj). The first rule whose
+    template matches the whole key wins, in either direction: where two HF names map to one
+    jaxformer name (a checkpoint format's old names), the first is the one export writes."""
 
     def __init__(self, rules: Iterable[tuple[str, str]]):
         self.rules = list(rules)

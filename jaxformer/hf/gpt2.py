@@ -26,8 +26,8 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
-from jaxformer.hf.common import Options, build_config, token_ids
-from jaxformer.hf.loading import MappingError
+from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns,
+                                 ffn_from_hf, ffn_to_hf, rename_all, token_ids)
 
 ARCHITECTURES = {"GPT2LMHeadModel": "lm"}
 MODEL_TYPE = "gpt2"
@@ -39,29 +39,27 @@ DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_he
 IGNORED = {k: "sequence-summary heads of GPT2DoubleHeadsModel, unused by GPT2LMHeadModel"
            for k in ("summary_type", "summary_use_proj", "summary_activation",
                      "summary_proj_to_labels", "summary_first_dropout")}
-ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
-        "gelu": "gelu", "relu": "relu"}
-ACTS_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-
-# per-layer HF name -> (jaxformer name, how): "linear" = Conv1D transposed, "copy" = as is
-LAYER = {
-    "ln_1.weight": ("attn_norm.weight", "copy"), "ln_1.bias": ("attn_norm.bias", "copy"),
-    "attn.c_proj.weight": ("self_attn.o_proj.weight", "linear"),
-    "attn.c_proj.bias": ("self_attn.o_proj.bias", "copy"),
-    "ln_2.weight": ("ffn_norm.weight", "copy"), "ln_2.bias": ("ffn_norm.bias", "copy"),
-    "mlp.c_fc.weight": ("ffn.up_proj.weight", "linear"), "mlp.c_fc.bias": ("ffn.up_proj.bias", "copy"),
-    "mlp.c_proj.weight": ("ffn.down_proj.weight", "linear"),
-    "mlp.c_proj.bias": ("ffn.down_proj.bias", "copy"),
-}
-TOP = {"wte.weight": "embed.embed_tokens.weight", "wpe.weight": "embed.embed_positions.weight",
-       "ln_f.weight": "decoder.final_norm.weight", "ln_f.bias": "decoder.final_norm.bias"}
-BUFFERS = ("attn.bias", "attn.masked_bias")
+LAYER = "transformer.h.{i}."
+RULES = Renamer([
+    ("transformer.wte.weight", "embed.embed_tokens.weight"),
+    ("transformer.wpe.weight", "embed.embed_positions.weight"),
+    (LAYER + "ln_1.{leaf}", "decoder.layers.{i}.attn_norm.{leaf}"),
+    (LAYER + "attn.c_proj.{leaf}", "decoder.layers.{i}.self_attn.o_proj.{leaf}"),
+    (LAYER + "ln_2.{leaf}", "decoder.layers.{i}.ffn_norm.{leaf}"),
+    (LAYER + "mlp.c_fc.{leaf}", "decoder.layers.{i}.ffn.up_proj.{leaf}"),
+    (LAYER + "mlp.c_proj.{leaf}", "decoder.layers.{i}.ffn.down_proj.{leaf}"),
+    ("transformer.ln_f.{leaf}", "decoder.final_norm.{leaf}"),
+    ("lm_head.weight", "lm_head.weight"),
+])
+CONV1D = ("attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")  # stored [in, out]
+C_ATTN = re.compile(r"transformer\.h\.(\d+)\.attn\.c_attn\.(weight|bias)")
+BUFFERS = re.compile(r"transformer\.h\.\d+\.attn\.(bias|masked_bias)")
 
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS, family=f"gpt2 {arch}", ignored=IGNORED)
     d, heads = o["n_embd"], o["n_head"]
-    act = o.require("activation_function", ACTS, f"jaxformer FFN activations: {sorted(ACTS)}")
+    ffn = ffn_from_hf(o, "activation_function")
     o.require("scale_attn_weights", (True,), "jaxformer always scales scores by 1/sqrt(head_dim)")
     o.require("scale_attn_by_inverse_layer_idx", (False,),
               "jaxformer has no per-layer 1/(layer+1) attention scaling")
@@ -75,7 +73,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
     ids = token_ids(o, vocab, need_bos_eos=True)
     fields = dict(
         vocab_size=vocab, d_model=d, num_heads=heads, d_ff=o["n_inner"] or 4 * d,
-        num_layers=o["n_layer"], ffn=ACTS.get(act, "gelu_tanh"), norm="layernorm",
+        num_layers=o["n_layer"], ffn=ffn, norm="layernorm",
         norm_eps=float(o["layer_norm_epsilon"]), norm_position="pre", final_norm=True, bias=True,
         norm_bias=True, dropout=float(o["resid_pdrop"]), attn_dropout=float(o["attn_pdrop"]),
         ffn_dropout=0.0, embed_dropout=float(o["embd_pdrop"]), position="learned", max_len=n_pos,
@@ -90,23 +88,19 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
     def fn(key: str, x: np.ndarray):
         if key == "lm_head.weight":
             return None if cfg.tie_embeddings else {"lm_head.weight": x}
-        k = key[len("transformer."):] if key.startswith("transformer.") else key
-        if k in TOP:
-            return {TOP[k]: x}
-        m = re.fullmatch(r"h\.(\d+)\.(.+)", k)
-        if m:
-            p, rest = f"decoder.layers.{m.group(1)}.", m.group(2)
-            if rest in BUFFERS:
-                return None
-            if rest == "attn.c_attn.weight":  # [D, 3D] (in, out) -> three [D, D] (out, in)
-                return {p + f"self_attn.{n}_proj.weight": x[:, j * d:(j + 1) * d].T
-                        for j, n in enumerate("qkv")}
-            if rest == "attn.c_attn.bias":
-                return {p + f"self_attn.{n}_proj.bias": x[j * d:(j + 1) * d] for j, n in enumerate("qkv")}
-            if rest in LAYER:
-                target, how = LAYER[rest]
-                return {p + target: x.T if how == "linear" else x}
-        raise MappingError(f"unmapped: {key} has no jaxformer lm (GPT-2) equivalent")
+        k = key if key.startswith("transformer.") else "transformer." + key  # old checkpoints
+        if BUFFERS.fullmatch(k):
+            return None
+        m = C_ATTN.fullmatch(k)
+        if m:  # weight [D, 3D] (in, out) -> three [D, D] (out, in); bias [3D] -> three [D]
+            p, leaf = f"decoder.layers.{m.group(1)}.self_attn.", m.group(2)
+            parts = [x[:, j * d:(j + 1) * d].T if leaf == "weight" else x[j * d:(j + 1) * d]
+                     for j in range(3)]
+            return {p + f"{n}_proj.{leaf}": y for n, y in zip("qkv", parts)}
+        new = None if k == "transformer.lm_head.weight" else RULES.to_torch(k)
+        if new is None:
+            raise MappingError(f"unmapped: {key} has no jaxformer lm (GPT-2) equivalent")
+        return {new: x.T if k.endswith(CONV1D) else x}
     return fn
 
 
@@ -118,8 +112,8 @@ def export_problems(name: str, cfg) -> list[str]:
                 type_vocab_size=0, embed_norm=False)
     out = [f"{k}={getattr(cfg, k)!r} (GPT-2 needs {v!r})" for k, v in want.items()
            if getattr(cfg, k, v) != v]
-    if cfg.ffn not in ACTS_TO_HF:
-        out.append(f"ffn={cfg.ffn!r} (GPT-2 activations: {sorted(ACTS_TO_HF)})")
+    if cfg.ffn not in exportable_ffns():
+        out.append(f"ffn={cfg.ffn!r} (GPT-2 activations: {exportable_ffns()})")
     if cfg.resolved_kv_heads != cfg.num_heads:
         out.append(f"num_kv_heads={cfg.num_kv_heads} (GPT-2 has no grouped-query attention)")
     if cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
@@ -131,7 +125,7 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
     return {"architectures": ["GPT2LMHeadModel"], "model_type": MODEL_TYPE,
             "vocab_size": cfg.vocab_size, "n_positions": cfg.max_len, "n_embd": cfg.d_model,
             "n_layer": cfg.num_layers, "n_head": cfg.num_heads, "n_inner": cfg.d_ff,
-            "activation_function": ACTS_TO_HF[cfg.ffn], "resid_pdrop": cfg.dropout,
+            "activation_function": ffn_to_hf(cfg.ffn), "resid_pdrop": cfg.dropout,
             "embd_pdrop": cfg.embed_dropout, "attn_pdrop": cfg.attn_dropout,
             "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
@@ -151,17 +145,10 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
     out = {}
     for i in range(cfg.num_layers):
-        p, h = f"decoder.layers.{i}.", f"transformer.h.{i}."
-        q, k, v = (take(p + f"self_attn.{n}_proj.weight") for n in "qkv")
-        out[h + "attn.c_attn.weight"] = np.concatenate([q.T, k.T, v.T], axis=1)  # [D, 3D]
-        out[h + "attn.c_attn.bias"] = np.concatenate([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
-        for hf_name, (ours, how) in LAYER.items():
-            x = take(p + ours)
-            out[h + hf_name] = np.ascontiguousarray(x.T) if how == "linear" else x
-    for hf_name, ours in TOP.items():
-        out["transformer." + hf_name] = take(ours)
-    if not cfg.tie_embeddings:
-        out["lm_head.weight"] = take("lm_head.weight")
-    if sd:
-        raise ConversionError([f"unmapped: {k} has no GPT-2 name" for k in sorted(sd)])
+        p, h = f"decoder.layers.{i}.self_attn.", f"transformer.h.{i}.attn.c_attn."
+        q, k, v = (take(p + f"{n}_proj.weight") for n in "qkv")
+        out[h + "weight"] = np.concatenate([q.T, k.T, v.T], axis=1)  # [D, 3D]
+        out[h + "bias"] = np.concatenate([take(p + f"{n}_proj.bias") for n in "qkv"])
+    for k, x in rename_all(sd, RULES.to_hf, "GPT-2").items():
+        out[k] = np.ascontiguousarray(x.T) if k.endswith(CONV1D) else x
     return out

@@ -2,7 +2,7 @@
 
 Mapping and its deliberate details:
   * Names only, no layout change: HF LLaMA stores Linear weights [out, in] like torch_ref.
-    RoPE is HF's rotate-half layout in both (PITFALLS row 6), so q/k need no permutation.
+    RoPE is HF's rotate-half layout in both (docs/numerics.md §6), so q/k need no permutation.
   * GQA: num_key_value_heads -> num_kv_heads (query head h reads kv head h // (H / G) in both).
   * head_dim (HF 5.x) -> head_dim (absent: hidden_size / num_attention_heads).
   * rms_norm_eps -> norm_eps; rope_theta (5.x: rope_parameters.rope_theta) -> rope_base;
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config.models import LMConfig
-from jaxformer.hf.common import Options, Renamer, build_config, rename_all, token_ids
-from jaxformer.hf.loading import MappingError
+from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, ffn_from_hf, ffn_to_hf,
+                                 rename_all, token_ids)
 
 ARCHITECTURES = {"LlamaForCausalLM": "lm"}
 MODEL_TYPE = "llama"
@@ -65,7 +65,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
                 ignored={"pretraining_tp": "slices the same matmuls (tensor-parallel pretraining)"})
     o["pretraining_tp"]
     d, heads = o["hidden_size"], o["num_attention_heads"]
-    o.require("hidden_act", ("silu",), "jaxformer's LLaMA FFN is SwiGLU (silu gate)")
+    ffn = ffn_from_hf(o, "hidden_act", gated=True, why="jaxformer's LLaMA FFN is SwiGLU (silu gate)")
     attn_bias, mlp_bias = o["attention_bias"], o["mlp_bias"]
     if bool(attn_bias) != bool(mlp_bias):
         o.problem("attention_bias", f"with mlp_bias={mlp_bias}: jaxformer has one bias flag for "
@@ -78,7 +78,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
         vocab_size=vocab, d_model=d, num_heads=heads,
         num_kv_heads=None if kv in (None, heads) else kv,
         head_dim=None if head_dim in (None, d // heads) and d % heads == 0 else head_dim,
-        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn="swiglu", norm="rmsnorm",
+        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ffn, norm="rmsnorm",
         norm_eps=float(o["rms_norm_eps"]), norm_position="pre", final_norm=True, bias=bool(attn_bias),
         dropout=0.0, attn_dropout=float(o["attention_dropout"]), ffn_dropout=0.0, embed_dropout=0.0,
         position="rope", rope_base=_rope_theta(o), max_len=o["max_position_embeddings"],
@@ -113,7 +113,7 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
             "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
             "num_key_value_heads": cfg.resolved_kv_heads, "head_dim": cfg.resolved_head_dim,
-            "hidden_act": "silu", "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
+            "hidden_act": ffn_to_hf(cfg.ffn), "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
             "rope_theta": cfg.rope_base,
             "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
             "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,

@@ -1,35 +1,61 @@
 """ViT (`ViTForImageClassification`) <-> `vit` and Swin (`SwinForImageClassification`) <->
-`swin`, on top of the colleague's mapping in jaxformer/hf_vision.py (its docstring lists the
-layout details: NCHW vs NHWC images, position embedding shape, eps, Swin's clamped windows).
+`swin`: configs and weights, strict config.json import, streaming import and export.
 
-This module adds what a checkpoint directory needs: strict config.json options (dropouts
-carried over, every other option checked or an error), per-tensor renaming for streaming,
-and export in the names HF's own save_pretrained writes (transformers 4.x names, which 5.x
-renames on load; hf_vision's `*_to_hf` gives the 5.x in-memory names).
+Two entry points share one mapping. The checkpoint-directory family API of jaxformer.hf
+(config_from_hf on a config.json dict, tensor_fn, export_problems, config_to_hf,
+state_dict_to_hf) reads config.json strictly (dropouts carried over, every other option
+checked or an error) and exports in the names HF's save_pretrained writes (transformers 4.x
+names, which 5.x renames on load). The in-memory API works on transformers objects: the
+config's attributes and a model's state_dict, in transformers 5.x in-memory names (the 4.x
+names of hub checkpoints, e.g. `attention.attention.query`, are read too). It imports neither
+jax nor torch: state_dict values pass through (torch tensors or numpy arrays) and are only
+reshaped where the layouts differ. Then `jaxformer.convert` takes torch_ref -> flax as usual.
 
-Deliberate details:
-  * ViT: hidden_dropout_prob -> dropout and embed_dropout (HF uses it for both),
+    cfg = vit_config_from_hf(hf_model.config)
+    sd = vit_state_dict_from_hf(hf_model.state_dict())   # load into torch_ref ViT(cfg), strict
+
+Deliberate differences and how they are mapped:
+
+ViT (ViTForImageClassification)
+  * images: HF takes NCHW, jaxformer NHWC (x.permute(0, 2, 3, 1)).
+  * position_embeddings [1, N, D] -> embed_positions.weight [N, D]; cls_token kept [1, 1, D].
+  * layer_norm_eps (HF default 1e-12, not torch's 1e-5 nor flax's 1e-6) -> norm_eps, carried over.
+  * hidden_act "gelu" is exact GELU -> ffn="gelu"; "gelu_new"/"gelu_pytorch_tanh" -> "gelu_tanh".
+  * HF always has an o_proj bias and a q/k/v bias iff qkv_bias; our MultiHeadAttention has
+    one `bias` flag for all four, so only qkv_bias=True (HF's default) maps.
+  * layers.i.{layernorm_before, attention, layernorm_after, mlp.fc1, mlp.fc2} ->
+    encoder.layers.i.{attn_norm, self_attn, ffn_norm, ffn.up_proj, ffn.down_proj};
+    vit.layernorm -> encoder.final_norm. Pooling: HF takes the [CLS] output (pool="cls").
+  * config.json: hidden_dropout_prob -> dropout and embed_dropout (HF uses it for both),
     attention_probs_dropout_prob -> attn_dropout. encoder_stride (masked-image-modelling
     decoder) and pooler_* (ViTModel's pooler; the classifier has none) do not apply.
-  * Swin: attention_probs_dropout_prob -> attn_dropout, drop_path_rate -> drop_path_rate.
-    hidden_dropout_prob must be 0 (HF's default): HF also applies it after the patch
-    embedding, where jaxformer's Swin has no dropout. hidden_size and num_layers are derived
-    (checked), out_features/out_indices/stage_names are the backbone API.
-  * Class names (id2label) are not kept: jaxformer keeps num_classes only; export writes
-    LABEL_i names.
+Swin (SwinForImageClassification)
+  * same NCHW / NHWC difference; blocks keep HF's structure and order, renamed only.
+  * HF builds the patch-embedding norm and the patch-merging norms with torch's default eps
+    1e-5 whatever layer_norm_eps says; we use norm_eps everywhere, so layer_norm_eps must be 1e-5.
+  * HF's shift mask adds -100 to masked scores; we mask with booleans (exactly 0 weight). The
+    two agree to fp32 rounding unless scores differ by ~100.
+  * HF crashes (bias [49, 49] vs scores [16, 16]) when a stage is smaller than window_size,
+    because its bias table is never clamped; we clamp (see models/swin.py). Only
+    use_absolute_embeddings=False (HF's default) maps.
+  * config.json: attention_probs_dropout_prob -> attn_dropout, drop_path_rate ->
+    drop_path_rate. hidden_dropout_prob must be 0 (HF's default): HF also applies it after
+    the patch embedding, where jaxformer's Swin has no dropout. hidden_size and num_layers are
+    derived (checked), out_features/out_indices/stage_names are the backbone API.
+Both: class names (id2label) are not kept: jaxformer keeps num_classes only; export writes
+LABEL_i names. `relative_position_index` buffers some checkpoints carry are recomputed.
 """
 from __future__ import annotations
 
-import re
 from types import SimpleNamespace
+from typing import Any, Mapping
 
 import numpy as np
 
-from jaxformer import hf_vision
 from jaxformer.config import ConfigError
 from jaxformer.config.vision import SwinConfig, ViTConfig
-from jaxformer.hf.common import Options
-from jaxformer.hf.loading import MappingError
+from jaxformer.hf.common import (ACTIVATIONS, MappingError, Options, Renamer, activations,
+                                 exportable_ffns, ffn_to_hf, rename_all)
 
 ARCHITECTURES = {"ViTForImageClassification": "vit", "SwinForImageClassification": "swin"}
 VIT_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
@@ -45,23 +71,170 @@ SWIN_DEFAULTS = dict(image_size=224, patch_size=4, num_channels=3, embed_dim=96,
 SWIN_IGNORED = {"encoder_stride": "the masked-image-modelling decoder only",
                 "out_features": "the backbone API", "out_indices": "the backbone API",
                 "stage_names": "the backbone API"}
-ACTS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu"}
+TANH_GELU = "gelu_pytorch_tanh"  # torch's own tanh GELU, the op torch_ref's gelu_tanh runs
 
-# 5.x in-memory names (hf_vision) -> the names save_pretrained writes (4.x), in order
-VIT_SAVED = [(r"^vit\.layers\.", "vit.encoder.layer."),
-             (r"attention\.q_proj", "attention.attention.query"),
-             (r"attention\.k_proj", "attention.attention.key"),
-             (r"attention\.v_proj", "attention.attention.value"),
-             (r"attention\.o_proj", "attention.output.dense"),
-             (r"mlp\.fc1", "intermediate.dense"), (r"mlp\.fc2", "output.dense")]
-SWIN_SAVED = [(r"attention\.q_proj", "attention.self.query"), (r"attention\.k_proj", "attention.self.key"),
-              (r"attention\.v_proj", "attention.self.value"),
-              (r"attention\.relative_position_bias\.relative_position_bias_table",
-               "attention.self.relative_position_bias_table"),
-              (r"attention\.o_proj", "attention.output.dense"),
-              (r"mlp\.fc1", "intermediate.dense"), (r"mlp\.fc2", "output.dense")]
+# ----------------------------------------------------------------------------- names
+# Per layer / block: (transformers 5.x name, 4.x name, jaxformer name). {leaf} is weight/bias.
+_VIT_LAYER = [
+    ("layernorm_before.{leaf}", "layernorm_before.{leaf}", "attn_norm.{leaf}"),
+    ("attention.q_proj.{leaf}", "attention.attention.query.{leaf}", "self_attn.q_proj.{leaf}"),
+    ("attention.k_proj.{leaf}", "attention.attention.key.{leaf}", "self_attn.k_proj.{leaf}"),
+    ("attention.v_proj.{leaf}", "attention.attention.value.{leaf}", "self_attn.v_proj.{leaf}"),
+    ("attention.o_proj.{leaf}", "attention.output.dense.{leaf}", "self_attn.o_proj.{leaf}"),
+    ("layernorm_after.{leaf}", "layernorm_after.{leaf}", "ffn_norm.{leaf}"),
+    ("mlp.fc1.{leaf}", "intermediate.dense.{leaf}", "ffn.up_proj.{leaf}"),
+    ("mlp.fc2.{leaf}", "output.dense.{leaf}", "ffn.down_proj.{leaf}"),
+]
+_VIT_TOP = [
+    ("vit.embeddings.cls_token", "cls_token"),
+    ("vit.embeddings.position_embeddings", "embed_positions.weight"),
+    ("vit.embeddings.patch_embeddings.projection.{leaf}", "patch_embed.proj.{leaf}"),
+    ("vit.layernorm.{leaf}", "encoder.final_norm.{leaf}"),
+    ("classifier.{leaf}", "classifier.{leaf}"),
+]
+_SWIN_BLOCK = [
+    ("layernorm_before.{leaf}", "layernorm_before.{leaf}", "attn_norm.{leaf}"),
+    ("attention.q_proj.{leaf}", "attention.self.query.{leaf}", "self_attn.q_proj.{leaf}"),
+    ("attention.k_proj.{leaf}", "attention.self.key.{leaf}", "self_attn.k_proj.{leaf}"),
+    ("attention.v_proj.{leaf}", "attention.self.value.{leaf}", "self_attn.v_proj.{leaf}"),
+    ("attention.o_proj.{leaf}", "attention.output.dense.{leaf}", "self_attn.o_proj.{leaf}"),
+    ("attention.relative_position_bias.relative_position_bias_table",
+     "attention.self.relative_position_bias_table", "self_attn.relative_position_bias_table"),
+    ("layernorm_after.{leaf}", "layernorm_after.{leaf}", "ffn_norm.{leaf}"),
+    ("mlp.fc1.{leaf}", "intermediate.dense.{leaf}", "ffn.up_proj.{leaf}"),
+    ("mlp.fc2.{leaf}", "output.dense.{leaf}", "ffn.down_proj.{leaf}"),
+]
+_SWIN_TOP = [
+    ("swin.embeddings.patch_embeddings.projection.{leaf}", "patch_embed.proj.{leaf}"),
+    ("swin.embeddings.norm.{leaf}", "patch_embed.norm.{leaf}"),
+    ("swin.encoder.layers.{i}.downsample.reduction.{leaf}", "stages.{i}.downsample.reduction.{leaf}"),
+    ("swin.encoder.layers.{i}.downsample.norm.{leaf}", "stages.{i}.downsample.norm.{leaf}"),
+    ("swin.layernorm.{leaf}", "final_norm.{leaf}"),
+    ("classifier.{leaf}", "classifier.{leaf}"),
+]
+VIT_RULES = _VIT_TOP + [("vit.layers.{i}." + new, "encoder.layers.{i}." + ours)
+                        for new, _, ours in _VIT_LAYER]
+VIT_SAVED_RULES = _VIT_TOP + [("vit.encoder.layer.{i}." + old, "encoder.layers.{i}." + ours)
+                              for _, old, ours in _VIT_LAYER]
+_BLOCK = "swin.encoder.layers.{i}.blocks.{j}."
+SWIN_RULES = _SWIN_TOP + [(_BLOCK + new, "stages.{i}.blocks.{j}." + ours) for new, _, ours in _SWIN_BLOCK]
+SWIN_SAVED_RULES = _SWIN_TOP + [(_BLOCK + old, "stages.{i}.blocks.{j}." + ours)
+                                for _, old, ours in _SWIN_BLOCK]
+# import reads either naming of each part (after _hf_key); export writes 5.x names (in
+# memory) or 4.x names (files)
+RENAMERS = {"vit": Renamer(VIT_RULES + [("vit.layers.{i}." + old, "encoder.layers.{i}." + ours)
+                                        for _, old, ours in _VIT_LAYER]),
+            "swin": Renamer(SWIN_RULES + SWIN_SAVED_RULES)}
+RENAMERS_5X = {"vit": Renamer(VIT_RULES), "swin": Renamer(SWIN_RULES)}
+RENAMERS_SAVED = {"vit": Renamer(VIT_SAVED_RULES), "swin": Renamer(SWIN_SAVED_RULES)}
 
 
+def _is_buffer(key: str) -> bool:
+    return key.endswith("relative_position_index")  # recomputed, not loaded
+
+
+def _hf_key(name: str, key: str) -> str:
+    """A key with the 5.x layer container: ViT's 4.x `vit.encoder.layer.{i}` is `vit.layers.{i}`;
+    Swin checkpoints of the bare model have no `swin.` prefix."""
+    if name == "vit" and key.startswith("vit.encoder.layer."):
+        return "vit.layers." + key[len("vit.encoder.layer."):]
+    if name == "swin" and key.startswith(("encoder.", "embeddings.")):
+        return "swin." + key
+    return key
+
+
+def _pos_from_hf(x):
+    return x.reshape(tuple(x.shape[1:])) if x.ndim == 3 and x.shape[0] == 1 else x  # [1, N, D] -> [N, D]
+
+
+def _state_dict_from_hf(name: str, state_dict: Mapping[str, Any], legacy: bool) -> dict[str, Any]:
+    renamer = RENAMERS[name] if legacy else RENAMERS_5X[name]
+    sd = {k: v for k, v in state_dict.items() if not _is_buffer(k)}
+    out = rename_all(sd, lambda k: renamer.to_torch(_hf_key(name, k) if legacy else k),
+                     f"jaxformer {name}")
+    if "embed_positions.weight" in out:
+        out["embed_positions.weight"] = _pos_from_hf(out["embed_positions.weight"])
+    return out
+
+
+def _state_dict_to_hf(name: str, state_dict: Mapping[str, Any], renamers) -> dict[str, Any]:
+    sd = {k: v for k, v in state_dict.items() if not _is_buffer(k)}
+    out = rename_all(sd, renamers[name].to_hf, f"HF {name}")
+    pos = out.get("vit.embeddings.position_embeddings")
+    if pos is not None:
+        out["vit.embeddings.position_embeddings"] = pos.reshape((1,) + tuple(pos.shape))
+    return out
+
+
+# ----------------------------------------------------------------------------- in-memory API
+def vit_config_from_hf(hf: Any, **overrides) -> ViTConfig:
+    """ViTConfig from a transformers ViTConfig (attributes) for ViTForImageClassification."""
+    image, patch = hf.image_size, hf.patch_size
+    image = image if isinstance(image, int) else _square(image, "image_size")
+    patch = patch if isinstance(patch, int) else _square(patch, "patch_size")
+    if not hf.qkv_bias:
+        raise ValueError("HF ViT qkv_bias=False has no jaxformer equivalent (one bias flag for q/k/v/o)")
+    kw = dict(image_size=image, patch_size=patch, num_channels=hf.num_channels,
+              num_classes=hf.num_labels, d_model=hf.hidden_size, num_heads=hf.num_attention_heads,
+              d_ff=hf.intermediate_size, num_layers=hf.num_hidden_layers, ffn=_act(hf.hidden_act),
+              norm_eps=float(hf.layer_norm_eps), bias=True, class_token=True, pool="cls")
+    kw.update(overrides)
+    return ViTConfig(**kw)
+
+
+def vit_state_dict_from_hf(state_dict: Mapping[str, Any], *, legacy: bool = True) -> dict[str, Any]:
+    """HF ViTForImageClassification state_dict -> torch_ref ViT state_dict. legacy: also
+    read transformers 4.x names."""
+    return _state_dict_from_hf("vit", state_dict, legacy)
+
+
+def vit_state_dict_to_hf(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """torch_ref ViT state_dict -> HF ViTForImageClassification state_dict (the inverse)."""
+    return _state_dict_to_hf("vit", state_dict, RENAMERS_5X)
+
+
+def swin_config_from_hf(hf: Any, **overrides) -> SwinConfig:
+    """SwinConfig from a transformers SwinConfig for SwinForImageClassification."""
+    if getattr(hf, "use_absolute_embeddings", False):
+        raise ValueError("HF Swin use_absolute_embeddings=True is not supported")
+    if float(hf.layer_norm_eps) != 1e-5:
+        raise ValueError(f"HF Swin layer_norm_eps={hf.layer_norm_eps}: HF keeps 1e-5 in the patch "
+                         "and merge norms, jaxformer has one norm_eps; only 1e-5 maps exactly")
+    image, patch = hf.image_size, hf.patch_size
+    kw = dict(image_size=image if isinstance(image, int) else _square(image, "image_size"),
+              patch_size=patch if isinstance(patch, int) else _square(patch, "patch_size"),
+              num_channels=hf.num_channels, num_classes=hf.num_labels, embed_dim=hf.embed_dim,
+              depths=tuple(hf.depths), num_heads=tuple(hf.num_heads), window_size=hf.window_size,
+              mlp_ratio=float(hf.mlp_ratio), qkv_bias=bool(hf.qkv_bias), ffn=_act(hf.hidden_act),
+              norm_eps=1e-5)
+    kw.update(overrides)
+    return SwinConfig(**kw)
+
+
+def swin_state_dict_from_hf(state_dict: Mapping[str, Any], *, legacy: bool = True) -> dict[str, Any]:
+    """HF SwinForImageClassification state_dict -> torch_ref SwinTransformer state_dict."""
+    return _state_dict_from_hf("swin", state_dict, legacy)
+
+
+def swin_state_dict_to_hf(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    return _state_dict_to_hf("swin", state_dict, RENAMERS_5X)
+
+
+def _act(name: str) -> str:
+    plain = activations(gated=False)
+    if name not in plain:
+        raise ValueError(f"HF hidden_act={name!r} has no jaxformer ffn kind; known: {sorted(plain)}")
+    return ACTIVATIONS[name]
+
+
+def _square(v, field: str) -> int:
+    v = tuple(v)
+    if len(v) != 2 or v[0] != v[1]:
+        raise ValueError(f"HF {field}={v}: only square sizes map")
+    return int(v[0])
+
+
+# ----------------------------------------------------------------------------- config.json
 def _wrap(fn, o: Options):
     o.finish()
     try:
@@ -75,7 +248,7 @@ def config_from_hf(raw: dict, arch: str, keys=()):
         o = Options(raw, VIT_DEFAULTS, family="vit ViTForImageClassification", ignored=VIT_IGNORED)
         ns = SimpleNamespace(**{k: o[k] for k in VIT_DEFAULTS}, num_labels=o.num_labels())
         drop = float(ns.hidden_dropout_prob)
-        cfg = _wrap(lambda: hf_vision.vit_config_from_hf(
+        cfg = _wrap(lambda: vit_config_from_hf(
             ns, dropout=drop, embed_dropout=drop, attn_dropout=float(ns.attention_probs_dropout_prob)), o)
         return "vit", cfg, o.notes
     o = Options(raw, SWIN_DEFAULTS, family="swin SwinForImageClassification", ignored=SWIN_IGNORED)
@@ -88,33 +261,29 @@ def config_from_hf(raw: dict, arch: str, keys=()):
                   f"must be embed_dim * 2**(len(depths)-1) = {ns.embed_dim * 2 ** (n - 1)}")
     if "num_layers" in raw:
         o.require("num_layers", lambda v: v == n, f"must equal len(depths) = {n}")
-    cfg = _wrap(lambda: hf_vision.swin_config_from_hf(
+    cfg = _wrap(lambda: swin_config_from_hf(
         ns, attn_dropout=float(ns.attention_probs_dropout_prob), drop_path_rate=float(ns.drop_path_rate)), o)
     return "swin", cfg, o.notes
 
 
 def tensor_fn(name: str, cfg, arch: str):
-    rules = hf_vision.VIT_RULES if name == "vit" else hf_vision.SWIN_RULES
+    renamer = RENAMERS[name]
 
     def fn(key: str, x: np.ndarray):
-        try:
-            out = hf_vision._rename({key: x}, rules, reverse=False, legacy=True)
-        except ValueError:
-            raise MappingError(f"unmapped: {key} has no jaxformer {name} equivalent") from None
-        if not out:
-            return None  # a recomputed buffer (relative_position_index)
-        pos = out.get("embed_positions.weight")
-        if pos is not None and pos.ndim == 3 and pos.shape[0] == 1:  # [1, N, D] -> [N, D]
-            out["embed_positions.weight"] = pos.reshape(pos.shape[1:])
-        return out
+        if _is_buffer(key):
+            return None
+        new = renamer.to_torch(_hf_key(name, key))
+        if new is None:
+            raise MappingError(f"unmapped: {key} has no jaxformer {name} equivalent")
+        return {new: _pos_from_hf(x) if new == "embed_positions.weight" else x}
     return fn
 
 
 # ----------------------------------------------------------------------------- export
 def export_problems(name: str, cfg) -> list[str]:
     out = []
-    if cfg.ffn not in ACTS_TO_HF:
-        out.append(f"ffn={cfg.ffn!r} (HF {name} activations: {sorted(ACTS_TO_HF)})")
+    if cfg.ffn not in exportable_ffns():
+        out.append(f"ffn={cfg.ffn!r} (HF {name} activations: {exportable_ffns()})")
     if name == "vit":
         want = dict(class_token=True, pool="cls", bias=True)
         out += [f"{k}={getattr(cfg, k)!r} (HF ViT needs {v!r})" for k, v in want.items()
@@ -137,12 +306,13 @@ def _labels(n: int) -> dict:
 
 
 def config_to_hf(name: str, cfg) -> dict:
+    act = ffn_to_hf(cfg.ffn, tanh=TANH_GELU)
     if name == "vit":
         c: ViTConfig = cfg
         return {"architectures": ["ViTForImageClassification"], "model_type": "vit",
                 "hidden_size": c.d_model, "num_hidden_layers": c.num_layers,
                 "num_attention_heads": c.num_heads, "intermediate_size": c.d_ff,
-                "hidden_act": ACTS_TO_HF[c.ffn], "hidden_dropout_prob": c.dropout,
+                "hidden_act": act, "hidden_dropout_prob": c.dropout,
                 "attention_probs_dropout_prob": c.attn_dropout, "layer_norm_eps": c.norm_eps,
                 "image_size": c.image_size, "patch_size": c.patch_size, "num_channels": c.num_channels,
                 "qkv_bias": True, "initializer_range": 0.02, "dtype": "float32", **_labels(c.num_classes)}
@@ -152,19 +322,11 @@ def config_to_hf(name: str, cfg) -> dict:
             "embed_dim": s.embed_dim, "depths": list(s.depths), "num_heads": list(s.num_heads),
             "window_size": s.window_size, "mlp_ratio": s.mlp_ratio, "qkv_bias": s.qkv_bias,
             "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": s.attn_dropout,
-            "drop_path_rate": s.drop_path_rate, "hidden_act": ACTS_TO_HF[s.ffn],
+            "drop_path_rate": s.drop_path_rate, "hidden_act": act,
             "use_absolute_embeddings": False, "layer_norm_eps": 1e-5, "initializer_range": 0.02,
             "dtype": "float32", **_labels(s.num_classes)}
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.ndarray]:
-    if name == "vit":
-        hf, saved = hf_vision.vit_state_dict_to_hf(sd), VIT_SAVED
-    else:
-        hf, saved = hf_vision.swin_state_dict_to_hf(sd), SWIN_SAVED
-    out = {}
-    for k, v in hf.items():
-        for rx, new in saved:
-            k = re.sub(rx, new, k)
-        out[k] = np.ascontiguousarray(v)
-    return out
+    """torch_ref state_dict -> the HF state_dict in the names save_pretrained writes."""
+    return {k: np.ascontiguousarray(v) for k, v in _state_dict_to_hf(name, sd, RENAMERS_SAVED).items()}

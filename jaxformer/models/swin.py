@@ -1,6 +1,6 @@
 """Swin Transformer (Liu et al. 2021, "Hierarchical Vision Transformer using Shifted Windows").
 Twin: torch_ref/models/swin.py. Weights map onto HF SwinForImageClassification by renaming
-only (jaxformer/hf_vision.py).
+only (jaxformer/hf/vision.py).
 
 Feature maps stay channels-last [B, h, w, C] between blocks. A block attends inside
 non-overlapping W x W windows (N = W*W tokens, nW windows per image), with a learned relative

@@ -1,6 +1,6 @@
 """Swin Transformer (Liu et al. 2021, "Hierarchical Vision Transformer using Shifted Windows").
 Twin: jaxformer/models/swin.py (see its docstring for padding, clamping and the shift mask).
-Weights map onto HF SwinForImageClassification by renaming only (jaxformer/hf_vision.py).
+Weights map onto HF SwinForImageClassification by renaming only (jaxformer/hf/vision.py).
 
 Feature maps stay channels-last [B, h, w, C] between blocks; windows hold N = W*W tokens.
 Index tables and shift masks are computed in numpy, identically in both trees.
