@@ -2,7 +2,7 @@
 tolerance; `run_case` converts torch's weights into the flax twin and compares outputs and
 gradients with jaxformer.parity.check_parity.
 
-Cases live in the cases_*.py modules beside this file, grouped by issue/component, and
+Cases live in the cases_*.py modules beside this file, grouped by component, and
 register themselves on import. `load_all()` imports them all.
 """
 from __future__ import annotations
@@ -88,6 +88,7 @@ def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
         from jaxformer.models import build_model as jbuild
         from torch_ref.models import build_model as tbuild
         return tbuild(name, cfg, seed=seed), jbuild(name, cfg, seed=seed)
+    build.model = name  # the registered model this builder covers (tests/test_convert.py)
     return build
 
 
