@@ -1,6 +1,6 @@
 """Component behaviour beyond torch-vs-JAX parity: reference formulas (HF LLaMA RoPE, ALiBi
 paper slopes, HF T5 buckets), masked rows, range checks, and proofs that the parity cases
-would catch each PITFALLS row if an implementation regressed."""
+would catch each docs/numerics.md pitfall if an implementation regressed."""
 import math
 
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ from torch_ref.layers import positional as tpos
 load_all()
 
 
-def test_rope_matches_hf_llama_rotate_half():  # PITFALLS 6
+def test_rope_matches_hf_llama_rotate_half():  # docs/numerics.md §6
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     rng = np.random.RandomState(0)
     b, t, h, k = 2, 7, 3, 16
@@ -69,7 +69,7 @@ def test_t5_buckets_match_hf(bidirectional):
 
 
 @pytest.mark.parametrize("return_weights", [False, True])
-def test_fully_masked_rows_are_zero_in_both(return_weights):  # PITFALLS 4
+def test_fully_masked_rows_are_zero_in_both(return_weights):  # docs/numerics.md §4
     rng = np.random.RandomState(0)
     q, k, v = (rng.standard_normal((1, 3, 2, 4)).astype(np.float32) for _ in range(3))
     mask = np.array([[[[True, False, True], [False, False, False], [True, True, True]]]])
@@ -107,7 +107,7 @@ def test_non_boolean_mask_is_rejected():
 
 
 @pytest.mark.parametrize("bad", [-1, 10])
-def test_out_of_range_ids_raise_in_both(bad):  # PITFALLS 10: JAX would clamp silently
+def test_out_of_range_ids_raise_in_both(bad):  # docs/numerics.md §10: JAX would clamp silently
     from flax import nnx
     ids = np.array([[1, bad]])
     with pytest.raises(ValueError, match=f"token id {bad} is out of range"):
@@ -135,7 +135,7 @@ def test_mha_rejects_indivisible_d_model():
 
 
 # ------------------------------------------------- the parity cases can fail (mutation checks)
-def test_eps_mismatch_would_fail_parity():  # PITFALLS 1
+def test_eps_mismatch_would_fail_parity():  # docs/numerics.md §1
     c = CASES["norm_layernorm_eps_small_std"]
     torch_ln = tnorm.LayerNorm(32, eps=1e-5)
     flax_ln = jnorm.LayerNorm(32, eps=1e-6)  # flax's default eps
@@ -143,7 +143,7 @@ def test_eps_mismatch_would_fail_parity():  # PITFALLS 1
     assert not r.ok and r.max_abs_out > 0.1, r.max_abs_out
 
 
-def test_gelu_variant_mismatch_would_fail_parity():  # PITFALLS 2
+def test_gelu_variant_mismatch_would_fail_parity():  # docs/numerics.md §2
     from flax import nnx
 
     from jaxformer.layers.ffn import FeedForward as JFF
@@ -155,7 +155,7 @@ def test_gelu_variant_mismatch_would_fail_parity():  # PITFALLS 2
     assert not r.ok and r.max_abs_out > 1e-5, r.max_abs_out
 
 
-def test_conv_padding_mismatch_would_fail_parity():  # PITFALLS 5
+def test_conv_padding_mismatch_would_fail_parity():  # docs/numerics.md §5
     from flax import nnx
 
     from jaxformer.layers.conv import Conv2d as JConv

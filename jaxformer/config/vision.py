@@ -141,9 +141,9 @@ class SwinConfig:
 
 @dataclass(frozen=True)
 class TimeSeriesConfig:
-    """TCN + Transformer forecaster (the seed tutorial's TCNTransformer, Bai et al. 2018 for the
-    TCN): Conv1d+ReLU layers with explicit padding, positions, an encoder stack, then a head that
-    predicts the next `horizon` values of the `target_channels`.
+    """TCN + Transformer forecaster (TCNTransformer; Bai et al. 2018 for the TCN): Conv1d+ReLU
+    layers with explicit padding, positions, an encoder stack, then a head that predicts the
+    next `horizon` values of the `target_channels`.
 
     padding="causal" pads (k-1)*dilation on the left only, so step t sees inputs <= t;
     padding="same" splits it (left = total // 2, the rest right, like torch padding='same')."""
@@ -161,9 +161,9 @@ class TimeSeriesConfig:
     dilation_base: int = 1  # layer i uses dilation dilation_base ** i (2 = WaveNet/TCN style)
     padding: str = "causal"
     ffn: str = "relu"
-    norm_position: str = "post"  # the seed's nn.TransformerEncoderLayer default
+    norm_position: str = "post"  # nn.TransformerEncoderLayer's default
     norm_eps: float = 1e-5
-    final_norm: bool = False  # the seed's stack has no final norm
+    final_norm: bool = False  # as nn.TransformerEncoder without a norm
     position: str = "sinusoidal"
     pool: str = "last"  # head input: the last step's state, or the mean over steps
     dropout: float = 0.0

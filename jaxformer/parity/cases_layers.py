@@ -1,6 +1,6 @@
-"""Parity cases for the components (issue: components, mirror, converter, harness).
+"""Parity cases for the components (layers, the mirror, the converter, the harness).
 
-PITFALLS rows covered here: 1 (LayerNorm eps on std-1e-3 input), 2 (GELU exact vs tanh),
+docs/numerics.md sections covered here: 1 (LayerNorm eps on std-1e-3 input), 2 (GELU exact vs tanh),
 3 (precision: every case runs at 'highest' / TF32 off), 4 (fully masked rows), 5 (conv
 padding, k=7 s=2, causal pads), 6 (rotate-half RoPE; also checked against HF LLaMA in
 tests/test_layers.py), 8 (separate q/k/v/o), 10 (clamped ids: tests/test_layers.py).
@@ -57,7 +57,7 @@ for fused in (True, False):
     case(f"sdpa_{tag}_sliding_window", "attention", fn, _with(_qkv(s=T), mask=_window(T, 3)))
     case(f"sdpa_{tag}_additive_bias", "attention", fn,
          _with(_qkv(), bias=normal(B, H, T, S), mask=_pad_mask([5, 2])))
-    # PITFALLS 4: query rows with no visible key must output 0 (not NaN, not mean(V))
+    # docs/numerics.md §4: query rows with no visible key must output 0 (not NaN, not mean(V))
     m = np.ones((B, 1, T, S), bool)
     m[0, 0, 1] = False
     m[1, 0, 3:] = False
@@ -101,7 +101,7 @@ for bidirectional in (True, False):
 
 # ---------------------------------------------------------------- 4. feed-forward
 for kind in ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"):
-    # inputs on [-5, 5]-ish so the GELU variants would differ by ~5e-4 if swapped (PITFALLS 2)
+    # inputs on [-5, 5]-ish so the GELU variants would differ by ~5e-4 if swapped (docs/numerics.md §2)
     case(f"ffn_{kind}", "ffn", mirror("layers.ffn.FeedForward", D, 64, kind=kind),
          lambda r: {"x": normal(B, T, D, scale=2.5)(r)})
 case("ffn_swiglu_nobias", "ffn", mirror("layers.ffn.FeedForward", D, 48, kind="swiglu", bias=False),
@@ -110,7 +110,7 @@ case("ffn_swiglu_nobias", "ffn", mirror("layers.ffn.FeedForward", D, 48, kind="s
 # ---------------------------------------------------------------- 5. norms
 case("norm_layernorm", "norm", mirror("layers.norm.LayerNorm", D, eps=1e-5),
      lambda r: {"x": normal(B, T, D, scale=3.0, offset=1.0)(r)})
-# PITFALLS 1: std 1e-3 input makes eps dominate; torch 1e-5 vs flax 1e-6 differs by ~1.05
+# docs/numerics.md §1: std 1e-3 input makes eps dominate; torch 1e-5 vs flax 1e-6 differs by ~1.05
 case("norm_layernorm_eps_small_std", "norm", mirror("layers.norm.LayerNorm", D, eps=1e-5),
      lambda r: {"x": normal(B, T, D, scale=1e-3)(r)})
 # No offset here: with mean 0.5 and std 1e-3 the fp32 problem itself is ill-conditioned (the
@@ -123,7 +123,7 @@ case("norm_rmsnorm", "norm", mirror("layers.norm.RMSNorm", D, eps=1e-6),
 case("norm_rmsnorm_eps_small_std", "norm", mirror("layers.norm.RMSNorm", D, eps=1e-5),
      lambda r: {"x": normal(B, T, D, scale=1e-3)(r)})
 
-# ---------------------------------------------------------------- conv layout and padding (PITFALLS 5)
+# ---------------------------------------------------------------- conv layout and padding (docs/numerics.md §5)
 case("conv2d_k7_s2_explicit_pad", "conv", mirror("layers.conv.Conv2d", 3, 8, 7, stride=2, padding=3),
      lambda r: {"x": normal(B, 16, 16, 3)(r)})
 case("conv2d_patchify_k4_s4", "conv", mirror("layers.conv.Conv2d", 3, 16, 4, stride=4, padding=0),

@@ -1,4 +1,4 @@
-"""Parity cases for ViT, Swin and the TCN-Transformer (issue: vision and time-series models).
+"""Parity cases for ViT, Swin and the TCN-Transformer (the vision and time-series models).
 
 Every case compares outputs (and, with return_intermediates, every named intermediate) and the
 gradients of all parameters and inputs at the foundation tolerances. Images are channels-last
@@ -7,7 +7,7 @@ gradients of all parameters and inputs at the foundation tolerances. Images are 
 Swin coverage: W-MSA and SW-MSA blocks, two and three stages, an odd window (shift 1), a stage
 whose map equals the window (shift dropped), a stage smaller than the window (window clamped),
 and an input that needs padding at the patch embedding, at the window and at patch merging.
-TCN coverage (PITFALLS row 5): causal and same pads, k = 7, even k (asymmetric same pads),
+TCN coverage (docs/numerics.md §5): causal and same pads, k = 7, even k (asymmetric same pads),
 dilation 2 and 4.
 """
 from __future__ import annotations
