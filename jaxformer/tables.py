@@ -78,3 +78,39 @@ def t5_bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) ->
     out = buckets.astype(np.int32)
     out.flags.writeable = False
     return out
+
+
+# ----------------------------------------------------------------------------- Swin windows
+@functools.lru_cache(maxsize=None)
+def relative_position_index(window: int, table_window: int) -> np.ndarray:
+    """Swin's relative position index (Liu et al. 2021, eq. 4): [N, N] int32 row of the
+    (2*table_window-1)^2-row bias table for each token pair of a window x window window
+    (N = window^2); equals HF's index when window == table_window."""
+    coords = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij")).reshape(2, -1)
+    rel = coords[:, :, None] - coords[:, None, :] + (table_window - 1)  # [2, N, N], >= 0
+    out = (rel[0] * (2 * table_window - 1) + rel[1]).astype(np.int32)
+    out.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def shift_mask(h: int, w: int, window: int, shift: int) -> np.ndarray | None:
+    """Swin's SW-MSA mask: [nW, N, N] bool, True where two tokens of a shifted window came from
+    the same region of the un-shifted map (Liu et al. 2021, fig. 4); None without a shift.
+    h, w: padded sizes, multiples of window."""
+    if shift == 0:
+        return None
+    def regions(n):
+        return (np.arange(n) >= n - window).astype(np.int32) + (np.arange(n) >= n - shift)
+    img = (regions(h)[:, None] * 3 + regions(w)[None, :])[None, :, :, None]  # [1, h, w, 1]
+    ids = _window_partition(img, window)[..., 0]  # [nW, N]
+    out = ids[:, :, None] == ids[:, None, :]
+    out.flags.writeable = False
+    return out
+
+
+def _window_partition(x: np.ndarray, window: int) -> np.ndarray:
+    """[B, h, w, C] -> [B*nW, W*W, C], as the models' window_partition."""
+    b, h, w, c = x.shape
+    x = x.reshape(b, h // window, window, w // window, window, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window * window, c)

@@ -1,7 +1,7 @@
 """Config validation: every error names the field."""
 import pytest
 
-from jaxformer.config import ConfigError, TransformerConfig, from_dict, model_config_from_dict
+from jaxformer.config import ConfigError, TransformerConfig, from_dict, model_config_from_dict, to_dict
 
 
 @pytest.mark.parametrize("kw, field", [
@@ -43,3 +43,56 @@ def test_configs_are_frozen_and_yaml_floats_parse():
     assert cfg.norm_eps == 1e-6
     with pytest.raises(Exception):
         cfg.d_model = 8
+
+
+# ----------------------------------------------------------------------------- presets
+# The field values the parity cases and tests were written against, spelled out here so that a
+# change to a preset shows up as a failure, not as silently different models.
+_TINY = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=32, pad_id=0)
+_GPT2 = dict(position="learned", norm="layernorm", norm_eps=1e-5, ffn="gelu_tanh", norm_position="pre",
+             bias=True, scale_embedding=False, tie_embeddings=True)
+_LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", norm_position="pre",
+              bias=False, num_kv_heads=2, scale_embedding=False, tie_embeddings=False, final_norm=True)
+
+
+def test_tiny_presets_have_the_expected_fields():
+    from jaxformer.config.models import ClassifierConfig, LMConfig, Seq2SeqConfig
+    assert to_dict(LMConfig.tiny("gpt2")) == to_dict(LMConfig(**_TINY, **_GPT2))
+    assert to_dict(LMConfig.tiny("llama")) == to_dict(LMConfig(**_TINY, **_LLAMA))
+    assert to_dict(LMConfig.tiny()) == to_dict(LMConfig(**_TINY))
+    assert to_dict(ClassifierConfig.tiny()) == to_dict(ClassifierConfig(**_TINY))
+    assert to_dict(Seq2SeqConfig.tiny()) == to_dict(Seq2SeqConfig(**_TINY))
+    # overrides win, flavours too
+    assert LMConfig.tiny("llama", num_kv_heads=1, max_len=64).num_kv_heads == 1
+    assert LMConfig.tiny("gpt2", max_len=64).max_len == 64
+    with pytest.raises(ConfigError, match="^flavour:"):
+        LMConfig.tiny("gpt3")
+
+
+def test_gpt2_small_preset_is_gpt2_small():
+    from jaxformer.config.models import LMConfig
+    expected = LMConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                        max_len=1024, position="learned", norm="layernorm", norm_eps=1e-5,
+                        ffn="gelu_tanh", norm_position="pre", bias=True, scale_embedding=False,
+                        tie_embeddings=True, final_norm=True, pad_id=0, bos_id=50256, eos_id=50256)
+    assert to_dict(LMConfig.gpt2_small()) == to_dict(expected)
+    assert LMConfig.gpt2_small(max_len=256).max_len == 256
+
+
+def test_lm_flavour_presets_match_the_shipped_yaml():
+    """configs/lm.yaml and configs/llama.yaml are the gpt2 and llama presets at other sizes."""
+    import os
+
+    import yaml
+
+    from jaxformer.config.models import LMConfig
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jaxformer", "configs")
+
+    def load(name):
+        with open(os.path.join(root, name)) as f:
+            return model_config_from_dict(yaml.safe_load(f)["model"])[1]
+
+    sizes = dict(vocab_size=259, d_model=128, num_heads=4, num_layers=4, max_len=256)
+    assert to_dict(load("lm.yaml")) == to_dict(LMConfig.gpt2(
+        **sizes, d_ff=512, dropout=0.1, attn_dropout=0.1, embed_dropout=0.1))
+    assert to_dict(load("llama.yaml")) == to_dict(LMConfig.llama(**sizes, d_ff=344))

@@ -8,11 +8,13 @@ import pytest
 import torch
 import yaml
 
-from jaxformer.config import TransformerConfig, to_dict
+from jaxformer import models as jmodels
+from jaxformer.config import MODEL_CONFIGS, TransformerConfig, to_dict
 from jaxformer.convert import (ConversionError, convert_file, flax_key, load_torch_state_dict,
                                param_leaves, to_torch_state_dict, torch_key, write_safetensors)
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity.registry import CASES, load_all
+from torch_ref import models as tmodels
 from torch_ref.models import build_model as tbuild
 
 load_all()
@@ -30,6 +32,16 @@ def _module_cases():
 
 
 MODULE_CASES = _module_cases()
+
+
+def test_every_registered_model_is_mirrored_and_has_parity_cases():
+    """The key-set and round-trip test below runs over the parity cases; this keeps those
+    cases in step with the model registries: every model registered in either tree exists in
+    both, has a config class, and is built by at least one case."""
+    assert set(jmodels.MODELS) == set(tmodels.MODELS)
+    assert set(jmodels.MODELS) <= set(MODEL_CONFIGS)
+    covered = {getattr(c.build, "model", None) for c in CASES.values()}
+    assert set(jmodels.MODELS) <= covered, f"no parity case builds {sorted(set(jmodels.MODELS) - covered)}"
 
 
 @pytest.mark.parametrize("name", MODULE_CASES)

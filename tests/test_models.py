@@ -1,7 +1,8 @@
 """The full text models (classifier, seq2seq, lm) beyond the parity registry
-(jaxformer/parity/cases_models.py): configs/*.yaml build in both frameworks, bad input raises in
-both, named intermediates locate a divergence, padding invariance, the converter round trip,
-and the bf16-compute forward against torch's bf16 autocast (KL reported)."""
+(jaxformer/parity/cases_models.py): configs/*.yaml build in both frameworks, bad input raises
+in both, named intermediates locate a divergence, padding invariance, and the bf16-compute
+forward against torch's bf16 autocast (KL reported). The converter's key sets and round trips
+over every registered model are in tests/test_convert.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,27 +16,26 @@ import torch
 import yaml
 from flax import nnx
 
+from conftest import converted_pair
 from jaxformer import convert
 from jaxformer.config import model_config_from_dict
-from jaxformer.config.models import ClassifierConfig, LMConfig, Seq2SeqConfig
-from jaxformer.models import build_model as jbuild
+from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig
 from jaxformer.parity import first_divergence, setup_precision
-from jaxformer.parity.cases_models import GPT2, LLAMA, TINY, realistic_embeddings
-from torch_ref.models import build_model as tbuild
 
 setup_precision()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ("classifier", "seq2seq", "lm", "llama")
-V = TINY["vocab_size"]
+V = TINY_SIZES["vocab_size"]
 
 
-def pair(name, cfg, seed=0):
-    """torch model and its JAX twin holding the same (converted) weights, both in eval mode."""
-    t = realistic_embeddings(tbuild(name, cfg, seed=seed).eval())  # N(0, 1/D): see cases_models
-    j = jbuild(name, cfg, seed=seed)
-    convert.load_torch_state_dict(j, t.state_dict())
-    j.eval()
-    return t, j
+def _text_model_yamls():
+    """configs/*.yaml whose model is one of this file's text models."""
+    out = []
+    for fname in sorted(os.listdir(os.path.join(ROOT, "configs"))):
+        if fname.endswith(".yaml"):
+            with open(os.path.join(ROOT, "configs", fname)) as f:
+                if yaml.safe_load(f)["model"]["name"] in ("classifier", "seq2seq", "lm"):
+                    out.append(fname)
+    return out
 
 
 def run_both(t, j, *args, **kw):
@@ -49,11 +49,11 @@ def rand_ids(rng, b, n, vocab=V):
 
 
 MODELS = {
-    "classifier_post": ("classifier", ClassifierConfig(**TINY, norm_position="post")),
-    "classifier_pre_mean": ("classifier", ClassifierConfig(**TINY, norm_position="pre", pooling="mean")),
-    "seq2seq": ("seq2seq", Seq2SeqConfig(**TINY)),
-    "lm_gpt2": ("lm", LMConfig(**TINY, **GPT2)),
-    "lm_llama": ("lm", LMConfig(**TINY, **LLAMA)),
+    "classifier_post": ("classifier", ClassifierConfig.tiny(norm_position="post")),
+    "classifier_pre_mean": ("classifier", ClassifierConfig.tiny(norm_position="pre", pooling="mean")),
+    "seq2seq": ("seq2seq", Seq2SeqConfig.tiny()),
+    "lm_gpt2": ("lm", LMConfig.tiny("gpt2")),
+    "lm_llama": ("lm", LMConfig.tiny("llama")),
 }
 
 
@@ -64,14 +64,21 @@ def model_inputs(name, rng, t=6):
 
 
 # ----------------------------------------------------------------------------- configs
-@pytest.mark.parametrize("fname", CONFIGS)
+def test_every_text_model_has_a_yaml():
+    names = set()
+    for fname in _text_model_yamls():
+        with open(os.path.join(ROOT, "configs", fname)) as f:
+            names.add(yaml.safe_load(f)["model"]["name"])
+    assert names == {"classifier", "seq2seq", "lm"}
+
+
+@pytest.mark.parametrize("fname", _text_model_yamls())
 def test_yaml_model_section_loads_and_builds_in_both(fname):
-    with open(os.path.join(ROOT, "configs", f"{fname}.yaml")) as f:
+    with open(os.path.join(ROOT, "configs", fname)) as f:
         raw = yaml.safe_load(f)
     assert set(raw) == {"model", "data", "train", "parallel"}
     name, cfg = model_config_from_dict(raw["model"])
-    assert name == ("lm" if fname == "llama" else fname)
-    t, j = pair(name, cfg)
+    t, j = converted_pair(name, cfg)
     assert set(t.state_dict()) == set(convert.flax_to_torch_arrays(j))
     ids = np.random.RandomState(0).randint(3, cfg.vocab_size, (1, 8)).astype(np.int32)
     args = (ids, ids) if name == "seq2seq" else (ids,)
@@ -79,43 +86,22 @@ def test_yaml_model_section_loads_and_builds_in_both(fname):
     assert np.abs(np.asarray(jo) - to.numpy()).max() < 1e-4  # d_model 128: a smoke check only
 
 
-def test_flavours_are_config_values():
-    with open(os.path.join(ROOT, "configs", "lm.yaml")) as f:
-        _, gpt2 = model_config_from_dict(yaml.safe_load(f)["model"])
-    with open(os.path.join(ROOT, "configs", "llama.yaml")) as f:
-        _, llama = model_config_from_dict(yaml.safe_load(f)["model"])
-    assert (gpt2.position, gpt2.norm, gpt2.ffn, gpt2.norm_position, gpt2.bias, gpt2.tie_embeddings) == \
-        ("learned", "layernorm", "gelu_tanh", "pre", True, True)
-    assert (llama.position, llama.norm, llama.ffn, llama.bias, llama.tie_embeddings) == \
-        ("rope", "rmsnorm", "swiglu", False, False)
-    assert llama.resolved_kv_heads < llama.num_heads  # GQA
-
-
 # ----------------------------------------------------------------------------- structure
 def test_shared_and_tied_weights_have_one_key():
-    t, j = pair("seq2seq", Seq2SeqConfig(**TINY, share_embeddings=True, tie_output=True))
+    t, j = converted_pair("seq2seq", Seq2SeqConfig.tiny(share_embeddings=True, tie_output=True))
     keys = set(t.state_dict())
     assert "embed.embed_tokens.weight" in keys and not any(k.startswith(("src_embed", "tgt_embed", "lm_head")) for k in keys)
-    t2, _ = pair("seq2seq", Seq2SeqConfig(**TINY, share_embeddings=False, tie_output=False, tgt_vocab_size=40))
+    t2, _ = converted_pair("seq2seq", Seq2SeqConfig.tiny(share_embeddings=False, tie_output=False, tgt_vocab_size=40))
     keys2 = set(t2.state_dict())
     assert {"src_embed.embed_tokens.weight", "tgt_embed.embed_tokens.weight", "lm_head.weight"} <= keys2
-    assert t2.state_dict()["lm_head.weight"].shape == (40, TINY["d_model"])
-
-
-@pytest.mark.parametrize("key", sorted(MODELS))
-def test_converter_round_trip_is_exact(key):
-    name, cfg = MODELS[key]
-    t, j = pair(name, cfg)
-    back = convert.flax_to_torch_arrays(j)
-    for k, v in t.state_dict().items():
-        np.testing.assert_array_equal(back[k], v.numpy())
+    assert t2.state_dict()["lm_head.weight"].shape == (40, TINY_SIZES["d_model"])
 
 
 # ----------------------------------------------------------------------------- intermediates
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_intermediates_agree_and_locate_a_divergence(key):
     name, cfg = MODELS[key]
-    t, j = pair(name, cfg)
+    t, j = converted_pair(name, cfg)
     args = model_inputs(name, np.random.RandomState(1))
     (_, t_inter), (_, j_inter) = run_both(t, j, *args, return_intermediates=True)
     assert set(t_inter) == set(j_inter)
@@ -133,8 +119,8 @@ def test_intermediates_agree_and_locate_a_divergence(key):
 # ----------------------------------------------------------------------------- padding
 @pytest.mark.parametrize("flavour", ["gpt2", "llama"])
 def test_lm_left_padded_row_equals_unpadded_row(flavour):
-    cfg = LMConfig(**TINY, **(GPT2 if flavour == "gpt2" else LLAMA))
-    t, j = pair("lm", cfg)
+    cfg = LMConfig.tiny(flavour)
+    t, j = converted_pair("lm", cfg)
     rng = np.random.RandomState(2)
     short = rand_ids(rng, 1, 4)
     padded = np.concatenate([np.zeros((1, 3), np.int32), short], axis=1)
@@ -149,7 +135,7 @@ def test_lm_left_padded_row_equals_unpadded_row(flavour):
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_classifier_ignores_padding(pooling):
-    t, j = pair("classifier", ClassifierConfig(**TINY, pooling=pooling, norm_position="pre"))
+    t, j = converted_pair("classifier", ClassifierConfig.tiny(pooling=pooling, norm_position="pre"))
     ids = rand_ids(np.random.RandomState(3), 1, 5)
     padded = np.concatenate([ids, np.zeros((1, 3), np.int32)], axis=1)  # pad_id 0 at the end
     for model, conv, to_np in ((j, jnp.asarray, np.asarray), (t, torch.as_tensor, lambda x: x.detach().numpy())):
@@ -164,7 +150,7 @@ def test_classifier_ignores_padding(pooling):
 @pytest.mark.parametrize("bad", [-1, V])
 def test_out_of_range_ids_raise_in_both(key, bad):
     name, cfg = MODELS[key]
-    t, j = pair(name, cfg)
+    t, j = converted_pair(name, cfg)
     args = list(model_inputs(name, np.random.RandomState(4)))
     for i in range(len(args)):  # every id input: source and target for seq2seq
         bad_args = [a.copy() for a in args]
@@ -178,7 +164,7 @@ def test_out_of_range_ids_raise_in_both(key, bad):
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_sequence_over_max_len_raises_in_both(key):
     name, cfg = MODELS[key]
-    t, j = pair(name, cfg)
+    t, j = converted_pair(name, cfg)
     args = model_inputs(name, np.random.RandomState(5), t=cfg.max_len + 1)
     with pytest.raises(ValueError, match="exceeds max_len"):
         j(*[jnp.asarray(a) for a in args])
@@ -188,13 +174,13 @@ def test_sequence_over_max_len_raises_in_both(key):
 
 def test_bad_configs_are_rejected():
     with pytest.raises(ValueError, match="pooling"):
-        ClassifierConfig(**TINY, pooling="max")
+        ClassifierConfig.tiny(pooling="max")
     with pytest.raises(ValueError, match="tgt_vocab_size"):
-        Seq2SeqConfig(**TINY, share_embeddings=True, tgt_vocab_size=10)
+        Seq2SeqConfig.tiny(share_embeddings=True, tgt_vocab_size=10)
     with pytest.raises(ValueError, match="eos_id"):
-        LMConfig(**TINY, eos_id=V)
+        LMConfig.tiny(eos_id=V)
     with pytest.raises(ValueError, match="dtype"):
-        LMConfig(**TINY, dtype="float16")
+        LMConfig.tiny(dtype="float16")
 
 
 # ----------------------------------------------------------------------------- bf16 compute
@@ -206,10 +192,10 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
 
 BF16 = {
-    "lm_gpt2": ("lm", LMConfig(**TINY, **GPT2)),
-    "lm_llama": ("lm", LMConfig(**TINY, **LLAMA)),
-    "seq2seq": ("seq2seq", Seq2SeqConfig(**TINY, norm_position="pre")),
-    "classifier": ("classifier", ClassifierConfig(**TINY, num_classes=8)),
+    "lm_gpt2": ("lm", LMConfig.tiny("gpt2")),
+    "lm_llama": ("lm", LMConfig.tiny("llama")),
+    "seq2seq": ("seq2seq", Seq2SeqConfig.tiny(norm_position="pre")),
+    "classifier": ("classifier", ClassifierConfig.tiny(num_classes=8)),
 }
 
 
@@ -221,8 +207,8 @@ def test_bf16_forward_matches_torch_autocast(key, capsys):
     7.2e-6, classifier 3.3e-6 (max |logit diff| 8e-3..3e-2; each framework's bf16 is itself
     4e-3..3e-2 off its fp32 run)."""
     name, cfg = BF16[key]
-    t, j = pair(name, dataclasses.replace(cfg, dtype="bfloat16"))
-    t32, j32 = pair(name, cfg)
+    t, j = converted_pair(name, dataclasses.replace(cfg, dtype="bfloat16"))
+    t32, j32 = converted_pair(name, cfg)
     assert all(p.dtype == torch.float32 for p in t.parameters())  # params stay fp32
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(j, nnx.Param)))
     args = model_inputs(name, np.random.RandomState(6), t=8)

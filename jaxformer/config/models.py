@@ -2,8 +2,17 @@
 loaded from the `model:` section of a YAML file. Imports neither jax nor torch.
 
 Each extends TransformerConfig (the stack's hyper-parameters) with the model's own fields.
-Flavours (GPT-2, LLaMA, the original Transformer) are field values in configs/*.yaml, never
-hidden code paths.
+Flavours (GPT-2, LLaMA, the original Transformer) are field values, never hidden code paths:
+in YAML (configs/lm.yaml, configs/llama.yaml) or from the named constructors beside the
+config, which fill in the same fields (gemma's style):
+
+    LMConfig.gpt2(**overrides)      GPT-2 flavour at the class's default sizes
+    LMConfig.llama(**overrides)     LLaMA flavour at the class's default sizes
+    LMConfig.gpt2_small(**overrides)  the real 124M GPT-2 small (vocab 50257, 1024 positions)
+    LMConfig.tiny("gpt2" | "llama" | None, **overrides)  TINY sizes, for tests
+    ClassifierConfig.tiny(**overrides), Seq2SeqConfig.tiny(**overrides)
+
+Overrides win over the preset's values; the result is validated like any other config.
 """
 from __future__ import annotations
 
@@ -18,6 +27,22 @@ from jaxformer.config.transformer import TransformerConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 POOLINGS = ("cls", "mean")
+
+# Test sizes shared by the tiny presets (parity cases, unit tests): D 32, 2 layers, vocab 64.
+TINY_SIZES = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=32, pad_id=0)
+# GPT-2 (Radford et al. 2019): learned positions, LayerNorm eps 1e-5, GELU with the tanh
+# approximation (gelu_new), Pre-LN with a final norm, biases everywhere, no embedding
+# scaling, output tied to the token embedding.
+GPT2_FLAVOUR = dict(position="learned", norm="layernorm", norm_eps=1e-5, ffn="gelu_tanh",
+                    norm_position="pre", final_norm=True, bias=True, scale_embedding=False,
+                    tie_embeddings=True)
+# LLaMA (Touvron et al. 2023): rotary positions, RMSNorm eps 1e-6, SwiGLU, Pre-LN with a final
+# norm, no biases, grouped-query attention (2 key/value heads), no embedding scaling, a
+# separate output projection.
+LLAMA_FLAVOUR = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", norm_position="pre",
+                     final_norm=True, bias=False, num_kv_heads=2, scale_embedding=False,
+                     tie_embeddings=False)
+LM_FLAVOURS = {"gpt2": GPT2_FLAVOUR, "llama": LLAMA_FLAVOUR}
 
 
 def stack_config(cfg: TransformerConfig, **changes) -> TransformerConfig:
@@ -52,6 +77,11 @@ class ClassifierConfig(TransformerConfig):
         check_positive(self, "num_classes")
         check_choice(self, "pooling", POOLINGS)
         check_choice(self, "dtype", COMPUTE_DTYPES)
+
+    @classmethod
+    def tiny(cls, **overrides) -> ClassifierConfig:
+        """TINY_SIZES with the class defaults (Post-LN, [CLS] pooling), for tests."""
+        return cls(**{**TINY_SIZES, **overrides})
 
 
 @dataclass(frozen=True)
@@ -98,6 +128,11 @@ class Seq2SeqConfig(TransformerConfig):
     def resolved_tgt_vocab(self) -> int:
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
 
+    @classmethod
+    def tiny(cls, **overrides) -> Seq2SeqConfig:
+        """TINY_SIZES with the class defaults (Post-LN, shared and tied embeddings), for tests."""
+        return cls(**{**TINY_SIZES, **overrides})
+
     def encoder_config(self) -> TransformerConfig:
         return stack_config(self)
 
@@ -109,7 +144,8 @@ class Seq2SeqConfig(TransformerConfig):
 @dataclass(frozen=True)
 class LMConfig(TransformerConfig):
     """Decoder-only causal LM: a Decoder stack without cross-attention. GPT-2 and LLaMA are
-    presets of the TransformerConfig fields (configs/lm.yaml, configs/llama.yaml).
+    presets of the TransformerConfig fields: LMConfig.gpt2(), LMConfig.llama() (GPT2_FLAVOUR,
+    LLAMA_FLAVOUR), and in YAML configs/lm.yaml, configs/llama.yaml.
 
     tie_embeddings: the output projection is the token embedding transposed (no `lm_head`).
     bos_id / eos_id: start and end of sequence; generation stops at eos_id.
@@ -126,6 +162,31 @@ class LMConfig(TransformerConfig):
         _check_token(self, "eos_id", self.vocab_size)
         check_choice(self, "dtype", COMPUTE_DTYPES)
         check(not self.pooler, "pooler", "only the encoder and classifier have a pooler")
+
+    @classmethod
+    def gpt2(cls, **overrides) -> LMConfig:
+        """GPT2_FLAVOUR at the class's default sizes."""
+        return cls(**{**GPT2_FLAVOUR, **overrides})
+
+    @classmethod
+    def llama(cls, **overrides) -> LMConfig:
+        """LLAMA_FLAVOUR at the class's default sizes (num_kv_heads 2: pass num_kv_heads with
+        a num_heads that 2 does not divide)."""
+        return cls(**{**LLAMA_FLAVOUR, **overrides})
+
+    @classmethod
+    def gpt2_small(cls, **overrides) -> LMConfig:
+        """GPT-2 small (124M): HF GPT2Config()'s sizes, 1024 positions, <|endoftext|> (50256)
+        as bos and eos."""
+        return cls.gpt2(**{**dict(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                                  max_len=1024, pad_id=0, bos_id=50256, eos_id=50256), **overrides})
+
+    @classmethod
+    def tiny(cls, flavour: str | None = None, **overrides) -> LMConfig:
+        """TINY_SIZES in the named flavour ("gpt2", "llama"; None = the class defaults), for tests."""
+        check(flavour is None or flavour in LM_FLAVOURS, "flavour",
+              f"must be one of {tuple(LM_FLAVOURS)} or None, got {flavour!r}")
+        return cls(**{**TINY_SIZES, **LM_FLAVOURS.get(flavour, {}), **overrides})
 
     def decoder_config(self) -> TransformerConfig:
         return stack_config(self)
@@ -203,4 +264,5 @@ def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: i
 
 
 __all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "GenerationConfig", "stack_config",
-           "COMPUTE_DTYPES", "pad_prompts", "check_lengths"]
+           "COMPUTE_DTYPES", "TINY_SIZES", "GPT2_FLAVOUR", "LLAMA_FLAVOUR", "LM_FLAVOURS",
+           "pad_prompts", "check_lengths"]

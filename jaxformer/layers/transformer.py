@@ -1,7 +1,7 @@
 """Encoder and decoder layers (Pre-LN or Post-LN) and their stacks.
 Twin: torch_ref/layers/transformer.py.
 
-Post-LN (Vaswani et al. 2017):            x = norm(x + dropout(sublayer(x)))
+Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
@@ -282,17 +282,12 @@ class Decoder(_Stack):
                                       "the same, convert.py unstacks them)")
         new_cache = []
         for i, layer in enumerate(self.layers):
-            if cache is None:
-                x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
-            else:
-                x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
-                                       positions=positions, cache=cache[i], cache_index=cache_index)
-                new_cache.append(layer_cache)
+            x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
+                                   positions=positions, cache=cache[i], cache_index=cache_index)
+            new_cache.append(layer_cache)
             if inter is not None:
                 inter[f"layers.{i}"] = x
         out = self.finish(x, inter)
-        if cache is None:
-            return out
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,

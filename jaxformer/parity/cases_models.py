@@ -1,5 +1,6 @@
 """Parity cases for the full text models (classifier, seq2seq, lm): outputs and gradients of
-every parameter at the foundation tolerances. Tiny sizes: D 32, 2 layers, vocab 64.
+every parameter at the foundation tolerances. Tiny sizes (the configs' tiny presets,
+TINY_SIZES): D 32, 2 layers, vocab 64.
 
 Flavours: Post-LN/[CLS] and Pre-LN/mean classifier; seq2seq with shared+tied embeddings and
 with separate embeddings, an untied head, a different target vocabulary and decoder depth;
@@ -16,15 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.config.models import ClassifierConfig, LMConfig, Seq2SeqConfig
+from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig
 from jaxformer.parity.registry import case, model_pair as _model_pair, padding
 
-B, T, S, D, H, V = 2, 7, 6, 32, 4, 64
-TINY = dict(vocab_size=V, d_model=D, num_heads=H, d_ff=64, num_layers=2, max_len=32, pad_id=0)
-GPT2 = dict(position="learned", norm="layernorm", norm_eps=1e-5, ffn="gelu_tanh", norm_position="pre",
-            bias=True, scale_embedding=False, tie_embeddings=True)
-LLAMA = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", norm_position="pre",
-             bias=False, num_kv_heads=2, scale_embedding=False, tie_embeddings=False, final_norm=True)
+B, T, S = 2, 7, 6
+V = TINY_SIZES["vocab_size"]
 
 
 def realistic_embeddings(module):
@@ -45,6 +42,7 @@ def model_pair(name: str, cfg):
     def f(seed: int):
         t, j = build(seed)
         return realistic_embeddings(t), j
+    f.model = build.model
     return f
 
 
@@ -68,11 +66,11 @@ def left_padding(batch: int, length: int, lengths) -> np.ndarray:
 # ---------------------------------------------------------------- classifier
 for tag, kw in {"postln_cls": dict(norm_position="post", pooling="cls"),
                 "preln_mean": dict(norm_position="pre", pooling="mean", num_classes=5)}.items():
-    cfg = ClassifierConfig(**TINY, **kw)
+    cfg = ClassifierConfig.tiny(**kw)
     case(f"classifier_{tag}", "classifier_model", model_pair("classifier", cfg),
          lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4])(r)})  # mask from pad_id
 case("classifier_preln_mean_intermediates", "classifier_model",
-     model_pair("classifier", ClassifierConfig(**TINY, norm_position="pre", pooling="mean")),
+     model_pair("classifier", ClassifierConfig.tiny(norm_position="pre", pooling="mean")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[5, 7])(r), "return_intermediates": True})
 
 # ---------------------------------------------------------------- seq2seq (Vaswani et al. 2017)
@@ -83,30 +81,29 @@ S2S = {
     "separate_tied": dict(share_embeddings=False, tie_output=True, tgt_vocab_size=40),
 }
 for tag, kw in S2S.items():
-    cfg = Seq2SeqConfig(**TINY, **kw)
+    cfg = Seq2SeqConfig.tiny(**kw)
     case(f"seq2seq_{tag}", "seq2seq_model", model_pair("seq2seq", cfg),
          lambda r, cfg=cfg: {"src_ids": token_ids(B, S, V, lengths=[6, 3])(r),
                              "tgt_ids": token_ids(B, T, cfg.resolved_tgt_vocab, lengths=[7, 5])(r)})
 case("seq2seq_shared_tied_intermediates", "seq2seq_model",
-     model_pair("seq2seq", Seq2SeqConfig(**TINY)),
+     model_pair("seq2seq", Seq2SeqConfig.tiny()),
      lambda r: {"src_ids": token_ids(B, S, V, lengths=[4, 6])(r), "tgt_ids": token_ids(B, T, V)(r),
                 "return_intermediates": True})
 
 # ---------------------------------------------------------------- causal LMs
 LMS = {
-    "gpt2": GPT2,
-    "llama_gqa": LLAMA,
-    "llama_mqa": {**LLAMA, "num_kv_heads": 1},
-    "alibi_postln": dict(position="alibi", norm_position="post", tie_embeddings=False),
-    "t5bias_sliding_window": dict(position="t5", norm_position="pre", sliding_window=4),
+    "gpt2": LMConfig.tiny("gpt2"),
+    "llama_gqa": LMConfig.tiny("llama"),
+    "llama_mqa": LMConfig.tiny("llama", num_kv_heads=1),
+    "alibi_postln": LMConfig.tiny(position="alibi", norm_position="post", tie_embeddings=False),
+    "t5bias_sliding_window": LMConfig.tiny(position="t5", norm_position="pre", sliding_window=4),
 }
-for tag, kw in LMS.items():
-    cfg = LMConfig(**TINY, **kw)
+for tag, cfg in LMS.items():
     case(f"lm_{tag}", "lm_model", model_pair("lm", cfg), lambda r: {"ids": token_ids(B, T, V)(r)})
     case(f"lm_{tag}_left_padding", "lm_model", model_pair("lm", cfg),
          lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                     "attention_mask": left_padding(B, T, [7, 4])})
-case("lm_gpt2_intermediates", "lm_model", model_pair("lm", LMConfig(**TINY, **GPT2)),
+case("lm_gpt2_intermediates", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V)(r), "return_intermediates": True})
 
 # ---------------------------------------------------------------- BERT options (HF import)
@@ -129,15 +126,15 @@ def bert_inputs(**extra):
                       "token_type_ids": token_types(B, T, 3)(r), **extra}
 
 
-case("encoder_bert", "encoder_model", model_pair("encoder", TransformerConfig(**TINY, **BERT)), bert_inputs())
-case("encoder_bert_intermediates", "encoder_model", model_pair("encoder", TransformerConfig(**TINY, **BERT)),
+case("encoder_bert", "encoder_model", model_pair("encoder", TransformerConfig(**TINY_SIZES, **BERT)), bert_inputs())
+case("encoder_bert_intermediates", "encoder_model", model_pair("encoder", TransformerConfig(**TINY_SIZES, **BERT)),
      bert_inputs(return_intermediates=True))
 case("encoder_bert_no_pooler_default_types", "encoder_model",
-     model_pair("encoder", TransformerConfig(**TINY, **{**BERT, "pooler": False})),
+     model_pair("encoder", TransformerConfig(**TINY_SIZES, **{**BERT, "pooler": False})),
      lambda r: {"ids": token_ids(B, T, V)(r)})  # token_type_ids None = all type 0
 case("classifier_bert", "classifier_model",
-     model_pair("classifier", ClassifierConfig(**TINY, **BERT, num_classes=3)), bert_inputs())
+     model_pair("classifier", ClassifierConfig.tiny(**BERT, num_classes=3)), bert_inputs())
 case("classifier_bert_preln_mean_pooler_no_types", "classifier_model",
-     model_pair("classifier", ClassifierConfig(**TINY, **{**BERT, "type_vocab_size": 0, "norm_position": "pre",
-                                                          "final_norm": True}, pooling="mean")),
+     model_pair("classifier", ClassifierConfig.tiny(**{**BERT, "type_vocab_size": 0, "norm_position": "pre",
+                                                       "final_norm": True}, pooling="mean")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4])(r)})

@@ -1,7 +1,7 @@
 """Encoder and decoder layers (Pre-LN or Post-LN) and their stacks.
 Twin: jaxformer/layers/transformer.py.
 
-Post-LN (Vaswani et al. 2017):            x = norm(x + dropout(sublayer(x)))
+Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
@@ -223,19 +223,20 @@ class Decoder(_Stack):
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
         inter = {} if return_intermediates else None
+        if cache is None:
+            for i, layer in enumerate(self.layers):
+                x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
+                if inter is not None:
+                    inter[f"layers.{i}"] = x
+            return self.finish(x, inter)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            if cache is None:
-                x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
-            else:
-                x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
-                                       positions=positions, cache=cache[i], cache_index=cache_index)
-                new_cache.append(layer_cache)
+            x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
+                                   positions=positions, cache=cache[i], cache_index=cache_index)
+            new_cache.append(layer_cache)
             if inter is not None:
                 inter[f"layers.{i}"] = x
         out = self.finish(x, inter)
-        if cache is None:
-            return out
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,

@@ -3,11 +3,9 @@ Twin: jaxformer/models/swin.py (see its docstring for padding, clamping and the 
 Weights map onto HF SwinForImageClassification by renaming only (jaxformer/hf/vision.py).
 
 Feature maps stay channels-last [B, h, w, C] between blocks; windows hold N = W*W tokens.
-Index tables and shift masks are computed in numpy, identically in both trees.
+Index tables and shift masks come from jaxformer/tables.py (numpy), shared by both trees.
 """
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import torch
@@ -15,50 +13,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from jaxformer.config.vision import SwinConfig
+from jaxformer.tables import relative_position_index, shift_mask
 from torch_ref.layers.attention import dot_product_attention, key_projection
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import LayerNorm
 from torch_ref.models.vit import PatchEmbedding, check_images
 
 
-# ----------------------------------------------------------------------------- static tables
+# ----------------------------------------------------------------------------- windows
 def effective_window(h: int, w: int, window: int, shift: int) -> tuple[int, int]:
     """HF's rule: a map no larger than the window is one window, with no shift."""
     if min(h, w) <= window:
         return min(h, w), 0
     return window, shift
-
-
-@functools.lru_cache(maxsize=None)
-def relative_position_index(window: int, table_window: int) -> np.ndarray:
-    """[N, N] int32 row of the (2*table_window-1)^2-row bias table for each token pair of a
-    window x window window (N = window^2); equals HF's index when window == table_window."""
-    coords = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij")).reshape(2, -1)
-    rel = coords[:, :, None] - coords[:, None, :] + (table_window - 1)  # [2, N, N], >= 0
-    out = (rel[0] * (2 * table_window - 1) + rel[1]).astype(np.int32)
-    out.flags.writeable = False
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def shift_mask(h: int, w: int, window: int, shift: int) -> np.ndarray | None:
-    """[nW, N, N] bool, True where two tokens of a shifted window came from the same region of
-    the un-shifted map (Liu et al. 2021, fig. 4); None without a shift. h, w: padded sizes."""
-    if shift == 0:
-        return None
-    def regions(n):
-        return (np.arange(n) >= n - window).astype(np.int32) + (np.arange(n) >= n - shift)
-    img = (regions(h)[:, None] * 3 + regions(w)[None, :])[None, :, :, None]  # [1, h, w, 1]
-    ids = window_partition_np(img, window)[..., 0]  # [nW, N]
-    out = ids[:, :, None] == ids[:, None, :]
-    out.flags.writeable = False
-    return out
-
-
-def window_partition_np(x: np.ndarray, window: int) -> np.ndarray:
-    b, h, w, c = x.shape
-    x = x.reshape(b, h // window, window, w // window, window, c).transpose(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, window * window, c)
 
 
 def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
