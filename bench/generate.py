@@ -24,14 +24,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def gpt2_small_lm_config(max_len: int):
-    from jaxformer.config.models import LMConfig
-    return LMConfig(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
-                    max_len=max_len, position="learned", norm="layernorm", norm_eps=1e-5,
-                    ffn="gelu_tanh", norm_position="pre", bias=True, scale_embedding=False,
-                    tie_embeddings=True, final_norm=True, pad_id=0, bos_id=50256, eos_id=50256)
-
-
 def hf_to_torch_ref(sd: dict, num_layers: int, d: int) -> dict:
     """HF GPT2LMHeadModel state dict -> torch_ref LM keys (Linear weights [out, in])."""
     out = {"embed.embed_tokens.weight": sd["transformer.wte.weight"],
@@ -103,7 +95,7 @@ def main(argv=None) -> int:
 
     from jaxformer import convert
     from jaxformer import generation as jgen
-    from jaxformer.config.models import GenerationConfig
+    from jaxformer.config.models import GenerationConfig, LMConfig
     from jaxformer.models import build_model as jbuild
     from torch_ref import generation as tgen
     from torch_ref.models import build_model as tbuild
@@ -111,7 +103,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     hf_cfg = GPT2Config()
     hf = GPT2LMHeadModel(hf_cfg).eval()
-    cfg = gpt2_small_lm_config(hf_cfg.n_positions)
+    cfg = LMConfig.gpt2_small(max_len=hf_cfg.n_positions)
     sd = hf_to_torch_ref(hf.state_dict(), cfg.num_layers, cfg.d_model)
     tmodel = tbuild("lm", cfg).eval()
     convert.check_torch_load(tmodel, sd)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from generation_helpers import BASE, LMS, N, PROMPTS, S2S, SOURCES, pair
+from generation_helpers import LMS, N, PROMPTS, S2S, SOURCES, pair
 from jaxformer import generation as jgen
 from jaxformer.config.models import GenerationConfig, Seq2SeqConfig
 from torch_ref import generation as tgen
@@ -144,7 +144,7 @@ def test_sampling_reproducible_and_top_k_1_is_greedy(framework):
 def test_beam_search_finds_the_exhaustive_best(framework):
     """Vocab 8, 3 new tokens, 64 beams (>= 8^2): beam search must return the best of all 512
     continuations under score = sum log p / length ** 0.7 (a sequence ends at its first EOS)."""
-    cfg = Seq2SeqConfig(**{**BASE, "vocab_size": 8}, eos_id=2)
+    cfg = Seq2SeqConfig.tiny(max_len=64, vocab_size=8, eos_id=2)
     t, j = pair("seq2seq", cfg)
     src = np.array([[3, 4, 5, 6, 7]], np.int32)
     seqs = np.array(list(itertools.product(range(8), repeat=3)), np.int32)  # [512, 3]

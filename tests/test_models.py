@@ -16,7 +16,7 @@ import torch
 import yaml
 from flax import nnx
 
-from conftest import converted_pair
+from helpers import converted_pair
 from jaxformer import convert
 from jaxformer.config import model_config_from_dict
 from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig
