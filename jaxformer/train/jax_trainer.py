@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -288,7 +287,6 @@ class JaxTrainer:
     # ------------------------------------------------------------------ loop
     def run(self) -> list[dict]:
         tc = self.cfg.train
-        kill_at = int(os.environ.get("JAXFORMER_KILL_AT_STEP", "0"))  # test hook: SIGKILL ourselves
         state = self._replicate(self.state)
         unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
@@ -314,9 +312,6 @@ class JaxTrainer:
                     if step % tc.checkpoint_every == 0 or step == tc.steps:
                         self.ckpt.save(step, self._unreplicate(state), {"config": self.cfg.to_dict()},
                                        eval_loss=record.get("eval_loss"))
-                    if kill_at and step == kill_at:
-                        self.ckpt.wait()
-                        os.kill(os.getpid(), signal.SIGKILL)
         finally:
             bar.close()
             self.ckpt.close()
