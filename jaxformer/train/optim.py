@@ -1,7 +1,7 @@
 """Learning-rate schedules (one formula for both frameworks), the optax optimiser, and the
 torch one built to match it step for step.
 
-Alignment (PITFALLS rows 11, 12):
+Alignment (docs/numerics.md §11, §12):
 - optax evaluates the schedule at the update count *before* the update; torch's LambdaLR
   sets lr = base * f(last_epoch) after each `scheduler.step()`. Starting both at step 0, the
   update of step k uses f(k) in both.
@@ -18,7 +18,7 @@ import numpy as np
 def lr_multiplier(step, cfg, xp=np):
     """Multiplier of cfg.lr at optimiser step `step` (0-based). `xp` is numpy or jax.numpy.
 
-    warmup_cosine: step / warmup during warmup (as the seed tutorial), then cosine decay to
+    warmup_cosine: linear warmup step / warmup, then cosine decay to
         min_lr_ratio at cfg.steps.
     inverse_sqrt:  Vaswani et al. (2017) eq. 3, normalised to 1 at the end of warmup:
         min(s^-0.5, s * w^-1.5) * sqrt(w) with s = step + 1.
