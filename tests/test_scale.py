@@ -123,8 +123,8 @@ TRAIN_SMALL = {"steps": 5, "batch_size": 8, "grad_accum_steps": 2, "lr": 3e-3, "
 
 @pytest.mark.parametrize("family", ["lm_gpt2", "lm_llama_gqa", "seq2seq", "vit"])
 def test_scan_matches_unrolled_and_remat(family, tmp_path):
-    """5 steps scanned (and rematerialised) vs a Python loop over layers. This caught a real
-    bug: weight decay keyed on ndim >= 2 also decayed the stacked [L, D] norm scales."""
+    """5 steps scanned (and rematerialised) vs a Python loop over layers. Catches weight decay
+    keyed on ndim >= 2, which would also decay the stacked [L, D] norm scales."""
     from jaxformer.convert import scan_prefixes
     runs = {}
     variants = [("loop", False, False), ("scan", True, False), ("scan_remat", True, True)]

@@ -3,8 +3,10 @@ corrupted checkpoints, config loading, schedules and init schemes."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -105,9 +107,13 @@ def test_pmap_matches_single_device(tmp_path):
     assert max(diffs) <= 1e-5
 
 
-def _train_cli(cfg_path, workdir, *extra, env=None):
-    return subprocess.run([sys.executable, "-m", "jaxformer", "train", "--config", cfg_path, "--workdir",
-                           workdir, "--no-progress", *extra], capture_output=True, text=True, env=env, cwd=ROOT)
+def _train_argv(cfg_path, workdir, *extra):
+    return [sys.executable, "-m", "jaxformer", "train", "--config", cfg_path, "--workdir", workdir,
+            "--no-progress", *extra]
+
+
+def _train_cli(cfg_path, workdir, *extra):
+    return subprocess.run(_train_argv(cfg_path, workdir, *extra), capture_output=True, text=True, cwd=ROOT)
 
 
 def _losses(workdir):
@@ -115,10 +121,27 @@ def _losses(workdir):
         return [(r["step"], r["loss"]) for r in map(json.loads, f)]
 
 
+def _logged_steps(workdir) -> list[int]:
+    """Steps of the complete lines of a running job's metrics.jsonl (the last may be half written)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f if line.endswith("\n")]
+
+
+def _checkpoint_steps(workdir) -> list[int]:
+    """Finished checkpoints (orbax renames a step's folder to its number only once it is complete)."""
+    ckpt = os.path.join(workdir, "checkpoints")
+    return sorted(int(n) for n in os.listdir(ckpt) if n.isdigit()) if os.path.isdir(ckpt) else []
+
+
 @pytest.fixture(scope="module")
 def resume_setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
-    cfg = run_cfg("lm_gpt2", steps=12, checkpoint_every=4, eval_every=4, dropout=0.1)
+    # inverse_sqrt: the lr does not depend on train.steps, so a run given more steps follows
+    # this 12-step trajectory step for step (the killed run below relies on it)
+    cfg = run_cfg("lm_gpt2", steps=12, checkpoint_every=4, eval_every=4, dropout=0.1, schedule="inverse_sqrt")
     path = d / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     full = d / "full"
@@ -128,12 +151,28 @@ def resume_setup(tmp_path_factory):
 
 
 def test_resume_after_sigkill_is_exact(resume_setup):
+    """SIGKILL a training process mid-run, resume it, and get the uninterrupted run's losses."""
     d, path, reference = resume_setup
     wd = str(d / "killed")
-    env = {**os.environ, "JAXFORMER_KILL_AT_STEP": "6"}
-    r = _train_cli(path, wd, env=env)
-    assert r.returncode == -9, (r.returncode, r.stderr[-2000:])  # really SIGKILLed mid-run
-    assert _losses(wd)[-1][0] == 6
+    log_path = d / "killed.log"
+    # 100000 steps: the run is still going whenever the kill lands, however fast the machine
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(_train_argv(path, wd, "--set", "train.steps=100000"), cwd=ROOT,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300  # a generous bound for start-up and compiles on a loaded machine
+        # kill once step 6 is logged and the step-4 checkpoint is complete: between checkpoints
+        while len(_logged_steps(wd)) < 6 or 4 not in _checkpoint_steps(wd):
+            assert proc.poll() is None, f"exited with {proc.returncode}: {log_path.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "no step-4 checkpoint after 300 s"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, log_path.read_text()[-2000:])
+    logged, saved = _logged_steps(wd), _checkpoint_steps(wd)
+    print(f"killed after step {logged[-1]}, checkpoints {saved}")
+    assert logged[-1] >= 6 and saved[-1] < 12  # the resume below redoes steps up to 12
     r = _train_cli(path, wd, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     resumed = _losses(wd)

@@ -19,6 +19,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxformer.fileio import write_text
+
 log = logging.getLogger("jaxformer.checkpoint")
 
 
@@ -68,8 +70,8 @@ class Checkpointer:
         if eval_loss is not None and (self._best is None or eval_loss < self._best[0]):
             self._best = (float(eval_loss), step)
             if self.primary:
-                with open(os.path.join(self.directory, "best.json"), "w") as f:
-                    json.dump({"eval_loss": self._best[0], "step": step}, f)
+                write_text(os.path.join(self.directory, "best.json"),
+                           json.dumps({"eval_loss": self._best[0], "step": step}))
         self._prune()
 
     def _load_best(self):

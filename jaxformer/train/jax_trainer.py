@@ -1,5 +1,6 @@
-"""JAX training: one `jax.jit` train step with the state donated (parallel.mode none), or the
-same step under `jax.pmap` over the local devices (parallel.mode pmap).
+"""JAX training: one pair of pure step functions (StepFns), wrapped per `parallel.mode`:
+`jax.jit` on one device (none), `jax.jit` over a sharded mesh (mesh), or `jax.pmap` over the
+local devices (pmap), where the steps' one reduction becomes a psum over the data axis.
 
 Why it is built this way:
 - The NNX model is split once into (graphdef, params, rest). The step is a pure function of
@@ -17,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,8 @@ from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_optax
+
+DATA_AXIS = "data"  # pmap's device axis: the one the steps' psum reduces over
 
 
 def model_config_for_training(cfg: RunConfig):
@@ -65,7 +67,11 @@ def _cast_floats(tree, dtype):
 
 
 class StepFns:
-    """The pure, jittable train and eval steps for one model/config."""
+    """The pure train and eval steps for one model/config, shared by every parallel mode.
+
+    `axis_name`: under pmap, the mapped device axis; the per-device sums are then psummed over
+    it in `_psum`, the one place where the steps reduce across devices. Without it (jit, on one
+    device or a mesh) `_psum` is the identity and XLA inserts any cross-device reductions."""
 
     def __init__(self, cfg: RunConfig, model, tx, schedule, axis_name: str | None = None):
         self.cfg, self.tx, self.schedule, self.axis_name = cfg, tx, schedule, axis_name
@@ -109,9 +115,8 @@ class StepFns:
             return (*jax.tree.map(jnp.add, carry[:-1], tuple(new)), rest), None
 
         if jax.tree.leaves(batch)[0].shape[0] == 1:
-            # one micro-batch: no accumulation loop. Its zero-filled gradient sums and adds
-            # cost 2-4% of the seed classifier's step, and the loop boundary stops XLA fusing
-            # across it.
+            # one micro-batch: no accumulation loop, whose zero-filled gradient sums and adds
+            # cost time and whose boundary stops XLA fusing across it.
             g_sum, l_sum, c_sum, m_sum, rest = terms(state["rest"], jax.tree.map(lambda x: x[0], batch))
         else:
             zeros = jax.tree.map(jnp.zeros_like, params)
@@ -130,8 +135,7 @@ class StepFns:
 
     def eval_step(self, params, rest, batch):
         loss, (count, metrics, _) = self.loss_terms(self.graphdef_eval, params, rest, batch)
-        sums = {"loss": loss, "count": count, **metrics}
-        return self._psum(sums) if self.axis_name else sums
+        return self._psum({"loss": loss, "count": count, **metrics})
 
 
 def init_state(cfg: RunConfig, model, tx):
@@ -151,7 +155,7 @@ def shape_batch(batch: dict, accum: int, devices: int | None = None) -> dict:
 
 
 class JaxTrainer:
-    """Runs a whole config: data, steps, eval, checkpoints, metrics. See train/cli.py."""
+    """Runs a whole config: data, steps, eval, checkpoints, metrics. See jaxformer/cli/train.py."""
 
     def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, progress: bool = True,
                  model=None, quiet: bool = False):
@@ -169,24 +173,18 @@ class JaxTrainer:
         self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
         self.mode = cfg.parallel.mode
         self.mesh = None
-        self.devices = None
+        self.devices = None  # pmap: the number of local devices the steps are mapped over
         if self.mode == "pmap":
             self.devices = cfg.parallel.num_devices or jax.local_device_count()
             if tc.batch_size % (tc.grad_accum_steps * self.devices):
                 raise ValueError(f"train.batch_size={tc.batch_size} must divide into "
                                  f"grad_accum_steps={tc.grad_accum_steps} x {self.devices} devices")
         self.fns = StepFns(cfg, self.model, self.tx, self.schedule,
-                           axis_name="data" if self.mode == "pmap" else None)
+                           axis_name=DATA_AXIS if self.mode == "pmap" else None)
         self.state = init_state(cfg, self.model, self.tx)
-        if self.mode == "pmap":
-            devs = jax.local_devices()[: self.devices]
-            self.train_step = jax.pmap(self.fns.train_step, axis_name="data", donate_argnums=0, devices=devs)
-            self.eval_step = jax.pmap(self.fns.eval_step, axis_name="data", devices=devs)
-        elif self.mode == "mesh":
+        if self.mode == "mesh":
             self._setup_mesh()
-        else:
-            self.train_step = jax.jit(self.fns.train_step, donate_argnums=0)
-            self.eval_step = jax.jit(self.fns.eval_step)
+        self.train_step, self.eval_step = self._wrap_steps()
         self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints,
                                  async_save=tc.async_checkpoint, primary=self.primary)
         self.start_step = 0
@@ -199,11 +197,25 @@ class JaxTrainer:
         self.last_eval: dict = {}
         self.history: list[dict] = []
 
+    def _wrap_steps(self):
+        """-> (train_step, eval_step): the shared StepFns, pmapped over the local devices or
+        jitted (on a mesh, with the state's shardings out). The train state is donated."""
+        if self.mode == "pmap":
+            devs = jax.local_devices()[: self.devices]
+            return (jax.pmap(self.fns.train_step, axis_name=DATA_AXIS, donate_argnums=0, devices=devs),
+                    jax.pmap(self.fns.eval_step, axis_name=DATA_AXIS, devices=devs))
+        train_kw, eval_kw = {}, {}
+        if self.mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec
+            replicated = NamedSharding(self.mesh, PartitionSpec())
+            train_kw, eval_kw = {"out_shardings": (self.shardings, replicated)}, {"out_shardings": replicated}
+        return (jax.jit(self.fns.train_step, donate_argnums=0, **train_kw),
+                jax.jit(self.fns.eval_step, **eval_kw))
+
     # ------------------------------------------------------------------ mesh
     def _setup_mesh(self) -> None:
-        """jit + NamedSharding over a (data, fsdp, tensor) mesh; see train/sharding.py."""
-        from jax.sharding import NamedSharding, PartitionSpec
-
+        """A (data, fsdp, tensor) mesh, the state's shardings, and the state placed on them;
+        see train/sharding.py."""
         from jaxformer.train import sharding
         m = self.cfg.parallel.mesh
         n = self.cfg.parallel.num_devices
@@ -219,16 +231,11 @@ class JaxTrainer:
         stacked = (lambda key: int(any(key.startswith(p) for p in prefixes))) if prefixes else None
         self.shardings = sharding.state_shardings(self.state, self.mesh, stacked)
         self.state = sharding.place(self.state, self.shardings)
-        replicated = NamedSharding(self.mesh, PartitionSpec())
         self.batch_sharding = sharding.batch_sharding(self.mesh)
         self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False)
-        self.train_step = jax.jit(self.fns.train_step, donate_argnums=0,
-                                  out_shardings=(self.shardings, replicated))
-        self.eval_step = jax.jit(self.fns.eval_step, out_shardings=replicated)
 
-    def _global(self, host_batch: dict, sharding) -> dict:
-        """Each process feeds its own slice of the global batch (the dim split over data x fsdp)."""
-        axis = 1 if sharding is self.batch_sharding else 0
+    def _global(self, host_batch: dict, sharding, axis: int) -> dict:
+        """Each process feeds its own slice of the global batch (dim `axis`, split over data x fsdp)."""
         n, i = jax.process_count(), jax.process_index()
 
         def f(v):
@@ -245,27 +252,34 @@ class JaxTrainer:
         return {"param_bytes_total": p["total"], "param_bytes_per_device": p[d0],
                 "opt_bytes_total": o["total"], "opt_bytes_per_device": o.get(d0, 0)}
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ per-mode placement
     def _replicate(self, tree):
+        """pmap: one copy per device along a leading axis; other modes: the tree itself."""
+        if not self.devices:
+            return tree
         return jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape), tree)
 
     def _unreplicate(self, tree):
-        return jax.tree.map(lambda x: x[0], tree)
+        """pmap: device 0's copy (all are equal after the psum); other modes: the tree itself."""
+        return jax.tree.map(lambda x: x[0], tree) if self.devices else tree
 
-    def device_batch(self, batch: dict) -> dict:
-        return shape_batch(batch, self.cfg.train.grad_accum_steps, self.devices)
+    def _train_batch(self, host_batch: dict) -> dict:
+        """[B, ...] -> the train step's [A, B/A, ...] ([D, A, B/(A D), ...] under pmap; global
+        arrays on a mesh)."""
+        batch = shape_batch(host_batch, self.cfg.train.grad_accum_steps, self.devices)
+        return self._global(batch, self.batch_sharding, axis=1) if self.mesh is not None else batch
+
+    def _eval_batch(self, host_batch: dict) -> dict:
+        """[B, ...] -> the eval step's [B, ...] ([D, B/D, ...] under pmap; global arrays on a mesh)."""
+        if self.devices:
+            return {k: v.reshape((self.devices, -1) + v.shape[1:]) for k, v in host_batch.items()}
+        return self._global(host_batch, self.eval_sharding, axis=0) if self.mesh is not None else host_batch
 
     def evaluate(self, state) -> dict:
         params, rest = state["params"], state["rest"]
         totals: dict[str, float] = {}
         for batch in data_lib.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
-            if self.devices:
-                b = {k: v.reshape((self.devices, -1) + v.shape[1:]) for k, v in batch.items()}
-                sums = self._unreplicate(self.eval_step(params, rest, b))
-            elif self.mesh is not None:
-                sums = self.eval_step(params, rest, self._global(batch, self.eval_sharding))
-            else:
-                sums = self.eval_step(params, rest, batch)
+            sums = self._unreplicate(self.eval_step(params, rest, self._eval_batch(batch)))
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
         return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
@@ -273,45 +287,36 @@ class JaxTrainer:
     # ------------------------------------------------------------------ loop
     def run(self) -> list[dict]:
         tc = self.cfg.train
-        kill_at = int(os.environ.get("JAXFORMER_KILL_AT_STEP", "0"))  # test hook: SIGKILL ourselves
-        state = self._replicate(self.state) if self.devices else self.state
+        state = self._replicate(self.state)
         unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
-        stack = contextlib.ExitStack()
-        if self.mesh is not None:
-            stack.enter_context(jax.set_mesh(self.mesh))
+        on_mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
         try:
-            while step < tc.steps:
-                host_batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
-                batch = self.device_batch(host_batch)
-                if self.mesh is not None:
-                    batch = self._global(batch, self.batch_sharding)
-                state, out = self.train_step(state, batch)
-                step += 1
-                out = jax.device_get(self._unreplicate(out) if self.devices else out)
-                record = {"step": step, **{k: float(v) for k, v in out.items()}}
-                if step % tc.eval_every == 0 or step == tc.steps:
-                    self.last_eval = self.evaluate(state)
-                    record.update(self.last_eval)
-                    if self.primary:
-                        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
-                self.history.append(record)
-                self.metrics.write(record)
-                bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, host_batch))
-                if step % tc.checkpoint_every == 0 or step == tc.steps:
-                    host_state = self._unreplicate(state) if self.devices else state
-                    self.ckpt.save(step, host_state, {"config": self.cfg.to_dict()},
-                                   eval_loss=record.get("eval_loss"))
-                if kill_at and step == kill_at:
-                    self.ckpt.wait()
-                    os.kill(os.getpid(), signal.SIGKILL)
+            with on_mesh:
+                while step < tc.steps:
+                    host_batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
+                    state, out = self.train_step(state, self._train_batch(host_batch))
+                    step += 1
+                    out = jax.device_get(self._unreplicate(out))
+                    record = {"step": step, **{k: float(v) for k, v in out.items()}}
+                    if step % tc.eval_every == 0 or step == tc.steps:
+                        self.last_eval = self.evaluate(state)
+                        record.update(self.last_eval)
+                        if self.primary:
+                            bar.write(f"step {step}: "
+                                      + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+                    self.history.append(record)
+                    self.metrics.write(record)
+                    bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, host_batch))
+                    if step % tc.checkpoint_every == 0 or step == tc.steps:
+                        self.ckpt.save(step, self._unreplicate(state), {"config": self.cfg.to_dict()},
+                                       eval_loss=record.get("eval_loss"))
         finally:
-            stack.close()
             bar.close()
             self.ckpt.close()
             self.metrics.close()
-        self.state = self._unreplicate(state) if self.devices else state
+        self.state = self._unreplicate(state)
         return self.history
 
     def trained_model(self):
