@@ -24,28 +24,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def hf_to_torch_ref(sd: dict, num_layers: int, d: int) -> dict:
-    """HF GPT2LMHeadModel state dict -> torch_ref LM keys (Linear weights [out, in])."""
-    out = {"embed.embed_tokens.weight": sd["transformer.wte.weight"],
-           "embed.embed_positions.weight": sd["transformer.wpe.weight"],
-           "decoder.final_norm.weight": sd["transformer.ln_f.weight"],
-           "decoder.final_norm.bias": sd["transformer.ln_f.bias"]}
-    for i in range(num_layers):
-        h, o = f"transformer.h.{i}.", f"decoder.layers.{i}."
-        w, b = sd[h + "attn.c_attn.weight"], sd[h + "attn.c_attn.bias"]  # Conv1D [in, 3D]
-        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            out[o + f"self_attn.{name}.weight"] = w[:, j * d:(j + 1) * d].t().contiguous()
-            out[o + f"self_attn.{name}.bias"] = b[j * d:(j + 1) * d]
-        pairs = {"self_attn.o_proj": "attn.c_proj", "ffn.up_proj": "mlp.c_fc", "ffn.down_proj": "mlp.c_proj"}
-        for ours, theirs in pairs.items():
-            out[o + ours + ".weight"] = sd[h + theirs + ".weight"].t().contiguous()
-            out[o + ours + ".bias"] = sd[h + theirs + ".bias"]
-        for ours, theirs in {"attn_norm": "ln_1", "ffn_norm": "ln_2"}.items():
-            out[o + ours + ".weight"] = sd[h + theirs + ".weight"]
-            out[o + ours + ".bias"] = sd[h + theirs + ".bias"]
-    return out
-
-
 def first_mismatch(tmodel, ids, ref, other):
     """Where two greedy runs first part, and the reference's top-2 logit gap there: a gap at
     the float32 noise level (~1e-6) means a near-tie flipped, not a bug."""
@@ -96,6 +74,7 @@ def main(argv=None) -> int:
     from jaxformer import convert
     from jaxformer import generation as jgen
     from jaxformer.config.models import GenerationConfig, LMConfig
+    from jaxformer.hf import gpt2 as hf_gpt2
     from jaxformer.models import build_model as jbuild
     from torch_ref import generation as tgen
     from torch_ref.models import build_model as tbuild
@@ -104,7 +83,12 @@ def main(argv=None) -> int:
     hf_cfg = GPT2Config()
     hf = GPT2LMHeadModel(hf_cfg).eval()
     cfg = LMConfig.gpt2_small(max_len=hf_cfg.n_positions)
-    sd = hf_to_torch_ref(hf.state_dict(), cfg.num_layers, cfg.d_model)
+    # HF names -> torch_ref keys by the importer's own mapping (jaxformer.hf.gpt2)
+    to_ours = hf_gpt2.tensor_fn("lm", cfg, "GPT2LMHeadModel")
+    sd = {}
+    for key, value in hf.state_dict().items():
+        sd.update({k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in
+                   (to_ours(key, value.numpy()) or {}).items()})
     tmodel = tbuild("lm", cfg).eval()
     convert.check_torch_load(tmodel, sd)
     jmodel = jbuild("lm", cfg)

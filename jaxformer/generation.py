@@ -213,14 +213,7 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
         raise ValueError(f"attention_mask shape {mask.shape} != prompt shape {ids.shape}")
     if (mask.sum(axis=1) == 0).any():
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
-    cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
-    model.eval()
-    graphdef, state = nnx.split(model)
-    out = lowering.decode_jit(_lm_generate, static_argnames=_GENERATE_STATIC)(
-        graphdef, state, decode_kernels(model, layout), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
-        jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
-        pad_id=cfg.pad_id)
-    return jax.tree.map(np.asarray, out)
+    return _run(_lm_generate, model, ids, mask, gen, check_lengths(ids.shape[1], gen, cfg.max_len), layout)
 
 
 # ----------------------------------------------------------------------------- seq2seq
@@ -276,11 +269,17 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     src_ids = np.asarray(src_ids)
     check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
     mask = (src_ids != cfg.pad_id) if src_mask is None else np.asarray(src_mask).astype(bool)
-    cache_len = check_lengths(0, gen, cfg.max_len, start=1)
+    return _run(_seq2seq_generate, model, src_ids, mask, gen, check_lengths(0, gen, cfg.max_len, start=1), layout)
+
+
+def _run(program, model, ids, mask, gen: GenerationConfig, cache_len: int, layout):
+    """Run a compiled generate program (_lm_generate or _seq2seq_generate) on the model's
+    weights, in the decode layout, -> numpy outputs."""
+    cfg = model.cfg
     model.eval()
     graphdef, state = nnx.split(model)
-    out = lowering.decode_jit(_seq2seq_generate, static_argnames=_GENERATE_STATIC)(
-        graphdef, state, decode_kernels(model, layout), jnp.asarray(src_ids, jnp.int32), jnp.asarray(mask),
+    out = lowering.decode_jit(program, static_argnames=_GENERATE_STATIC)(
+        graphdef, state, decode_kernels(model, layout), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
         jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
         pad_id=cfg.pad_id)
     return jax.tree.map(np.asarray, out)

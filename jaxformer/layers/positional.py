@@ -38,6 +38,16 @@ class LearnedPositionalEmbedding(nnx.Module):
         return jnp.take(self.embedding[...], positions, axis=0)
 
 
+def absolute_positions(kind: str, max_len: int, d_model: int, *, rngs: nnx.Rngs) -> nnx.Module | None:
+    """The absolute position table a `position` config names: "sinusoidal" (fixed), "learned",
+    or None for the relative schemes (RoPE, ALiBi, T5 bias) and "none"."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(max_len, d_model)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model, rngs=rngs)
+    return None
+
+
 def rotate_half(x: jax.Array) -> jax.Array:
     x1, x2 = jnp.split(x, 2, axis=-1)
     return jnp.concatenate([-x2, x1], axis=-1)

@@ -17,7 +17,8 @@ from jaxformer.layers.attention import (MultiHeadAttention, combine_masks, make_
                                         make_sliding_window_mask)
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.norm import make_norm
-from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
+from jaxformer.layers.embedding import Embedding
+from jaxformer.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -> MultiHeadAttention:
@@ -310,15 +311,8 @@ class TextEmbedding(nnx.Module):
     """
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        from jaxformer.layers.embedding import Embedding
-        from jaxformer.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding, rngs=rngs)
-        if cfg.position == "sinusoidal":
-            self.embed_positions = SinusoidalPositionalEncoding(cfg.max_len, cfg.d_model)
-        elif cfg.position == "learned":
-            self.embed_positions = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model, rngs=rngs)
-        else:
-            self.embed_positions = None
+        self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model, rngs=rngs)
         self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02, rngs=rngs) \
             if cfg.type_vocab_size else None
         self.norm = _norm(cfg, rngs) if cfg.embed_norm else None

@@ -23,8 +23,7 @@ from flax import nnx
 from jaxformer.config.vision import TimeSeriesConfig
 from jaxformer.layers.conv import Conv1d
 from jaxformer.layers.linear import Linear
-from jaxformer.layers.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding,
-                                         default_positions)
+from jaxformer.layers.positional import absolute_positions, default_positions
 from jaxformer.layers.transformer import Encoder
 
 
@@ -59,12 +58,7 @@ class TCNTransformer(nnx.Module):
             Conv1d(cfg.num_channels if i == 0 else cfg.d_model, cfg.d_model, cfg.kernel_size,
                    padding=[cfg.conv_padding(i)], dilation=cfg.dilation(i), rngs=rngs)
             for i in range(cfg.conv_layers)])
-        if cfg.position == "sinusoidal":
-            self.embed_positions = SinusoidalPositionalEncoding(cfg.input_len, cfg.d_model)
-        elif cfg.position == "learned":
-            self.embed_positions = LearnedPositionalEmbedding(cfg.input_len, cfg.d_model, rngs=rngs)
-        else:
-            self.embed_positions = None
+        self.embed_positions = absolute_positions(cfg.position, cfg.input_len, cfg.d_model, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
         self.head = Linear(cfg.d_model, cfg.horizon * cfg.num_targets, rngs=rngs)

@@ -36,6 +36,16 @@ class LearnedPositionalEmbedding(nn.Module):
         return self.weight[positions]
 
 
+def absolute_positions(kind: str, max_len: int, d_model: int) -> nn.Module | None:
+    """The absolute position table a `position` config names: "sinusoidal" (fixed), "learned",
+    or None for the relative schemes (RoPE, ALiBi, T5 bias) and "none"."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(max_len, d_model)
+    if kind == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model)
+    return None
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)

@@ -16,7 +16,8 @@ from torch_ref.layers.attention import (MultiHeadAttention, combine_masks, make_
                                         make_sliding_window_mask)
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import make_norm
-from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
+from torch_ref.layers.embedding import Embedding
+from torch_ref.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
@@ -257,16 +258,9 @@ class TextEmbedding(nn.Module):
     """
 
     def __init__(self, cfg: TransformerConfig):
-        from torch_ref.layers.embedding import Embedding
-        from torch_ref.layers.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding)
-        if cfg.position == "sinusoidal":
-            self.embed_positions = SinusoidalPositionalEncoding(cfg.max_len, cfg.d_model)
-        elif cfg.position == "learned":
-            self.embed_positions = LearnedPositionalEmbedding(cfg.max_len, cfg.d_model)
-        else:
-            self.embed_positions = None
+        self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model)
         self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02) \
             if cfg.type_vocab_size else None
         self.norm = _norm(cfg) if cfg.embed_norm else None

@@ -21,8 +21,7 @@ from torch import nn
 
 from jaxformer.config.vision import TimeSeriesConfig
 from torch_ref.layers.conv import Conv1d
-from torch_ref.layers.positional import (LearnedPositionalEmbedding, SinusoidalPositionalEncoding,
-                                         default_positions)
+from torch_ref.layers.positional import absolute_positions, default_positions
 from torch_ref.layers.transformer import Encoder
 
 
@@ -52,12 +51,7 @@ class TCNTransformer(nn.Module):
             Conv1d(cfg.num_channels if i == 0 else cfg.d_model, cfg.d_model, cfg.kernel_size,
                    padding=[cfg.conv_padding(i)], dilation=cfg.dilation(i))
             for i in range(cfg.conv_layers)])
-        if cfg.position == "sinusoidal":
-            self.embed_positions = SinusoidalPositionalEncoding(cfg.input_len, cfg.d_model)
-        elif cfg.position == "learned":
-            self.embed_positions = LearnedPositionalEmbedding(cfg.input_len, cfg.d_model)
-        else:
-            self.embed_positions = None
+        self.embed_positions = absolute_positions(cfg.position, cfg.input_len, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg.encoder_config())
         self.head = nn.Linear(cfg.d_model, cfg.horizon * cfg.num_targets)
