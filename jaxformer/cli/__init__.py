@@ -1,6 +1,10 @@
 """The `jaxformer` command line. One module per subcommand in this package, each with
 `add_arguments(parser)` and `run(args) -> exit code`; a subcommand's module is imported only
-when that subcommand runs (its --help included), so `jaxformer --help` starts fast."""
+when that subcommand runs (its --help included), so `jaxformer --help` starts fast.
+
+Errors: a subcommand raises; `main` turns every user error (see `user_error`) into one or two
+lines on stderr and exit code 2, and lets a bug surface as a traceback. `--debug` shows the
+traceback of a user error too."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
                     "weights both ways and prove parity.",
         epilog="Run 'jaxformer COMMAND --help' for a command's options.")
     parser.add_argument("--version", action="version", version=f"jaxformer {jaxformer.__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -45,7 +50,40 @@ def main(argv: list[str] | None = None) -> int:
         sub = parser._subparsers._group_actions[0].choices[first]
         _module(COMMANDS[first][0]).add_arguments(sub)
     args = parser.parse_args(argv)
-    return int(_module(args._module).run(args) or 0)
+    try:
+        return int(_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"jaxformer {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BaseException as e:
+        if args.debug or not user_error(e):
+            raise
+        print(error_lines(f"jaxformer {args.command}", e), file=sys.stderr)
+        return 2
+
+
+def user_error(e: BaseException) -> bool:
+    """Bad input rather than a bug: invalid values and configs (ValueError, which ConfigError
+    and ConversionError are), files that are missing, unreadable, unwritable or on a full disk
+    (OSError), YAML syntax and refused pickles."""
+    import pickle
+    if isinstance(e, (ValueError, OSError, pickle.UnpicklingError)):
+        return True
+    yaml = sys.modules.get("yaml")
+    return yaml is not None and isinstance(e, yaml.YAMLError)
+
+
+def error_lines(prefix: str, e: BaseException, width: int = 400) -> str:
+    """At most two lines: the message's first line, then how many more lines it had."""
+    text = str(e).strip() or type(e).__name__
+    if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
+        text = f"{text}: {e.filename}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    first = lines[0] if len(lines[0]) <= width else lines[0][: width - 3] + "..."
+    out = f"{prefix}: error: {first}"
+    if len(lines) > 1:
+        out += f"\n  (and {len(lines) - 1} more line(s); --debug shows them all)"
+    return out
 
 
 if __name__ == "__main__":
