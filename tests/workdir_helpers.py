@@ -2,8 +2,6 @@
 imported by name: d_model 32, 2 layers, batch 4, byte-level LM on 16-byte windows."""
 from __future__ import annotations
 
-import os
-
 import yaml
 
 TINY_RUN = {
@@ -28,19 +26,3 @@ def write_tiny_config(path: str, **train) -> str:
     with open(path, "w") as f:
         yaml.safe_dump(tiny_run_dict(**train), f)
     return path
-
-
-_TRAINED: dict[str, str] = {}
-
-
-def trained_workdir(root: str) -> str:
-    """A finished 4-step run (checkpoints at 2 and 4), trained once per test process under
-    `root`'s parent; callers copy it (shutil.copytree) and never change it."""
-    if "w" not in _TRAINED or not os.path.isdir(_TRAINED["w"]):
-        import tempfile
-
-        from jaxformer.train.jax_trainer import JaxTrainer
-        wd = os.path.join(tempfile.mkdtemp(prefix="jaxformer-trained-"), "w")
-        JaxTrainer(tiny_run_config(), wd, progress=False).run()
-        _TRAINED["w"] = wd
-    return _TRAINED["w"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 
 import jax
@@ -27,8 +28,22 @@ import orbax.checkpoint as ocp
 log = logging.getLogger("jaxformer.checkpoint")
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored or saved (the CLI reports it in one line)."""
+
+
+_OS_ERROR = re.compile(r"Failed to write .*?: ([^\[]+?) \[os_error_code='(\d+)'\]")
+
+
+def _concise(e: BaseException, what: str) -> BaseException:
+    """tensorstore reports a failed write (full disk, file too large, read-only) as a ValueError
+    whose message is a page of paths; turn it into an OSError that says what and why."""
+    m = _OS_ERROR.search(str(e))
+    if m:
+        err = OSError(f"cannot write {what}: {os.strerror(int(m.group(2)))} (nothing partial is kept)")
+        err.errno = int(m.group(2))
+        return err
+    return e
 
 
 def _to_storable(tree):
@@ -92,9 +107,12 @@ class Checkpointer:
                 raise CheckpointError(
                     f"orbax refused to save step {step} in {self.directory} "
                     f"(saved steps: {self.all_steps()}); a step at or below the newest is never overwritten")
-        except BaseException:
+        except BaseException as e:
             self._remove_partial()
-            raise
+            err = _concise(e, f"checkpoint step {step} in {self.directory}")
+            if err is e:
+                raise
+            raise err from e
 
     def best_step(self) -> int | None:
         return self.manager.best_step()
@@ -108,18 +126,19 @@ class Checkpointer:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def wait(self) -> None:
+        """Wait for an asynchronous save; its write errors surface here."""
         try:
             self.manager.wait_until_finished()
-        except BaseException:
+        except BaseException as e:
             self._remove_partial()
-            raise
+            err = _concise(e, f"a checkpoint in {self.directory}")
+            if err is e:
+                raise
+            raise err from e
 
     def close(self) -> None:
         try:
-            self.manager.wait_until_finished()
-        except BaseException:
-            self._remove_partial()
-            raise
+            self.wait()
         finally:
             self.manager.close()
 

@@ -246,7 +246,12 @@ def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunCo
     """Load a YAML config (a path or a packaged config's name) with --set overrides applied."""
     path = resolve_config(path)
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:  # syntax, or a tag that would build a Python object
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for o in overrides:
@@ -275,6 +280,10 @@ def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
     (they fix the checkpoint's shapes and the data it trains on). Allowed: the train section
     (a longer schedule, another eval cadence, ...) and the parallel layout (the checkpoint
     holds unsharded arrays)."""
+    try:  # the stored config with its defaults filled in, as the new one has them
+        old = config_from_dict(old).to_dict()
+    except (ConfigError, TypeError):
+        pass
     a, b = _flat(old), _flat(new.to_dict())
     breaking, allowed = [], []
     for k in sorted(set(a) | set(b)):

@@ -178,9 +178,17 @@ class JaxTrainer:
         self.quiet = quiet
         self.primary = jax.process_index() == 0
         ckpt_dir = os.path.join(workdir, "checkpoints")
-        self.lock, self.config_changes = workdir_lib.open_workdir(workdir, cfg, resume=resume, overwrite=overwrite,
-                                             has_checkpoint=bool(checkpoint_steps(ckpt_dir)),
-                                             primary=self.primary)
+        steps = checkpoint_steps(ckpt_dir)
+        self.lock, self.config_changes = workdir_lib.open_workdir(
+            workdir, cfg, resume=resume, overwrite=overwrite, has_checkpoint=bool(steps),
+            primary=self.primary)
+        if resume:  # before the (slow) restore; checked again against the step restored
+            try:
+                workdir_lib.check_resumed_step(steps[-1], cfg.train.steps, workdir)
+            except ValueError:
+                if self.lock is not None:
+                    self.lock.release(remove=True)
+                raise
         try:
             self._setup(model, ckpt_dir, resume)
         except BaseException:
@@ -232,12 +240,12 @@ class JaxTrainer:
             self.lock.claim()
             for line in self.config_changes:
                 print(f"resume: changed {line}", flush=True)
+        if self.primary:
+            save_config(cfg, os.path.join(workdir, "config.yaml"))
         self.ckpt = Checkpointer(ckpt_dir, keep=tc.keep_checkpoints, async_save=tc.async_checkpoint,
                                  primary=self.primary)
         for s in newer:  # unreadable steps past the restored one would block saving those steps
             self.ckpt.manager.delete(s)
-        if self.primary:
-            save_config(cfg, os.path.join(workdir, "config.yaml"))
         self.metrics = MetricsWriter(workdir, resume_step=self.start_step if resume else None,
                                      enabled=self.primary)
 
