@@ -30,6 +30,7 @@ class Row:
     absent: tuple[str, ...] = ()  # paths (relative) that must not exist afterwards
     subprocess: bool = False
     env: dict | None = None
+    preexec: Callable[[], None] | None = None  # subprocess rows: runs in the child (resource limits)
 
 
 def snapshot(root: str, rel: str) -> dict:
@@ -51,7 +52,7 @@ def run_row(row: Row, tmp: str, capsys) -> tuple[int, str]:
     if row.subprocess:
         env = {**os.environ, **(row.env or {})}
         r = subprocess.run([sys.executable, "-m", "jaxformer", *argv], cwd=tmp, env=env,
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, preexec_fn=row.preexec)
         return r.returncode, r.stderr
     from jaxformer import cli
     cwd = os.getcwd()
@@ -65,8 +66,87 @@ def run_row(row: Row, tmp: str, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+# ---------------------------------------------------------------- config and workdir (train)
+def _tiny(tmp: str, **train) -> None:
+    from workdir_helpers import write_tiny_config
+    write_tiny_config(os.path.join(tmp, "cfg.yaml"), **train)
+
+
+def _write(name: str, text: str):
+    def setup(tmp: str) -> None:
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    return setup
+
+
+def _stub_run(tmp: str) -> None:
+    """A workdir that looks like a run's (config.yaml, a checkpoint step folder): enough for the
+    checks that run before any checkpoint is read."""
+    import shutil
+    _tiny(tmp)
+    os.makedirs(os.path.join(tmp, "w", "checkpoints", "4"))
+    shutil.copy(os.path.join(tmp, "cfg.yaml"), os.path.join(tmp, "w", "config.yaml"))
+
+
+_HELD = []  # lock file descriptors held for the rest of the test process
+
+
+def _locked(tmp: str) -> None:
+    import fcntl
+    _tiny(tmp)
+    os.makedirs(os.path.join(tmp, "w"))
+    fd = os.open(os.path.join(tmp, "w", ".lock"), os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"pid 4242 on otherhost\n")
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: flock conflicts in-process too
+    _HELD.append(fd)
+
+
+def _tiny_files() -> None:
+    """No file over 512 bytes can be written (EFBIG, as on a full disk): the run's first write,
+    config.yaml, fails. (A checkpoint-time full disk: tests/test_workdir.py.)"""
+    import resource
+    import signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+
+TRAIN = ["train", "--config", "{tmp}/cfg.yaml", "--workdir", "{tmp}/w", "--no-progress"]
+TRAIN_ROWS = [
+    Row("train_yaml_syntax", ["train", "--config", "{tmp}/bad.yaml"], "bad.yaml: not valid YAML (line",
+        setup=_write("bad.yaml", "model: {name: lm\ntrain: [\n")),
+    Row("train_yaml_python_tag", ["train", "--config", "{tmp}/bad.yaml", "--workdir", "{tmp}/w"],
+        "python/object", setup=_write("bad.yaml", "model: !!python/object/apply:os.system ['true']\n"),
+        absent=("w",)),
+    Row("train_unknown_key", [*TRAIN, "--set", "train.learning_rate=1e-3"], "train.learning_rate",
+        setup=_tiny, absent=("w",)),
+    Row("train_seq_len_above_max_len", [*TRAIN, "--set", "data.seq_len=64"],
+        "data.seq_len=64 exceeds model.max_len=32", setup=_tiny, absent=("w",)),
+    Row("train_lr_inf", [*TRAIN, "--set", "train.lr=.inf"], "train.lr: must be finite", setup=_tiny,
+        absent=("w",)),
+    Row("train_resume_and_overwrite", [*TRAIN, "--resume", "--overwrite"], "exclude each other",
+        setup=_stub_run, protect=("w",)),
+    Row("train_fresh_into_nonempty", TRAIN, "pass --resume to continue its run or --overwrite",
+        setup=_stub_run, protect=("w",)),
+    Row("train_resume_without_checkpoint", [*TRAIN, "--resume"], "no checkpoint in workdir",
+        setup=_tiny, absent=("w",)),
+    Row("train_resume_changed_model", [*TRAIN, "--resume", "--set", "model.d_model=64",
+                                       "--set", "model.num_heads=2"],
+        "model.d_model: 32 -> 64; model.num_heads: 4 -> 2", setup=_stub_run, protect=("w",)),
+    Row("train_resume_steps_not_above_checkpoint", [*TRAIN, "--resume"],
+        "train.steps=4 is at or below the checkpoint's step 4", setup=_stub_run, protect=("w",)),
+    Row("train_workdir_locked", TRAIN, "in use by pid 4242 on otherhost", setup=_locked, protect=("w",)),
+    Row("train_workdir_under_a_file", [*TRAIN[:-2], "{tmp}/cfg.yaml/w", "--no-progress"],
+        "not a directory", setup=_tiny),
+    Row("train_nonfinite_loss", [*TRAIN, "--set", "train.lr=1e30", "--set", "train.checkpoint_every=100"],
+        "non-finite loss", setup=_tiny, absent=("w/checkpoints/4", "w/model")),
+    Row("train_full_disk", TRAIN, "file too large", setup=_tiny, subprocess=True, preexec=_tiny_files,
+        absent=("w/config.yaml", "w/checkpoints")),
+]
+
+
 ROWS: list[Row] = [
     # ---------------------------------------------------------------- config and workdir (train)
+    *TRAIN_ROWS,
     # ---------------------------------------------------------------- export, load, generate
     # ---------------------------------------------------------------- convert and import
 ]

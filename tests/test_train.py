@@ -117,8 +117,9 @@ def _train_cli(cfg_path, workdir, *extra):
 
 
 def _losses(workdir):
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [(r["step"], r["loss"]) for r in map(json.loads, f)]
+    """(step, loss) per step; a resumed run's redone steps: the last line wins (read_metrics)."""
+    from jaxformer.train.logging_utils import read_metrics
+    return [(r["step"], r["loss"]) for r in read_metrics(workdir)]
 
 
 def _logged_steps(workdir) -> list[int]:
@@ -193,8 +194,9 @@ def test_corrupted_newest_checkpoint_falls_back(resume_setup):
             f.write_bytes(b"\0" * 7)  # truncate/garble every array file of the newest step
     from jaxformer.train.checkpoint import Checkpointer
     cfg = load_config(path)
-    trainer = JaxTrainer(cfg, str(wd), progress=False)
-    state, record = trainer.ckpt.restore(trainer.state)
+    trainer = JaxTrainer(cfg, str(d / "template"), progress=False)  # a fresh run: the state's layout
+    trainer.close()
+    state, record = Checkpointer(str(ckpt), keep=2, read_only=True).restore(trainer.state)
     assert record["step"] == steps[-2]  # fell back to the previous good checkpoint
     # and with every step corrupted: a clear error, not garbage
     for s in steps:
@@ -203,7 +205,7 @@ def test_corrupted_newest_checkpoint_falls_back(resume_setup):
                 f.write_bytes(b"\0" * 7)
     from jaxformer.train.checkpoint import CheckpointError
     with pytest.raises(CheckpointError, match="no restorable checkpoint"):
-        Checkpointer(str(ckpt), keep=2).restore(trainer.state)
+        Checkpointer(str(ckpt), keep=2, read_only=True).restore(trainer.state)
 
 
 def test_every_config_parses_and_unknown_keys_fail():

@@ -19,6 +19,7 @@ COMMANDS = {
     "generate": ("generate", "generate token ids with an lm/seq2seq model (KV cache)"),
     "convert": ("convert", "convert weights between torch, flax and Hugging Face"),
     "parity": ("parity", "run the parity registry: outputs and gradients, torch vs JAX"),
+    "eval": ("eval", "evaluate a training run's weights (last, best or a step) on its eval split"),
 }
 
 

@@ -1,5 +1,10 @@
 """`jaxformer train --config NAME|PATH [--set key=value ...] [--workdir DIR]
-[--framework jax|torch] [--resume]`: NAME is a packaged config (lm, llama, classifier, ...)."""
+[--framework jax|torch] [--resume | --overwrite]`: NAME is a packaged config (lm, llama, ...).
+
+The workdir rules are in jaxformer/train/workdir.py: a fresh run needs an empty workdir
+(--overwrite replaces the old run's files, --resume continues it). Exit codes: 0 done; 2 a user
+error (bad config, workdir refused, non-finite loss, full disk, ...); 75 (EX_TEMPFAIL) stopped
+by SIGTERM after saving a checkpoint at the current step: run again with --resume."""
 from __future__ import annotations
 
 import os
@@ -13,7 +18,9 @@ def add_arguments(p) -> None:
                    help="override any nested key, e.g. --set train.lr=3e-4 (repeatable)")
     p.add_argument("--workdir", default=None, help="output directory (default: runs/<config name>)")
     p.add_argument("--framework", choices=["jax", "torch"], default="jax")
-    p.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint")
+    p.add_argument("--resume", action="store_true", help="continue the workdir's run from its newest good checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the workdir's previous run (its config, metrics, checkpoints, model)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--coordinator", default=None, help="multi-host: coordinator address host:port")
     p.add_argument("--num-processes", type=int, default=None)
@@ -35,27 +42,31 @@ def init_distributed(args) -> None:
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid)
 
 
+PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM with a checkpoint at the current step
+
+
 def run(args) -> int:
-    from jaxformer.config import ConfigError
     from jaxformer.train.config import load_config
     init_distributed(args)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except (ConfigError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, args.overrides)  # validated before the workdir is touched
     workdir = args.workdir or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
+    kw = dict(resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     if args.framework == "torch":
         from jaxformer.train.torch_trainer import TorchTrainer
-        trainer = TorchTrainer(cfg, workdir, resume=args.resume, progress=not args.no_progress)
+        trainer = TorchTrainer(cfg, workdir, **kw)
         trainer.run()
         model = trainer.module
     else:
         from jaxformer.train.jax_trainer import JaxTrainer
-        trainer = JaxTrainer(cfg, workdir, resume=args.resume, progress=not args.no_progress)
+        trainer = JaxTrainer(cfg, workdir, **kw)
         trainer.run()
         model = trainer.trained_model()
     import jax
+    if trainer.stopped_by:
+        if jax.process_index() == 0:
+            print(f"jaxformer train: stopped by {trainer.stopped_by} at step {trainer.history[-1]['step']}; "
+                  f"checkpoint saved; continue with --resume --workdir {workdir}", file=sys.stderr)
+        return PREEMPTED
     if jax.process_index() != 0:  # metrics and logs come from process 0
         return 0
     final = trainer.last_eval

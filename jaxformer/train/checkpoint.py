@@ -1,5 +1,11 @@
 """Orbax checkpoints under WORKDIR/checkpoints/: every `checkpoint_every` steps, keeping the
-last K and the best by eval loss, optionally written asynchronously.
+last K and the best by eval loss (orbax's own LatestN + BestN preservation policies; each
+checkpoint carries its eval loss as orbax metrics), optionally written asynchronously.
+
+A save that orbax refuses (it returns False, e.g. for a step at or below the newest saved one)
+is an error, never a silent skip. A failed save (full disk, unwritable folder) leaves no partial
+step behind: orbax writes a step under a temporary name and renames it when complete, and
+`save` removes the temporary folder of a failed write.
 
 A checkpoint holds the whole train state as plain arrays: params, optimiser state, the NNX
 RNG streams (dropout), the step (which is also the data position, since batches are a pure
@@ -10,22 +16,34 @@ expected tree structure, shapes and dtypes.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
+import re
 import shutil
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.fileio import write_text
-
 log = logging.getLogger("jaxformer.checkpoint")
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored or saved (the CLI reports it in one line)."""
+
+
+_OS_ERROR = re.compile(r"Failed to write .*?: ([^\[]+?) \[os_error_code='(\d+)'\]")
+
+
+def _concise(e: BaseException, what: str) -> BaseException:
+    """tensorstore reports a failed write (full disk, file too large, read-only) as a ValueError
+    whose message is a page of paths; turn it into an OSError that says what and why."""
+    m = _OS_ERROR.search(str(e))
+    if m:
+        err = OSError(f"cannot write {what}: {os.strerror(int(m.group(2)))} (nothing partial is kept)")
+        err.errno = int(m.group(2))
+        return err
+    return e
 
 
 def _to_storable(tree):
@@ -52,52 +70,77 @@ def _abstract(tree):
     return jax.tree.map(f, tree)
 
 
+def _eval_loss(metrics) -> float:
+    """BestN's ranking key: the eval loss (lower is better); a NaN ranks last."""
+    v = float(metrics.get("eval_loss", float("inf")))
+    return v if np.isfinite(v) else float("inf")
+
+
 class Checkpointer:
-    def __init__(self, directory: str, *, keep: int, async_save: bool = True, primary: bool = True):
+    def __init__(self, directory: str, *, keep: int, async_save: bool = True, primary: bool = True,
+                 read_only: bool = False):
+        """read_only: for restoring (resume, `jaxformer eval`): creates, cleans and deletes nothing."""
+        from orbax.checkpoint import checkpoint_managers as cm
         self.directory = os.path.abspath(directory)
         self.keep = keep
+        policy = cm.AnyPreservationPolicy([
+            cm.LatestN(n=keep),
+            cm.BestN(get_metric_fn=_eval_loss, reverse=True, n=1, keep_checkpoints_without_metrics=False),
+        ])
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None, create=True, enable_async_checkpointing=async_save)
+            preservation_policy=policy, best_fn=_eval_loss, best_mode="min", create=not read_only,
+            enable_async_checkpointing=async_save and not read_only,
+            cleanup_tmp_directories=not read_only)  # not orbax's read_only, which logs warnings
         self.manager = ocp.CheckpointManager(self.directory, options=options)
-        self.primary = primary
-        self._best: tuple[float, int] | None = self._load_best()
+        self.primary = primary and not read_only
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, state, record: dict, eval_loss: float | None = None) -> None:
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(_to_storable(state)),
-            record=ocp.args.JsonSave({**record, "step": step, "eval_loss": eval_loss})))
-        if eval_loss is not None and (self._best is None or eval_loss < self._best[0]):
-            self._best = (float(eval_loss), step)
-            if self.primary:
-                write_text(os.path.join(self.directory, "best.json"),
-                           json.dumps({"eval_loss": self._best[0], "step": step}))
-        self._prune()
+        """Save `state` at `step` with its eval loss (every trainer checkpoint step evaluates
+        first, so BestN can rank every step). Raises CheckpointError if orbax refuses."""
+        metrics = {"eval_loss": float(eval_loss)} if eval_loss is not None else None
+        try:
+            saved = self.manager.save(step, metrics=metrics, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_to_storable(state)),
+                record=ocp.args.JsonSave({**record, "step": step, "eval_loss": eval_loss})))
+            if not saved:
+                raise CheckpointError(
+                    f"orbax refused to save step {step} in {self.directory} "
+                    f"(saved steps: {self.all_steps()}); a step at or below the newest is never overwritten")
+        except BaseException as e:
+            self._remove_partial()
+            err = _concise(e, f"checkpoint step {step} in {self.directory}")
+            if err is e:
+                raise
+            raise err from e
 
-    def _load_best(self):
-        p = os.path.join(self.directory, "best.json")
-        if os.path.exists(p):
-            with open(p) as f:
-                d = json.load(f)
-            return float(d["eval_loss"]), int(d["step"])
-        return None
+    def best_step(self) -> int | None:
+        return self.manager.best_step()
 
-    def _prune(self) -> None:
-        """Keep the last K steps plus the best one."""
-        steps = sorted(self.manager.all_steps())
-        keep = set(steps[-self.keep:])
-        if self._best is not None:
-            keep.add(self._best[1])
-        for s in steps:
-            if s not in keep:
-                self.manager.delete(s)
+    def _remove_partial(self) -> None:
+        """Remove the temporary folders of a failed or interrupted write (process 0)."""
+        if not self.primary or not os.path.isdir(self.directory):
+            return
+        for name in os.listdir(self.directory):
+            if ".orbax-checkpoint-tmp" in name:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Wait for an asynchronous save; its write errors surface here."""
+        try:
+            self.manager.wait_until_finished()
+        except BaseException as e:
+            self._remove_partial()
+            err = _concise(e, f"a checkpoint in {self.directory}")
+            if err is e:
+                raise
+            raise err from e
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
 
     # ------------------------------------------------------------------ restore
     def all_steps(self) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from importlib import resources
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ PRECISIONS = ("fp32", "bf16")
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                   "everything_saveable")
 PARALLEL_MODES = ("none", "pmap", "mesh")
+NONFINITE = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,19 @@ class TrainConfig:
     remat: bool = False
     remat_policy: str = "nothing_saveable"
     init: str = "default"
-    dropout: float | None = None  # overrides model dropout for training, if set
+    # if set, EVERY dropout rate of the model for training: `dropout` and each `*_dropout` field
+    # (attn_dropout, ffn_dropout, embed_dropout, ...); not Swin's drop_path_rate (stochastic
+    # depth, a different regulariser). The saved model config keeps the model section's rates.
+    dropout: float | None = None
     init_from: str | None = None  # a model checkpoint dir (jaxformer/checkpoint_io.py) to fine-tune
     eval_every: int = 50
     eval_batches: int = 4
     checkpoint_every: int = 50
     keep_checkpoints: int = 2  # the last K, plus the best by eval loss
     async_checkpoint: bool = True
-    log_every: int = 1
+    log_every: int = 1  # fetch metrics from the device every N steps (and at eval/checkpoint steps)
+    on_nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (exit 2, keep the last good
+    # checkpoint) or skip (that step leaves params and optimizer state unchanged; counted)
     sample_tokens: int = 48  # length of the sample printed at the end (lm, seq2seq)
 
     def __post_init__(self) -> None:
@@ -68,6 +75,8 @@ class TrainConfig:
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "remat_policy", REMAT_POLICIES)
         check_choice(self, "init", INITS)
+        check_choice(self, "on_nonfinite", NONFINITE)
+        check(math.isfinite(self.lr), "lr", f"must be finite, got {self.lr}")
         check(self.batch_size % self.grad_accum_steps == 0, "grad_accum_steps",
               f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
         check(self.sample_tokens >= 0, "sample_tokens", "must be >= 0")
@@ -148,7 +157,69 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
     data = from_dict(dataset_config_class(data_name), data_raw, prefix="data.")
     train = from_dict(TrainConfig, raw.get("train") or {}, prefix="train.")
     parallel = from_dict(ParallelConfig, raw.get("parallel") or {}, prefix="parallel.")
-    return RunConfig(name, model, data_name, data, train, parallel)
+    cfg = RunConfig(name, model, data_name, data, train, parallel)
+    check_sections(cfg)
+    return cfg
+
+
+BYTE_VOCAB = 259  # the embedded text datasets' byte-level ids (train/data/tokenizer.py)
+DATA_FOR_MODEL = {"lm": ("stdlib_docs",), "classifier": ("text_source",), "seq2seq": ("dates",),
+                  "vit": ("digits",), "swin": ("digits",), "timeseries": ("series",)}
+
+
+def check_sections(cfg: RunConfig) -> None:
+    """Checks across sections that are known before any data is loaded or file written: the
+    dataset fits the model (lengths, vocab, classes, channels) and the batch divides statically.
+    All problems are reported in one ConfigError."""
+    m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
+    problems = []
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            problems.append(msg)
+
+    fits = DATA_FOR_MODEL.get(cfg.model_name)
+    need(fits is None or cfg.data_name in fits,
+         f"data.name={cfg.data_name} does not fit model.name={cfg.model_name} (use {fits})")
+    if cfg.data_name in ("stdlib_docs", "text_source"):
+        need(d.seq_len <= m.max_len, f"data.seq_len={d.seq_len} exceeds model.max_len={m.max_len}")
+    if cfg.data_name == "dates":
+        for k in ("src_len", "tgt_len"):
+            need(getattr(d, k) <= m.max_len, f"data.{k}={getattr(d, k)} exceeds model.max_len={m.max_len}")
+    if cfg.data_name in ("stdlib_docs", "text_source", "dates"):
+        vocab = [("vocab_size", m.vocab_size)]
+        if cfg.model_name == "seq2seq":
+            vocab.append(("tgt_vocab_size", m.resolved_tgt_vocab))
+        for k, v in vocab:
+            need(v >= BYTE_VOCAB, f"model.{k}={v} is below the {cfg.data_name} byte vocabulary ({BYTE_VOCAB})")
+    if cfg.data_name == "text_source" and hasattr(m, "num_classes"):
+        need(m.num_classes == 3, f"model.num_classes={m.num_classes}; text_source has 3 classes")
+    if cfg.data_name == "digits":
+        need(getattr(m, "num_classes", 10) == 10, f"model.num_classes={m.num_classes}; digits has 10 classes")
+        need(m.num_channels == d.num_channels,
+             f"model.num_channels={m.num_channels} differs from data.num_channels={d.num_channels}")
+        if cfg.model_name == "vit":
+            need(m.image_size == d.image_size,
+                 f"model.image_size={m.image_size} differs from data.image_size={d.image_size}")
+    if cfg.data_name == "series" and cfg.model_name == "timeseries":
+        for k in ("input_len", "horizon", "num_channels", "target_channels"):
+            need(tuple(_seq(getattr(m, k))) == tuple(_seq(getattr(d, k))),
+                 f"model.{k}={getattr(m, k)} differs from data.{k}={getattr(d, k)}")
+    n = p.num_devices
+    if p.mode == "pmap" and n:
+        need(t.batch_size % (t.grad_accum_steps * n) == 0,
+             f"train.batch_size={t.batch_size} does not divide into grad_accum_steps="
+             f"{t.grad_accum_steps} x parallel.num_devices={n}")
+    if p.mode == "mesh" and p.mesh.data > 0:
+        shards = p.mesh.data * p.mesh.fsdp
+        need(t.micro_batch % shards == 0, f"train.batch_size / grad_accum_steps = {t.micro_batch} "
+             f"does not divide by parallel.mesh data x fsdp = {shards}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _seq(v):
+    return v if isinstance(v, (list, tuple)) else (v,)
 
 
 def packaged_configs() -> list[str]:
@@ -175,7 +246,12 @@ def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunCo
     """Load a YAML config (a path or a packaged config's name) with --set overrides applied."""
     path = resolve_config(path)
     with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:  # syntax, or a tag that would build a Python object
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for o in overrides:
@@ -184,8 +260,38 @@ def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunCo
 
 
 def save_config(cfg: RunConfig, path: str) -> None:
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+    from jaxformer.fileio import write_text
+    write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def _flat(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
+    """Compare a stored config (the dict of a run's config.yaml) with a new one, for --resume.
+    -> (breaking, allowed): lines "key: old -> new". Breaking: the model and data sections
+    (they fix the checkpoint's shapes and the data it trains on). Allowed: the train section
+    (a longer schedule, another eval cadence, ...) and the parallel layout (the checkpoint
+    holds unsharded arrays)."""
+    try:  # the stored config with its defaults filled in, as the new one has them
+        old = config_from_dict(old).to_dict()
+    except (ConfigError, TypeError):
+        pass
+    a, b = _flat(old), _flat(new.to_dict())
+    breaking, allowed = [], []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
+        if va != vb:
+            line = f"{k}: {va!r} -> {vb!r}"
+            (breaking if k.split(".")[0] in ("model", "data") else allowed).append(line)
+    return breaking, allowed
 
 
 def config_json(cfg: RunConfig) -> str:

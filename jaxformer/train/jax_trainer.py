@@ -29,6 +29,7 @@ from jaxformer.models import build_model
 from jaxformer.train import data as data_lib
 from jaxformer.train import init as init_lib
 from jaxformer.train import tasks
+from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.logging_utils import MetricsWriter, Progress
@@ -38,10 +39,13 @@ DATA_AXIS = "data"  # pmap's device axis: the one the steps' psum reduces over
 
 
 def model_config_for_training(cfg: RunConfig):
-    """The model config with train-time overrides applied (dropout)."""
+    """The model config with train-time overrides applied: train.dropout sets every dropout
+    rate of the model (`dropout` and each `*_dropout` field)."""
     mcfg = cfg.model
-    if cfg.train.dropout is not None and hasattr(mcfg, "dropout"):
-        mcfg = dataclasses.replace(mcfg, dropout=cfg.train.dropout)
+    if cfg.train.dropout is not None:
+        rates = {f.name: cfg.train.dropout for f in dataclasses.fields(mcfg)
+                 if f.init and (f.name == "dropout" or f.name.endswith("_dropout"))}
+        mcfg = dataclasses.replace(mcfg, **rates)
     return mcfg
 
 
@@ -127,9 +131,16 @@ class StepFns:
         grads = jax.tree.map(lambda g: g / c_sum, g_sum)
         updates, opt_state = self.tx.update(grads, state["opt_state"], params)
         new_params = optax.apply_updates(params, updates)
-        out = {"loss": l_sum / c_sum, "grad_norm": optax.tree.norm(grads),
-               "lr": self.schedule(state["step"]),
-               **{k: v / c_sum for k, v in m_sum.items()}}
+        loss, grad_norm = l_sum / c_sum, optax.tree.norm(grads)
+        # A NaN/inf loss or gradient norm: this step leaves params and optimiser state as they
+        # were (a select inside the jitted step, no host round trip), and says which quantity.
+        # train.on_nonfinite decides on the host whether the run stops or goes on.
+        bad = (~jnp.isfinite(loss)).astype(jnp.int32) + 2 * (~jnp.isfinite(grad_norm)).astype(jnp.int32)
+        keep = bad == 0
+        new_params = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_params, params)
+        opt_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), opt_state, state["opt_state"])
+        out = {"loss": loss, "grad_norm": grad_norm, "lr": self.schedule(state["step"]),
+               "nonfinite": bad, **{k: v / c_sum for k, v in m_sum.items()}}
         return {"params": new_params, "opt_state": opt_state, "rest": rest,
                 "step": state["step"] + 1}, out
 
@@ -155,17 +166,42 @@ def shape_batch(batch: dict, accum: int, devices: int | None = None) -> dict:
 
 
 class JaxTrainer:
-    """Runs a whole config: data, steps, eval, checkpoints, metrics. See jaxformer/cli/train.py."""
+    """Runs a whole config: data, steps, eval, checkpoints, metrics. See jaxformer/cli/train.py
+    and jaxformer/train/workdir.py for what a run may do to its workdir.
 
-    def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, progress: bool = True,
-                 model=None, quiet: bool = False):
+    Construction checks everything that can be checked before training (workdir rules, the
+    resumed step against train.steps) and writes nothing in the workdir until they pass."""
+
+    def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True, model=None, quiet: bool = False):
         self.cfg, self.workdir = cfg, workdir
         self.quiet = quiet
-        os.makedirs(workdir, exist_ok=True)
         self.primary = jax.process_index() == 0
-        if self.primary:
-            save_config(cfg, os.path.join(workdir, "config.yaml"))
-        tc = cfg.train
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        steps = checkpoint_steps(ckpt_dir)
+        self.lock, self.config_changes = workdir_lib.open_workdir(
+            workdir, cfg, resume=resume, overwrite=overwrite, has_checkpoint=bool(steps),
+            primary=self.primary)
+        if resume:  # before the (slow) restore; checked again against the step restored
+            try:
+                workdir_lib.check_resumed_step(steps[-1], cfg.train.steps, workdir)
+            except ValueError:
+                if self.lock is not None:
+                    self.lock.release(remove=True)
+                raise
+        try:
+            self._setup(model, ckpt_dir, resume)
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release(remove=True)
+            raise
+        self.progress_enabled = progress and self.primary
+        self.last_eval: dict = {}
+        self.history: list[dict] = []
+        self.stopped_by: str | None = None  # "SIGTERM" when a preemption signal ended the run
+
+    def _setup(self, model, ckpt_dir: str, resume: bool) -> None:
+        cfg, tc, workdir = self.cfg, self.cfg.train, self.workdir
         self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
         self.model = model if model is not None else build_jax_model(cfg)
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
@@ -185,17 +221,33 @@ class JaxTrainer:
         if self.mode == "mesh":
             self._setup_mesh()
         self.train_step, self.eval_step = self._wrap_steps()
-        self.ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints,
-                                 async_save=tc.async_checkpoint, primary=self.primary)
         self.start_step = 0
-        if resume and self.ckpt.all_steps():
-            self.state, record = self.ckpt.restore(self.state)
+        self.skipped_steps = 0
+        self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
+        newer: list[int] = []
+        if resume:  # read-only until the resumed step is accepted
+            reader = Checkpointer(ckpt_dir, keep=tc.keep_checkpoints, read_only=True)
+            try:
+                self.state, record = reader.restore(self.state)
+            finally:
+                reader.close()
             self.start_step = int(record["step"])
+            self.skipped_steps = int(record.get("skipped_steps", 0))
+            newer = [s for s in checkpoint_steps(ckpt_dir) if s > self.start_step]
+            workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
+        # accepted: from here on the run writes
+        if self.lock is not None:
+            self.lock.claim()
+            for line in self.config_changes:
+                print(f"resume: changed {line}", flush=True)
+        if self.primary:
+            save_config(cfg, os.path.join(workdir, "config.yaml"))
+        self.ckpt = Checkpointer(ckpt_dir, keep=tc.keep_checkpoints, async_save=tc.async_checkpoint,
+                                 primary=self.primary)
+        for s in newer:  # unreadable steps past the restored one would block saving those steps
+            self.ckpt.manager.delete(s)
         self.metrics = MetricsWriter(workdir, resume_step=self.start_step if resume else None,
                                      enabled=self.primary)
-        self.progress_enabled = progress and self.primary
-        self.last_eval: dict = {}
-        self.history: list[dict] = []
 
     def _wrap_steps(self):
         """-> (train_step, eval_step): the shared StepFns, pmapped over the local devices or
@@ -285,44 +337,137 @@ class JaxTrainer:
         return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
 
     # ------------------------------------------------------------------ loop
+    def _fetch(self, outs: list) -> list[dict]:
+        """The per-step metrics of a block of steps, brought to the host in one transfer. The
+        loop calls this every train.log_every steps (and at eval/checkpoint/last steps) and
+        otherwise leaves the metrics on the device, so steps are dispatched without a sync."""
+        return jax.device_get([self._unreplicate(o) for o in outs])
+
+    def _records(self, first_step: int, outs: list[dict]) -> list[dict]:
+        """Host metrics -> metrics.jsonl records (one per step). Stops the run at the first
+        non-finite step unless train.on_nonfinite is skip."""
+        records = []
+        for i, out in enumerate(outs):
+            step = first_step + i
+            bad = int(out.pop("nonfinite"))
+            record = {"step": step, **{k: float(v) for k, v in out.items()}}
+            if bad:
+                what = workdir_lib.nonfinite_names(bad)
+                record["nonfinite"] = what
+                if self.cfg.train.on_nonfinite == "stop":
+                    records.append(record)
+                    self.history.extend(records)
+                    self.metrics.write_many(records)
+                    saved = self.ckpt.all_steps()
+                    raise workdir_lib.NonFiniteError(
+                        f"non-finite {what} at step {step}; stopped (nothing saved after it; last good "
+                        f"checkpoint: {f'step {saved[-1]}' if saved else 'none'}). Lower train.lr or "
+                        f"set train.on_nonfinite=skip")
+                self.skipped_steps += 1
+                record["skipped"] = True
+            if self.skipped_steps:
+                record["skipped_steps"] = self.skipped_steps
+            records.append(record)
+        return records
+
+    def _export(self, state, kind: str, info: dict) -> None:
+        """WORKDIR/model/{last,best}: the standalone model checkpoint (checkpoint_io.save_model,
+        flax layout) that export, generate and init_from read, plus metrics.json (step, eval)."""
+        if jax.process_count() > 1:
+            # orbax's StandardCheckpointer synchronises every process, so process 0 alone
+            # cannot write a multi-host model checkpoint; training state is still saved
+            return
+        from jaxformer.checkpoint_io import save_model
+        model = nnx.merge(self.fns.graphdef_eval, state["params"], state["rest"])
+        d = os.path.join(self.workdir, "model", kind)
+        save_model(model, self.cfg.model_name, self.cfg.model, d)
+        workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
+
     def run(self) -> list[dict]:
         tc = self.cfg.train
         state = self._replicate(self.state)
         unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
+        pending: list = []  # device metrics of the steps not fetched yet
+        items = 0
+        saved = -1
         on_mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+        stop = workdir_lib.StopSignal()  # SIGTERM: save at the current step and end cleanly
         try:
-            with on_mesh:
+            with on_mesh, stop:
                 while step < tc.steps:
                     host_batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
                     state, out = self.train_step(state, self._train_batch(host_batch))
                     step += 1
-                    out = jax.device_get(self._unreplicate(out))
-                    record = {"step": step, **{k: float(v) for k, v in out.items()}}
-                    if step % tc.eval_every == 0 or step == tc.steps:
+                    pending.append(out)
+                    items += tasks.tokens_in(self.cfg.model_name, host_batch)
+                    # multi-host preemption goes through orbax/JAX's sync point so every process
+                    # stops at the same step; one host needs only the signal flag
+                    stopping = stop.requested or (jax.process_count() > 1
+                                                  and self.ckpt.manager.reached_preemption(step))
+                    is_eval = step % tc.eval_every == 0 or step == tc.steps
+                    is_ckpt = step % tc.checkpoint_every == 0 or step == tc.steps or stopping
+                    if not (is_eval or is_ckpt or step % tc.log_every == 0):
+                        continue
+                    records = self._records(step - len(pending) + 1, self._fetch(pending))
+                    pending = []
+                    if is_eval or is_ckpt:  # every checkpoint carries its eval loss (BestN ranks by it)
                         self.last_eval = self.evaluate(state)
-                        record.update(self.last_eval)
+                        records[-1].update(self.last_eval)
                         if self.primary:
                             bar.write(f"step {step}: "
                                       + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
-                    self.history.append(record)
-                    self.metrics.write(record)
-                    bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, host_batch))
-                    if step % tc.checkpoint_every == 0 or step == tc.steps:
-                        self.ckpt.save(step, self._unreplicate(state), {"config": self.cfg.to_dict()},
-                                       eval_loss=record.get("eval_loss"))
+                    self.history.extend(records)
+                    self.metrics.write_many(records)
+                    for r in records:
+                        bar.update(r["loss"] if r["loss"] is not None else float("nan"), r["lr"],
+                                   items // len(records))
+                    items = 0
+                    eval_loss = self.last_eval.get("eval_loss") if (is_eval or is_ckpt) else None
+                    host_state = None
+                    if is_ckpt and step != saved:
+                        host_state = self._unreplicate(state)
+                        self.ckpt.save(step, host_state, {"config": self.cfg.to_dict(),
+                                                          "skipped_steps": self.skipped_steps},
+                                       eval_loss=eval_loss)
+                        saved = step
+                        if self.primary:
+                            self._export(host_state, "last", {"step": step, **self.last_eval})
+                    if (eval_loss is not None and eval_loss < self.best_eval) and self.primary:
+                        self.best_eval = eval_loss
+                        self._export(host_state or self._unreplicate(state), "best",
+                                     {"step": step, **self.last_eval})
+                    if stopping:
+                        self.stopped_by = stop.name or "preemption"
+                        break
         finally:
             bar.close()
-            self.ckpt.close()
-            self.metrics.close()
+            try:
+                self.ckpt.close()
+            finally:
+                self.metrics.close()
+                self.close()
         self.state = self._unreplicate(state)
         return self.history
+
+    def close(self) -> None:
+        """Release the workdir lock (run() does it when it ends)."""
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
 
     def trained_model(self):
         """The model with the trained params (eval mode)."""
         model = nnx.merge(self.fns.graphdef_eval, self.state["params"], self.state["rest"])
         return model
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+    """Complete orbax steps in a checkpoints folder (orbax names a step by its number only once
+    it is complete), without opening a manager (which would create the folder)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
 
 
 def params_numpy(state, prefixes: tuple = ()) -> dict:

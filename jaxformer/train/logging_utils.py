@@ -9,8 +9,13 @@ import time
 
 
 class MetricsWriter:
-    """WORKDIR/metrics.jsonl (one object per step) and TensorBoard events under WORKDIR/tb.
-    On resume, lines past the restored step are dropped so the file stays one line per step."""
+    """WORKDIR/metrics.jsonl (one JSON object per step) and TensorBoard events under WORKDIR/tb.
+
+    The file is only ever appended: a resumed run adds its lines after the old ones. Steps that
+    the resumed run redoes (those logged after its checkpoint) appear twice; the later line is
+    the one the run continued from, and `read_metrics` keeps the last line of each step.
+    Strict JSON: a NaN or infinite value is written as null (and the record's `nonfinite`
+    field, when present, names the quantity)."""
 
     def __init__(self, workdir: str, *, resume_step: int | None = None, enabled: bool = True,
                  tensorboard: bool = True):
@@ -19,19 +24,8 @@ class MetricsWriter:
         self.tb = None
         if not enabled:
             return
-        if resume_step is None:
-            open(self.path, "w").close()
-        elif os.path.exists(self.path):
-            keep = []
-            with open(self.path) as f:
-                for line in f:
-                    try:
-                        if json.loads(line)["step"] <= resume_step:
-                            keep.append(line)
-                    except (ValueError, KeyError):
-                        break  # a torn last line from a kill
-            with open(self.path, "w") as f:
-                f.writelines(keep)
+        if resume_step is not None:
+            _end_torn_line(self.path)
         if tensorboard:
             from tensorboardX import SummaryWriter
             self.tb = SummaryWriter(os.path.join(workdir, "tb"))
@@ -39,17 +33,59 @@ class MetricsWriter:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        clean = {k: (float(v) if not isinstance(v, (int, str)) else v) for k, v in record.items()}
+        clean = {k: _json_value(v) for k, v in record.items()}
         with open(self.path, "a") as f:
-            f.write(json.dumps(clean) + "\n")
+            f.write(json.dumps(clean, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in clean.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self.tb.add_scalar(k, v, clean["step"])
 
+    def write_many(self, records: list[dict]) -> None:
+        for record in records:
+            self.write(record)
+
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def _json_value(v):
+    if isinstance(v, (bool, str)) or v is None:
+        return v
+    if isinstance(v, int):
+        return v
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _end_torn_line(path: str) -> None:
+    """A run killed mid-write can leave a last line without its newline: end it, so the
+    resumed run's first line starts on a line of its own (read_metrics skips the torn one)."""
+    if os.path.exists(path) and os.path.getsize(path):
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+        if last != b"\n":
+            with open(path, "a") as f:
+                f.write("\n")
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The records of a metrics.jsonl, one per step in step order: the last line of each step
+    wins (a resumed run's redone steps), torn lines are skipped. `path`: the file or its workdir."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    by_step: dict[int, dict] = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "step" in record:
+                by_step[int(record["step"])] = record
+    return [by_step[s] for s in sorted(by_step)]
 
 
 class Progress:

@@ -1,12 +1,16 @@
 """The torch_ref trainer: the same config, data order, batches, loss, optimiser, schedule,
 clipping, accumulation and init as jaxformer/train/jax_trainer.py, step for step.
 
-Checkpoints are WORKDIR/torch_checkpoints/step_N/: `model.safetensors` (a torch_ref state_dict,
-which `jaxformer convert --to flax` accepts) and `train_state.pt` (optimiser, scheduler and
-RNG state, loadable with torch.load(weights_only=True)).
+Checkpoints are WORKDIR/torch_checkpoints/step_N/ (the last train.keep_checkpoints):
+`model.safetensors` (a torch_ref state_dict, which `jaxformer convert --to flax` accepts) and
+`train_state.pt` (optimiser, scheduler and RNG state, loadable with torch.load(weights_only=True)).
+The weights for use go to WORKDIR/model/last and model/best in the flax layout, exactly as the
+JAX trainer writes them (converted with jaxformer.convert). The workdir rules, the lock,
+non-finite handling and SIGTERM are the JAX trainer's (jaxformer/train/workdir.py).
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -17,6 +21,7 @@ from jaxformer import fileio
 
 from jaxformer.train import data as data_lib
 from jaxformer.train import tasks, torch_init, torch_tasks
+from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.jax_trainer import model_config_for_training
 from jaxformer.train.logging_utils import MetricsWriter, Progress
@@ -34,27 +39,46 @@ def _to_torch(batch: dict) -> dict:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
 
 
+def torch_checkpoint_steps(directory: str) -> list[int]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n.split("_")[1]) for n in os.listdir(directory)
+                  if n.startswith("step_") and n.split("_")[1].isdigit())
+
+
 class TorchTrainer:
-    def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, progress: bool = True,
-                 module=None):
+    def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True, module=None):
         self.cfg, self.workdir = cfg, workdir
-        os.makedirs(workdir, exist_ok=True)
-        save_config(cfg, os.path.join(workdir, "config.yaml"))
-        tc = cfg.train
-        torch.manual_seed(tc.seed)
-        self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
-        self.module = module if module is not None else build_torch_model(cfg)
-        self.opt, self.sched = make_torch_optimizer(tc, self.module)
         self.ckpt_dir = os.path.join(workdir, "torch_checkpoints")
-        self.start_step = 0
-        if resume:
-            self.start_step = self._restore()
+        self.lock, self.config_changes = workdir_lib.open_workdir(workdir, cfg, resume=resume, overwrite=overwrite,
+                                             has_checkpoint=bool(torch_checkpoint_steps(self.ckpt_dir)))
+        try:
+            tc = cfg.train
+            torch.manual_seed(tc.seed)
+            self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
+            self.module = module if module is not None else build_torch_model(cfg)
+            self.opt, self.sched = make_torch_optimizer(tc, self.module)
+            self.start_step = 0
+            self.skipped_steps = 0
+            self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
+            if resume:
+                self.start_step = self._restore()
+                workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
+        except BaseException:
+            self.lock.release(remove=True)
+            raise
+        self.lock.claim()
+        for line in self.config_changes:
+            print(f"resume: changed {line}", flush=True)
+        save_config(cfg, os.path.join(workdir, "config.yaml"))
         self.metrics = MetricsWriter(workdir, resume_step=self.start_step if resume else None)
         self.progress_enabled = progress
         self.autocast = tc.precision == "bf16"
         self.pad_id = getattr(cfg.model, "pad_id", 0)
         self.history: list[dict] = []
         self.last_eval: dict = {}
+        self.stopped_by: str | None = None
 
     # ------------------------------------------------------------------ checkpoints
     def _save(self, step: int) -> None:
@@ -64,18 +88,26 @@ class TorchTrainer:
             save_file({k: v.detach().contiguous() for k, v in self.module.state_dict().items()},
                       os.path.join(tmp, "model.safetensors"))
             torch.save({"step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                        "rng": torch.get_rng_state()}, os.path.join(tmp, "train_state.pt"))
-        steps = sorted(int(n.split("_")[1]) for n in os.listdir(self.ckpt_dir)
-                       if n.startswith("step_") and not n.endswith(".tmp"))
-        for s in steps[: -self.cfg.train.keep_checkpoints]:
+                        "rng": torch.get_rng_state(), "skipped_steps": self.skipped_steps},
+                       os.path.join(tmp, "train_state.pt"))
+        for s in torch_checkpoint_steps(self.ckpt_dir)[: -self.cfg.train.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.ckpt_dir, f"step_{s}"))
+
+    def _export(self, kind: str, info: dict) -> None:
+        """WORKDIR/model/{last,best}: the torch_ref weights converted to the flax layout (as
+        `jaxformer convert --to flax` does) in checkpoint_io's standalone format."""
+        from jaxformer.checkpoint_io import save_model
+        from jaxformer.convert import load_torch_state_dict
+        from jaxformer.models import build_model
+        model = build_model(self.cfg.model_name, self.cfg.model, seed=0)
+        load_torch_state_dict(model, {k: v.detach() for k, v in self.module.state_dict().items()})
+        d = os.path.join(self.workdir, "model", kind)
+        save_model(model, self.cfg.model_name, self.cfg.model, d)
+        workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
 
     def _restore(self) -> int:
         from safetensors.torch import load_file
-        if not os.path.isdir(self.ckpt_dir):
-            return 0
-        steps = sorted((int(n.split("_")[1]) for n in os.listdir(self.ckpt_dir)
-                        if n.startswith("step_") and not n.endswith(".tmp")), reverse=True)
+        steps = torch_checkpoint_steps(self.ckpt_dir)[::-1]
         errors = []
         for s in steps:
             d = os.path.join(self.ckpt_dir, f"step_{s}")
@@ -85,11 +117,12 @@ class TorchTrainer:
                 self.opt.load_state_dict(st["optimizer"])
                 self.sched.load_state_dict(st["scheduler"])
                 torch.set_rng_state(st["rng"])
+                self.skipped_steps = int(st.get("skipped_steps", 0))
                 return int(st["step"])
             except Exception as e:
                 errors.append(f"step {s}: {type(e).__name__}: {e}")
         if errors:
-            raise RuntimeError("no restorable torch checkpoint:\n  " + "\n  ".join(errors))
+            raise ValueError("no restorable torch checkpoint:\n  " + "\n  ".join(errors))
         return 0
 
     # ------------------------------------------------------------------ steps
@@ -119,9 +152,13 @@ class TorchTrainer:
         else:
             grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
         lr = self.opt.param_groups[0]["lr"]
-        self.opt.step()
-        self.sched.step()
-        return {"loss": loss_sum / count_sum, "grad_norm": grad_norm, "lr": lr,
+        loss = loss_sum / count_sum
+        # NaN/inf: no update (params, optimiser and schedule as they were), as in the JAX step
+        bad = int(not math.isfinite(loss)) + 2 * int(not math.isfinite(grad_norm))
+        if not bad:
+            self.opt.step()
+            self.sched.step()
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "nonfinite": bad,
                 **{k: v / count_sum for k, v in metric_sums.items()}}
 
     @torch.no_grad()
@@ -136,27 +173,68 @@ class TorchTrainer:
                 totals[k] = totals.get(k, 0.0) + float(v)
         return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
 
+    def _record(self, step: int, out: dict) -> dict:
+        """One step's metrics record; stops the run on a non-finite step unless on_nonfinite=skip."""
+        bad = out.pop("nonfinite")
+        record = {"step": step, **out}
+        if bad:
+            what = workdir_lib.nonfinite_names(bad)
+            record["nonfinite"] = what
+            if self.cfg.train.on_nonfinite == "stop":
+                self.history.append(record)
+                self.metrics.write_many(self._pending + [record])
+                saved = torch_checkpoint_steps(self.ckpt_dir)
+                raise workdir_lib.NonFiniteError(
+                    f"non-finite {what} at step {step}; stopped (nothing saved after it; last good "
+                    f"checkpoint: {f'step {saved[-1]}' if saved else 'none'}). Lower train.lr or "
+                    f"set train.on_nonfinite=skip")
+            self.skipped_steps += 1
+            record["skipped"] = True
+        if self.skipped_steps:
+            record["skipped_steps"] = self.skipped_steps
+        return record
+
     def run(self) -> list[dict]:
+        """The loop; metrics lines are written every train.log_every steps (and at eval and
+        checkpoint steps). Torch computes eagerly, so log_every only batches the file writes."""
         tc = self.cfg.train
         unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
+        self._pending: list[dict] = []
+        stop = workdir_lib.StopSignal()
         try:
-            while step < tc.steps:
-                batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
-                out = self.train_step(batch)
-                step += 1
-                record = {"step": step, **out}
-                if step % tc.eval_every == 0 or step == tc.steps:
-                    self.last_eval = self.evaluate()
-                    record.update(self.last_eval)
-                    bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
-                self.history.append(record)
-                self.metrics.write(record)
-                bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, batch))
-                if step % tc.checkpoint_every == 0 or step == tc.steps:
-                    self._save(step)
+            with stop:
+                while step < tc.steps:
+                    batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
+                    out = self.train_step(batch)
+                    step += 1
+                    record = self._record(step, out)
+                    stopping = stop.requested
+                    is_eval = step % tc.eval_every == 0 or step == tc.steps
+                    is_ckpt = step % tc.checkpoint_every == 0 or step == tc.steps or stopping
+                    if is_eval or is_ckpt:
+                        self.last_eval = self.evaluate()
+                        record.update(self.last_eval)
+                        bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+                    self.history.append(record)
+                    self._pending.append(record)
+                    bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, batch))
+                    if is_eval or is_ckpt or step % tc.log_every == 0:
+                        self.metrics.write_many(self._pending)
+                        self._pending = []
+                    if is_ckpt:
+                        self._save(step)
+                        self._export("last", {"step": step, **self.last_eval})
+                    eval_loss = self.last_eval.get("eval_loss") if (is_eval or is_ckpt) else None
+                    if eval_loss is not None and eval_loss < self.best_eval:
+                        self.best_eval = eval_loss
+                        self._export("best", {"step": step, **self.last_eval})
+                    if stopping:
+                        self.stopped_by = stop.name
+                        break
         finally:
             bar.close()
             self.metrics.close()
+            self.lock.release()
         return self.history

@@ -1,0 +1,73 @@
+"""`jaxformer eval RUN_DIR [--step last|best|N] [--json]`: evaluate a training run's weights on
+its config's eval split (train.eval_batches batches of train.batch_size) and print the metrics.
+
+last / best: the run's standalone model checkpoints WORKDIR/model/last|best (written by both
+trainers); N: the JAX run's orbax training checkpoint of step N (WORKDIR/checkpoints/N)."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training workdir (holds config.yaml)")
+    p.add_argument("--step", default="last", help="last (default), best, or a checkpoint step number")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+
+
+def run(args) -> int:
+    from jaxformer.train.config import load_config
+    run_dir = args.run_dir
+    cfg_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"{run_dir} is not a training run (no config.yaml)")
+    if args.step not in ("last", "best") and not args.step.isdigit():
+        raise ValueError(f"--step {args.step}: expected last, best or a step number")
+    cfg = load_config(cfg_path)
+    import jax
+    from flax import nnx
+
+    from jaxformer.train import data as data_lib
+    from jaxformer.train import tasks
+    from jaxformer.train.jax_trainer import StepFns, build_jax_model, checkpoint_steps, init_state
+    from jaxformer.train.optim import make_optax
+    model = build_jax_model(cfg)
+    _, params, _ = nnx.split(model, nnx.Param, ...)
+    tx, schedule = make_optax(cfg.train, params)
+    if args.step in ("last", "best"):
+        from jaxformer.checkpoint_io import load_params_into
+        d = os.path.join(run_dir, "model", args.step)
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"{run_dir} has no model/{args.step} (no checkpoint written yet)")
+        load_params_into(model, d)
+        with open(os.path.join(d, "metrics.json")) as f:
+            step = json.load(f).get("step")
+        state = init_state(cfg, model, tx)
+    else:
+        from jaxformer.train.checkpoint import Checkpointer
+        step = int(args.step)
+        ckpt = os.path.join(run_dir, "checkpoints")
+        if step not in checkpoint_steps(ckpt):
+            raise ValueError(f"--step {step}: no checkpoint of that step in {ckpt} "
+                             f"(steps: {checkpoint_steps(ckpt)})")
+        reader = Checkpointer(ckpt, keep=cfg.train.keep_checkpoints, read_only=True)
+        try:
+            state, _ = reader.restore(init_state(cfg, model, tx), step=step)
+        finally:
+            reader.close()
+    fns = StepFns(cfg, model, tx, schedule)
+    eval_step = jax.jit(fns.eval_step)
+    _, eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, cfg.train.seed)
+    totals: dict[str, float] = {}
+    for batch in data_lib.eval_batches(eval_data, cfg.train.batch_size, cfg.train.eval_batches):
+        for k, v in jax.device_get(eval_step(state["params"], state["rest"], batch)).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    if not totals:
+        raise ValueError(f"the eval split has fewer than train.batch_size={cfg.train.batch_size} examples")
+    metrics = {"step": step, "weights": args.step, **tasks.eval_metrics(cfg.model_name, totals)}
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print(f"{run_dir} ({args.step}, step {step}): "
+              + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+    return 0
