@@ -1,5 +1,5 @@
 """Trained weights as a product: `jaxformer.load` reads run dirs (model/last, model/best, step
-N), model checkpoint dirs and HF dirs; `jaxformer export` writes a run's weights as a model
+N, JAX and torch runs), model checkpoint dirs and HF dirs; `jaxformer export` writes a run's weights as a model
 checkpoint, torch safetensors or a Hugging Face dir; `generate --weights RUN_DIR` works; a run
 with model.scan_layers: true trains, samples and exits 0; the end-of-run sample never fails a
 run; and the README's HF fine-tune flow exports the fine-tuned weights, which transformers
@@ -141,3 +141,26 @@ def test_hf_finetune_exports_the_finetuned_weights(tmp_path, monkeypatch):
     print(f"[hf fine-tune export] max |logit diff| transformers vs jaxformer {diff:.3e} (tol {tol:.1e})")
     assert diff <= tol
     assert yaml.safe_load(open(os.path.join(run, "config.yaml")))["train"]["init_from"] == ckpt
+
+
+def test_load_reads_a_torch_run_step(tmp_path):
+    """A torch run's step N (checkpoints/step_N/model.safetensors, a torch_ref state dict) is
+    read with the model section of the run's config.yaml and converted strictly."""
+    from jaxformer.config import to_dict
+    from jaxformer.config.models import LMConfig
+    from torch_ref.models import build_model
+    cfg = LMConfig.tiny("llama")
+    module = build_model("lm", cfg, seed=3)
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_3").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": {"name": "lm", **to_dict(cfg)},
+                                                     "data": {"name": "stdlib_docs"}}))
+    convert.write_safetensors(str(run / "checkpoints" / "step_3" / "model.safetensors"),
+                              {k: v.detach().numpy() for k, v in module.state_dict().items()}, {"format": "pt"})
+    model, got_cfg = jaxformer.load(str(run), step=3)
+    assert got_cfg == cfg
+    got = params(model)
+    assert got.keys() == module.state_dict().keys()
+    for k, v in module.state_dict().items():
+        np.testing.assert_array_equal(got[k], v.numpy())
+    assert params(jaxformer.load(str(run))[0]).keys() == got.keys()  # "last": the newest step, 3
