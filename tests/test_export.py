@@ -1,9 +1,9 @@
 """Trained weights as a product: `jaxformer.load` reads run dirs (model/last, model/best, step
-N, JAX and torch runs), model checkpoint dirs and HF dirs; `jaxformer export` writes a run's weights as a model
-checkpoint, torch safetensors or a Hugging Face dir; `generate --weights RUN_DIR` works; a run
-with model.scan_layers: true trains, samples and exits 0; the end-of-run sample never fails a
-run; and the README's HF fine-tune flow exports the fine-tuned weights, which transformers
-loads and runs to jaxformer's logits."""
+N of JAX and torch runs), model checkpoint dirs and HF dirs; `jaxformer export` writes a run's
+weights as a model checkpoint, torch safetensors or a Hugging Face dir; `generate --weights
+RUN_DIR` works; a run with model.scan_layers: true trains, samples and exits 0; the end-of-run
+sample never fails a run; and the README's HF fine-tune flow exports the fine-tuned weights,
+which transformers loads and runs to jaxformer's logits."""
 from __future__ import annotations
 
 import contextlib
