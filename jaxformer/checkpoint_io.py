@@ -1,5 +1,8 @@
-"""Standalone model checkpoints (what `jaxformer convert --to flax` and HF import write, and
-what `train.init_from` and `jaxformer generate` read):
+"""Standalone model checkpoints, and reading trained weights back from wherever they are.
+
+A model checkpoint directory (what `jaxformer convert --to flax`, HF import, `jaxformer export
+--to flax` and every training run's WORKDIR/model/last|best write, and what `train.init_from`
+and `jaxformer generate` read):
 
     DIR/model.yaml      the model section: {name: ..., fields...}
     DIR/params/         an orbax checkpoint of the params as a pure dict (flax layout)
@@ -7,6 +10,21 @@ what `train.init_from` and `jaxformer generate` read):
 Loading builds the abstract model from model.yaml (nnx.eval_shape, no allocation), restores
 the arrays into it and checks every leaf's shape and dtype. Writes are atomic (a temp dir
 renamed into place), so a failed export leaves nothing behind.
+
+A training run directory (jaxformer/train, either framework):
+
+    RUN/config.yaml                 the resolved run config (model/data/train/parallel)
+    RUN/model/last/, RUN/model/best/  model checkpoint dirs: the latest checkpoint's params,
+                                    and those of the best eval so far
+    RUN/checkpoints/<N>/            JAX: an orbax CheckpointManager step (items "state", the
+                                    whole train state, and "record")
+    RUN/checkpoints/step_<N>/       torch: model.safetensors (a torch_ref state dict) and
+                                    train_state.pt (torch_checkpoints/step_<N>/ in older runs)
+
+`load(path, step=...)` reads a model checkpoint dir or a run dir (model/last, model/best, or
+step N's params; a JAX step is read with an orbax partial restore of `params` only, never the
+optimiser state). Hugging Face dirs are read by `jaxformer.load`, the package-level wrapper,
+since jaxformer.hf sits above this module.
 """
 from __future__ import annotations
 
@@ -17,13 +35,18 @@ import yaml
 
 from jaxformer import fileio
 
+STEPS = ("last", "best")
 
-def save_model(model, name: str, cfg, directory: str) -> None:
+
+# ----------------------------------------------------------------------------- model checkpoints
+def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True) -> None:
+    """Write DIR/model.yaml + DIR/params atomically; an existing DIR is an error unless
+    overwrite (then replaced only once the new one is complete)."""
     import orbax.checkpoint as ocp
     from flax import nnx
 
     from jaxformer.config import to_dict
-    with fileio.atomic_dir(os.path.abspath(directory), overwrite=True) as tmp:
+    with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
             yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
@@ -33,13 +56,31 @@ def save_model(model, name: str, cfg, directory: str) -> None:
 
 
 def load_model_config(directory: str):
-    from jaxformer.config import model_config_from_dict
+    """-> (name, cfg) from DIR/model.yaml; errors name the file."""
     path = os.path.join(directory, "model.yaml")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{directory} is not a jaxformer model checkpoint (no model.yaml)")
-    with open(path) as f:
-        data = yaml.safe_load(f)
-    return model_config_from_dict(data.get("model", data))
+    return _model_section(path, "model")
+
+
+def _model_section(path: str, what: str):
+    """(name, cfg) of the `model:` section of a YAML file (model.yaml, or a run's config.yaml)."""
+    from jaxformer.config import ConfigError, model_config_from_dict
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is corrupted (not YAML: {first})") from None
+    section = None
+    if isinstance(data, dict):  # model.yaml may also hold the bare section
+        section = data.get("model", data if what == "model" else None)
+    if not isinstance(section, dict):
+        raise ValueError(f"{path} is corrupted: no `model:` section with the model's fields")
+    try:
+        return model_config_from_dict(section)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def load_params_into(model, directory: str) -> None:
@@ -73,3 +114,157 @@ def load_model(directory: str, seed: int = 0):
     model = build_model(name, cfg, seed=seed)
     load_params_into(model, directory)
     return name, cfg, model
+
+
+# ----------------------------------------------------------------------------- what a path holds
+def path_kind(path: str) -> str:
+    """"model" (DIR/model.yaml), "run" (RUN/config.yaml), "hf" (config.json), or an error that
+    names the path and what is missing."""
+    if not os.path.isdir(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} does not exist")
+        raise ValueError(f"{path} is a file, not a run dir, model checkpoint or HF dir")
+    for kind, marker in (("model", "model.yaml"), ("run", "config.yaml"), ("hf", "config.json")):
+        if os.path.isfile(os.path.join(path, marker)):
+            return kind
+    raise ValueError(f"{path} is not a run dir, model checkpoint or HF dir: no model.yaml, "
+                     "config.yaml or config.json")
+
+
+def model_name(model) -> str:
+    """The registry name (jaxformer.config.MODELS) of a built model's class."""
+    from jaxformer.config import MODELS
+    from jaxformer.models import model_class
+    for name, (_, target) in MODELS.items():
+        if target is not None and type(model) is model_class(name):
+            return name
+    raise ValueError(f"{type(model).__name__} is not a registered model class")
+
+
+def parse_step(step) -> str | int | None:
+    """None, "last", "best", or a step number (an int, or a string of digits)."""
+    if step is None or step in STEPS:
+        return step
+    if isinstance(step, (int, np.integer)) and not isinstance(step, bool) and step >= 0:
+        return int(step)
+    if isinstance(step, str) and step.isdigit():
+        return int(step)
+    raise ValueError(f"step must be 'last', 'best' or a step number, got {step!r}")
+
+
+# ----------------------------------------------------------------------------- loading
+def load(path: str, *, step: str | int | None = None):
+    """-> (model, cfg): the model built in eval mode with the weights of `path`, a model
+    checkpoint dir or a training run dir (step: "last" (default), "best" or a step number;
+    only for run dirs). The registry name is model_name(model). Hugging Face dirs: use
+    jaxformer.load."""
+    name, cfg, model = load_named(path, step=step)
+    return model, cfg
+
+
+def load_named(path: str, *, step: str | int | None = None):
+    """load's (name, cfg, model), for callers that need the name (export, generate)."""
+    kind = path_kind(path)
+    step = parse_step(step)
+    if kind == "hf":
+        raise ValueError(f"{path} is a Hugging Face dir: read it with jaxformer.load or "
+                         "jaxformer.hf.from_pretrained")
+    if kind == "model":
+        if step not in (None, "last"):
+            raise ValueError(f"{path} is a model checkpoint (one set of weights); --step {step} "
+                             "applies to training run dirs only")
+        name, cfg, model = load_model(path)
+    else:
+        name, cfg, model = load_run(path, "last" if step is None else step)
+    model.eval()
+    return name, cfg, model
+
+
+def run_steps(run_dir: str) -> list[int]:
+    """The checkpointed steps of a run (JAX checkpoints/<N>, torch checkpoints/step_<N> or
+    torch_checkpoints/step_<N>), ascending."""
+    out = set()
+    for sub in ("checkpoints", "torch_checkpoints"):
+        d = os.path.join(run_dir, sub)
+        for n in os.listdir(d) if os.path.isdir(d) else ():
+            if n.isdigit() and os.path.isdir(os.path.join(d, n, "state")):
+                out.add(int(n))
+            elif n.startswith("step_") and n[5:].isdigit() and os.path.isfile(os.path.join(d, n, "model.safetensors")):
+                out.add(int(n[5:]))
+    return sorted(out)
+
+
+def load_run(run_dir: str, step: str | int = "last"):
+    """-> (name, cfg, model) of a training run: RUN/model/last or RUN/model/best (falling back
+    to the newest checkpoint, or the best one of RUN/checkpoints/best.json, for runs that
+    predate those exports), or the params of checkpoint step N."""
+    import json
+    step = parse_step(step)
+    if step in STEPS:
+        export = os.path.join(run_dir, "model", step)
+        if os.path.isdir(export):
+            return load_model(export)
+        steps = run_steps(run_dir)
+        if step == "last" and steps:
+            return load_run(run_dir, steps[-1])
+        best = os.path.join(run_dir, "checkpoints", "best.json")
+        if step == "best" and os.path.isfile(best):
+            with open(best) as f:
+                return load_run(run_dir, int(json.load(f)["step"]))
+        raise ValueError(f"run {run_dir} has no model/{step} and no "
+                         f"{'checkpoint' if step == 'last' else 'checkpoints/best.json'} to take "
+                         f"it from{' (no eval improved yet?)' if step == 'best' else ''}")
+    jax_dir = os.path.join(run_dir, "checkpoints", str(step), "state")
+    torch_files = [os.path.join(run_dir, sub, f"step_{step}", "model.safetensors")
+                   for sub in ("checkpoints", "torch_checkpoints")]
+    torch_file = next((f for f in torch_files if os.path.isfile(f)), None)
+    if not os.path.isdir(jax_dir) and torch_file is None:
+        have = run_steps(run_dir)
+        raise ValueError(f"run {run_dir} has no checkpoint of step {step}; its steps: "
+                         f"{', '.join(map(str, have)) if have else 'none'}")
+    name, cfg = _model_section(os.path.join(run_dir, "config.yaml"), "run")
+    from jaxformer.models import build_model
+    model = build_model(name, cfg)
+    if os.path.isdir(jax_dir):
+        _restore_train_params(model, jax_dir)
+    else:
+        from jaxformer import convert
+        tensors, _ = convert.read_safetensors(torch_file)
+        convert.load_torch_state_dict(model, tensors)
+    return name, cfg, model
+
+
+def _restore_train_params(model, state_dir: str) -> None:
+    """Copy the params of an orbax train state (the "state" item of a JAX run's checkpoint
+    step) into `model`, strictly: an orbax partial restore reads only the params subtree, as
+    host numpy arrays (whatever mesh wrote them)."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from jaxformer.convert import ConversionError, flax_key, param_leaves
+    from etils import epath
+    ckptr = ocp.PyTreeCheckpointer()
+    try:  # the handler's metadata: the item's tree, without a step-metadata lookup that warns
+        tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir)).tree
+        target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
+        restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
+            partial_restore=True))["params"]
+    except Exception as e:  # orbax raises many types for a missing or damaged step
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConversionError([f"cannot read the params of {state_dir}: {type(e).__name__}: {first}"]) from None
+    got = {}
+    for path, x in jax.tree_util.tree_flatten_with_path(restored)[0]:
+        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        got[".".join(keys[:-1] if keys[-1] == "value" else keys)] = x
+    leaves = {flax_key(p): var for p, var in param_leaves(model).items()}
+    problems = [f"missing: {k}" for k in leaves if k not in got]
+    problems += [f"unexpected: {k}" for k in got if k not in leaves]
+    for k, var in leaves.items():
+        if k in got and (tuple(got[k].shape) != tuple(var.shape) or np.dtype(got[k].dtype) != np.dtype(var.dtype)):
+            problems.append(f"shape/dtype: {k} {got[k].shape}/{got[k].dtype}, expected {var.shape}/{var.dtype}")
+    if problems:
+        raise ConversionError(problems, header=f"the params of {state_dir} do not fit the run's model")
+    import jax.numpy as jnp
+    for k, var in leaves.items():
+        var.set_value(jnp.asarray(got[k]))

@@ -144,10 +144,50 @@ TRAIN_ROWS = [
 ]
 
 
+def _put(tmp: str, rel: str, text: str) -> None:
+    path = os.path.join(tmp, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _fake_run(tmp: str, steps: tuple[int, ...] = ()) -> None:
+    """A run dir by the trainer's layout (checkpoint_io's docstring) without readable weights:
+    its config.yaml, and an empty checkpoints/step_<N>/model.safetensors for each of `steps`."""
+    _put(tmp, "run/config.yaml", "model: {name: lm, vocab_size: 64, d_model: 32, num_heads: 4, d_ff: 64, "
+                                   "num_layers: 2, max_len: 32}\ndata: {name: stdlib_docs}\n")
+    for s in steps:
+        _put(tmp, f"run/checkpoints/step_{s}/model.safetensors", "")
+
+
 ROWS: list[Row] = [
     # ---------------------------------------------------------------- config and workdir (train)
     *TRAIN_ROWS,
     # ---------------------------------------------------------------- export, load, generate
+    Row("export_not_a_run", ["export", "{tmp}/notes", "--to", "flax", "{tmp}/out"],
+        "not a run dir, model checkpoint or HF dir: no model.yaml, config.yaml or config.json",
+        setup=lambda t: _put(t, "notes/readme.txt", "hello"), protect=("notes",), absent=("out",)),
+    Row("export_missing_step", ["export", "{tmp}/run", "--step", "7", "--to", "torch", "{tmp}/out.safetensors"],
+        "has no checkpoint of step 7; its steps: 2", setup=lambda t: _fake_run(t, steps=(2,)),
+        protect=("run",), absent=("out.safetensors",)),
+    Row("export_bad_step", ["export", "{tmp}/run", "--step", "newest", "--to", "flax", "{tmp}/out"],
+        "step must be 'last', 'best' or a step number", setup=_fake_run, protect=("run",), absent=("out",)),
+    Row("export_out_exists", ["export", "{tmp}/run", "--to", "flax", "{tmp}/out"],
+        "exists; choose another output or pass --overwrite",
+        setup=lambda t: (_fake_run(t), _put(t, "out/keep.txt", "mine")), protect=("run", "out")),
+    Row("export_out_is_run_dir", ["export", "{tmp}/run", "--to", "hf", "{tmp}/run", "--overwrite"],
+        "is RUN_DIR", setup=_fake_run, protect=("run",)),
+    Row("export_out_inside_run_dir", ["export", "{tmp}/run", "--to", "flax", "{tmp}/run/model/x"],
+        "inside RUN_DIR", setup=_fake_run, protect=("run",)),
+    Row("generate_not_a_run", ["generate", "--weights", "{tmp}/notes", "--prompt", "5 6"],
+        "not a run dir, model checkpoint or HF dir", setup=lambda t: _put(t, "notes/a.txt", "x"),
+        protect=("notes",)),
+    Row("generate_corrupted_model_yaml", ["generate", "--weights", "{tmp}/run", "--prompt", "5 6"],
+        "model.yaml is corrupted",
+        setup=lambda t: (_fake_run(t), _put(t, "run/model/last/model.yaml", "model: [name: lm\n  {")),
+        protect=("run",)),
+    Row("export_run_without_weights", ["export", "{tmp}/run", "--step", "best", "--to", "flax", "{tmp}/out"],
+        "has no model/best", setup=_fake_run, protect=("run",), absent=("out",)),
     # ---------------------------------------------------------------- convert and import
 ]
 

@@ -50,11 +50,11 @@ def test_cli_generate_from_model_checkpoint_dir(tmp_path, capsys, framework):
 
 def test_cli_generate_errors_clearly(tmp_path, capsys):
     rc = cli.main(["generate", "--weights", str(tmp_path), "--config", "configs/lm.yaml", "--prompt", "5"])
-    assert rc == 1 and "no loader" in capsys.readouterr().err  # a dir that is no model checkpoint
+    assert rc == 2 and "not a run dir, model checkpoint or HF dir" in capsys.readouterr().err
     cfg = LMS["gpt2"]
     t, _ = pair("lm", cfg)
     p = tmp_path / "lm.safetensors"
     convert.write_safetensors(str(p), {k: v.numpy() for k, v in t.state_dict().items()},
                               {"format": "pt", **convert.model_metadata("lm", cfg)})
     rc = cli.main(["generate", "--weights", str(p), "--prompt", f"5 {cfg.vocab_size}"])
-    assert rc == 1 and "out of range" in capsys.readouterr().err
+    assert rc == 2 and "out of range" in capsys.readouterr().err

@@ -18,6 +18,7 @@ COMMANDS = {
     "train": ("train", "train a config in JAX (jit/pmap/mesh) or torch, with checkpoints and metrics"),
     "generate": ("generate", "generate token ids with an lm/seq2seq model (KV cache)"),
     "convert": ("convert", "convert weights between torch, flax and Hugging Face"),
+    "export": ("export", "export a training run's weights as a model checkpoint, torch safetensors or HF dir"),
     "parity": ("parity", "run the parity registry: outputs and gradients, torch vs JAX"),
     "eval": ("eval", "evaluate a training run's weights (last, best or a step) on its eval split"),
 }

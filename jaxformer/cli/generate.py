@@ -5,12 +5,12 @@
         [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
         [--num-beams W] [--length-penalty A] [--seed S] [--json]
 
---weights is either a safetensors file in torch or flax layout (as `jaxformer convert` writes
-it; the layout comes from its `format` metadata), or a jaxformer model checkpoint directory
-(DIR/model.yaml + DIR/params, orbax; jaxformer/checkpoint_io.py, written by `jaxformer convert
---from hf` and by training exports). A training run's checkpoint directory (the whole train
-state) has no loader here yet and gives a clear error. --config is a YAML with a `model:`
-section; without it, the file's jaxformer metadata (or DIR/model.yaml) names the model.
+--weights is a safetensors file in torch or flax layout (as `jaxformer convert` and `jaxformer
+export --to torch` write it; the layout comes from its `format` metadata), or a directory that
+`jaxformer.load` reads: a training run dir (its model/last; --step best or N for others), a
+jaxformer model checkpoint dir (model.yaml + params/, jaxformer/checkpoint_io.py) or a Hugging
+Face dir. --config is a YAML with a `model:` section; a file without jaxformer metadata needs
+it, and for a directory it must describe the model the directory holds.
 Prompts are whitespace-separated token ids (the source sentence for seq2seq). Prints one line
 of ids per prompt (or JSON).
 """
@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--weights", required=True, help="safetensors file (torch or flax layout) or orbax dir")
+    p.add_argument("--weights", required=True,
+                   help="safetensors file (torch or flax layout), training run dir, model checkpoint dir or HF dir")
+    p.add_argument("--step", default=None, help="with a run dir: last (default), best or a checkpoint step")
     p.add_argument("--config", default=None, help="YAML with a `model:` section (default: file metadata)")
     p.add_argument("--prompt", action="append", required=True,
                    help="whitespace-separated token ids; repeat for a batch")
@@ -43,7 +44,7 @@ class GenerateError(ValueError):
     pass
 
 
-def load_model(weights: str, config: str | None, framework: str):
+def load_model(weights: str, config: str | None, framework: str, step=None):
     """-> (name, cfg, model) with the weights loaded strictly (every key checked)."""
     from jaxformer import convert
     name = cfg = None
@@ -51,7 +52,9 @@ def load_model(weights: str, config: str | None, framework: str):
         from jaxformer.cli.convert import load_model_section
         name, cfg = load_model_section(config)
     if os.path.isdir(weights):
-        return _load_model_dir(weights, name, cfg, framework)
+        return _load_model_dir(weights, name, cfg, framework, step)
+    if step is not None:
+        raise GenerateError(f"--step applies to a training run dir; {weights} is a file")
     tensors, meta = convert.read_safetensors(weights)
     if cfg is None:
         if "jaxformer_config" not in meta:
@@ -91,60 +94,51 @@ def torch_layout(tensors: dict, meta: dict, name: str, cfg) -> dict:
     return out
 
 
-def _load_model_dir(directory: str, name, cfg, framework: str):
-    """A jaxformer model checkpoint dir (model.yaml + orbax params) -> (name, cfg, model)."""
+def _load_model_dir(directory: str, name, cfg, framework: str, step=None):
+    """A directory jaxformer.load reads (run, model checkpoint or HF dir) -> (name, cfg, model)."""
+    import jaxformer
     from jaxformer import checkpoint_io, convert
-    if not os.path.exists(os.path.join(directory, "model.yaml")):
-        raise GenerateError(
-            f"{directory} is a directory without model.yaml, so not a jaxformer model checkpoint "
-            "(jaxformer/checkpoint_io.py). Training-run checkpoints hold the whole train state and "
-            "have no loader for generate yet: export the params as a model checkpoint or as "
-            "safetensors (`jaxformer convert`) and pass that to --weights.")
-    dir_name, dir_cfg = checkpoint_io.load_model_config(directory)
+    model, dir_cfg = jaxformer.load(directory, step=step)
+    dir_name = checkpoint_io.model_name(model)
     if cfg is not None and (name, cfg) != (dir_name, dir_cfg):
-        raise GenerateError(f"--config describes {name!r} {cfg}, but {directory}/model.yaml "
-                            f"holds {dir_name!r} {dir_cfg}")
+        raise GenerateError(f"--config describes {name!r} {cfg}, but {directory} holds {dir_name!r} {dir_cfg}")
     if dir_name not in ("lm", "seq2seq"):
         raise GenerateError(f"generate needs an `lm` or `seq2seq` model, got {dir_name!r}")
-    name, cfg, model = checkpoint_io.load_model(directory)
     if framework == "torch":
         from torch_ref.models import build_model
-        tmodel = build_model(name, cfg)
+        tmodel = build_model(dir_name, dir_cfg)
         convert.check_torch_load(tmodel, {k: convert.to_torch(v) for k, v in convert.flax_to_torch_arrays(model).items()})
-        model = tmodel
-    return name, cfg, model
+        model = tmodel.eval()
+    return dir_name, dir_cfg, model
 
 
 def run(args) -> int:
     import numpy as np
 
-    from jaxformer.config import ConfigError
     from jaxformer.config.models import GenerationConfig
-    from jaxformer.convert import ConversionError
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, strategy=args.strategy,
+                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                           num_beams=args.num_beams, length_penalty=args.length_penalty,
+                           stop_at_eos=not args.no_eos_stop, seed=args.seed)
     try:
-        gen = GenerationConfig(max_new_tokens=args.max_new_tokens, strategy=args.strategy,
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                               num_beams=args.num_beams, length_penalty=args.length_penalty,
-                               stop_at_eos=not args.no_eos_stop, seed=args.seed)
         prompts = [[int(t) for t in p.split()] for p in args.prompt]
-        name, cfg, model = load_model(args.weights, args.config, args.framework)
-        if args.framework == "jax":
-            from jaxformer import generation as g
-        else:
-            from torch_ref import generation as g
-        if name == "lm":
-            ids, mask = g.pad_prompts(prompts, cfg.pad_id)
-            out = g.lm_generate(model, ids, mask, gen)
-        else:
-            if any(len(p) == 0 for p in prompts):
-                raise ValueError("every prompt needs at least one token")
-            src = np.full((len(prompts), max(len(p) for p in prompts)), cfg.pad_id, np.int32)
-            for b, p in enumerate(prompts):
-                src[b, :len(p)] = p  # sources are right-padded; the mask comes from pad_id
-            out = g.seq2seq_generate(model, src, None, gen)
-    except (ValueError, ConfigError, ConversionError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except ValueError as e:
+        raise GenerateError(f"--prompt takes whitespace-separated token ids: {e}") from None
+    name, cfg, model = load_model(args.weights, args.config, args.framework, args.step)
+    if args.framework == "jax":
+        from jaxformer import generation as g
+    else:
+        from torch_ref import generation as g
+    if name == "lm":
+        ids, mask = g.pad_prompts(prompts, cfg.pad_id)
+        out = g.lm_generate(model, ids, mask, gen)
+    else:
+        if any(len(p) == 0 for p in prompts):
+            raise GenerateError("every prompt needs at least one token")
+        src = np.full((len(prompts), max(len(p) for p in prompts)), cfg.pad_id, np.int32)
+        for b, p in enumerate(prompts):
+            src[b, :len(p)] = p  # sources are right-padded; the mask comes from pad_id
+        out = g.seq2seq_generate(model, src, None, gen)
     tokens, scores = out if isinstance(out, tuple) else (out, None)
     rows = [_trim(row, cfg.pad_id, cfg.eos_id if gen.stop_at_eos else None) for row in np.asarray(tokens)]
     if args.json:

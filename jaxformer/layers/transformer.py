@@ -253,8 +253,8 @@ class Decoder(_Stack):
 
     Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
 
-    Incremental decoding: cache = init_cache(...) (one dict per layer) and cache_index (int
-    scalar, may be traced): x holds the T new tokens, which sit in slots cache_index.., and
+    Incremental decoding: cache = init_cache(...) (one dict per layer; for a scanned stack one
+    dict of [num_layers, ...] leaves) and cache_index (int scalar, may be traced): x holds the T new tokens, which sit in slots cache_index.., and
     `mask` is a key mask over the L cache slots (e.g. [B, 1, 1, L] from left padding); the
     causal part is added here. Returns (x, new_cache) (or (x, intermediates, new_cache)).
     """
@@ -267,8 +267,8 @@ class Decoder(_Stack):
                                        rngs)
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
-                 return_intermediates: bool = False, cache: list | None = None, cache_index=None):
-        cache_len = None if cache is None else cache[0]["self"]["k"].shape[2]
+                 return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None):
+        cache_len = None if cache is None else cache_slots(cache)
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
@@ -277,27 +277,65 @@ class Decoder(_Stack):
             x = self.run_layers(x, lambda layer, h: layer(h, memory, mask=mask, bias=bias,
                                                           memory_mask=memory_mask, positions=positions), inter)
             return self.finish(x, inter)
+
+        def call(layer, h, layer_cache):
+            return layer(h, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions,
+                         cache=layer_cache, cache_index=cache_index)
+
         if self.scan_layers:
-            raise NotImplementedError("KV-cache decoding with model.scan_layers: true is not supported; "
-                                      "build the model with scan_layers: false (the checkpoint keys are "
-                                      "the same, convert.py unstacks them)")
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
-                                   positions=positions, cache=cache[i], cache_index=cache_index)
-            new_cache.append(layer_cache)
-            if inter is not None:
-                inter[f"layers.{i}"] = x
+            x, new_cache = self._scan_cached(x, cache, call, inter)
+        else:
+            new_cache = []
+            for i, layer in enumerate(self.layers):
+                x, layer_cache = call(layer, x, cache[i])
+                new_cache.append(layer_cache)
+                if inter is not None:
+                    inter[f"layers.{i}"] = x
         out = self.finish(x, inter)
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
+    def _scan_cached(self, x, cache: dict, call, intermediates: dict | None):
+        """The cached call of a scanned stack: one lax.scan over the layers, each step taking
+        its layer's params and its slice of the stacked cache ([L, B, G, S, K] leaves) and
+        giving back that slice updated. -> (x, new stacked cache). The layer copies inside the
+        scan are not written back: decoding draws no dropout (generate runs in eval mode), and
+        a decode loop traces this call inside its own loop, where the model's variables belong
+        to an outer trace and cannot be set."""
+        graphdef, state = nnx.split(self.layers)
+        keep = intermediates is not None
+
+        def body(h, xs):
+            layer_state, layer_cache = xs
+            layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
+            h, layer_cache = call(layer, h, layer_cache)
+            return h, (h if keep else None, layer_cache)
+
+        x, (ys, new_cache) = jax.lax.scan(body, x, (state, cache))
+        if keep:
+            for i in range(self.cfg.num_layers):
+                intermediates[f"layers.{i}"] = ys[i]
+        return x, new_cache
+
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
-                   dtype=jnp.float32) -> list:
+                   dtype=jnp.float32) -> list | dict:
         """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] and, with
-        cross-attention, the keys/values of memory [B, S, D]."""
-        if self.scan_layers:
-            raise NotImplementedError("KV-cache decoding with model.scan_layers: true is not supported")
-        return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
+        cross-attention, the keys/values of memory [B, S, D]. A list of per-layer dicts, or
+        for a scanned stack (scan_layers) one dict of stacked leaves [num_layers, B, G, ., K]
+        that the cached call scans over."""
+        if not self.scan_layers:
+            return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
+        graphdef, state = nnx.split(self.layers)
+
+        def one(layer_state):
+            return nnx.merge(graphdef, layer_state).init_cache(batch, length, memory, dtype)
+        return jax.vmap(one)(state)
+
+
+def cache_slots(cache: list | dict) -> int:
+    """The number of self-attention slots of a decoder cache (a per-layer list, or the stacked
+    dict of a scanned stack): the second-last axis of its keys."""
+    first = cache if isinstance(cache, dict) else cache[0]
+    return first["self"]["k"].shape[-2]
 
 
 class TextEmbedding(nnx.Module):

@@ -14,7 +14,7 @@ from jaxformer.config.models import LMConfig
 from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
-from jaxformer.layers.transformer import Decoder, TextEmbedding
+from jaxformer.layers.transformer import Decoder, TextEmbedding, cache_slots
 from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
                                      set_compute_dtype)
 
@@ -39,10 +39,10 @@ class LM(nnx.Module):
         set_compute_dtype(self, cfg.dtype)
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                 return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+                 return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
-        slots = t if cache is None else cache[0]["self"]["k"].shape[2]
+        slots = t if cache is None else cache_slots(cache)
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
             positions, mask = default_positions(b, t, start), None  # [B, T]
@@ -68,6 +68,7 @@ class LM(nnx.Module):
         out = self.embed.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
         return out.astype(jnp.float32)
 
-    def init_cache(self, batch: int, length: int) -> list:
-        """An empty KV cache of `length` slots per layer, in the compute dtype."""
+    def init_cache(self, batch: int, length: int) -> list | dict:
+        """An empty KV cache of `length` slots per layer, in the compute dtype (stacked
+        [num_layers, B, G, L, K] leaves with model.scan_layers; Decoder.init_cache)."""
         return self.decoder.init_cache(batch, length, dtype=compute_dtype(self.cfg.dtype))

@@ -61,7 +61,7 @@ class Seq2Seq(nnx.Module):
         return memory, memory_mask, {"src_embeddings": x, **{f"encoder.{k}": v for k, v in inter.items()}}
 
     def decode(self, tgt_ids: jax.Array, memory: jax.Array | None, memory_mask: jax.Array, *,
-               return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+               return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None):
         """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
         With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
         b, t = tgt_ids.shape
@@ -94,7 +94,8 @@ class Seq2Seq(nnx.Module):
             return self.target_embedding().embed_tokens.attend(h).astype(jnp.float32)
         return self.lm_head(h).astype(jnp.float32)
 
-    def init_cache(self, memory: jax.Array, length: int) -> list:
+    def init_cache(self, memory: jax.Array, length: int) -> list | dict:
         """Decoder KV cache: `length` empty self-attention slots per layer, plus the
-        cross-attention keys/values of memory [B, S, D], projected once."""
+        cross-attention keys/values of memory [B, S, D], projected once (with
+        model.scan_layers one dict of stacked [num_layers, ...] leaves; Decoder.init_cache)."""
         return self.decoder.init_cache(memory.shape[0], length, memory, dtype=compute_dtype(self.cfg.dtype))

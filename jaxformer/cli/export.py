@@ -1,0 +1,68 @@
+"""`jaxformer export`: write a training run's weights (or any weights `jaxformer.load` reads)
+as a product others can use.
+
+    jaxformer export RUN_DIR [--step last|best|N] --to flax|torch|hf OUT [--overwrite]
+
+--to flax   OUT/ is a jaxformer model checkpoint (model.yaml + orbax params/, flax layout):
+            what `generate --weights`, `train.init_from` and `jaxformer.load` read
+--to torch  OUT is one .safetensors file of the torch_ref state dict, with jaxformer metadata
+            (format pt, model name and config), so `jaxformer convert` reads it back
+--to hf     OUT/ is a Hugging Face dir (config.json + model.safetensors) for transformers'
+            AutoModel*.from_pretrained (jaxformer.hf.save_pretrained)
+
+--step: "last" (default) is RUN_DIR/model/last, the latest checkpoint's weights; "best" the
+best eval's; N the params of checkpoint step N. RUN_DIR may also be a model checkpoint dir or
+a Hugging Face dir (no --step). The write is atomic: nothing at OUT on failure. An existing OUT
+is refused without --overwrite; OUT may never be RUN_DIR, lie inside it or contain it.
+"""
+from __future__ import annotations
+
+import os
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help="a training run dir (or a model checkpoint dir or a Hugging Face dir)")
+    p.add_argument("out", metavar="OUT", help="output: a directory (flax, hf) or a .safetensors file (torch)")
+    p.add_argument("--to", required=True, choices=["flax", "torch", "hf"], help="what to write")
+    p.add_argument("--step", default=None, help="last (default), best, or a checkpoint step number")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+
+
+def check_destination(src: str, out: str, overwrite: bool) -> str:
+    """-> OUT as an absolute path, or ValueError/FileExistsError before anything is read."""
+    src_real, out_real = os.path.realpath(src), os.path.realpath(out)
+    if out_real == src_real or out_real.startswith(src_real + os.sep):
+        raise ValueError(f"OUT {out} is {'RUN_DIR' if out_real == src_real else 'inside RUN_DIR'} "
+                         f"{src}; export to a path outside it")
+    if src_real.startswith(out_real + os.sep):
+        raise ValueError(f"OUT {out} contains RUN_DIR {src}; export to a path outside it")
+    if os.path.lexists(out) and not overwrite:
+        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
+    return os.path.abspath(out)
+
+
+def run(args) -> int:
+    import jaxformer
+    from jaxformer import checkpoint_io
+    out = check_destination(args.run_dir, args.out, args.overwrite)
+    if args.to == "torch" and not out.endswith(".safetensors"):
+        raise ValueError(f"--to torch writes one .safetensors file; OUT {args.out} has another suffix")
+    step = checkpoint_io.parse_step(args.step)
+    model, cfg = jaxformer.load(args.run_dir, step=step)
+    name = checkpoint_io.model_name(model)
+    if args.to == "flax":
+        checkpoint_io.save_model(model, name, cfg, out, overwrite=args.overwrite)
+        what = "model checkpoint (model.yaml + params/)"
+    elif args.to == "torch":
+        from jaxformer import convert
+        tensors = convert.flax_to_torch_arrays(model)
+        convert.write_safetensors(out, tensors, {"format": "pt", **convert.model_metadata(name, cfg)})
+        what = f"torch_ref state dict ({len(tensors)} tensors, safetensors)"
+    else:
+        from jaxformer.hf import save_pretrained
+        r = save_pretrained(model, name, cfg, out, overwrite=args.overwrite)
+        what = f"Hugging Face {r['architecture']} dir ({r['tensors']} tensors)"
+    print(f"wrote {out}: {name} {what}, from {args.run_dir}"
+          + (f" (step {step})" if step is not None else ""))
+    return 0
