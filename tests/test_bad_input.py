@@ -65,7 +65,17 @@ def run_row(row: Row, tmp: str, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def _not_a_run(tmp: str) -> None:
+    os.makedirs(os.path.join(tmp, "empty"))
+    with open(os.path.join(tmp, "keep.png"), "wb") as f:
+        f.write(b"an existing picture")
+
+
 ROWS: list[Row] = [
+    # ---------------------------------------------------------------- plot and parity report
+    Row("plot_dir_without_metrics", ["plot", "{tmp}/empty", "--out", "{tmp}/keep.png"], "no metrics.jsonl",
+        setup=_not_a_run, protect=("keep.png", "empty")),
+    Row("plot_missing_dir", ["plot", "{tmp}/nowhere"], "no metrics.jsonl", absent=("nowhere",)),
     # ---------------------------------------------------------------- config and workdir (train)
     # ---------------------------------------------------------------- export, load, generate
     # ---------------------------------------------------------------- convert and import

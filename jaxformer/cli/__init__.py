@@ -19,6 +19,7 @@ COMMANDS = {
     "generate": ("generate", "generate token ids with an lm/seq2seq model (KV cache)"),
     "convert": ("convert", "convert weights between torch, flax and Hugging Face"),
     "parity": ("parity", "run the parity registry: outputs and gradients, torch vs JAX"),
+    "plot": ("plot", "overlay the loss, lr, grad-norm and eval curves of training runs (PNG)"),
 }
 
 

@@ -152,7 +152,7 @@ def plot_divergence(rows: list[dict], tol: float, out: str, *, title: str = "") 
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     with atomic_file(out) as tmp:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", bbox_inches="tight")
     plt.close(fig)
     return out
 

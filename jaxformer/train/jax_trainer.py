@@ -309,9 +309,11 @@ class JaxTrainer:
                     self.history.append(record)
                     self.metrics.write(record)
                     bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, host_batch))
+                    self.metrics.write_throughput(step, tasks.tokens_in(self.cfg.model_name, host_batch), unit)  # TensorBoard
                     if step % tc.checkpoint_every == 0 or step == tc.steps:
                         self.ckpt.save(step, self._unreplicate(state), {"config": self.cfg.to_dict()},
                                        eval_loss=record.get("eval_loss"))
+                self.metrics.write_hparams(self.cfg.to_dict(), self.last_eval, step)  # TensorBoard
         finally:
             bar.close()
             self.ckpt.close()
