@@ -160,7 +160,17 @@ def _fake_run(tmp: str, steps: tuple[int, ...] = ()) -> None:
         _put(tmp, f"run/checkpoints/step_{s}/model.safetensors", "")
 
 
+def _not_a_run(tmp: str) -> None:
+    os.makedirs(os.path.join(tmp, "empty"))
+    with open(os.path.join(tmp, "keep.png"), "wb") as f:
+        f.write(b"an existing picture")
+
+
 ROWS: list[Row] = [
+    # ---------------------------------------------------------------- plot and parity report
+    Row("plot_dir_without_metrics", ["plot", "{tmp}/empty", "--out", "{tmp}/keep.png"], "no metrics.jsonl",
+        setup=_not_a_run, protect=("keep.png", "empty")),
+    Row("plot_missing_dir", ["plot", "{tmp}/nowhere"], "no metrics.jsonl", absent=("nowhere",)),
     # ---------------------------------------------------------------- config and workdir (train)
     *TRAIN_ROWS,
     # ---------------------------------------------------------------- export, load, generate

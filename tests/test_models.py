@@ -106,14 +106,14 @@ def test_intermediates_agree_and_locate_a_divergence(key):
     (_, t_inter), (_, j_inter) = run_both(t, j, *args, return_intermediates=True)
     assert set(t_inter) == set(j_inter)
     assert first_divergence(t_inter, j_inter) is None
-    # perturb the JAX twin's last layer only: the report must name that layer, not earlier ones
+    # perturb the JAX twin's last FFN only: the report must name that sub-layer, not earlier ones
     stack = j.decoder if name in ("lm", "seq2seq") else j.encoder
     last = len(stack.layers) - 1
     kernel = stack.layers[last].ffn.down_proj.kernel
     kernel[...] = kernel[...] * 1.05  # (not a constant shift, which a Post-LN norm would remove)
     (_, t_inter), (_, j_inter) = run_both(t, j, *args, return_intermediates=True)
     report = first_divergence(t_inter, j_inter)
-    assert report is not None and report.split(" ")[0].endswith(f"layers.{last}"), report
+    assert report is not None and report.split(" ")[0].endswith(f"layers.{last}.ffn"), report
 
 
 # ----------------------------------------------------------------------------- padding

@@ -21,6 +21,7 @@ COMMANDS = {
     "export": ("export", "export a training run's weights as a model checkpoint, torch safetensors or HF dir"),
     "parity": ("parity", "run the parity registry: outputs and gradients, torch vs JAX"),
     "eval": ("eval", "evaluate a training run's weights (last, best or a step) on its eval split"),
+    "plot": ("plot", "overlay the loss, lr, grad-norm and eval curves of training runs (PNG)"),
 }
 
 

@@ -10,6 +10,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     p.add_argument("-k", dest="pattern", default=None, help="only cases whose name contains this")
     p.add_argument("--list", action="store_true", help="list case names and exit")
+    p.add_argument("--report", metavar="DIR", default=None,
+                   help="also write, per model case, divergence against depth (CSV, JSON, PNG) to DIR/<case>/")
 
 
 def run(args) -> int:
@@ -38,6 +40,9 @@ def run(args) -> int:
             print(f"{n:48s} {fmt(row['max_abs_out']):>10s} {fmt(row['max_abs_grad']):>10s} "
                   f"{row['tol']:>8.0e} {'ok' if row['ok'] else 'FAIL'}"
                   + (f"  {row.get('error') or row.get('problems')}" if not row["ok"] else ""), flush=True)
+    if args.report:  # per-sub-layer divergence files (jaxformer/parity/report.py)
+        from jaxformer.parity.report import report_cases
+        report_cases(names, args.report)
     failed = [r["case"] for r in rows if not r["ok"]]
     if args.json:
         print(json.dumps(rows, indent=1))

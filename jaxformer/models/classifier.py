@@ -23,7 +23,8 @@ class Classifier(nnx.Module):
     Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; None = ids != pad_id),
     token_type_ids [B, T] int (type_vocab_size > 0; None = all 0)
     -> logits [B, num_classes] float32. return_intermediates adds
-    {"embeddings", "layers.i", "final_norm", "pooled"}. With cfg.pooler (BERT), the pooled
+    {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm", "pooled"};
+    return_attention adds "layers.i.attn_weights" [B, H, T, T]. With cfg.pooler (BERT), the pooled
     vector goes through tanh(pooler(.)) before the dropout and the head.
     """
 
@@ -38,13 +39,15 @@ class Classifier(nnx.Module):
         set_compute_dtype(self, cfg.dtype)
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                 token_type_ids: jax.Array | None = None, return_intermediates: bool = False):
+                 token_type_ids: jax.Array | None = None, return_intermediates: bool = False,
+                 return_attention: bool = False):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
         valid = ids != self.cfg.pad_id if attention_mask is None else attention_mask.astype(bool)  # [B, T]
         x = self.embed(ids, default_positions(b, t),
                        token_type_ids=token_type_ids)  # [B, T, D]
-        out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates)
+        out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates,
+                           return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, T, D]
         if self.cfg.pooling == "cls":
             pooled = h[:, 0]  # [B, D], the first ([CLS]) token

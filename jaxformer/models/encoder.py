@@ -27,10 +27,12 @@ class TextEncoder(nnx.Module):
         self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                 token_type_ids: jax.Array | None = None, return_intermediates: bool = False):
+                 token_type_ids: jax.Array | None = None, return_intermediates: bool = False,
+                 return_attention: bool = False):
         mask = None if attention_mask is None else make_padding_mask(attention_mask)
         x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
-        out = self.encoder(x, mask=mask, return_intermediates=return_intermediates)
+        out = self.encoder(x, mask=mask, return_intermediates=return_intermediates,
+                           return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, T, D]
         result = h if self.pooler is None else (h, jnp.tanh(self.pooler(h[:, 0])))  # pooled [B, D]
         if return_intermediates:

@@ -26,7 +26,8 @@ class LM(nnx.Module):
     positions then count real tokens only) -> logits [B, T, V] float32.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
-    return_intermediates adds {"embeddings", "layers.i", "final_norm"} (before the cache).
+    return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
+    (before the cache); return_attention adds "layers.i.attn_weights" [B, H, T, T] to them.
     """
 
     def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
@@ -39,7 +40,8 @@ class LM(nnx.Module):
         set_compute_dtype(self, cfg.dtype)
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                 return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None):
+                 return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
+                 return_attention: bool = False):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else cache_slots(cache)
@@ -55,7 +57,7 @@ class LM(nnx.Module):
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
         x = self.embed(ids, positions)  # [B, T, D]
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
-                           cache=cache, cache_index=cache_index)
+                           cache=cache, cache_index=cache_index, return_attention=return_attention)
         out = out if isinstance(out, tuple) else (out,)
         logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:

@@ -25,7 +25,9 @@ class Seq2Seq(nnx.Module):
     (1 = token; None = src_ids != pad_id) -> logits [B, T, V_tgt] float32. The target side
     is causal only: its pad tokens come after the real ones, so they never reach them.
     return_intermediates adds {"src_embeddings", "encoder.layers.i", "encoder.final_norm",
-    "tgt_embeddings", "decoder.layers.i", "decoder.final_norm"}.
+    "tgt_embeddings", "decoder.layers.i", "decoder.final_norm"}, and each layer's sub-layer
+    outputs ("encoder.layers.i.attn", ...; layers/transformer.py); return_attention adds the
+    attention weights ("decoder.layers.i.attn_weights", "decoder.layers.i.cross_attn_weights").
     """
 
     def __init__(self, cfg: Seq2SeqConfig, *, rngs: nnx.Rngs):
@@ -47,21 +49,23 @@ class Seq2Seq(nnx.Module):
         return self.embed if self.embed is not None else self.tgt_embed
 
     def encode(self, src_ids: jax.Array, src_mask: jax.Array | None = None, *,
-               return_intermediates: bool = False):
+               return_intermediates: bool = False, return_attention: bool = False):
         """-> memory [B, S, D], memory_mask [B, 1, 1, S] bool (and intermediates)."""
         b, s = src_ids.shape
         check_tokens(src_ids, self.cfg.vocab_size, self.cfg.max_len, "source token id")
         valid = src_ids != self.cfg.pad_id if src_mask is None else src_mask.astype(bool)  # [B, S]
         memory_mask = make_padding_mask(valid)  # [B, 1, 1, S]
         x = self.source_embedding()(src_ids, default_positions(b, s))  # [B, S, D]
-        out = self.encoder(x, mask=memory_mask, return_intermediates=return_intermediates)
+        out = self.encoder(x, mask=memory_mask, return_intermediates=return_intermediates,
+                           return_attention=return_attention)
         if not return_intermediates:
             return out, memory_mask
         memory, inter = out
         return memory, memory_mask, {"src_embeddings": x, **{f"encoder.{k}": v for k, v in inter.items()}}
 
     def decode(self, tgt_ids: jax.Array, memory: jax.Array | None, memory_mask: jax.Array, *,
-               return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None):
+               return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
+               return_attention: bool = False):
         """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
         With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
         b, t = tgt_ids.shape
@@ -70,7 +74,8 @@ class Seq2Seq(nnx.Module):
         positions = default_positions(b, t, 0 if cache_index is None else cache_index)  # [B, T]
         y = self.target_embedding()(tgt_ids, positions)  # [B, T, D]
         out = self.decoder(y, memory, memory_mask=memory_mask, positions=positions,
-                           return_intermediates=return_intermediates, cache=cache, cache_index=cache_index)
+                           return_intermediates=return_intermediates, cache=cache, cache_index=cache_index,
+                           return_attention=return_attention)
         out = out if isinstance(out, tuple) else (out,)
         logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:
@@ -79,12 +84,16 @@ class Seq2Seq(nnx.Module):
         return logits if len(out) == 1 else (logits, *out[1:])
 
     def __call__(self, src_ids: jax.Array, tgt_ids: jax.Array, src_mask: jax.Array | None = None, *,
-                 return_intermediates: bool = False):
+                 return_intermediates: bool = False, return_attention: bool = False):
+        if return_attention and not return_intermediates:
+            raise ValueError("return_attention=True needs return_intermediates=True")
         if not return_intermediates:
             memory, memory_mask = self.encode(src_ids, src_mask)
             return self.decode(tgt_ids, memory, memory_mask)
-        memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True)
-        logits, dec_inter = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True)
+        memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True,
+                                                     return_attention=return_attention)
+        logits, dec_inter = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True,
+                                        return_attention=return_attention)
         return logits, {**enc_inter, **dec_inter}
 
     def logits(self, h: jax.Array) -> jax.Array:

@@ -63,7 +63,8 @@ class TCNTransformer(nnx.Module):
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
         self.head = Linear(cfg.d_model, cfg.horizon * cfg.num_targets, rngs=rngs)
 
-    def __call__(self, series: jax.Array, *, return_intermediates: bool = False):
+    def __call__(self, series: jax.Array, *, return_intermediates: bool = False,
+                 return_attention: bool = False):
         cfg = self.cfg
         check_series(series.shape, cfg.num_channels, cfg.receptive_field, cfg.input_len)
         b, length, _ = series.shape
@@ -79,7 +80,7 @@ class TCNTransformer(nnx.Module):
         x = self.dropout(x)
         inter["embeddings"] = x
         # 3) encoder stack
-        out = self.encoder(x, return_intermediates=return_intermediates)
+        out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, enc = out if return_intermediates else (out, None)  # [B, L, D]
         # 4) forecast from the last step (or the mean over steps)
         pooled = h[:, -1] if cfg.pool == "last" else jnp.mean(h, axis=1)  # [B, D]

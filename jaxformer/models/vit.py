@@ -80,7 +80,8 @@ class ViT(nnx.Module):
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
         self.classifier = Linear(cfg.d_model, cfg.num_classes, rngs=rngs)
 
-    def __call__(self, images: jax.Array, *, return_intermediates: bool = False):
+    def __call__(self, images: jax.Array, *, return_intermediates: bool = False,
+                 return_attention: bool = False):
         cfg = self.cfg
         check_images(images.shape, cfg.num_channels, cfg.patch_size, cfg.image_size)
         b = images.shape[0]
@@ -93,7 +94,7 @@ class ViT(nnx.Module):
             x = jnp.concatenate([cls, x], axis=1)  # [B, N, D]
         x = self.dropout(x + self.embed_positions(default_positions(b, cfg.num_tokens)))  # [B, N, D]
         # 3) Pre-LN encoder with its final norm
-        out = self.encoder(x, return_intermediates=return_intermediates)
+        out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, N, D]
         # 4) pool and classify
         pooled = h[:, 0] if cfg.pool == "cls" else jnp.mean(h[:, int(cfg.class_token):], axis=1)  # [B, D]

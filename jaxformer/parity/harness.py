@@ -250,14 +250,16 @@ def assert_parity(torch_module, flax_module, inputs, **kw) -> ParityReport:
 
 def first_divergence(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, Any], tol: float = 1e-5,
                      order: Sequence[str] | None = None) -> str | None:
-    """Given named intermediates from both frameworks (e.g. return_intermediates=True), the
-    first name whose max abs diff exceeds tol, as 'name (diff)'; None if they all agree."""
+    """Given named intermediates from both frameworks (return_intermediates=True), the first
+    name in depth order whose max abs diff exceeds tol, as 'name (diff)'; None if they all
+    agree. The models report sub-layers ("decoder.layers.1.attn", ".attn_residual", ".ffn",
+    then "decoder.layers.1"; jaxformer/layers/transformer.py), so the name is the first
+    sub-layer that parts, not only its layer. Depth order is `order`, else torch_inter's own
+    (insertion) order: a jitted JAX dict comes back with sorted keys, so pass the torch side
+    first, or pass `order`. A name missing on the flax side is a KeyError."""
     keys = list(order) if order is not None else list(torch_inter)
     for k in keys:
-        a = np.asarray(flax_inter[k], np.float64)
-        b = torch_inter[k].detach().numpy().astype(np.float64) if hasattr(torch_inter[k], "detach") \
-            else np.asarray(torch_inter[k], np.float64)
-        d = float(np.abs(a - b).max(initial=0))
+        d = max_abs_diff(torch_inter[k], flax_inter[k])
         if d > tol:
             return f"{k} ({d:.3e})"
     return None
@@ -268,3 +270,26 @@ def accepts(fn: Callable, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+# ----------------------------------------------------------------------------- intermediates
+def to_numpy(x) -> np.ndarray:
+    """A torch tensor (detached) or any array -> numpy."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def max_abs_diff(a, b) -> float:
+    """max |a - b| in float64 over two arrays of the same shape (torch or numpy/jax)."""
+    a, b = to_numpy(a).astype(np.float64), to_numpy(b).astype(np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
+    return float(np.abs(a - b).max(initial=0))
+
+
+def intermediate_diffs(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, Any]) -> dict[str, float]:
+    """{name: max |torch - flax|} over the names both sides report, in torch_inter's (depth)
+    order. ValueError naming the keys when the two sides report different names."""
+    only_t, only_j = set(torch_inter) - set(flax_inter), set(flax_inter) - set(torch_inter)
+    if only_t or only_j:
+        raise ValueError(f"intermediates differ: only torch {sorted(only_t)}, only jax {sorted(only_j)}")
+    return {k: max_abs_diff(torch_inter[k], flax_inter[k]) for k in torch_inter}

@@ -423,6 +423,7 @@ class JaxTrainer:
                     for r in records:
                         bar.update(r["loss"] if r["loss"] is not None else float("nan"), r["lr"],
                                    items // len(records))
+                    self.metrics.write_throughput(step, items // len(records), unit)  # TensorBoard
                     items = 0
                     eval_loss = self.last_eval.get("eval_loss") if (is_eval or is_ckpt) else None
                     host_state = None
@@ -441,6 +442,7 @@ class JaxTrainer:
                     if stopping:
                         self.stopped_by = stop.name or "preemption"
                         break
+                self.metrics.write_hparams(self.cfg.to_dict(), self.last_eval, step)  # TensorBoard
         finally:
             bar.close()
             try:

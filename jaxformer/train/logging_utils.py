@@ -22,6 +22,7 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         self.tb = None
+        self._last_tick: tuple[int, float] | None = None  # (step, time) of write_throughput
         if not enabled:
             return
         if resume_step is not None:
@@ -39,7 +40,35 @@ class MetricsWriter:
         if self.tb is not None:
             for k, v in clean.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, clean["step"])
+                    self.tb.add_scalar(tb_tag(k), v, clean["step"])
+
+    # ---- TensorBoard only (tensorboardX): throughput, text, hparams
+    def write_throughput(self, step: int, items: int, unit: str = "tokens") -> None:
+        """perf/step_time_s and perf/<unit>_per_s from the wall time since the previous call
+        (the first call only starts the clock, so compilation is not counted)."""
+        now = time.perf_counter()
+        last, self._last_tick = self._last_tick, (step, now)
+        if self.tb is None or last is None or step <= last[0]:
+            return
+        dt = (now - last[1]) / (step - last[0])
+        self.tb.add_scalar("perf/step_time_s", dt, step)
+        self.tb.add_scalar(f"perf/{_UNITS.get(unit, unit)}_per_s", items / max(dt, 1e-9), step)
+
+    def write_text(self, tag: str, text: str, step: int) -> None:
+        """A text entry (e.g. the generated end-of-run sample) under `tag`."""
+        if self.tb is not None:
+            self.tb.add_text(tag, text, step)
+
+    def write_hparams(self, cfg_dict: dict, metrics: dict, step: int | None = None) -> None:
+        """The run config, flattened to "train.lr"-style keys, as TensorBoard hparams, with the
+        finite final metrics (e.g. the last eval) as hparam/<name>, under tb/hparams."""
+        if self.tb is None:
+            return
+        hp = {k: (v if isinstance(v, (bool, int, float, str)) else str(v))
+              for k, v in flatten_config(cfg_dict).items()}
+        m = {f"hparam/{k}": float(v) for k, v in metrics.items()
+             if isinstance(v, (int, float)) and math.isfinite(v)}
+        self.tb.add_hparams(hp, m, name="hparams", global_step=step)
 
     def write_many(self, records: list[dict]) -> None:
         for record in records:
@@ -86,6 +115,36 @@ def read_metrics(path: str) -> list[dict]:
             if isinstance(record, dict) and "step" in record:
                 by_step[int(record["step"])] = record
     return [by_step[s] for s in sorted(by_step)]
+
+
+_UNITS = {"tok": "tokens"}  # the progress bar's short unit -> the TensorBoard tag's
+
+
+def tb_tag(key: str) -> str:
+    """metrics.jsonl key -> TensorBoard tag, grouped: eval_loss -> eval/loss, loss -> train/loss."""
+    if key.startswith("eval_"):
+        return "eval/" + key[len("eval_"):]
+    return key if "/" in key else "train/" + key
+
+
+def flatten_config(d: dict, prefix: str = "") -> dict:
+    """{"train": {"lr": 1e-3}} -> {"train.lr": 1e-3}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def write_tb_text(workdir: str, tag: str, text: str, step: int) -> None:
+    """A text entry in WORKDIR/tb after the run's writer is closed (the end-of-run sample). Its
+    own events file: tensorboardX names files by the second, so without the suffix it would
+    replace the run's file written in the same second."""
+    from tensorboardX import SummaryWriter
+    with SummaryWriter(os.path.join(workdir, "tb"), filename_suffix=f".text.{time.time_ns()}") as tb:
+        tb.add_text(tag, text, step)
 
 
 class Progress:

@@ -5,6 +5,16 @@ Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
+
+Named intermediates (return_intermediates=True on a stack), per layer i, in depth order:
+  layers.i.attn_weights        [B, H, T, T] self-attention weights (return_attention=True only)
+  layers.i.attn                [B, T, D] self-attention sub-layer output, before the residual add
+  layers.i.attn_residual       [B, T, D] after the add (and the norm, Post-LN)
+  layers.i.cross_attn_weights  [B, H, T, S] (decoder with cross-attention, return_attention=True)
+  layers.i.cross_attn          [B, T, D] cross-attention sub-layer output, before the add
+  layers.i.cross_attn_residual [B, T, D] after the add (and norm)
+  layers.i.ffn                 [B, T, D] FFN sub-layer output, before the add
+  layers.i                     [B, T, D] the layer's output (after the FFN's add and norm)
 """
 from __future__ import annotations
 
@@ -37,13 +47,35 @@ def _norm(cfg: TransformerConfig):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
 
-def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor) -> torch.Tensor:
+# the sub-layer intermediates of one layer, in depth order (module docstring)
+SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cross_attn",
+             "cross_attn_residual", "ffn")
+
+
+def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: dict | None = None,
+             name: str = "") -> torch.Tensor:
     """Apply `sublayer` with its residual connection in the configured norm position. The
     residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as
-    under torch autocast)."""
-    if cfg.norm_position == "pre":
-        return x + sublayer(norm(x)).to(x.dtype)
-    return norm(x + sublayer(x).to(x.dtype))
+    under torch autocast). With `record`, the sublayer's output (before the add) goes to
+    record[name]."""
+    h = sublayer(norm(x) if cfg.norm_position == "pre" else x).to(x.dtype)
+    if record is not None:
+        record[name] = h
+    return x + h if cfg.norm_position == "pre" else norm(x + h)
+
+
+def _put(record: dict | None, name: str, value):
+    if record is not None:
+        record[name] = value
+    return value
+
+
+def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *args, **kw):
+    """attn(h, *args, **kw); with return_attention, its weights [B, H, T, S] go to record[name]."""
+    if not return_attention:
+        return attn(h, *args, **kw)
+    out, record[name] = attn(h, *args, return_weights=True, **kw)
+    return out
 
 
 class EncoderLayer(nn.Module):
@@ -57,10 +89,15 @@ class EncoderLayer(nn.Module):
         self.ffn = make_ffn(cfg)
         self.ffn_norm = _norm(cfg)
 
-    def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None,
+                record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
+        """record: a dict that receives the sub-layer intermediates (SUBLAYERS names);
+        return_attention adds the attention weights to it."""
         x = residual(self.cfg, self.attn_norm,
-                     lambda h: self.self_attn(h, mask=mask, bias=bias, positions=positions), x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x)
+                     lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
+                                       mask=mask, bias=bias, positions=positions), x, record, "attn")
+        _put(record, "attn_residual", x)
+        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
 
 
 class DecoderLayer(nn.Module):
@@ -84,29 +121,33 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
-                cache_index=None):
+                cache_index=None, record: dict | None = None, return_attention: bool = False):
         new_cache = {}
 
         def self_block(h):
             if cache is None:
-                return self.self_attn(h, mask=mask, bias=bias, positions=positions)
+                return _attend(self.self_attn, record, "attn_weights", return_attention, h,
+                               mask=mask, bias=bias, positions=positions)
             out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
                                                     cache=cache["self"], cache_index=cache_index)
             return out
 
         def cross_block(h):
             if cache is None:
-                return self.cross_attn(h, memory, mask=memory_mask, bias=memory_bias)
+                return _attend(self.cross_attn, record, "cross_attn_weights", return_attention, h,
+                               memory, mask=memory_mask, bias=memory_bias)
             out, new_cache["cross"] = self.cross_attn(h, mask=memory_mask, bias=memory_bias,
                                                       cache=cache["cross"])
             return out
 
-        x = residual(self.cfg, self.attn_norm, self_block, x)
+        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn")
+        _put(record, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
-            x = residual(self.cfg, self.cross_attn_norm, cross_block, x)
-        x = residual(self.cfg, self.ffn_norm, self.ffn, x)
+            x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn")
+            _put(record, "cross_attn_residual", x)
+        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
@@ -163,12 +204,39 @@ class _Stack(nn.Module):
             bias = self.rel_bias(q_pos, k_pos)
         return mask, bias, positions
 
+    def run_layers(self, x, call, intermediates: dict | None):
+        """x -> call(layer, x) for every layer. With intermediates, call(layer, x, record)
+        fills `record` with the layer's sub-layer outputs, stored as "layers.i.<name>"
+        (SUBLAYERS order) before "layers.i"."""
+        for i, layer in enumerate(self.layers):
+            if intermediates is None:
+                x = call(layer, x)
+                continue
+            record = {}
+            x = call(layer, x, record)
+            _store_layer(intermediates, i, record, x)
+        return x
+
     def finish(self, x, intermediates):
         if self.final_norm is not None:
             x = self.final_norm(x)
             if intermediates is not None:
                 intermediates["final_norm"] = x
         return (x, intermediates) if intermediates is not None else x
+
+
+def _store_layer(intermediates: dict, i: int, record: dict, x) -> None:
+    """layers.i.<sub-layer> in SUBLAYERS (depth) order, then layers.i itself."""
+    for name in SUBLAYERS:
+        if name in record:
+            intermediates[f"layers.{i}.{name}"] = record[name]
+    intermediates[f"layers.{i}"] = x
+
+
+def _check_attention_flags(return_intermediates: bool, return_attention: bool) -> None:
+    if return_attention and not return_intermediates:
+        raise ValueError("return_attention=True needs return_intermediates=True (the weights are "
+                         "returned among the intermediates, as layers.i.attn_weights)")
 
 
 def _band_mask(t: int, window: int, device=None) -> torch.Tensor:
@@ -181,20 +249,22 @@ class Encoder(_Stack):
     """A stack of EncoderLayers with an optional final norm.
 
     Shapes: x [B, T, D], mask bool broadcastable to [B, H, T, T] -> [B, T, D]; with
-    return_intermediates, also {"layers.i": [B, T, D], "final_norm": [B, T, D]}.
+    return_intermediates, also {"layers.i.<sub-layer>", "layers.i": [B, T, D],
+    "final_norm": [B, T, D]} (module docstring); return_attention adds the weights.
     """
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__(cfg)
         self.layers = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.num_layers)])
 
-    def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False):
+    def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
+                return_attention: bool = False):
+        _check_attention_flags(return_intermediates, return_attention)
         mask, bias, positions = self.self_attention_inputs(x, mask, positions)
         inter = {} if return_intermediates else None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, mask=mask, bias=bias, positions=positions)
-            if inter is not None:
-                inter[f"layers.{i}"] = x
+        x = self.run_layers(x, lambda layer, h, record=None: layer(
+            h, mask=mask, bias=bias, positions=positions, record=record,
+            return_attention=return_attention), inter)
         return self.finish(x, inter)
 
 
@@ -218,17 +288,20 @@ class Decoder(_Stack):
                                 for _ in range(cfg.num_layers)])
 
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
-                return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+                return_intermediates: bool = False, cache: list | None = None, cache_index=None,
+                return_attention: bool = False):
+        _check_attention_flags(return_intermediates, return_attention)
+        if return_attention and cache is not None:
+            raise ValueError("return_attention is not supported together with a KV cache")
         cache_len = None if cache is None else cache[0]["self"]["k"].shape[2]
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
         inter = {} if return_intermediates else None
         if cache is None:
-            for i, layer in enumerate(self.layers):
-                x = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions)
-                if inter is not None:
-                    inter[f"layers.{i}"] = x
+            x = self.run_layers(x, lambda layer, h, record=None: layer(
+                h, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions,
+                record=record, return_attention=return_attention), inter)
             return self.finish(x, inter)
         new_cache = []
         for i, layer in enumerate(self.layers):

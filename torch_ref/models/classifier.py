@@ -36,17 +36,19 @@ class Classifier(nn.Module):
         self.classifier = nn.Linear(cfg.d_model, cfg.num_classes, bias=True)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False):
+                token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False,
+                return_attention: bool = False):
         with autocast(self.cfg.dtype, ids.device):
-            return self._forward(ids, attention_mask, return_intermediates, token_type_ids)
+            return self._forward(ids, attention_mask, return_intermediates, token_type_ids, return_attention)
 
-    def _forward(self, ids, attention_mask, return_intermediates, token_type_ids=None):
+    def _forward(self, ids, attention_mask, return_intermediates, token_type_ids=None, return_attention=False):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
         valid = ids != self.cfg.pad_id if attention_mask is None else attention_mask.bool()  # [B, T]
         x = self.embed(ids, default_positions(b, t, device=ids.device),
                        token_type_ids=token_type_ids)  # [B, T, D]
-        out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates)
+        out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates,
+                           return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, T, D]
         if self.cfg.pooling == "cls":
             pooled = h[:, 0]  # [B, D], the first ([CLS]) token

@@ -26,10 +26,12 @@ class TextEncoder(nn.Module):
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=True) if cfg.pooler else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False):
+                token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False,
+                return_attention: bool = False):
         mask = None if attention_mask is None else make_padding_mask(attention_mask)
         x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
-        out = self.encoder(x, mask=mask, return_intermediates=return_intermediates)
+        out = self.encoder(x, mask=mask, return_intermediates=return_intermediates,
+                           return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, T, D]
         result = h if self.pooler is None else (h, torch.tanh(self.pooler(h[:, 0])))  # pooled [B, D]
         if return_intermediates:

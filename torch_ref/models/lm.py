@@ -23,7 +23,8 @@ class LM(nn.Module):
     positions then count real tokens only) -> logits [B, T, V] float32.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
-    return_intermediates adds {"embeddings", "layers.i", "final_norm"} (before the cache).
+    return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
+    (before the cache); return_attention adds "layers.i.attn_weights" [B, H, T, T] to them.
     """
 
     def __init__(self, cfg: LMConfig):
@@ -35,11 +36,12 @@ class LM(nn.Module):
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+                return_intermediates: bool = False, cache: list | None = None, cache_index=None,
+                return_attention: bool = False):
         with autocast(self.cfg.dtype, ids.device):
-            return self._forward(ids, attention_mask, return_intermediates, cache, cache_index)
+            return self._forward(ids, attention_mask, return_intermediates, cache, cache_index, return_attention)
 
-    def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index):
+    def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index, return_attention=False):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else cache[0]["self"]["k"].shape[2]
@@ -55,7 +57,7 @@ class LM(nn.Module):
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
         x = self.embed(ids, positions)  # [B, T, D]
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
-                           cache=cache, cache_index=cache_index)
+                           cache=cache, cache_index=cache_index, return_attention=return_attention)
         out = out if isinstance(out, tuple) else (out,)
         logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:

@@ -23,7 +23,9 @@ class Seq2Seq(nn.Module):
     (1 = token; None = src_ids != pad_id) -> logits [B, T, V_tgt] float32. The target side
     is causal only: its pad tokens come after the real ones, so they never reach them.
     return_intermediates adds {"src_embeddings", "encoder.layers.i", "encoder.final_norm",
-    "tgt_embeddings", "decoder.layers.i", "decoder.final_norm"}.
+    "tgt_embeddings", "decoder.layers.i", "decoder.final_norm"}, and each layer's sub-layer
+    outputs ("encoder.layers.i.attn", ...; layers/transformer.py); return_attention adds the
+    attention weights ("decoder.layers.i.attn_weights", "decoder.layers.i.cross_attn_weights").
     """
 
     def __init__(self, cfg: Seq2SeqConfig):
@@ -44,7 +46,7 @@ class Seq2Seq(nn.Module):
         return self.embed if self.embed is not None else self.tgt_embed
 
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor | None = None, *,
-               return_intermediates: bool = False):
+               return_intermediates: bool = False, return_attention: bool = False):
         """-> memory [B, S, D], memory_mask [B, 1, 1, S] bool (and intermediates)."""
         with autocast(self.cfg.dtype, src_ids.device):
             b, s = src_ids.shape
@@ -52,14 +54,16 @@ class Seq2Seq(nn.Module):
             valid = src_ids != self.cfg.pad_id if src_mask is None else src_mask.bool()  # [B, S]
             memory_mask = make_padding_mask(valid)  # [B, 1, 1, S]
             x = self.source_embedding()(src_ids, default_positions(b, s, device=src_ids.device))  # [B, S, D]
-            out = self.encoder(x, mask=memory_mask, return_intermediates=return_intermediates)
+            out = self.encoder(x, mask=memory_mask, return_intermediates=return_intermediates,
+                               return_attention=return_attention)
         if not return_intermediates:
             return out, memory_mask
         memory, inter = out
         return memory, memory_mask, {"src_embeddings": x, **{f"encoder.{k}": v for k, v in inter.items()}}
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor | None, memory_mask: torch.Tensor, *,
-               return_intermediates: bool = False, cache: list | None = None, cache_index=None):
+               return_intermediates: bool = False, cache: list | None = None, cache_index=None,
+               return_attention: bool = False):
         """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
         With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
         with autocast(self.cfg.dtype, tgt_ids.device):
@@ -70,7 +74,8 @@ class Seq2Seq(nn.Module):
                                           device=tgt_ids.device)  # [B, T]
             y = self.target_embedding()(tgt_ids, positions)  # [B, T, D]
             out = self.decoder(y, memory, memory_mask=memory_mask, positions=positions,
-                               return_intermediates=return_intermediates, cache=cache, cache_index=cache_index)
+                               return_intermediates=return_intermediates, cache=cache, cache_index=cache_index,
+                               return_attention=return_attention)
             out = out if isinstance(out, tuple) else (out,)
             logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:
@@ -79,12 +84,16 @@ class Seq2Seq(nn.Module):
         return logits if len(out) == 1 else (logits, *out[1:])
 
     def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_mask: torch.Tensor | None = None, *,
-                return_intermediates: bool = False):
+                return_intermediates: bool = False, return_attention: bool = False):
+        if return_attention and not return_intermediates:
+            raise ValueError("return_attention=True needs return_intermediates=True")
         if not return_intermediates:
             memory, memory_mask = self.encode(src_ids, src_mask)
             return self.decode(tgt_ids, memory, memory_mask)
-        memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True)
-        logits, dec_inter = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True)
+        memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True,
+                                                     return_attention=return_attention)
+        logits, dec_inter = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True,
+                                        return_attention=return_attention)
         return logits, {**enc_inter, **dec_inter}
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,8 @@ class ViT(nn.Module):
         self.encoder = Encoder(cfg.encoder_config())
         self.classifier = nn.Linear(cfg.d_model, cfg.num_classes)
 
-    def forward(self, images: torch.Tensor, *, return_intermediates: bool = False):
+    def forward(self, images: torch.Tensor, *, return_intermediates: bool = False,
+                return_attention: bool = False):
         cfg = self.cfg
         check_images(images.shape, cfg.num_channels, cfg.patch_size, cfg.image_size)
         b = images.shape[0]
@@ -83,7 +84,7 @@ class ViT(nn.Module):
             x = torch.cat([cls, x], dim=1)  # [B, N, D]
         x = self.dropout(x + self.embed_positions(default_positions(b, cfg.num_tokens, device=x.device)))  # [B, N, D]
         # 3) Pre-LN encoder with its final norm
-        out = self.encoder(x, return_intermediates=return_intermediates)
+        out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, N, D]
         # 4) pool and classify
         pooled = h[:, 0] if cfg.pool == "cls" else h[:, int(cfg.class_token):].mean(dim=1)  # [B, D]
