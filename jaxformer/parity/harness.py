@@ -216,18 +216,22 @@ def _is_nnx_module(m) -> bool:
 
 @contextlib.contextmanager
 def _float64_upcasts() -> Iterator[None]:
-    """Inside the float64 reference run, `.float()` (the trees' "compute this in fp32") leaves a
-    float64 tensor as it is, so the reference stays float64 end to end."""
+    """Inside the float64 reference run, `.float()` and torch_ref's "float32" compute dtype (the
+    trees' "compute this in fp32") leave float64 as it is, so the reference stays float64."""
     import torch
-    original = torch.Tensor.float
+
+    from torch_ref.models import common
+    original, dtypes = torch.Tensor.float, dict(common.COMPUTE_DTYPES)
 
     def keep64(self, *a, **k):
         return self if self.dtype == torch.float64 else original(self, *a, **k)
     torch.Tensor.float = keep64
+    common.COMPUTE_DTYPES["float32"] = torch.float64
     try:
         yield
     finally:
         torch.Tensor.float = original
+        common.COMPUTE_DTYPES.update(dtypes)
 
 
 def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed: int, rename,
