@@ -137,17 +137,20 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     return (out, weights) if return_weights else out
 
 
-def key_projection(linear: Linear, x: jax.Array) -> jax.Array:
-    """x @ W_k + b_k with the gradient of b_k cut (its value is used as is).
+def key_projection(linear: Linear, x: jax.Array, *, rotated: bool = False) -> jax.Array:
+    """x @ W_k + b_k, with the gradient of b_k cut where that is exact (docs/numerics.md §15).
 
     The key bias adds q . b_k to every score of a query row, which softmax cancels: its true
     gradient is exactly 0 and its computed one pure rounding noise (~1e-9). Adam divides that
     noise by its own RMS and takes lr-sized random steps, so two frameworks (or two BLAS
-    builds) drift apart by ~lr per step on b_k alone while every output stays identical
-    (measured: 2e-3 after 20 steps). Cutting the gradient is exact and keeps b_k a plain,
-    convertible parameter (weight decay still applies to it when enabled).
+    builds) drift apart by ~lr per step on b_k alone while every output stays identical.
+    Cutting the gradient is exact and keeps b_k a plain, convertible parameter. Scores that
+    add a bias independent of b_k (ALiBi, T5, Swin's table, masks) keep q . b_k constant.
+
+    rotated: the keys are rotated per position afterwards (RoPE). q . R_s b_k then varies with
+    the key position s, the true gradient is not 0 and the bias keeps it (not cut).
     """
-    return linear(x, stop_bias_gradient=True)
+    return linear(x, stop_bias_gradient=not rotated)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -196,7 +199,8 @@ class MultiHeadAttention(nnx.Module):
     def project_kv(self, kv: jax.Array) -> dict:
         """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
         b, s, _ = kv.shape
-        return {"k": key_projection(self.k_proj, kv).reshape(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+        rotated = self.rope is not None  # step 2 of __call__ rotates these keys
+        return {"k": key_projection(self.k_proj, kv, rotated=rotated).reshape(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
                 "v": self.v_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
 
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,

@@ -80,6 +80,16 @@ case("mha_rope_gqa", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, rope_base=500.0),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal(),
                 "positions": np.stack([np.arange(T), np.arange(3, 3 + T)]).astype(np.int32)})
+# positions up to 2000: the RoPE angle pos * base^(-2i/K) is large, so a base off by 0.1% moves
+# outputs and every gradient leaf well past the tolerance (mutation rope_base_0.1pct)
+case("mha_rope_long_positions", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, rope_max_len=2048),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _causal(),
+                "positions": np.sort(r.randint(0, 2048, (B, T)), axis=1).astype(np.int32)})
+# dropout configured but eval mode: both sides must be deterministic (mutation dropout_active_in_eval)
+case("mha_dropout_in_eval", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, attn_dropout=0.1, dropout=0.1),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 3], T)})
 case("mha_return_weights", "attention", mirror("layers.attention.MultiHeadAttention", D, H),
      lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 1], T), "return_weights": True})
 
@@ -90,6 +100,8 @@ case("pos_learned", "positional", mirror("layers.positional.LearnedPositionalEmb
      lambda r: {"positions": r.randint(0, 16, (B, T)).astype(np.int32)})
 case("pos_rope_rotate_half", "positional", mirror("layers.positional.RotaryEmbedding", K, 32, 10000.0),
      lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 32, (B, T)).astype(np.int32)})
+case("pos_rope_long_positions", "positional", mirror("layers.positional.RotaryEmbedding", K, 2048, 10000.0),
+     lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 2048, (B, T)).astype(np.int32)})
 for heads in (4, 6, 12):  # 6, 12: not powers of two
     case(f"pos_alibi_{heads}_heads", "positional", mirror_fn("layers.positional.alibi_bias", num_heads=heads),
          lambda r: {"q_positions": np.tile(np.arange(T, dtype=np.int32), (B, 1)),

@@ -4,24 +4,51 @@
     report = assert_parity(torch_module, flax_module, {"x": x_np, "mask": mask_np})
 
 The torch weights are converted into the flax module (strict), both run in fp32 eval mode with
-JAX matmul precision 'highest' and TF32 off, and the function compares
-  1. every output leaf:                     max |out_jax - out_torch| <= tol
+JAX matmul precision 'highest' and TF32 off (restored afterwards), and the function compares,
+leaf by leaf, with torch's value as the reference (docs/numerics.md §19):
+  1. every output leaf:   max |out_jax - out_torch| <= atol + rtol * max |out_torch|
   2. the gradients of a scalar loss (a fixed random projection of every float output) with
-     respect to every parameter and every float input:
-                                            max |g_jax - g_torch| <= grad_tol * max(1, max |g|)
+     respect to every parameter and every float input, each leaf against its own scale:
+                          max |g_jax - g_torch|     <= grad_atol + grad_rtol * max |g_torch|
+
+Torch names that differ from the flax twin's attribute paths are mapped with `name_map` (a
+callable, or regex rules applied in order) before the strict converter and the gradient match.
+With `reference=True` the torch module also runs in float64 (a deep copy), and the report holds
+each framework's distance from that reference (`spread`): how the defaults were measured.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import inspect
+import re
 import zlib
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """|a - b| <= atol + rtol * max |reference leaf|, per leaf."""
+    atol: float
+    rtol: float
+
+    def bound(self, ref_max: float) -> float:
+        return self.atol + self.rtol * ref_max
+
+
+# Measured over the registry (docs/numerics.md §19): torch and JAX each sit within 5.1e-7 x max
+# |leaf| of the float64 answer on outputs, 2.5e-6 on gradients; the defaults leave a margin
+# above the worst honest case and stay below the smallest porting bug in the self-test.
+OUT_TOL = Tolerance(atol=1e-6, rtol=2e-6)
+GRAD_TOL = Tolerance(atol=1e-6, rtol=1e-5)
+
+
 def setup_precision() -> None:
-    """fp32 everywhere: JAX matmuls at 'highest', TF32 off in torch (docs/numerics.md §3)."""
+    """fp32 everywhere: JAX matmuls at 'highest', TF32 off in torch (docs/numerics.md §3).
+    Global and permanent (test conftests); `parity_precision` is the scoped form."""
     import jax
     import torch
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -30,27 +57,87 @@ def setup_precision() -> None:
     torch.set_float32_matmul_precision("highest")
 
 
+@contextlib.contextmanager
+def parity_precision() -> Iterator[None]:
+    """setup_precision() for the duration of the block; the previous JAX matmul precision and
+    torch TF32 / matmul-precision settings are restored on exit, even on error."""
+    import jax
+    import torch
+    saved = (jax.config.jax_default_matmul_precision, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    setup_precision()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_matmul_precision", saved[0])
+        torch.backends.cuda.matmul.allow_tf32 = saved[1]
+        torch.backends.cudnn.allow_tf32 = saved[2]
+        torch.set_float32_matmul_precision(saved[3])
+
+
+@dataclasses.dataclass
+class LeafDiff:
+    diff: float  # max |jax - torch|
+    tol: float  # atol + rtol * ref_max
+    ref_max: float  # max |torch|
+
+    @property
+    def ratio(self) -> float:
+        return self.diff / self.tol if self.tol > 0 else (0.0 if self.diff == 0 else float("inf"))
+
+
 @dataclasses.dataclass
 class ParityReport:
+    """Per-leaf comparison. The row figures (max_abs_out/tol_out, max_abs_grad/tol_grad) are
+    those of the leaf nearest to (or furthest past) its own tolerance."""
     case: str
-    max_abs_out: float
-    max_abs_grad: float
-    grad_scale: float  # max(1, max |grad|)
-    tol: float
-    grad_tol: float
     ok: bool
-    outputs: dict[str, float] = dataclasses.field(default_factory=dict)  # per output leaf
-    grads: dict[str, float] = dataclasses.field(default_factory=dict)  # per param / input
+    outputs: dict[str, LeafDiff] = dataclasses.field(default_factory=dict)  # per output leaf
+    grads: dict[str, LeafDiff] = dataclasses.field(default_factory=dict)  # per param / float input
     problems: list[str] = dataclasses.field(default_factory=list)
+    out_tol: Tolerance = OUT_TOL
+    grad_tol: Tolerance = GRAD_TOL
+    # reference=True: {"torch out"|"jax out"|"torch grad"|"jax grad": worst |x - f64| / max |f64|}
+    spread: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def _worst(leaves: Mapping[str, LeafDiff]) -> tuple[str | None, LeafDiff | None]:
+        if not leaves:
+            return None, None
+        k = max(leaves, key=lambda n: leaves[n].ratio)
+        return k, leaves[k]
+
+    @property
+    def max_abs_out(self) -> float:
+        return max((d.diff for d in self.outputs.values()), default=0.0)
+
+    @property
+    def max_abs_grad(self) -> float:
+        return max((d.diff for d in self.grads.values()), default=0.0)
+
+    @property
+    def worst_ratio(self) -> float:
+        """max over leaves of |diff| / tolerance (<= 1 passes)."""
+        return max((d.ratio for d in (*self.outputs.values(), *self.grads.values())), default=0.0)
+
+    @property
+    def worst_leaf(self) -> str | None:
+        items = {**{f"out {k}": v for k, v in self.outputs.items()},
+                 **{f"grad {k}": v for k, v in self.grads.items()}}
+        name, _ = self._worst(items)
+        return name
 
     def row(self) -> dict:
-        return {"case": self.case, "max_abs_out": self.max_abs_out, "max_abs_grad": self.max_abs_grad,
-                "tol": self.tol, "ok": self.ok}
+        _, o = self._worst(self.outputs)
+        _, g = self._worst(self.grads)
+        return {"case": self.case, "max_abs_out": o.diff if o else None, "tol_out": o.tol if o else None,
+                "max_abs_grad": g.diff if g else None, "tol_grad": g.tol if g else None,
+                "worst_leaf": self.worst_leaf, "ratio": self.worst_ratio, "ok": self.ok}
 
     def worst(self, n: int = 3) -> str:
         items = sorted({**{f"out {k}": v for k, v in self.outputs.items()},
-                        **{f"grad {k}": v for k, v in self.grads.items()}}.items(), key=lambda kv: -kv[1])
-        return ", ".join(f"{k}={v:.2e}" for k, v in items[:n])
+                        **{f"grad {k}": v for k, v in self.grads.items()}}.items(), key=lambda kv: -kv[1].ratio)
+        return ", ".join(f"{k}={v.diff:.2e} (tol {v.tol:.1e})" for k, v in items[:n])
 
 
 class ParityError(AssertionError):
@@ -73,6 +160,35 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(v, f"{prefix}{i}."))
         return out
     return {prefix.rstrip(".") or "out": tree}
+
+
+def name_mapper(rules) -> Callable[[str], str]:
+    """torch key -> the key the converter expects (the flax attribute path, torch leaf names).
+
+    rules: None (identity); a callable; a mapping {regex: replacement}; or a sequence of
+    (regex, replacement) pairs or 'regex=replacement' strings, applied in order with re.sub."""
+    if rules is None:
+        return lambda k: k
+    if callable(rules):
+        return rules
+    pairs = list(rules.items()) if isinstance(rules, Mapping) else list(rules)
+    compiled = []
+    for rule in pairs:
+        if isinstance(rule, str):
+            if "=" not in rule:
+                raise ValueError(f"name-map rule {rule!r} is not 'torch_regex=flax_replacement'")
+            rule = rule.split("=", 1)
+        pattern, repl = rule
+        try:
+            compiled.append((re.compile(pattern), repl))
+        except re.error as e:
+            raise ValueError(f"name-map rule {pattern!r}: not a regular expression ({e})") from None
+
+    def apply(key: str) -> str:
+        for rx, repl in compiled:
+            key = rx.sub(repl, key)
+        return key
+    return apply
 
 
 def _is_float_np(x: np.ndarray) -> bool:
@@ -98,10 +214,80 @@ def _is_nnx_module(m) -> bool:
     return isinstance(m, nnx.Module)
 
 
+@contextlib.contextmanager
+def _float64_upcasts() -> Iterator[None]:
+    """Inside the float64 reference run, `.float()` and torch_ref's "float32" compute dtype (the
+    trees' "compute this in fp32") leave float64 as it is, so the reference stays float64."""
+    import torch
+
+    from torch_ref.models import common
+    original, dtypes = torch.Tensor.float, dict(common.COMPUTE_DTYPES)
+
+    def keep64(self, *a, **k):
+        return self if self.dtype == torch.float64 else original(self, *a, **k)
+    torch.Tensor.float = keep64
+    common.COMPUTE_DTYPES["float32"] = torch.float64
+    try:
+        yield
+    finally:
+        torch.Tensor.float = original
+        common.COMPUTE_DTYPES.update(dtypes)
+
+
+def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed: int, rename,
+                float64: bool = False):
+    """Torch outputs {leaf: np} and gradients {name: np} of loss = sum <proj, out>."""
+    import torch
+    is_mod = isinstance(module, torch.nn.Module)
+    if float64:
+        module = copy.deepcopy(module).double() if is_mod else module
+        cast = lambda a: a.astype(np.float64) if _is_float_np(a) else a  # noqa: E731
+        args = tuple(cast(a) for a in args)
+        kwargs = {k: (None if v is None else cast(v)) for k, v in kwargs.items()}
+    t_args = [torch.tensor(a, requires_grad=grads and i in float_pos) for i, a in enumerate(args)]
+    t_kwargs = {k: (None if v is None else torch.tensor(v, requires_grad=grads and k in float_kw))
+                for k, v in kwargs.items()}
+    with _float64_upcasts() if float64 else contextlib.nullcontext():
+        t_out = flatten(module(*t_args, **t_kwargs))
+        out_np = {k: v.detach().numpy() for k, v in t_out.items()}
+        grad_np: dict[str, np.ndarray] = {}
+        float_outs = [k for k in sorted(t_out) if torch.is_floating_point(t_out[k])]
+        if grads and float_outs:
+            loss = sum((t_out[k] * torch.from_numpy(_projection(k, tuple(out_np[k].shape), seed))
+                        .to(t_out[k].dtype)).sum() for k in float_outs)
+            params = {rename(n): p for n, p in module.named_parameters() if p.requires_grad} if is_mod else {}
+            leaves = dict(params)
+            leaves.update({f"input {i}": t_args[i] for i in float_pos})
+            leaves.update({f"input {k}": t_kwargs[k] for k in float_kw})
+            got = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+            for (n, leaf), g in zip(leaves.items(), got):
+                grad_np[n] = np.zeros(tuple(leaf.shape), np.float32) if g is None else g.numpy()
+    return out_np, grad_np, float_outs
+
+
+def _compare(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> LeafDiff:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = float(np.abs(b64).max(initial=0))
+    return LeafDiff(float(np.abs(a64 - b64).max(initial=0)), tol.bound(ref), ref)
+
+
+def _spread(x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float:
+    """worst over leaves of max |x - ref| / max |ref| (leaves with ref all 0: absolute)."""
+    worst = 0.0
+    for k in set(x) & set(ref):
+        if not _is_float_np(np.asarray(ref[k])):
+            continue
+        r = np.asarray(ref[k], np.float64)
+        d = float(np.abs(np.asarray(x[k], np.float64) - r).max(initial=0))
+        worst = max(worst, d / max(float(np.abs(r).max(initial=0)), 1e-30) if d else 0.0)
+    return worst
+
+
 # ----------------------------------------------------------------------------- main entry
-def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: float = 1e-5,
-                 grad_tol: float = 1e-5, convert: bool = True, grads: bool = True,
-                 case: str = "custom", seed: int = 0) -> ParityReport:
+def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
+                 out_tol: Tolerance = OUT_TOL, grad_tol: Tolerance = GRAD_TOL, convert: bool = True,
+                 grads: bool = True, case: str = "custom", seed: int = 0, name_map=None,
+                 reference: bool = False) -> ParityReport:
     """Run both modules on the same inputs and compare outputs and gradients (see module doc).
 
     Args:
@@ -109,8 +295,19 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
         flax_module: its nnx.Module twin (or any callable on jax arrays).
         inputs: numpy arrays, as a dict of keyword arguments or a tuple of positional ones.
             Float arrays get gradients; integer/bool arrays are passed as they are.
+        out_tol, grad_tol: per-leaf Tolerance(atol, rtol) for outputs and gradients.
         convert: copy torch's weights into the flax module first (strict converter).
+        name_map: torch key -> converter key (see `name_mapper`), when the names differ.
+        reference: also run torch in float64 and fill `report.spread`.
     """
+    with parity_precision():
+        return _check(torch_module, flax_module, inputs, out_tol=out_tol, grad_tol=grad_tol,
+                      convert=convert, grads=grads, case=case, seed=seed,
+                      rename=name_mapper(name_map), reference=reference)
+
+
+def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, grads, case, seed, rename,
+           reference) -> ParityReport:
     import jax
     import jax.numpy as jnp
     import torch
@@ -118,7 +315,6 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
 
     from jaxformer import convert as conv
 
-    setup_precision()
     problems: list[str] = []
     args, kwargs = _split_inputs(inputs)
     args = tuple(np.asarray(a) for a in args)
@@ -130,18 +326,15 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
     if is_flax_mod:
         flax_module.eval()
         if convert:
-            conv.load_torch_state_dict(flax_module, torch_module.state_dict())
+            conv.load_torch_state_dict(flax_module, {rename(k): v for k, v in torch_module.state_dict().items()})
 
     # float inputs get gradients on both sides
     float_pos = [i for i, a in enumerate(args) if _is_float_np(a)]
     float_kw = [k for k, v in kwargs.items() if v is not None and _is_float_np(v)]
 
     # ---- torch forward + backward
-    t_args = [torch.tensor(a, requires_grad=grads and i in float_pos) for i, a in enumerate(args)]
-    t_kwargs = {k: (None if v is None else torch.tensor(v, requires_grad=grads and k in float_kw))
-                for k, v in kwargs.items()}
-    t_out = flatten(torch_module(*t_args, **t_kwargs))
-    t_out_np = {k: v.detach().numpy() for k, v in t_out.items()}
+    t_out, t_grad, float_outs = _torch_side(torch_module, args, kwargs, float_pos, float_kw,
+                                            grads=grads, seed=seed, rename=rename)
 
     # ---- jax forward as a pure function of (params, float inputs)
     if is_flax_mod:
@@ -165,50 +358,38 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
     f_args = [jnp.asarray(args[i]) for i in float_pos]
     f_kwargs = {k: jnp.asarray(kwargs[k]) for k in float_kw}
     # jitted, as users run it (and one compile instead of one per primitive: 10x faster here)
-    j_out = jax.jit(run)(params, f_args, f_kwargs)
+    j_out = {k: np.asarray(v) for k, v in jax.jit(run)(params, f_args, f_kwargs).items()}
 
-    # ---- outputs
-    out_diffs: dict[str, float] = {}
-    if set(j_out) != set(t_out_np):
-        problems.append(f"output structure differs: jax {sorted(j_out)} vs torch {sorted(t_out_np)}")
-    for k in sorted(set(j_out) & set(t_out_np)):
-        a, b = np.asarray(j_out[k]), t_out_np[k]
+    # ---- outputs, each leaf against its own scale
+    outputs: dict[str, LeafDiff] = {}
+    if set(j_out) != set(t_out):
+        problems.append(f"output structure differs: jax {sorted(j_out)} vs torch {sorted(t_out)}")
+    for k in sorted(set(j_out) & set(t_out)):
+        a, b = j_out[k], t_out[k]
         if a.shape != b.shape:
             problems.append(f"output {k}: shape jax {a.shape} vs torch {b.shape}")
             continue
-        if a.dtype == np.bool_ or not _is_float_np(a):
-            out_diffs[k] = float(np.abs(a.astype(np.int64) - b.astype(np.int64)).max(initial=0))
+        if a.dtype == np.bool_ or not _is_float_np(a):  # exact: integer outputs, tolerance 0
+            outputs[k] = LeafDiff(float(np.abs(a.astype(np.int64) - b.astype(np.int64)).max(initial=0)), 0.0,
+                                  float(np.abs(b.astype(np.int64)).max(initial=0)))
             continue
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             problems.append(f"output {k}: non-finite values (jax {int((~np.isfinite(a)).sum())}, "
                             f"torch {int((~np.isfinite(b)).sum())})")
-        out_diffs[k] = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max(initial=0))
-    max_out = max(out_diffs.values(), default=0.0)
+        outputs[k] = _compare(a, b, out_tol)
 
-    # ---- gradients of loss = sum_leaf <w_leaf, out_leaf>
-    grad_diffs: dict[str, float] = {}
-    grad_scale = 1.0
-    max_grad = 0.0
-    float_outs = [k for k in sorted(t_out) if k in j_out and torch.is_floating_point(t_out[k])]
+    # ---- gradients of loss = sum_leaf <w_leaf, out_leaf>, each leaf against its own scale
+    grad_leaves: dict[str, LeafDiff] = {}
+    j_grad: dict[str, np.ndarray] = {}
+    float_outs = [k for k in float_outs if k in j_out]
     if grads and float_outs:
-        proj = {k: _projection(k, tuple(t_out_np[k].shape), seed) for k in float_outs}
-        t_loss = sum((t_out[k] * torch.from_numpy(proj[k])).sum() for k in float_outs)
-        t_params = dict(torch_module.named_parameters()) if is_torch_mod else {}
-        t_leaves = list(t_params.values()) + [t_args[i] for i in float_pos] + [t_kwargs[k] for k in float_kw]
-        t_leaves = [x for x in t_leaves if x.requires_grad]
-        t_grads = torch.autograd.grad(t_loss, t_leaves, allow_unused=True)
-        t_grad = {}
-        names = [n for n, p in t_params.items() if p.requires_grad] + \
-            [f"input {i}" for i in float_pos] + [f"input {k}" for k in float_kw]
-        for n, leaf, g in zip(names, t_leaves, t_grads):
-            t_grad[n] = np.zeros(tuple(leaf.shape), np.float32) if g is None else g.numpy()
+        proj = {k: _projection(k, tuple(t_out[k].shape), seed) for k in float_outs}
 
         def loss(params, f_args, f_kwargs):
             out = run(params, f_args, f_kwargs)
             return sum(jnp.sum(out[k] * proj[k]) for k in float_outs)
 
         g_params, g_args, g_kwargs = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params, f_args, f_kwargs)
-        j_grad = {}
         if is_flax_mod:
             prefixes = conv.scan_prefixes(flax_module)
             for path, v in nnx.to_flat_state(g_params):
@@ -228,23 +409,26 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *, tol: 
                 continue
             if not (np.isfinite(a).all() and np.isfinite(b).all()):
                 problems.append(f"grad {k}: non-finite values")
-            grad_diffs[k] = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max(initial=0))
-            grad_scale = max(grad_scale, float(np.abs(b).max(initial=0)))
-        max_grad = max(grad_diffs.values(), default=0.0)
+            grad_leaves[k] = _compare(a, b, grad_tol)
 
-    ok = not problems and max_out <= tol and max_grad <= grad_tol * grad_scale
-    return ParityReport(case, max_out, max_grad, grad_scale, tol, grad_tol, ok, out_diffs, grad_diffs,
-                        problems)
+    spread: dict[str, float] = {}
+    if reference:
+        r_out, r_grad, _ = _torch_side(torch_module, args, kwargs, float_pos, float_kw,
+                                       grads=grads, seed=seed, rename=rename, float64=True)
+        spread = {"torch out": _spread(t_out, r_out), "jax out": _spread(j_out, r_out),
+                  "torch grad": _spread(t_grad, r_grad), "jax grad": _spread(j_grad, r_grad)}
+
+    ok = not problems and all(d.diff <= d.tol for d in (*outputs.values(), *grad_leaves.values()))
+    return ParityReport(case, ok, outputs, grad_leaves, problems, out_tol, grad_tol, spread)
 
 
 def assert_parity(torch_module, flax_module, inputs, **kw) -> ParityReport:
     """check_parity, raising ParityError (with the worst offenders named) when it fails."""
     r = check_parity(torch_module, flax_module, inputs, **kw)
     if not r.ok:
-        raise ParityError(
-            f"parity failed for {r.case}: max |out| diff {r.max_abs_out:.3e} (tol {r.tol:.0e}), "
-            f"max |grad| diff {r.max_abs_grad:.3e} (tol {r.grad_tol:.0e} x {r.grad_scale:.3g}); "
-            f"worst: {r.worst()}; problems: {r.problems}")
+        raise ParityError(f"parity failed for {r.case}: worst {r.worst()} "
+                          f"(rule |d| <= atol + rtol * max|torch leaf|: outputs {r.out_tol}, "
+                          f"gradients {r.grad_tol}); problems: {r.problems}")
     return r
 
 

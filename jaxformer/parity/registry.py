@@ -1,5 +1,5 @@
-"""One registry of parity cases. A case names builders for both trees, an input maker and a
-tolerance; `run_case` converts torch's weights into the flax twin and compares outputs and
+"""One registry of parity cases. A case names builders for both trees, an input maker and
+per-leaf tolerances (default: the harness's OUT_TOL / GRAD_TOL, docs/numerics.md §19); `run_case` converts torch's weights into the flax twin and compares outputs and
 gradients with jaxformer.parity.check_parity.
 
 Cases live in the cases_*.py modules beside this file, grouped by component, and
@@ -17,7 +17,7 @@ import numpy as np
 CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models",
                 "jaxformer.parity.cases_vision")
 
-FOUNDATION_TOL = 1e-5  # outputs: max abs; gradients: x max(1, max |grad|)
+from jaxformer.parity.harness import GRAD_TOL, OUT_TOL, Tolerance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,8 @@ class Case:
     component: str  # for the per-component report
     build: Callable[[int], tuple[Any, Any]]  # seed -> (torch module/callable, flax module/callable)
     inputs: Callable[[np.random.RandomState], Any]  # -> dict of kwargs or tuple of args (numpy)
-    tol: float = FOUNDATION_TOL
-    grad_tol: float = FOUNDATION_TOL
+    out_tol: Tolerance = OUT_TOL
+    grad_tol: Tolerance = GRAD_TOL
     grads: bool = True
     note: str = ""
 
@@ -92,12 +92,13 @@ def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
     return build
 
 
-def run_case(c: Case, seed: int = 0):
-    from jaxformer.parity import check_parity
+def run_case(c: Case, seed: int = 0, reference: bool = False):
+    """check_parity on one case; reference=True also measures each side against float64."""
+    from jaxformer.parity.harness import check_parity
     torch_module, flax_module = c.build(seed)
     inputs = c.inputs(np.random.RandomState(seed))
-    return check_parity(torch_module, flax_module, inputs, tol=c.tol, grad_tol=c.grad_tol,
-                        grads=c.grads, case=c.name, seed=seed)
+    return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
+                        grads=c.grads, case=c.name, seed=seed, reference=reference)
 
 
 # ----------------------------------------------------------------------------- input makers

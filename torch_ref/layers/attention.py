@@ -106,11 +106,12 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return out, weights
 
 
-def key_projection(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """x @ W_k + b_k with the gradient of b_k cut (softmax cancels it: its true gradient is 0
-    and Adam would turn its rounding noise into lr-sized steps). Exact only without RoPE, which
-    rotates b_k per position (docs/numerics.md §15). See the JAX twin."""
-    if linear.bias is None:
+def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False) -> torch.Tensor:
+    """x @ W_k + b_k, with the gradient of b_k cut where that is exact: softmax cancels q . b_k,
+    so its true gradient is 0 and Adam would turn its rounding noise into lr-sized steps.
+    rotated: the keys are rotated per position afterwards (RoPE), q . R_s b_k varies across
+    keys and the bias keeps its gradient (docs/numerics.md §15). See the JAX twin."""
+    if linear.bias is None or rotated:
         return linear(x)
     return F.linear(x, linear.weight) + linear.bias.detach()
 
@@ -153,7 +154,8 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, kv: torch.Tensor) -> dict:
         """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
         b, s, _ = kv.shape
-        return {"k": key_projection(self.k_proj, kv).view(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+        rotated = self.rope is not None  # step 2 of forward rotates these keys
+        return {"k": key_projection(self.k_proj, kv, rotated=rotated).view(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
                 "v": self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,

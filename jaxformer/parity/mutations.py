@@ -1,0 +1,341 @@
+"""A catalogue of realistic porting bugs, injected into the JAX side, that the parity suite must
+catch: the self-test that shows the harness has teeth (`jaxformer parity --self-test`).
+
+Each Mutation is a context manager factory that patches jaxformer (never torch_ref) for the
+duration of a block, and names the registry cases that must fail under it; bugs of the
+training loop name the training-trajectory check instead (its callable and the training-side
+bugs live in jaxformer/cli/parity_trajectory.py: they patch jaxformer.train, which ranks above
+this package). A bug that no named case catches means a missing case or a loose tolerance,
+never a bug to drop (docs/numerics.md §16, §19).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import sys
+from typing import Any, Callable, ContextManager, Iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    description: str
+    patch: Callable[[], ContextManager]
+    cases: tuple[str, ...] = ()  # registry cases that must each fail under the bug
+    trajectory: bool = False  # the training-trajectory check must fail under the bug
+    grads_too: bool = False  # the named cases must fail on gradients too, not only on outputs
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutation: str
+    caught: bool
+    worst_ratio: float  # largest |diff| / tolerance seen over the named checks (> 1: caught)
+    detail: dict[str, str] = dataclasses.field(default_factory=dict)  # check -> what it saw
+
+
+MUTATIONS: dict[str, Mutation] = {}
+
+
+def register(m: Mutation) -> Mutation:
+    if m.name in MUTATIONS:
+        raise ValueError(f"duplicate mutation {m.name!r}")
+    MUTATIONS[m.name] = m
+    return m
+
+
+# ----------------------------------------------------------------------------- patching
+@contextlib.contextmanager
+def patched(owner: Any, name: str, new: Any) -> Iterator[None]:
+    """Replace owner.name by new; for a module-level function, also in every jaxformer module
+    that imported it by name (`from ... import f`). Restored on exit."""
+    original = getattr(owner, name)
+    holders = [owner]
+    if isinstance(owner, type(sys)):
+        holders += [m for k, m in list(sys.modules.items())
+                    if k.startswith("jaxformer.") and m is not owner and getattr(m, name, None) is original]
+    for h in holders:
+        setattr(h, name, new)
+    try:
+        yield
+    finally:
+        for h in holders:
+            setattr(h, name, original)
+
+
+def _wrap_init(cls, **change: Callable[[Any], Any]) -> ContextManager:
+    """Patch cls.__init__ so that the arguments named in `change` (given or defaulted) are
+    transformed before the original constructor sees them."""
+    import inspect
+    original = cls.__init__
+    sig = inspect.signature(original)
+
+    @functools.wraps(original)  # keeps the signature, which registry.mirror inspects for rngs
+    def init(self, *args, **kw):
+        bound = sig.bind(self, *args, **kw)
+        bound.apply_defaults()
+        for key, f in change.items():
+            bound.arguments[key] = f(bound.arguments[key])
+        original(*bound.args, **bound.kwargs)
+    return patched(cls, "__init__", init)
+
+
+def _attention():
+    from jaxformer.layers import attention
+    return attention
+
+
+def _sdpa_wrapper(transform: Callable) -> ContextManager:
+    """Patch dot_product_attention with transform(original, q, k, v, **kw)."""
+    att = _attention()
+    original = att.dot_product_attention
+
+    def sdpa(q, k, v, **kw):
+        return transform(original, q, k, v, **kw)
+    return patched(att, "dot_product_attention", sdpa)
+
+
+# ----------------------------------------------------------------------------- the bugs
+def _layernorm_eps():
+    from jaxformer.layers import norm
+    return _wrap_init(norm.LayerNorm, eps=lambda e: e * 10)
+
+
+def _rmsnorm_eps_outside():
+    import jax.numpy as jnp
+
+    from jaxformer.layers import norm
+
+    def call(self, x):
+        x32 = x.astype(jnp.float32)
+        y = x32 / (jnp.sqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True)) + self.eps)
+        return (y * self.scale[...]).astype(x.dtype)
+    return patched(norm.RMSNorm, "__call__", call)
+
+
+def _gelu_tanh():
+    from jaxformer.layers import ffn
+    return patched(ffn, "gelu_exact", ffn.gelu_tanh)
+
+
+def _scale_by_width():
+    def f(orig, q, k, v, scale=None, **kw):
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[2] * q.shape[3])  # H * K = model width
+        return orig(q, k, v, scale=scale, **kw)
+    return _sdpa_wrapper(f)
+
+
+def _causal_off_by_one():
+    import jax.numpy as jnp
+    att = _attention()
+
+    def make_causal_mask(q_len, k_len=None, offset=0):
+        k_len = q_len if k_len is None else k_len
+        q = jnp.arange(q_len)[:, None] + offset
+        return (jnp.arange(k_len)[None, :] <= q + 1)[None, None]  # sees one token ahead
+    return patched(att, "make_causal_mask", make_causal_mask)
+
+
+def _rope_interleaved():
+    import jax.numpy as jnp
+
+    from jaxformer.layers import positional
+
+    def rotate_every_two(x):  # GPT-J pairs (2i, 2i+1) against rotate-half tables
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return jnp.stack([-x2, x1], axis=-1).reshape(x.shape)
+    return patched(positional, "rotate_half", rotate_every_two)
+
+
+def _rope_base():
+    from jaxformer.layers import positional
+    return _wrap_init(positional.RotaryEmbedding, base=lambda b: b * 1.001)
+
+
+def _alibi_pow2():
+    import jax.numpy as jnp
+
+    from jaxformer.layers import positional
+
+    def alibi_bias(num_heads, q_positions, k_positions):  # 2^(-8 i / H) for every H: wrong unless 2^n
+        slopes = jnp.asarray([2.0 ** (-8.0 * (i + 1) / num_heads) for i in range(num_heads)],
+                             jnp.float32)[None, :, None, None]
+        dist = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])
+        return -slopes * dist.astype(jnp.float32)
+    return patched(positional, "alibi_bias", alibi_bias)
+
+
+def _t5_flipped():
+    from jaxformer.layers import positional
+    return _wrap_init(positional.T5RelativePositionBias, bidirectional=lambda b: not b)
+
+
+def _gqa_tiled():
+    import jax.numpy as jnp
+
+    def f(orig, q, k, v, kv_head_major=False, **kw):
+        h, g = q.shape[2], k.shape[1 if kv_head_major else 2]
+        if g != h:  # query head h reads kv head h % G (tile) instead of h // R
+            axis = 1 if kv_head_major else 2
+            k, v = jnp.tile(k, (1,) * axis + (h // g,) + (1,) * (3 - axis)), \
+                jnp.tile(v, (1,) * axis + (h // g,) + (1,) * (3 - axis))
+        return orig(q, k, v, kv_head_major=kv_head_major, **kw)
+    return _sdpa_wrapper(f)
+
+
+def _softmax_bf16():
+    import jax
+    import jax.numpy as jnp
+    original = jax.nn.softmax
+
+    def softmax(x, axis=-1, **kw):
+        return original(x.astype(jnp.bfloat16), axis=axis, **kw).astype(x.dtype)
+    return patched(jax.nn, "softmax", softmax)
+
+
+def _dropout_in_eval():
+    from flax import nnx
+    original = nnx.Module.eval
+
+    def eval_(self, **kw):
+        original(self, **kw)
+        for _, m in nnx.iter_modules(self):
+            if isinstance(m, nnx.Dropout):
+                m.deterministic = False  # eval() forgot the dropouts
+    return patched(nnx.Module, "eval", eval_)
+
+
+def _key_bias_cut_under_rope():
+    att = _attention()
+    original = att.key_projection
+
+    def key_projection(linear, x, *, rotated=False):
+        return original(linear, x, rotated=False)  # cut even though RoPE rotates b_k
+    return patched(att, "key_projection", key_projection)
+
+
+def _padding_inverted():
+    att = _attention()
+
+    def make_padding_mask(valid):
+        return ~valid.astype(bool)[:, None, None, :]  # True = padding
+    return patched(att, "make_padding_mask", make_padding_mask)
+
+
+def _masked_rows_mean_v():
+    import jax.numpy as jnp
+
+    def f(orig, q, k, v, mask=None, **kw):
+        if mask is not None:  # a row with no visible key attends to every key (mean of V)
+            mask = mask | ~jnp.any(mask, axis=-1, keepdims=True)
+        return orig(q, k, v, mask=mask, **kw)
+    return _sdpa_wrapper(f)
+
+
+def _embedding_unscaled():
+    from jaxformer.layers import embedding
+    return _wrap_init(embedding.Embedding, scale=lambda s: False)
+
+
+def _sinusoid_offset():
+    import jax.numpy as jnp
+
+    from jaxformer import tables
+    from jaxformer.layers import positional
+
+    def call(self, positions):  # positions counted from 1
+        return jnp.take(jnp.asarray(tables.sinusoid_table(self.max_len + 1, self.dim)), positions + 1, axis=0)
+    return patched(positional.SinusoidalPositionalEncoding, "__call__", call)
+
+
+for _m in [
+    Mutation("layernorm_eps_10x", "LayerNorm eps 1e-4 instead of 1e-5", _layernorm_eps,
+             ("norm_layernorm_eps_small_std",)),
+    Mutation("rmsnorm_eps_outside_sqrt", "RMSNorm x / (rms + eps) instead of x / sqrt(ms + eps)",
+             _rmsnorm_eps_outside, ("norm_rmsnorm_eps_small_std",)),
+    Mutation("gelu_tanh_for_exact", "tanh GELU where the model uses exact erf GELU", _gelu_tanh, ("ffn_gelu",)),
+    Mutation("attention_scaled_by_model_width", "scores / sqrt(D) instead of / sqrt(head dim)",
+             _scale_by_width, ("mha_self_padding",)),
+    Mutation("causal_mask_off_by_one", "a query sees the next token", _causal_off_by_one, ("lm_gpt2",)),
+    Mutation("rope_interleaved", "RoPE pairs (2i, 2i+1) (GPT-J) instead of rotate-half (NeoX/LLaMA)",
+             _rope_interleaved, ("pos_rope_rotate_half", "lm_llama_gqa")),
+    Mutation("rope_base_0.1pct", "RoPE base 10010 instead of 10000", _rope_base,
+             ("pos_rope_long_positions", "mha_rope_long_positions"), grads_too=True),
+    Mutation("alibi_slopes_non_pow2", "ALiBi slopes 2^(-8i/H) for every H (wrong unless H = 2^n)",
+             _alibi_pow2, ("pos_alibi_6_heads", "pos_alibi_12_heads")),
+    Mutation("t5_bidirectional_flipped", "T5 buckets with the bidirectional flag flipped", _t5_flipped,
+             ("pos_t5_bias_bidirectional", "pos_t5_bias_causal")),
+    Mutation("gqa_heads_tiled", "query head h reads kv head h % G instead of h // (H/G)", _gqa_tiled,
+             ("sdpa_fused_gqa", "mha_gqa_nobias_causal")),
+    Mutation("softmax_bf16", "attention softmax computed in bf16", _softmax_bf16,
+             ("sdpa_weights_nomask", "mha_return_weights")),
+    Mutation("dropout_active_in_eval", "eval() leaves dropout on", _dropout_in_eval, ("mha_dropout_in_eval",)),
+    Mutation("key_bias_cut_under_rope", "key-bias gradient cut although RoPE rotates it",
+             _key_bias_cut_under_rope, ("lm_llama_rope_bias",), grads_too=True),
+    Mutation("padding_mask_inverted", "padding mask polarity inverted (True = pad)", _padding_inverted,
+             ("text_encoder_preln_padding",)),
+    Mutation("masked_rows_mean_v", "a query with no visible key returns mean(V), not 0", _masked_rows_mean_v,
+             ("sdpa_fused_fully_masked_rows",)),
+    Mutation("embedding_not_scaled", "token embedding without its sqrt(D) factor", _embedding_unscaled,
+             ("embedding_scaled",)),
+    Mutation("sinusoid_positions_from_1", "sinusoidal positions counted from 1", _sinusoid_offset,
+             ("pos_sinusoidal", "text_embedding_sinusoidal_scaled")),
+]:
+    register(_m)
+
+
+# ----------------------------------------------------------------------------- running
+def run_on_cases(m: Mutation, seed: int = 0) -> Outcome:
+    """Run m's named registry cases under the bug; caught = every one of them fails (and on
+    gradients too when m.grads_too)."""
+    from jaxformer.parity.registry import load_all, run_case
+    cases = load_all()
+    missing = [c for c in m.cases if c not in cases]
+    if missing:
+        raise ValueError(f"mutation {m.name}: unknown parity case(s) {missing}")
+    caught, worst, detail = True, 0.0, {}
+    for name in m.cases:
+        with m.patch():
+            try:
+                r = run_case(cases[name], seed)
+            except Exception as e:  # the mutation itself is broken: not a catch
+                detail[name] = f"MISSED: raised {type(e).__name__}: {e}"
+                caught = False
+                continue
+        g = max((d.ratio for d in r.grads.values()), default=0.0)
+        fails = not r.ok and (not m.grads_too or g > 1)
+        caught &= fails
+        worst = max(worst, r.worst_ratio)
+        detail[name] = (f"{'caught' if fails else 'MISSED'}: worst {r.worst_leaf} at "
+                        f"{r.worst_ratio:.3g}x tol, gradients {g:.3g}x tol")
+    return Outcome(m.name, caught, worst, detail)
+
+
+def self_test(mutations=None, trajectory: Callable[[Mutation], Outcome] | None = None,
+              extra: dict[str, Mutation] | None = None, progress: Callable[[Outcome], None] | None = None
+              ) -> list[Outcome]:
+    """Run every mutation against its checks. `trajectory(m)` runs a trajectory-flagged mutation
+    (jaxformer/cli/parity_trajectory.py); `extra` adds mutations defined above this package."""
+    catalogue = {**MUTATIONS, **(extra or {})}
+    names = list(catalogue) if mutations is None else list(mutations)
+    out = []
+    for n in names:
+        if n not in catalogue:
+            raise ValueError(f"unknown mutation {n!r}; known: {', '.join(catalogue)}")
+        m = catalogue[n]
+        if m.trajectory:
+            if trajectory is None:
+                raise ValueError(f"mutation {n} needs the trajectory check")
+            o = trajectory(m)
+        else:
+            o = run_on_cases(m)
+        out.append(o)
+        if progress:
+            progress(o)
+    return out
+
+
+__all__ = ["Mutation", "Outcome", "MUTATIONS", "register", "patched", "run_on_cases", "self_test"]

@@ -1,0 +1,247 @@
+"""The parity harness itself: the key-bias cut against float64 autograd (docs/numerics.md §15),
+shared formulas against independent references, the per-leaf tolerance rule (§19), the
+precision context, name mapping, `jaxformer parity --pair`, and the mutation self-test."""
+import argparse
+import contextlib
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from jaxformer.config.models import LMConfig, Seq2SeqConfig
+from jaxformer.config.vision import SwinConfig
+from jaxformer.parity import check_parity, parity_precision
+from jaxformer.parity.harness import _float64_upcasts
+from torch_ref.models import build_model as tbuild
+
+
+# ------------------------------------------------------------ key-bias cut vs float64 autograd
+@contextlib.contextmanager
+def _no_cut():
+    """torch_ref with the key-bias cut removed: the true gradient."""
+    import torch_ref.layers.attention as ta
+    import torch_ref.models.swin as ts
+    plain = lambda linear, x, rotated=False: linear(x)  # noqa: E731
+    saved = ta.key_projection, ts.key_projection
+    ta.key_projection = ts.key_projection = plain
+    try:
+        yield
+    finally:
+        ta.key_projection, ts.key_projection = saved
+
+
+def _f64_bias_grads(name, cfg, inputs, cut: bool):
+    """{param name: float64 grad} of sum(out * fixed random weights) for the torch_ref model."""
+    m = tbuild(name, cfg, seed=0).double().eval()
+    with _float64_upcasts(), (contextlib.nullcontext() if cut else _no_cut()):
+        out = m(**inputs)
+        w = torch.from_numpy(np.random.RandomState(1).standard_normal(tuple(out.shape)))
+        (out * w).sum().backward()
+    return {n: p.grad.abs().max().item() for n, p in m.named_parameters() if n.endswith("bias")}
+
+
+IDS = {"ids": torch.tensor(np.random.RandomState(0).randint(1, 64, (2, 7)))}
+CUT_EXACT = {  # q . b_k constant across keys: additive schemes, cross-attention, Swin's table
+    **{f"lm_{p}": ("lm", LMConfig.tiny(position=p, bias=True), IDS) for p in ("none", "learned", "sinusoidal",
+                                                                               "alibi", "t5")},
+    "seq2seq_cross": ("seq2seq", Seq2SeqConfig.tiny(), {"src_ids": IDS["ids"][:, :6], "tgt_ids": IDS["ids"]}),
+    "swin": ("swin", SwinConfig(image_size=8, patch_size=2, num_channels=1, num_classes=3, embed_dim=8,
+                                depths=(2,), num_heads=(2,), window_size=2),
+             {"images": torch.tensor(np.random.RandomState(0).standard_normal((2, 8, 8, 1)))}),
+}
+
+
+@pytest.mark.parametrize("tag", sorted(CUT_EXACT))
+def test_key_bias_true_gradient_is_zero_where_cut(tag):  # docs/numerics.md §15
+    name, cfg, inputs = CUT_EXACT[tag]
+    g = _f64_bias_grads(name, cfg, inputs, cut=False)
+    k = {n: v for n, v in g.items() if "k_proj" in n}
+    q = max(v for n, v in g.items() if "q_proj" in n)
+    assert k and q > 1e-3
+    assert max(k.values()) < 1e-10 * q, (k, q)
+
+
+def test_key_bias_trains_under_rope():  # docs/numerics.md §15: the cut would freeze b_k
+    from flax import nnx
+
+    from jaxformer import convert as conv
+    from jaxformer.models import build_model as jbuild
+    cfg = LMConfig.tiny("llama", bias=True, tie_embeddings=True)  # tied: float64 end to end
+    true = _f64_bias_grads("lm", cfg, IDS, cut=False)
+    ours = _f64_bias_grads("lm", cfg, IDS, cut=True)
+    q = max(v for n, v in true.items() if "q_proj" in n)
+    for n, v in true.items():
+        if "k_proj" in n:
+            assert v > 1e-3 * q, (n, v, q)  # not ~0 under RoPE
+            assert ours[n] == pytest.approx(v, rel=1e-12)  # torch_ref now trains it
+    # and the JAX tree: its fp32 key-bias gradient matches the float64 truth
+    tm = tbuild("lm", cfg, seed=0).eval()
+    jm = jbuild("lm", cfg, seed=0)
+    conv.load_torch_state_dict(jm, tm.state_dict())
+    jm.eval()
+    w = np.random.RandomState(1).standard_normal((2, 7, cfg.vocab_size)).astype(np.float32)
+    grads = nnx.grad(lambda m: (m(IDS["ids"].numpy().astype(np.int32)) * w).sum())(jm)
+    flat = {}
+    for path, v in nnx.to_flat_state(grads):
+        flat.update(conv.flax_leaf_to_torch(tuple(path), np.asarray(v.get_value()), conv.scan_prefixes(jm)))
+    for n, v in true.items():
+        if "k_proj" in n:
+            assert float(np.abs(flat[n]).max()) == pytest.approx(v, rel=1e-4), n
+
+
+# ------------------------------------------------------------ shared formulas, independent references
+def test_clip_formula_matches_torch_clip_grad_norm():  # docs/numerics.md §11
+    import jax.numpy as jnp
+
+    from jaxformer.train.optim import clip_by_global_norm_torch
+    rng = np.random.RandomState(0)
+    for max_norm, scale in ((0.5, 1.0), (10.0, 0.1), (1.0, 1e-3)):
+        gs = [rng.standard_normal(s).astype(np.float32) * scale for s in ((4, 3), (5,))]
+        ps = [torch.nn.Parameter(torch.zeros(g.shape)) for g in gs]
+        for p, g in zip(ps, gs):
+            p.grad = torch.tensor(g)
+        torch.nn.utils.clip_grad_norm_(ps, max_norm)
+        out, _ = clip_by_global_norm_torch(max_norm).update([jnp.asarray(g) for g in gs], None)
+        for p, o in zip(ps, out):
+            np.testing.assert_allclose(np.asarray(o), p.grad.numpy(), rtol=1e-6)
+
+
+def test_mask_polarity_matches_torch_sdpa():  # True = attend; causal = lower triangle
+    import jax.numpy as jnp
+
+    from jaxformer.layers import attention as ja
+    rng = np.random.RandomState(0)
+    q, k, v = (rng.standard_normal((2, 5, 2, 4)) for _ in range(3))
+    t = lambda a: torch.tensor(a).transpose(1, 2)  # noqa: E731
+    ref = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True).transpose(1, 2)
+    ours = ja.dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
+                                    mask=ja.make_causal_mask(5), return_weights=True)[0]
+    np.testing.assert_allclose(np.asarray(ours), ref.numpy(), atol=1e-5)
+    valid = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    kpm = torch.tensor(valid == 0)  # torch.nn.MultiheadAttention: True = ignore
+    ref = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=~kpm[:, None, None, :])
+    ours = ja.dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
+                                    mask=ja.make_padding_mask(jnp.asarray(valid)))
+    np.testing.assert_allclose(np.asarray(ours), ref.transpose(1, 2).numpy(), atol=1e-5)
+
+
+def test_label_smoothing_matches_torch_cross_entropy():
+    import jax.numpy as jnp
+
+    from jaxformer.train.tasks import cross_entropy_sum
+    rng = np.random.RandomState(0)
+    logits, labels = rng.standard_normal((6, 5)).astype(np.float32), rng.randint(0, 5, 6)
+    ref = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(labels), label_smoothing=0.1,
+                                            reduction="sum")
+    ours, _ = cross_entropy_sum(jnp.asarray(logits), jnp.asarray(labels), jnp.ones(6), 0.1)
+    assert float(ours) == pytest.approx(float(ref), rel=1e-6)
+
+
+# ------------------------------------------------------------ tolerance rule, precision, names
+def test_precision_is_restored_after_a_check():
+    import jax
+    from flax import nnx
+
+    from jaxformer.layers.norm import LayerNorm as J
+    from torch_ref.layers.norm import LayerNorm as T
+    before = jax.config.jax_default_matmul_precision, torch.get_float32_matmul_precision()
+    jax.config.update("jax_default_matmul_precision", "bfloat16")
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with parity_precision():
+            assert jax.config.jax_default_matmul_precision == "highest"
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert jax.config.jax_default_matmul_precision == "bfloat16"
+        r = check_parity(T(8, eps=1e-5), J(8, eps=1e-5, rngs=nnx.Rngs(0)), {"x": np.ones((2, 8), np.float32)})
+        assert r.ok
+        assert jax.config.jax_default_matmul_precision == "bfloat16"
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        jax.config.update("jax_default_matmul_precision", before[0])
+        torch.set_float32_matmul_precision(before[1])
+
+
+def test_small_leaf_is_held_to_its_own_scale():
+    """A bias gradient 1e-4 the size of the weight gradient: 10% of the bias leaf fails, although
+    it is far below a model-wide (max-gradient) tolerance."""
+    from jaxformer.parity.harness import GRAD_TOL, _compare
+    a, b = np.full(3, 1e-4 * 1.1), np.full(3, 1e-4)
+    d = _compare(a, b, GRAD_TOL)
+    assert d.diff > d.tol and d.diff < 1e-5 * 48  # the old rule allowed 1e-5 x max |grad| (48 in a LLaMA LM)
+
+
+PAIR = '''
+import numpy as np, torch
+from flax import nnx
+
+class TorchNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+class FlaxNet(nnx.Module):
+    def __init__(self, scale=1.0):
+        self.dense = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+        self.scale = scale
+    def __call__(self, x):
+        return nnx.tanh(self.dense(x) * self.scale)
+
+def good():
+    torch.manual_seed(0)
+    return TorchNet(), FlaxNet(), {"x": np.random.RandomState(0).standard_normal((2, 4)).astype(np.float32)}
+
+def bad():
+    torch.manual_seed(0)
+    return TorchNet(), FlaxNet(1.001), {"x": np.random.RandomState(0).standard_normal((2, 4)).astype(np.float32)}
+'''
+
+
+@pytest.fixture
+def pair_module(tmp_path, monkeypatch):
+    (tmp_path / "my_pair_mod.py").write_text(textwrap.dedent(PAIR))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_pair_mod"
+    sys.modules.pop("my_pair_mod", None)
+
+
+def _cli(argv):
+    from jaxformer.cli import parity as cli
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return cli.run(p.parse_args(argv))
+
+
+def test_pair_cli_with_name_map(pair_module, capsys):
+    assert _cli(["--pair", f"{pair_module}:good", "--map", r"^fc\.=dense.", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert set(rows[0]) >= {"case", "max_abs_out", "tol_out", "max_abs_grad", "tol_grad", "worst_leaf", "ok"}
+    assert rows[0]["ok"] and rows[0]["tol_grad"] > 0
+    assert _cli(["--pair", f"{pair_module}:bad", "--map", r"^fc\.=dense."]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:2] == ["case", "max|dout|"] and "FAIL" in out
+    # without the map the strict converter names the unmapped keys
+    assert _cli(["--pair", f"{pair_module}:good", "--json"]) == 1
+    assert "fc.weight" in capsys.readouterr().out
+
+
+def test_name_map_callable_and_rules_agree():
+    from jaxformer.parity.harness import name_mapper
+    assert name_mapper([("^fc\\.", "dense.")])("fc.weight") == name_mapper(["^fc\\.=dense."])("fc.weight") \
+        == name_mapper(lambda k: k.replace("fc.", "dense."))("fc.weight") == "dense.weight"
+    with pytest.raises(ValueError, match="not 'torch_regex=flax_replacement'"):
+        name_mapper(["nonsense"])
+
+
+# ------------------------------------------------------------ the self-test has teeth
+def test_self_test_catches_every_bug(capsys):
+    assert _cli(["--self-test"]) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    from jaxformer.cli.parity_trajectory import TRAIN_MUTATIONS
+    from jaxformer.parity.mutations import MUTATIONS
+    n = len(MUTATIONS) + len(TRAIN_MUTATIONS)
+    assert n >= 15 and f"kill rate: {n}/{n}" in out
