@@ -18,6 +18,12 @@ import tempfile
 from typing import Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _parent(path: str) -> str:
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
@@ -30,6 +36,7 @@ def atomic_file(path: str) -> Iterator[str]:
     atomic on POSIX), on any error it is removed and `path` is left as it was."""
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.path.basename(path)}-", dir=_parent(path))
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a written file gets the usual mode
     try:
         yield tmp
         os.replace(tmp, path)
@@ -47,6 +54,7 @@ def atomic_dir(path: str, *, overwrite: bool = False) -> Iterator[str]:
     if os.path.lexists(path) and not overwrite:
         raise FileExistsError(f"{path} exists; choose another output or pass --overwrite")
     tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(os.path.abspath(path))}-", dir=_parent(path))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
     try:
         yield tmp
         if os.path.isdir(path) and not os.path.islink(path):

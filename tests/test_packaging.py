@@ -75,3 +75,17 @@ def test_packaged_config_found_by_name_from_any_directory(tmp_path):
 def test_unknown_config_name_lists_the_packaged_ones(tmp_path):
     r = _run("from jaxformer.train.config import load_config; load_config('nope')", tmp_path)
     assert r.returncode != 0 and "not a packaged config" in r.stderr and "lm" in r.stderr
+
+
+def test_atomic_writes_get_the_usual_modes(tmp_path):
+    """Files and folders written atomically get the modes a plain open()/mkdir() would give."""
+    from jaxformer import fileio
+    mask = os.umask(0o022)
+    try:
+        fileio.write_text(str(tmp_path / "a.txt"), "x")
+        with fileio.atomic_dir(str(tmp_path / "d")) as tmp:
+            open(os.path.join(tmp, "f"), "w").close()
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
