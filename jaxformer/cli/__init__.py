@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = parser._subparsers._group_actions[0].choices[first]
         _module(COMMANDS[first][0]).add_arguments(sub)
     args = parser.parse_args(argv)
+    if not args.debug:
+        _quiet_background_failures()
     try:
         return int(_module(args._module).run(args) or 0)
     except KeyboardInterrupt:
@@ -63,6 +65,23 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(error_lines(f"jaxformer {args.command}", e), file=sys.stderr)
         return 2
+
+
+def _quiet_background_failures() -> None:
+    """When a checkpoint write fails (a full disk), orbax's background writers log the same
+    error through absl, and tensorstore's callbacks, still arriving after orbax closed its
+    asyncio loop, print one "Event loop is closed" traceback each (dozens). The error itself
+    reaches `main` as an exception and is printed once; these echoes are dropped unless
+    --debug. Only that RuntimeError is filtered: any other uncaught error still prints."""
+    import logging
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if kind is RuntimeError and str(value) == "Event loop is closed":
+            return
+        previous(kind, value, tb)
+    sys.excepthook = hook
 
 
 def user_error(e: BaseException) -> bool:
