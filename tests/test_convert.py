@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from jaxformer import models as jmodels
-from jaxformer.config import MODEL_CONFIGS, TransformerConfig, to_dict
+from jaxformer.config import MODELS, TransformerConfig, model_config_class, to_dict
 from jaxformer.convert import (ConversionError, convert_file, flax_key, load_torch_state_dict,
                                param_leaves, to_torch_state_dict, torch_key, write_safetensors)
 from jaxformer.models import build_model as jbuild
@@ -38,10 +38,12 @@ def test_every_registered_model_is_mirrored_and_has_parity_cases():
     """The key-set and round-trip test below runs over the parity cases; this keeps those
     cases in step with the model registries: every model registered in either tree exists in
     both, has a config class, and is built by at least one case."""
-    assert set(jmodels.MODELS) == set(tmodels.MODELS)
-    assert set(jmodels.MODELS) <= set(MODEL_CONFIGS)
+    buildable = {name for name, (_, model) in MODELS.items() if model}
+    for name in buildable:  # each resolves in both trees and has its config class
+        assert jmodels.model_class(name).__name__ == tmodels.model_class(name).__name__
+        model_config_class(name)
     covered = {getattr(c.build, "model", None) for c in CASES.values()}
-    assert set(jmodels.MODELS) <= covered, f"no parity case builds {sorted(set(jmodels.MODELS) - covered)}"
+    assert buildable <= covered, f"no parity case builds {sorted(buildable - covered)}"
 
 
 @pytest.mark.parametrize("name", MODULE_CASES)
@@ -126,6 +128,29 @@ def test_file_round_trip_is_exact(tmp_path):
                                   a["encoder.layers.0.self_attn.q_proj.weight"].T)
 
 
+def test_torch_file_input_and_overwrite(tmp_path):
+    """A .pt state_dict (also wrapped as {"state_dict": ...}) converts exactly like the same
+    weights in safetensors; an existing output is replaced only with overwrite=True, and the
+    input never is."""
+    from safetensors.numpy import load_file
+    t, _ = _pair()
+    st, pt = tmp_path / "t.safetensors", tmp_path / "t.pt"
+    _write_torch_file(st, t.state_dict())
+    torch.save({"state_dict": t.state_dict(), "step": torch.tensor(3)}, pt)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    convert_file(str(st), str(a), to="flax", name="encoder", cfg=CFG)
+    convert_file(str(pt), str(b), to="flax", name="encoder", cfg=CFG)
+    fa, fb = load_file(str(a)), load_file(str(b))
+    assert set(fa) == set(fb) and all(np.array_equal(fa[k], fb[k]) for k in fa)
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        convert_file(str(pt), str(b), to="flax", name="encoder", cfg=CFG)
+    b.write_bytes(b"old")
+    convert_file(str(pt), str(b), to="flax", name="encoder", cfg=CFG, overwrite=True)
+    assert load_file(str(b)).keys() == fa.keys()
+    with pytest.raises(ValueError, match="is the input file"):
+        convert_file(str(st), str(st), to="flax", name="encoder", cfg=CFG, overwrite=True)
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "jaxformer", "convert", *args], capture_output=True, text=True)
 
@@ -137,7 +162,7 @@ def test_cli_failed_conversion_writes_nothing(tmp_path):
     src, dst = tmp_path / "bad.safetensors", tmp_path / "out.safetensors"
     _write_torch_file(src, sd)
     r = _cli(str(src), str(dst), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "missing: encoder.final_norm.bias" in r.stderr
     assert not dst.exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
@@ -153,7 +178,7 @@ def test_cli_round_trip_and_truncated_file(tmp_path):
     trunc = tmp_path / "trunc.safetensors"
     trunc.write_bytes(data[: len(data) // 2])
     r = _cli(str(trunc), str(tmp_path / "x.safetensors"), "--to", "flax", "--config", str(tmp_path / "c.yaml"))
-    assert r.returncode == 1 and "unreadable safetensors" in r.stderr
+    assert r.returncode == 2 and "unreadable safetensors" in r.stderr
     assert not (tmp_path / "x.safetensors").exists()
 
 
