@@ -26,11 +26,18 @@ RENAMES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
 
 
 class ConversionError(ValueError):
-    """Raised with every problem of a conversion listed, one per line."""
+    """Raised with every problem of a conversion listed, one per line.
+
+    The first line names the first problem (the CLI prints only that line and a count of the
+    rest); `header=""` for a problem that is a whole message of its own (a file that is refused)."""
 
     def __init__(self, problems: Iterable[str], header: str = "weight conversion failed"):
-        self.problems = list(problems)
-        super().__init__(f"{header} ({len(self.problems)} problem(s)):\n  " + "\n  ".join(self.problems))
+        self.problems = list(problems) or ["(no detail)"]
+        first, rest = self.problems[0], self.problems[1:]
+        lead = f"{header}: " if header else ""
+        if rest:
+            lead = f"{header or 'conversion failed'} ({len(self.problems)} problems): "
+        super().__init__(lead + first + "".join(f"\n  {p}" for p in rest))
 
 
 # ----------------------------------------------------------------------------- rule table
@@ -267,6 +274,83 @@ def check_torch_load(module, state_dict: Mapping[str, Any]) -> None:
 
 
 # ----------------------------------------------------------------------------- files
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def torch_load_weights_only(path: str) -> Any:
+    """torch.load(weights_only=True) of a .pt/.bin file (docs/numerics.md §14): tensors and
+    plain containers only. A pickle that would import or call anything else is refused, unrun,
+    with a ConversionError naming the file and the refused global; so is a file torch cannot
+    read. A missing or unreadable path is the OSError itself."""
+    import pickle
+
+    import torch
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):  # legacy (non-zip) files cannot be mmapped
+                raise
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except pickle.UnpicklingError as e:
+        # torch's first line is a generic warning; the refused global is on a later line
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if "GLOBAL" in ln or "nsupported" in ln), _first_line(e))
+        raise ConversionError([f"{path}: refused: not a plain tensor file (torch.load "
+                               f"weights_only=True): {reason}"], header="") from None
+    except Exception as e:  # a truncated zip, a file that is no torch checkpoint at all, ...
+        raise ConversionError([f"{path}: not a readable torch checkpoint ({type(e).__name__}: "
+                               f"{_first_line(e)})"], header="") from None
+
+
+def read_weights(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A weights file -> (tensors, metadata): .safetensors, else a torch .pt/.bin read with
+    weights_only=True (a {"state_dict": {...}} wrapper is unwrapped). Every value must be a
+    tensor. A directory is an error that says what file mode expects."""
+    import os
+    if os.path.isdir(path):
+        raise ConversionError([f"{path} is a directory; file mode converts one .safetensors, "
+                               ".pt or .bin file (a Hugging Face model directory: --from hf)"],
+                              header="")
+    if path.endswith(".safetensors"):
+        return read_safetensors(path)
+    sd = torch_load_weights_only(path)
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict):
+        raise ConversionError([f"{path} holds a {type(sd).__name__}, not a state_dict"], header="")
+    bad = [k for k, v in sd.items() if not hasattr(v, "detach")]
+    if bad:
+        raise ConversionError([f"{path}: {k!r} is a {type(sd[k]).__name__}, not a tensor" for k in bad],
+                              header="not a state_dict")
+    return {str(k): to_numpy(v) for k, v in sd.items()}, {"format": "pt"}
+
+
+def same_file(a: str, b: str) -> bool:
+    """The same file or folder: the same path after symlinks, or (both existing) the same
+    inode (a hard link)."""
+    import os
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def check_destination(src: str, dst: str, *, overwrite: bool = False) -> None:
+    """File-mode output rules, checked before anything is read: the output is never the input
+    (same_file), and an existing output is replaced only with `overwrite`."""
+    import os
+    if same_file(src, dst):
+        raise ValueError(f"{dst} is the input file {src}; write the output to another path")
+    if os.path.isdir(dst):
+        raise IsADirectoryError(f"{dst} is a directory; file mode writes one .safetensors file")
+    if os.path.lexists(dst) and not overwrite:
+        raise FileExistsError(f"{dst} exists; choose another output or pass --overwrite")
+
+
 def read_safetensors(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """-> (tensors, metadata). Raises ConversionError on a truncated or malformed file."""
     from safetensors import safe_open
@@ -295,20 +379,30 @@ def model_metadata(name: str, cfg) -> dict[str, str]:
     return {"jaxformer_model": name, "jaxformer_config": json.dumps(to_dict(cfg))}
 
 
-def convert_file(src: str, dst: str, *, to: str, name: str | None = None, cfg=None) -> dict:
-    """Convert a safetensors file between torch layout (`to='torch'` target) and flax layout
-    (`to='flax'` target). The model comes from `name`/`cfg` or the file's metadata.
-    Returns a small report. Writes nothing if anything is wrong."""
+def convert_file(src: str, dst: str, *, to: str, name: str | None = None, cfg=None,
+                 overwrite: bool = False) -> dict:
+    """Convert a weights file (safetensors; or a torch .pt/.bin read with weights_only=True)
+    between torch layout (`to='torch'` target) and flax layout (`to='flax'` target), into a
+    safetensors file. The model comes from `name`/`cfg` or the file's metadata. An existing
+    `dst` is replaced only with `overwrite`, and never when it is `src`. Returns a small
+    report. Writes nothing if anything is wrong."""
     from jaxformer.config import model_config_from_dict
     from jaxformer.models import abstract_model
     if to not in ("flax", "torch"):
         raise ValueError(f"--to must be flax or torch, got {to!r}")
-    tensors, meta = read_safetensors(src)
+    check_destination(src, dst, overwrite=overwrite)
+    tensors, meta = read_weights(src)
     if cfg is None:
-        if "jaxformer_config" not in meta:
-            raise ConversionError([f"{src} carries no jaxformer_config metadata; pass --config"])
-        name, cfg = model_config_from_dict({"name": meta["jaxformer_model"],
-                                            **json.loads(meta["jaxformer_config"])})
+        if "jaxformer_config" not in meta or "jaxformer_model" not in meta:
+            raise ConversionError([f"{src} carries no jaxformer_model/jaxformer_config metadata; "
+                                   "pass --config"], header="")
+        try:
+            fields = json.loads(meta["jaxformer_config"])
+        except json.JSONDecodeError as e:
+            fields = e
+        if not isinstance(fields, dict):
+            raise ConversionError([f"{src}: metadata jaxformer_config is not a JSON object"], header="")
+        name, cfg = model_config_from_dict({**fields, "name": meta["jaxformer_model"]})
     model = abstract_model(name, cfg)
     if to == "flax":
         arrays = torch_to_flax_arrays(tensors, model)

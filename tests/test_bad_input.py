@@ -166,6 +166,77 @@ def _not_a_run(tmp: str) -> None:
         f.write(b"an existing picture")
 
 
+# ------------------------------------------------------------------------ convert and import inputs
+HF_ARGV = ["convert", "--from", "hf", "{tmp}/hf", "--to", "flax", "{tmp}/out"]
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
+              "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "max_position_embeddings": 16}
+
+
+def _put_bytes(tmp: str, rel: str, data: bytes) -> None:
+    with open(os.path.join(tmp, rel), "wb") as f:
+        f.write(data)
+
+
+def _raw_safetensors(header: dict, data_bytes: int) -> bytes:
+    """A safetensors file written by hand (any header, valid or not)."""
+    import json
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(8, "little") + head + bytes(data_bytes)
+
+
+def _safetensors_bytes() -> bytes:
+    """A valid one-tensor safetensors file (4 float32 zeros)."""
+    return _raw_safetensors({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 16)
+
+
+class _RunsCode:
+    """Unpickling this runs code: it creates the file `pwned`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').write('pwned')",))
+
+
+def _evil_bin(tmp: str, rel: str) -> None:
+    import torch
+    torch.save({"w": torch.zeros(4), "x": _RunsCode(os.path.join(tmp, "pwned"))}, os.path.join(tmp, rel))
+
+
+def _model_yaml(tmp: str) -> None:
+    _put_bytes(tmp, "model.yaml", b"model: {name: lm, vocab_size: 64, d_model: 32, num_heads: 4, d_ff: 64, "
+                              b"num_layers: 1, max_len: 16}\n")
+
+
+def _hf_dir(tmp: str, config=TINY_LLAMA, weights: bytes | None = None, bin_payload: bool = False) -> None:
+    """{tmp}/hf: config.json (None: none) and model.safetensors (`weights`, default one valid
+    tensor) or, with bin_payload, a pytorch_model.bin whose pickle would run code."""
+    import json
+    os.makedirs(os.path.join(tmp, "hf"))
+    if config is not None:
+        _put_bytes(tmp, "hf/config.json", json.dumps(config).encode())
+    if bin_payload:
+        _evil_bin(tmp, "hf/pytorch_model.bin")
+    else:
+        _put_bytes(tmp, "hf/model.safetensors", _safetensors_bytes() if weights is None else weights)
+
+
+def _hf_index(tmp: str, shard: str, link_to: str | None = None) -> None:
+    """{tmp}/hf with a model.safetensors.index.json whose weight_map names `shard` (a valid
+    shard, `outside.safetensors`, sits beside {tmp}/hf); link_to: hf/shard is a symlink to it."""
+    import json
+    os.makedirs(os.path.join(tmp, "hf"))
+    _put_bytes(tmp, "hf/config.json", json.dumps(TINY_LLAMA).encode())
+    _put_bytes(tmp, "outside.safetensors", _safetensors_bytes())
+    _put_bytes(tmp, "hf/model-1.safetensors", _safetensors_bytes())
+    if link_to:
+        os.symlink(os.path.join("..", link_to), os.path.join(tmp, "hf", shard))
+    index = {"metadata": {}, "weight_map": {"a.weight": "model-1.safetensors", "w": shard}}
+    _put_bytes(tmp, "hf/model.safetensors.index.json", json.dumps(index).encode())
+
+
 ROWS: list[Row] = [
     # ---------------------------------------------------------------- plot and parity report
     Row("plot_dir_without_metrics", ["plot", "{tmp}/empty", "--out", "{tmp}/keep.png"], "no metrics.jsonl",
@@ -199,6 +270,70 @@ ROWS: list[Row] = [
     Row("export_run_without_weights", ["export", "{tmp}/run", "--step", "best", "--to", "flax", "{tmp}/out"],
         "has no model/best", setup=_fake_run, protect=("run",), absent=("out",)),
     # ---------------------------------------------------------------- convert and import
+    Row("index_dotdot_path", HF_ARGV, "leaves the checkpoint directory",
+        setup=lambda t: _hf_index(t, "../outside.safetensors"), protect=("hf", "outside.safetensors"),
+        absent=("out",)),
+    Row("index_absolute_path", HF_ARGV, "is an absolute path",
+        setup=lambda t: _hf_index(t, os.path.join(t, "outside.safetensors")),
+        protect=("hf", "outside.safetensors"), absent=("out",)),
+    Row("index_symlink_escapes", HF_ARGV, "outside the checkpoint directory",
+        setup=lambda t: _hf_index(t, "link.safetensors", link_to="outside.safetensors"),
+        protect=("hf", "outside.safetensors"), absent=("out",)),
+    Row("config_json_is_a_list", HF_ARGV, "config.json must be a JSON object",
+        setup=lambda t: _hf_dir(t, config=[{"architectures": ["LlamaForCausalLM"]}]),
+        protect=("hf",), absent=("out",)),
+    Row("model_type_mismatch", HF_ARGV, "model_type='gpt2' does not match",
+        setup=lambda t: _hf_dir(t, config={"architectures": ["LlamaForCausalLM"], "model_type": "gpt2"}),
+        protect=("hf",), absent=("out",)),
+    Row("safetensors_negative_shape", HF_ARGV, "not a list of non-negative integers",
+        setup=lambda t: _hf_dir(t, weights=_raw_safetensors({"w": {"dtype": "F32", "shape": [-1, 4],
+                                                                     "data_offsets": [0, 16]}}, 16)),
+        protect=("hf",), absent=("out",)),
+    Row("safetensors_truncated", HF_ARGV, "truncated",
+        setup=lambda t: _hf_dir(t, weights=_safetensors_bytes()[:-10]), protect=("hf",), absent=("out",)),
+    Row("safetensors_header_longer_than_file", HF_ARGV, "does not fit in the file",
+        setup=lambda t: _hf_dir(t, weights=(10 ** 6).to_bytes(8, "little") + b"{}"),
+        protect=("hf",), absent=("out",)),
+    Row("hf_bin_runs_code", HF_ARGV, "refused: not a plain tensor file",
+        setup=lambda t: _hf_dir(t, bin_payload=True), protect=("hf",), absent=("out", "pwned")),
+    Row("hf_dir_without_config_json", HF_ARGV, "has no config.json",
+        setup=lambda t: _hf_dir(t, config=None), protect=("hf",), absent=("out",)),
+    Row("file_bin_runs_code", ["convert", "{tmp}/evil.bin", "{tmp}/out.safetensors", "--to", "flax",
+                               "--config", "{tmp}/model.yaml"], "refused: not a plain tensor file",
+        setup=lambda t: (_evil_bin(t, "evil.bin"), _model_yaml(t)), protect=("evil.bin",),
+        absent=("out.safetensors", "pwned")),
+    Row("file_dst_exists", ["convert", "{tmp}/w.safetensors", "{tmp}/out.safetensors", "--to", "flax",
+                            "--config", "{tmp}/model.yaml"], "pass --overwrite",
+        setup=lambda t: (_put_bytes(t, "w.safetensors", _safetensors_bytes()), _put_bytes(t, "out.safetensors", b"keep"),
+                         _model_yaml(t)), protect=("w.safetensors", "out.safetensors")),
+    Row("file_dst_is_src", ["convert", "{tmp}/w.safetensors", "{tmp}/w.safetensors", "--to", "flax",
+                            "--overwrite", "--config", "{tmp}/model.yaml"], "is the input file",
+        setup=lambda t: (_put_bytes(t, "w.safetensors", _safetensors_bytes()), _model_yaml(t)),
+        protect=("w.safetensors",)),
+    Row("file_dst_is_src_via_symlink", ["convert", "{tmp}/w.safetensors", "{tmp}/link.safetensors",
+                                        "--to", "flax", "--overwrite"], "is the input file",
+        setup=lambda t: (_put_bytes(t, "w.safetensors", _safetensors_bytes()),
+                         os.symlink("w.safetensors", os.path.join(t, "link.safetensors"))),
+        protect=("w.safetensors",)),
+    Row("file_dst_is_src_via_hardlink", ["convert", "{tmp}/w.safetensors", "{tmp}/hard.safetensors",
+                                         "--to", "flax", "--overwrite"], "is the input file",
+        setup=lambda t: (_put_bytes(t, "w.safetensors", _safetensors_bytes()),
+                         os.link(os.path.join(t, "w.safetensors"), os.path.join(t, "hard.safetensors"))),
+        protect=("w.safetensors", "hard.safetensors")),
+    Row("file_input_is_a_directory", ["convert", "{tmp}/hf", "{tmp}/out.safetensors", "--to", "flax",
+                                      "--config", "{tmp}/model.yaml"], "is a directory",
+        setup=lambda t: (_hf_dir(t), _model_yaml(t)), protect=("hf",), absent=("out.safetensors",)),
+    Row("config_yaml_syntax_error", ["convert", "{tmp}/w.safetensors", "{tmp}/out.safetensors", "--to",
+                                     "flax", "--config", "{tmp}/bad.yaml"], "bad.yaml: not a valid config (line",
+        setup=lambda t: (_put_bytes(t, "w.safetensors", _safetensors_bytes()),
+                         _put_bytes(t, "bad.yaml", b"model:\n  name: lm\n d_model: [32\n")),
+        protect=("w.safetensors",), absent=("out.safetensors",)),
+    Row("config_yaml_python_tag", ["convert", "{tmp}/w.safetensors", "{tmp}/out.safetensors", "--to",
+                                   "flax", "--config", "{tmp}/evil.yaml"], "refused",
+        setup=lambda t: (_put_bytes(t, "w.safetensors", _safetensors_bytes()),
+                         _put_bytes(t, "evil.yaml", f"model: !!python/object/apply:os.system ['touch "
+                                                f"{t}/pwned']\n".encode())),
+        protect=("w.safetensors",), absent=("out.safetensors", "pwned")),
 ]
 
 

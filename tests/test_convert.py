@@ -128,6 +128,29 @@ def test_file_round_trip_is_exact(tmp_path):
                                   a["encoder.layers.0.self_attn.q_proj.weight"].T)
 
 
+def test_torch_file_input_and_overwrite(tmp_path):
+    """A .pt state_dict (also wrapped as {"state_dict": ...}) converts exactly like the same
+    weights in safetensors; an existing output is replaced only with overwrite=True, and the
+    input never is."""
+    from safetensors.numpy import load_file
+    t, _ = _pair()
+    st, pt = tmp_path / "t.safetensors", tmp_path / "t.pt"
+    _write_torch_file(st, t.state_dict())
+    torch.save({"state_dict": t.state_dict(), "step": torch.tensor(3)}, pt)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    convert_file(str(st), str(a), to="flax", name="encoder", cfg=CFG)
+    convert_file(str(pt), str(b), to="flax", name="encoder", cfg=CFG)
+    fa, fb = load_file(str(a)), load_file(str(b))
+    assert set(fa) == set(fb) and all(np.array_equal(fa[k], fb[k]) for k in fa)
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        convert_file(str(pt), str(b), to="flax", name="encoder", cfg=CFG)
+    b.write_bytes(b"old")
+    convert_file(str(pt), str(b), to="flax", name="encoder", cfg=CFG, overwrite=True)
+    assert load_file(str(b)).keys() == fa.keys()
+    with pytest.raises(ValueError, match="is the input file"):
+        convert_file(str(st), str(st), to="flax", name="encoder", cfg=CFG, overwrite=True)
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "jaxformer", "convert", *args], capture_output=True, text=True)
 
@@ -139,7 +162,7 @@ def test_cli_failed_conversion_writes_nothing(tmp_path):
     src, dst = tmp_path / "bad.safetensors", tmp_path / "out.safetensors"
     _write_torch_file(src, sd)
     r = _cli(str(src), str(dst), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "missing: encoder.final_norm.bias" in r.stderr
     assert not dst.exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
@@ -155,7 +178,7 @@ def test_cli_round_trip_and_truncated_file(tmp_path):
     trunc = tmp_path / "trunc.safetensors"
     trunc.write_bytes(data[: len(data) // 2])
     r = _cli(str(trunc), str(tmp_path / "x.safetensors"), "--to", "flax", "--config", str(tmp_path / "c.yaml"))
-    assert r.returncode == 1 and "unreadable safetensors" in r.stderr
+    assert r.returncode == 2 and "unreadable safetensors" in r.stderr
     assert not (tmp_path / "x.safetensors").exists()
 
 

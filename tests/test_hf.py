@@ -294,7 +294,8 @@ def test_malicious_bin_is_refused_and_never_runs(kind, hf_dirs, tmp_path):
     assert os.path.exists(marker)
     os.remove(marker)
     out = tmp_path / "out"
-    with pytest.raises(ConversionError, match="refused to load .*weights_only=True"):
+    with pytest.raises(ConversionError, match=r"pytorch_model\.bin: refused: not a plain tensor file "
+                       r"\(torch\.load weights_only=True\): .*Unsupported global: GLOBAL \S+"):
         hf.convert_hf_to_flax(str(src), str(out))
     with pytest.raises(ConversionError, match="refused"):
         hf.from_pretrained(str(src))
@@ -339,11 +340,11 @@ def _copy_with_config(path, dst, **changes):
 
 
 def _fails_cleanly(src, tmp_path, exc, match):
-    """The API raises a clear error, the CLI exits 1 with it, and no output is left."""
+    """The API raises a clear error, the CLI exits 2 with it, and no output is left."""
     out = tmp_path / "out"
     with pytest.raises(exc, match=match):
         hf.convert_hf_to_flax(str(src), str(out))
-    assert cli(["convert", "--from", "hf", str(src), "--to", "flax", str(out)]) == 1
+    assert cli(["convert", "--from", "hf", str(src), "--to", "flax", str(out)]) == 2
     assert not os.path.exists(out)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]  # no temp dirs either
 
@@ -364,6 +365,9 @@ UNSUPPORTED = {
     "bert_classifier_dropout": ("bert_cls", dict(classifier_dropout=0.3), "classifier_dropout"),
     "swin_hidden_dropout": ("swin", dict(hidden_dropout_prob=0.1), "hidden_dropout_prob"),
     "unknown_option": ("gpt2", dict(use_fancy_attention=True), "use_fancy_attention"),
+    "number_as_string": ("gpt2", dict(n_embd="32"), "n_embd"),
+    "bool_as_number": ("llama_gqa", dict(num_hidden_layers=True), "num_hidden_layers"),
+    "non_finite_eps": ("bert", dict(layer_norm_eps=float("nan")), "layer_norm_eps"),
 }
 
 
@@ -395,6 +399,12 @@ def test_weights_of_another_architecture(hf_dirs, tmp_path):
     shutil.copytree(hf_dirs["llama_gqa"][1], src)
     shutil.copy(os.path.join(hf_dirs["gpt2"][1], "config.json"), src / "config.json")
     _fails_cleanly(src, tmp_path, ConversionError, r"unmapped: model\.layers\.0\.mlp\.gate_proj\.weight")
+
+
+def test_model_type_must_match_the_architecture(hf_dirs, tmp_path):
+    src = _copy_with_config(hf_dirs["llama_gqa"][1], tmp_path / "src", model_type="gpt2")
+    _fails_cleanly(src, tmp_path, ConfigError, r"config\.json: model_type='gpt2' does not match "
+                                               r"architectures=\['LlamaForCausalLM'\]")
 
 
 @pytest.fixture()
@@ -437,3 +447,76 @@ def test_weights_that_do_not_fit_the_config(hf_dirs, tmp_path):
         hf.from_pretrained(src)
     assert "shape: decoder.layers.0.ffn.up_proj.weight" in str(e.value)
     assert "shape: decoder.layers.1.ffn.down_proj.weight" in str(e.value)  # every problem listed
+
+
+@pytest.mark.parametrize("bad", ["../x.safetensors", "/etc/passwd", "sub/../../x.safetensors"])
+def test_index_names_are_all_checked_before_any_shard_is_opened(bad, sharded, monkeypatch):
+    """One entry that leaves the directory (the last one) refuses the whole index before any
+    file it names is read (no shard header is parsed)."""
+    from jaxformer.hf import files
+    src, _ = sharded
+    index = json.load(open(src / "model.safetensors.index.json"))
+    index["weight_map"][sorted(index["weight_map"])[-1]] = bad
+    json.dump(index, open(src / "model.safetensors.index.json", "w"))
+
+    def never(path):
+        raise AssertionError(f"opened {path}")
+    monkeypatch.setattr(files, "read_safetensors_header", never)
+    with pytest.raises(ConversionError, match="unsafe checkpoint index: .*" + ("absolute" if bad[0] == "/"
+                                                                               else r"leaves .*'\.\.'")):
+        hf.from_pretrained(str(src))
+
+
+def test_hub_cache_snapshot_links_are_followed(hf_dirs, tmp_path):
+    """A hub cache snapshot (models--org--name/snapshots/REV/* linking into ../../blobs) loads;
+    a link from the same snapshot to anywhere else is refused."""
+    _, path = hf_dirs["gpt2"]
+    repo = tmp_path / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(path, name), repo / "blobs" / f"blob-{name}")
+        os.symlink(os.path.join("..", "..", "blobs", f"blob-{name}"), snap / name)
+    model, name, _ = hf.from_pretrained(str(snap))
+    ref, _, _ = hf.from_pretrained(path)
+    a, b = param_leaves(model), param_leaves(ref)
+    assert all(np.array_equal(np.asarray(a[p].get_value()), np.asarray(b[p].get_value())) for p in a)
+    shutil.copy(os.path.join(path, "config.json"), tmp_path / "elsewhere.json")
+    os.remove(snap / "config.json")
+    os.symlink(tmp_path / "elsewhere.json", snap / "config.json")
+    with pytest.raises(ConversionError, match="outside the checkpoint directory"):
+        hf.from_pretrained(str(snap))
+
+
+def _safetensors_file(path, header, data: int) -> str:
+    head = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head + bytes(data))
+    return str(path)
+
+
+F32_4 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
+BAD_HEADERS = {
+    "bool_in_shape": ({"w": {**F32_4, "shape": [True, 4]}}, 16, "shape .* non-negative integers"),
+    "float_in_shape": ({"w": {**F32_4, "shape": [4.0]}}, 16, "shape .* non-negative integers"),
+    "negative_dim": ({"w": {**F32_4, "shape": [-4, -1]}}, 16, "shape .* non-negative integers"),
+    "offsets_past_the_end": ({"w": {**F32_4, "data_offsets": [0, 32]}}, 16, "within the 16-byte"),
+    "offsets_reversed": ({"w": {**F32_4, "data_offsets": [16, 0]}}, 16, "data_offsets"),
+    "size_mismatch": ({"w": {**F32_4, "shape": [3]}}, 16, "16 bytes for shape"),
+    "unknown_dtype": ({"w": {**F32_4, "dtype": "F31"}}, 16, "unknown dtype 'F31'"),
+    "entry_not_object": ({"w": [1, 2]}, 16, "is not {dtype, shape, data_offsets}"),
+    "metadata_not_object": ({"__metadata__": [1], "w": F32_4}, 16, "__metadata__"),
+    "gap_in_data": ({"w": {**F32_4, "data_offsets": [8, 24]}}, 24, "not contiguous"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HEADERS))
+def test_malformed_safetensors_headers(case, tmp_path):
+    from jaxformer.hf.files import read_safetensors_header
+    header, data, match = BAD_HEADERS[case]
+    path = _safetensors_file(tmp_path / "m.safetensors", header, data)
+    with pytest.raises(ConversionError, match=f"malformed safetensors file {path}: .*{match}"):
+        read_safetensors_header(path)
+    good = _safetensors_file(tmp_path / "ok.safetensors", {"w": F32_4}, 16)  # control
+    assert read_safetensors_header(good)[0]["w"].shape == (4,)

@@ -10,12 +10,11 @@ File mode: input and output are safetensors (`.pt`/`.bin` inputs are read with
 weights_only=True). HF mode: see jaxformer/hf/ (config.json plus model.safetensors, sharded
 safetensors with model.safetensors.index.json, or pytorch_model.bin read with
 weights_only=True; converted shard by shard with bounded memory).
-Every conversion is strict and atomic: on any problem it prints every missing, unexpected or
-mis-shaped key (or every unsupported config option) and writes nothing.
+Every conversion is strict and atomic: on any problem it names the first missing, unexpected
+or mis-shaped key (or unsupported config option; --debug lists them all) and writes nothing.
+An existing output is replaced only with --overwrite, and the input never is.
 """
 from __future__ import annotations
-
-import sys
 
 
 def add_arguments(p) -> None:
@@ -29,16 +28,30 @@ def add_arguments(p) -> None:
     p.add_argument("--config", default=None,
                    help="file mode: YAML with a `model:` section (or a bare model section); needed "
                         "unless the input carries jaxformer metadata")
-    p.add_argument("--overwrite", action="store_true", help="directory modes: replace an existing output")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing output (never the input itself)")
 
 
 def load_model_section(path: str):
+    """(name, cfg) from a YAML file's `model:` section (or a bare model section). Read with
+    yaml.safe_load: plain data only, so a `!!python/...` tag is refused, not run."""
     import yaml
 
-    from jaxformer.config import model_config_from_dict
+    from jaxformer.config import ConfigError, model_config_from_dict
     with open(path) as f:
-        data = yaml.safe_load(f)
+        try:
+            data = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            if isinstance(e, yaml.constructor.ConstructorError):
+                what = f"refused: {what}; only plain YAML data is read (yaml.safe_load)"
+            raise ConfigError(f"{path}: not a valid config{where}: {what}") from None
     section = data.get("model", data) if isinstance(data, dict) else data
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: expected a mapping with a `model:` section (or the model "
+                          f"fields themselves), not a {type(section).__name__}")
     return model_config_from_dict(section)
 
 
@@ -46,33 +59,24 @@ MODES = {None: ("flax", "torch"), "hf": ("flax",), "flax": ("hf",)}
 
 
 def run(args) -> int:
-    from jaxformer.config import ConfigError
-    from jaxformer.convert import ConversionError
+    """Errors are raised (the jaxformer CLI prints them: one or two lines, exit 2)."""
     if args.to not in MODES[args.source]:
         src = f"--from {args.source}" if args.source else "file mode (no --from)"
-        print(f"error: {src} converts --to {' or '.join(MODES[args.source])}, not --to {args.to}",
-              file=sys.stderr)
-        return 2
-    try:
-        if args.source == "hf":
-            return _import_hf(args)
-        if args.source == "flax":
-            return _export_hf(args)
-        return _convert_file(args)
-    except (ConversionError, ConfigError, FileExistsError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        raise ValueError(f"{src} converts --to {' or '.join(MODES[args.source])}, not --to {args.to}")
+    if args.source == "hf":
+        return _import_hf(args)
+    if args.source == "flax":
+        return _export_hf(args)
+    return _convert_file(args)
 
 
 def _convert_file(args) -> int:
-    from jaxformer.convert import convert_file
+    from jaxformer.convert import check_destination, convert_file
+    check_destination(args.src, args.dst, overwrite=args.overwrite)  # before reading --config
     name = cfg = None
     if args.config:
         name, cfg = load_model_section(args.config)
-    src = args.src
-    if not src.endswith(".safetensors"):
-        src = _torch_file_to_safetensors(src)
-    report = convert_file(src, args.dst, to=args.to, name=name, cfg=cfg)
+    report = convert_file(args.src, args.dst, to=args.to, name=name, cfg=cfg, overwrite=args.overwrite)
     print(f"wrote {report['dst']}: {report['tensors']} tensors, model {report['model']}, layout {args.to}")
     return 0
 
@@ -112,18 +116,3 @@ def _export_hf(args) -> int:
           f"load it with transformers' AutoModel*.from_pretrained")
     return 0
 
-
-def _torch_file_to_safetensors(path: str) -> str:
-    """Load a torch checkpoint safely (weights_only=True: no arbitrary code) into a temp file."""
-    import os
-    import tempfile
-
-    import torch
-
-    from jaxformer.convert import to_numpy, write_safetensors
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
-        sd = sd["state_dict"]
-    tmp = os.path.join(tempfile.mkdtemp(), "in.safetensors")
-    write_safetensors(tmp, {k: to_numpy(v) for k, v in sd.items()}, {"format": "pt"})
-    return tmp

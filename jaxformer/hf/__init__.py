@@ -53,21 +53,35 @@ def supported_architectures() -> dict[str, str]:
 
 
 def family_for_architecture(config: dict):
+    """-> (family module, architecture) of a config.json dict. Its one architecture must be
+    supported, and its model_type (when given) must be that architecture's."""
     archs = config.get("architectures") or []
-    if len(archs) != 1:
-        raise ConfigError(f"config.json: architectures={archs!r}; expected exactly one of "
+    if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
+        raise ConfigError(f"config.json: architectures={archs!r}; expected a list of exactly one of "
                           f"{sorted(supported_architectures())}")
-    for fam in _families():
-        if archs[0] in fam.ARCHITECTURES:
-            return fam, archs[0]
-    raise ConfigError(f"config.json: architecture {archs[0]!r} is not supported; supported: "
-                      f"{sorted(supported_architectures())}")
+    arch = archs[0]
+    fam = next((f for f in _families() if arch in f.ARCHITECTURES), None)
+    if fam is None:
+        raise ConfigError(f"config.json: architecture {arch!r} is not supported; supported: "
+                          f"{sorted(supported_architectures())}")
+    model_type = config.get("model_type", fam.MODEL_TYPES[arch])
+    if model_type != fam.MODEL_TYPES[arch]:
+        raise ConfigError(f"config.json: model_type={model_type!r} does not match architectures="
+                          f"[{arch!r}] (whose model_type is {fam.MODEL_TYPES[arch]!r}); the file "
+                          "is inconsistent, so jaxformer does not guess which one is right")
+    return fam, arch
 
 
 def read_config(ckpt) -> tuple[Any, str, str, Any, list[str]]:
-    """-> (family module, architecture, model name, config, notes) of an HFCheckpoint."""
-    fam, arch = family_for_architecture(ckpt.config)
-    name, cfg, notes = fam.config_from_hf(ckpt.config, arch, tuple(ckpt.tensors))
+    """-> (family module, architecture, model name, config, notes) of an HFCheckpoint. A
+    config problem (ConfigError) names the checkpoint directory."""
+    try:
+        fam, arch = family_for_architecture(ckpt.config)
+        name, cfg, notes = fam.config_from_hf(ckpt.config, arch, tuple(ckpt.tensors))
+    except ConfigError as e:  # the messages start "config.json..."
+        text = str(e)
+        raise ConfigError(os.path.join(ckpt.path, text if text.startswith("config.json")
+                                       else f"config.json: {text}")) from None
     return fam, arch, name, cfg, notes
 
 
@@ -127,6 +141,7 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ParamsWriter, convert_stream
     from jaxformer.models import abstract_model
+    _refuse_same(src, out)
     ckpt = HFCheckpoint(src)
     fam, arch, name, cfg, notes = read_config(ckpt)
     abstract = abstract_model(name, cfg)
@@ -148,6 +163,13 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
     report.update(architecture=arch, model=name, out=out, notes=notes, files=sorted(files),
                   shards=len(ckpt.shards), bytes=ckpt.nbytes)
     return report
+
+
+def _refuse_same(src: str, out: str) -> None:
+    """--overwrite replaces OUT: never when OUT is the input directory itself."""
+    from jaxformer.convert import same_file
+    if same_file(src, out):
+        raise ValueError(f"{out} is the input directory {src}; write the output elsewhere")
 
 
 # ----------------------------------------------------------------------------- export
@@ -190,6 +212,7 @@ def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True)
 def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
     """A jaxformer model checkpoint directory -> a Hugging Face directory."""
     from jaxformer.checkpoint_io import load_model
+    _refuse_same(ckpt, out)
     name, cfg, model = load_model(ckpt)
     report = save_pretrained(model, name, cfg, out, overwrite=overwrite)
     report.update(model=name, out=os.path.abspath(out))

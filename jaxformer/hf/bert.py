@@ -31,6 +31,7 @@ from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, e
 
 ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier"}
 MODEL_TYPE = "bert"
+MODEL_TYPES = dict.fromkeys(ARCHITECTURES, MODEL_TYPE)  # config.json model_type of each
 DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                 intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
                 attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,

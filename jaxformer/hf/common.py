@@ -10,6 +10,7 @@ silently dropped. All problems are reported together in one ConfigError.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, Iterable, Mapping
 
@@ -48,14 +49,42 @@ class Options:
     def __getitem__(self, key: str) -> Any:
         self.used.add(key)
         if key in self.raw:
-            return self.raw[key]
+            return self._typed(key, self.raw[key])
         if key not in self.defaults:
             raise KeyError(f"{self.family}: no default for HF option {key!r}")
         return self.defaults[key]
 
     def get(self, key: str, default: Any = None) -> Any:
         self.used.add(key)
-        return self.raw.get(key, self.defaults.get(key, default))
+        if key in self.raw:
+            return self._typed(key, self.raw[key])
+        return self.defaults.get(key, default)
+
+    def _typed(self, key: str, value: Any) -> Any:
+        """`value` when it has the JSON type of the option's default (a bool, an integer, a
+        finite number, a string), else a problem and the default (so mapping goes on and every
+        problem is reported together). A list of numbers stands for a number (HF's per-axis
+        sizes, e.g. image_size [224, 224]: the family checks those); token ids may be lists."""
+        default = self.defaults.get(key)
+        if default is None or key.endswith("_token_id"):
+            return value
+        if isinstance(default, bool):
+            ok, want = isinstance(value, bool), "true or false"
+        elif isinstance(default, (int, float)):
+            items = value if isinstance(value, list) and value else [value]
+            kind = int if isinstance(default, int) else (int, float)
+            ok = all(isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) for v in items)
+            want = "an integer" if kind is int else "a finite number"
+        elif isinstance(default, str):
+            ok, want = isinstance(value, str), "a string"
+        elif isinstance(default, list):
+            ok, want = isinstance(value, list), "a list"
+        else:
+            return value
+        if not ok:
+            self.problems.append(f"{key}={value!r} is not supported: expected {want}")
+            return default
+        return value
 
     def problem(self, key: str, why: str) -> None:
         value = self.raw.get(key, self.defaults.get(key))
@@ -71,13 +100,18 @@ class Options:
     def num_labels(self) -> int:
         """HF's rule: len(id2label) when given, else num_labels, else 2."""
         self.used.update(("id2label", "num_labels"))
-        if self.raw.get("id2label"):
-            n = len(self.raw["id2label"])
-            if "num_labels" in self.raw and self.raw["num_labels"] != n:
-                self.problems.append(f"num_labels={self.raw['num_labels']} disagrees with "
-                                     f"id2label ({n} labels)")
-            return n
-        return int(self.raw.get("num_labels", 2))
+        labels, n = self.raw.get("id2label"), self.raw.get("num_labels", 2)
+        if labels is not None and not isinstance(labels, (dict, list)):
+            self.problems.append(f"id2label={labels!r} is not supported: expected an object of labels")
+            labels = None
+        if not (isinstance(n, int) and not isinstance(n, bool) and n > 0):
+            self.problems.append(f"num_labels={n!r} is not supported: expected a positive integer")
+            n = 2
+        if labels:
+            if "num_labels" in self.raw and n != len(labels):
+                self.problems.append(f"num_labels={n} disagrees with id2label ({len(labels)} labels)")
+            return len(labels)
+        return n
 
     def finish(self) -> None:
         unknown = sorted(k for k in self.raw if k not in self.used and k not in self.ignored
@@ -86,8 +120,8 @@ class Options:
         problems += [f"{k}={self.raw[k]!r} is an HF option jaxformer does not know for {self.family}; "
                      "it may change the model, so it is not ignored (remove it from config.json "
                      "if it does not)" for k in unknown]
-        if problems:
-            raise ConfigError(f"config.json ({self.family}): {len(problems)} unsupported option(s):\n  "
+        if problems:  # the first problem on the first line: the CLI prints only that line
+            raise ConfigError(f"config.json ({self.family}): {len(problems)} unsupported option(s): "
                               + "\n  ".join(problems))
 
 

@@ -9,6 +9,13 @@
     file reads (no mmap, so file pages never count against the process's memory).
   * `.bin` files are read ONLY with `torch.load(weights_only=True)` (docs/numerics.md §14):
     a pickle that would run code is refused, and the code does not run.
+  * Every file name a checkpoint gives (index weight_map entries) must stay inside the
+    directory: no absolute path, no `..`, no symlink that resolves outside (the one exception:
+    a Hugging Face hub cache snapshot, whose files link into the same repo's `blobs/`). All
+    entries are checked before any shard is opened.
+  * JSON is type-checked: config.json and the index are objects, weight_map maps str -> str,
+    and safetensors headers hold dtype names, shapes of non-negative ints and in-range
+    offsets; each message names the file and the key.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxformer.convert import ConversionError, to_numpy
+from jaxformer.convert import ConversionError, to_numpy, torch_load_weights_only
 
 SAFE_INDEX, SAFE_FILE = "model.safetensors.index.json", "model.safetensors"
 BIN_INDEX, BIN_FILE = "pytorch_model.bin.index.json", "pytorch_model.bin"
@@ -53,24 +60,34 @@ class TensorInfo:
     end: int = 0
 
 
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def read_safetensors_header(path: str) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and validate a safetensors header: -> ({key: TensorInfo}, metadata).
 
-    Raises ConversionError for a truncated or malformed file (the header's offsets must tile
-    the data buffer exactly, and the buffer must end where the file ends)."""
+    Raises ConversionError for a truncated or malformed file: the header length must fit the
+    file, every entry needs a known dtype, a shape of non-negative ints and two int offsets
+    whose span is dtype x shape bytes, the offsets must tile the data buffer exactly, and the
+    buffer must end where the file ends."""
     name = os.path.basename(path)
     size = os.path.getsize(path)
 
     def bad(msg: str):
-        return ConversionError([f"truncated or malformed safetensors file {path}: {msg}"])
+        return ConversionError([f"truncated or malformed safetensors file {path}: {msg}"], header="")
 
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
             raise bad(f"{size} bytes, too short for a header")
         n = int.from_bytes(head, "little")
-        if n <= 0 or 8 + n > size:
-            raise bad(f"header length {n} does not fit in the file ({size} bytes)")
+        if n <= 0 or 8 + n > size or n > MAX_HEADER_BYTES:
+            raise bad(f"header length {n} does not fit in the file ({size} bytes)"
+                      if n <= MAX_HEADER_BYTES else f"header length {n} exceeds {MAX_HEADER_BYTES}")
         try:
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -78,16 +95,25 @@ def read_safetensors_header(path: str) -> tuple[dict[str, TensorInfo], dict[str,
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise bad(f"__metadata__ is a {type(meta).__name__}, not an object of strings")
     base = 8 + n
     infos, spans = {}, []
     for key, entry in header.items():
-        try:
-            dtype = _np_dtype(_ST_DTYPES[entry["dtype"]])
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise bad(f"bad header entry for {key!r}: {entry!r}") from None
-        if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"{key}: entry {entry!r} is not {{dtype, shape, data_offsets}}")
+        if not isinstance(entry["dtype"], str) or entry["dtype"] not in _ST_DTYPES:
+            raise bad(f"{key}: unknown dtype {entry['dtype']!r} (known: {sorted(_ST_DTYPES)})")
+        shape, offsets = entry["shape"], entry["data_offsets"]
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise bad(f"{key}: shape {shape!r} is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_int, offsets))
+                or not 0 <= offsets[0] <= offsets[1] <= size - base):
+            raise bad(f"{key}: data_offsets {offsets!r} are not [begin, end] within the "
+                      f"{size - base}-byte data buffer")
+        dtype, shape = _np_dtype(_ST_DTYPES[entry["dtype"]]), tuple(shape)
+        begin, end = offsets
+        if end - begin != math.prod(shape) * dtype.itemsize:
             raise bad(f"{key}: {end - begin} bytes for shape {shape} {dtype}")
         infos[key] = TensorInfo(key, shape, dtype, name, base + begin, base + end)
         spans.append((begin, end))
@@ -116,29 +142,62 @@ def read_tensor(path: str, info: TensorInfo) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- torch .bin
 def torch_load_safely(path: str) -> dict[str, Any]:
-    """torch.load(weights_only=True): tensors and plain containers only. Anything else (a
-    pickle that would import or call code) is refused with a ConversionError, unrun."""
+    """torch.load(weights_only=True) (jaxformer.convert.torch_load_weights_only) of a state
+    dict: a dict of tensors. A pickle that would import or call code is refused, unrun."""
     import torch
-    try:
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):  # legacy (non-zip) files cannot be mmapped
-                raise
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as e:  # UnpicklingError, RuntimeError for a truncated zip, ...
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConversionError([f"refused to load {path}: torch.load(weights_only=True) rejected it "
-                               f"({type(e).__name__}: {msg}); jaxformer never unpickles "
-                               "arbitrary objects"]) from None
+    sd = torch_load_weights_only(path)
     if not isinstance(sd, dict):
-        raise ConversionError([f"{path} holds a {type(sd).__name__}, not a state_dict"])
+        raise ConversionError([f"{path} holds a {type(sd).__name__}, not a state_dict"], header="")
     bad = [k for k, v in sd.items() if not isinstance(v, torch.Tensor)]
     if bad:
-        raise ConversionError([f"{path}: {k} is not a tensor" for k in bad])
+        raise ConversionError([f"{path}: {k} is not a tensor" for k in bad], header="not a state_dict")
     return sd
+
+
+# ----------------------------------------------------------------------------- JSON and paths
+def read_json_object(path: str, what: str) -> dict:
+    """A JSON file that must hold an object; ConversionError naming the file otherwise."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConversionError([f"{path} is not valid JSON ({what}): {e}"], header="") from None
+    if not isinstance(data, dict):
+        raise ConversionError([f"{path}: {what} must be a JSON object, not a {type(data).__name__}"],
+                              header="")
+    return data
+
+
+def _hub_blobs(root: str) -> str | None:
+    """`.../models--org--name/blobs` when `root` is a hub cache snapshot
+    (`.../models--org--name/snapshots/<revision>`), whose files are links into it."""
+    snapshots = os.path.dirname(root)
+    if os.path.basename(snapshots) == "snapshots":
+        blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+        return blobs if os.path.isdir(blobs) else None
+    return None
+
+
+def _within(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
+
+
+def outside_problem(root: str, name: Any, source: str) -> str | None:
+    """Why checkpoint file `name` (as `source` gives it) may not be opened, or None: it must
+    be a relative path that stays inside `root` after resolving symlinks."""
+    if not isinstance(name, str) or not name:
+        return f"{source}: file name {name!r} is not a non-empty string"
+    if os.path.isabs(name) or name.startswith("~"):
+        return f"{source}: {name!r} is an absolute path; checkpoint files must be inside {root}"
+    if ".." in name.replace("\\", "/").split("/"):
+        return f"{source}: {name!r} leaves the checkpoint directory {root} ('..')"
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(root, name))
+    blobs = _hub_blobs(real_root)
+    if not _within(real, real_root) and not (blobs and _within(real, os.path.realpath(blobs))):
+        return f"{source}: {name!r} resolves to {real}, outside the checkpoint directory {root} (symlink)"
+    return None
 
 
 # ----------------------------------------------------------------------------- directories
@@ -153,21 +212,23 @@ class HFCheckpoint:
         if not os.path.isdir(self.path):
             raise FileNotFoundError(f"{path} is not a directory (expected a Hugging Face model dir)")
         cfg_path = os.path.join(self.path, "config.json")
-        if not os.path.exists(cfg_path):
-            raise ConversionError([f"{path} has no config.json; not a Hugging Face model directory"])
-        with open(cfg_path) as f:
-            try:
-                self.config = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ConversionError([f"{cfg_path} is not valid JSON: {e}"]) from None
+        if not os.path.lexists(cfg_path):
+            raise ConversionError([f"{path} has no config.json; not a Hugging Face model directory"],
+                                  header="")
+        self.config = read_json_object(self._file("config.json"), "config.json")
         self.shards, self.tensors, self.format = self._find_weights()
         self._bin_cache: tuple[str, dict] | None = None
 
-    def _file(self, name: str) -> str:
+    def _file(self, name: str, source: str = "checkpoint") -> str:
+        """The path of a file of the checkpoint, refused (ConversionError) when it would be
+        outside the directory."""
+        why = outside_problem(self.path, name, source)
+        if why:
+            raise ConversionError([why], header="")
         return os.path.join(self.path, name)
 
     def _find_weights(self):
-        has = lambda n: os.path.exists(self._file(n))  # noqa: E731
+        has = lambda n: os.path.lexists(os.path.join(self.path, n))  # noqa: E731
         if has(SAFE_INDEX):
             return self._from_index(SAFE_INDEX, "safetensors")
         if has(SAFE_FILE):
@@ -182,14 +243,19 @@ class HFCheckpoint:
                                f"{BIN_FILE} or {BIN_INDEX}"])
 
     def _from_index(self, index_name: str, fmt: str):
-        with open(self._file(index_name)) as f:
-            try:
-                weight_map = json.load(f)["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ConversionError([f"{index_name}: not a valid index ({e})"]) from None
+        index_path = self._file(index_name)
+        weight_map = read_json_object(index_path, "a weight index").get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConversionError([f"{index_path}: weight_map must be an object of tensor name -> "
+                                   f"shard file name, not {type(weight_map).__name__}"], header="")
         shards = list(dict.fromkeys(weight_map.values()))
+        # every name is checked before any shard is opened
+        problems = [p for s in shards if (p := outside_problem(
+            self.path, s, f"{index_path} weight_map[{next(k for k, v in weight_map.items() if v == s)!r}]"))]
+        if problems:
+            raise ConversionError(problems, header="unsafe checkpoint index")
         problems = [f"missing shard: {s} (listed in {index_name}) does not exist"
-                    for s in shards if not os.path.exists(self._file(s))]
+                    for s in shards if not os.path.isfile(self._file(s))]
         if problems:
             raise ConversionError(problems)
         tensors: dict[str, TensorInfo] = {}

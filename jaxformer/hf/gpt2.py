@@ -31,6 +31,7 @@ from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, e
 
 ARCHITECTURES = {"GPT2LMHeadModel": "lm"}
 MODEL_TYPE = "gpt2"
+MODEL_TYPES = dict.fromkeys(ARCHITECTURES, MODEL_TYPE)  # config.json model_type of each
 DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                 activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                 layer_norm_epsilon=1e-5, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,

@@ -24,6 +24,7 @@ from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, f
 
 ARCHITECTURES = {"LlamaForCausalLM": "lm"}
 MODEL_TYPE = "llama"
+MODEL_TYPES = dict.fromkeys(ARCHITECTURES, MODEL_TYPE)  # config.json model_type of each
 DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=None, head_dim=None, hidden_act="silu",
                 max_position_embeddings=2048, rms_norm_eps=1e-6, pretraining_tp=1,

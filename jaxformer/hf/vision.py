@@ -58,6 +58,7 @@ from jaxformer.hf.common import (ACTIVATIONS, MappingError, Options, Renamer, ac
                                  exportable_ffns, ffn_to_hf, rename_all)
 
 ARCHITECTURES = {"ViTForImageClassification": "vit", "SwinForImageClassification": "swin"}
+MODEL_TYPES = {"ViTForImageClassification": "vit", "SwinForImageClassification": "swin"}
 VIT_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                     hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                     layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True)

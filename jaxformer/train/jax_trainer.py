@@ -312,8 +312,16 @@ class JaxTrainer:
         return jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape), tree)
 
     def _unreplicate(self, tree):
-        """pmap: device 0's copy (all are equal after the psum); other modes: the tree itself."""
-        return jax.tree.map(lambda x: x[0], tree) if self.devices else tree
+        """pmap: the first device's copy (all are equal after the psum); other modes: the tree
+        itself. The copy is read from that device's own buffer and reshaped there: `x[0]` on a
+        pmapped array is instead a program over all the devices that all-reduces (a static
+        slice of a sharded array), one cross-device collective per leaf, and XLA:CPU aborts
+        the whole process when a collective's devices do not all arrive within its rendezvous
+        timeout (40 s), which a loaded machine reaches. The reshape makes a new buffer, so a
+        later donation of `tree` to the train step cannot delete the result."""
+        if not self.devices:
+            return tree
+        return jax.tree.map(lambda x: x.addressable_data(0).reshape(x.shape[1:]), tree)
 
     def _train_batch(self, host_batch: dict) -> dict:
         """[B, ...] -> the train step's [A, B/A, ...] ([D, A, B/(A D), ...] under pmap; global
