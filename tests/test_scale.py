@@ -22,7 +22,7 @@ SCALE_FAMILIES = ["lm_gpt2", "lm_llama_gqa"] + (["vit"] if "vit" in FAMILIES els
 
 
 def _cfg(family, mesh=None, **train):
-    cfg = run_cfg(family, steps=5, batch_size=16, grad_accum_steps=2, init="normal_0.02", **train)
+    cfg = run_cfg(family, **{"steps": 5, "batch_size": 16, "grad_accum_steps": 2, "init": "normal_0.02", **train})
     if mesh is None:
         return cfg
     return config_from_dict({**cfg.to_dict(), "parallel": {"mode": "mesh", "mesh": mesh}})
@@ -68,7 +68,7 @@ def test_checkpoint_restores_under_other_meshes(tmp_path):
     saved.run()
     ref = params_numpy(saved.state)
     for mesh in (MESHES["data8"], None):
-        c = _cfg("lm_llama_gqa", mesh)
+        c = _cfg("lm_llama_gqa", mesh, steps=10)  # resuming needs steps left to train
         tr = JaxTrainer(c, str(tmp_path), resume=True, progress=False)
         assert tr.start_step == 5
         got = params_numpy(tr.state)
@@ -104,7 +104,7 @@ def test_two_processes_match_single_process(tmp_path):
     print("2 processes x 2 devices vs 1 device, per-step loss diffs:", ["%.1e" % d for d in diffs])
     assert len(multi) == 5 and max(diffs) <= 1e-5
     # the checkpoint both processes wrote restores in a single process
-    tr = JaxTrainer(load_config(str(path)), str(wd), resume=True, progress=False)
+    tr = JaxTrainer(load_config(str(path), ["train.steps=10"]), str(wd), resume=True, progress=False)
     assert tr.start_step == 5
 
 

@@ -432,10 +432,11 @@ def assert_parity(torch_module, flax_module, inputs, **kw) -> ParityReport:
     return r
 
 
-def first_divergence(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, Any], tol: float = 1e-5,
-                     order: Sequence[str] | None = None) -> str | None:
+def first_divergence(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, Any],
+                     tol: float | Tolerance = OUT_TOL, order: Sequence[str] | None = None) -> str | None:
     """Given named intermediates from both frameworks (return_intermediates=True), the first
-    name in depth order whose max abs diff exceeds tol, as 'name (diff)'; None if they all
+    name in depth order whose max abs diff exceeds tol (a Tolerance: scaled by that
+    intermediate's max |torch|; a float: absolute), as 'name (diff)'; None if they all
     agree. The models report sub-layers ("decoder.layers.1.attn", ".attn_residual", ".ffn",
     then "decoder.layers.1"; jaxformer/layers/transformer.py), so the name is the first
     sub-layer that parts, not only its layer. Depth order is `order`, else torch_inter's own
@@ -444,7 +445,8 @@ def first_divergence(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, An
     keys = list(order) if order is not None else list(torch_inter)
     for k in keys:
         d = max_abs_diff(torch_inter[k], flax_inter[k])
-        if d > tol:
+        bound = tol.bound(float(np.abs(to_numpy(torch_inter[k])).max(initial=0))) if isinstance(tol, Tolerance) else tol
+        if d > bound:
             return f"{k} ({d:.3e})"
     return None
 

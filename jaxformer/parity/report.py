@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxformer.fileio import atomic_file, write_text
-from jaxformer.parity.harness import accepts, intermediate_diffs, setup_precision, to_numpy
+from jaxformer.parity.harness import OUT_TOL, Tolerance, accepts, intermediate_diffs, setup_precision, to_numpy
 
 _LAYER = re.compile(r"^(?P<layer>(?:.*\.)?(?:layers|blocks)\.\d+)(?:\.(?P<sub>[a-z_]+))?$")
 FILES = ("divergence.csv", "divergence.json", "divergence.png")
@@ -74,15 +74,19 @@ def split_name(name: str) -> tuple[str, str]:
     return m.group("layer"), m.group("sub") or ""
 
 
-def divergence_rows(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, Any], tol: float) -> list[dict]:
-    """One row per intermediate, in torch_inter's (depth) order."""
+def divergence_rows(torch_inter: Mapping[str, Any], flax_inter: Mapping[str, Any],
+                    tol: float | Tolerance = OUT_TOL) -> list[dict]:
+    """One row per intermediate, in torch_inter's (depth) order. `tol`: a Tolerance (the bound
+    scales with each intermediate's own max |torch|, as check_parity's outputs do) or an
+    absolute float."""
     diffs = intermediate_diffs(torch_inter, flax_inter)
     rows = []
     for depth, (name, d) in enumerate(diffs.items()):
         layer, sub = split_name(name)
+        ref = float(np.abs(to_numpy(torch_inter[name])).max(initial=0))
+        bound = tol.bound(ref) if isinstance(tol, Tolerance) else float(tol)
         rows.append({"depth": depth, "name": name, "layer": layer, "sublayer": sub,
-                     "max_abs_diff": d, "max_abs": float(np.abs(to_numpy(torch_inter[name])).max(initial=0)),
-                     "ok": d <= tol})
+                     "max_abs_diff": d, "max_abs": ref, "tol": bound, "ok": d <= bound})
     return rows
 
 
@@ -98,29 +102,34 @@ def per_layer(rows: list[dict]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- files
-def write_report(out_dir: str, rows: list[dict], *, tol: float, title: str = "") -> dict:
+def write_report(out_dir: str, rows: list[dict], *, tol: float | Tolerance = OUT_TOL, title: str = "") -> dict:
     """divergence.csv / .json / .png under out_dir (each written atomically) -> the summary
     (the JSON's content without the rows)."""
     first = next((r for r in rows if not r["ok"]), None)
-    summary = {"title": title, "tol": tol, "ok": first is None,
+    summary = {"title": title, "tol": _describe(tol), "ok": first is None,
                "first_divergence": None if first is None else first["name"],
                "first_divergence_diff": None if first is None else first["max_abs_diff"],
                "max_abs_diff": max((r["max_abs_diff"] for r in rows), default=0.0),
                "layers": per_layer(rows)}
     os.makedirs(out_dir, exist_ok=True)
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["depth", "name", "layer", "sublayer", "max_abs_diff", "max_abs", "ok"],
+    w = csv.DictWriter(buf, fieldnames=["depth", "name", "layer", "sublayer", "max_abs_diff", "max_abs", "tol", "ok"],
                        lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, "max_abs_diff": f"{r['max_abs_diff']:.6e}", "max_abs": f"{r['max_abs']:.6e}"})
+        w.writerow({**r, "max_abs_diff": f"{r['max_abs_diff']:.6e}", "max_abs": f"{r['max_abs']:.6e}",
+                    "tol": f"{r['tol']:.6e}"})
     write_text(os.path.join(out_dir, "divergence.csv"), buf.getvalue())
     write_text(os.path.join(out_dir, "divergence.json"), json.dumps({**summary, "rows": rows}, indent=1) + "\n")
     plot_divergence(rows, tol, os.path.join(out_dir, "divergence.png"), title=title)
     return summary
 
 
-def plot_divergence(rows: list[dict], tol: float, out: str, *, title: str = "") -> str:
+def _describe(tol) -> str | float:
+    return f"{tol.atol:g} + {tol.rtol:g} x max|torch|" if isinstance(tol, Tolerance) else float(tol)
+
+
+def plot_divergence(rows: list[dict], tol, out: str, *, title: str = "") -> str:
     """max |diff| against depth (log y), layer outputs as large dots, sub-layers as small
     ones, the tolerance as a dashed line and the first divergence marked. Exact zeros sit on
     the bottom edge (a log axis has no 0)."""
@@ -130,7 +139,8 @@ def plot_divergence(rows: list[dict], tol: float, out: str, *, title: str = "") 
 
     d = np.array([r["max_abs_diff"] for r in rows], np.float64)
     positive = d[d > 0]
-    floor = min(positive.min() if positive.size else tol, tol) / 10
+    bounds = np.array([r["tol"] for r in rows], np.float64)
+    floor = min(positive.min() if positive.size else bounds.min(), bounds.min()) / 10
     y = np.maximum(d, floor)
     x = np.arange(len(rows))
     is_out = np.array([r["sublayer"] == "" for r in rows])
@@ -138,7 +148,7 @@ def plot_divergence(rows: list[dict], tol: float, out: str, *, title: str = "") 
     ax.plot(x, y, color="0.6", lw=1, zorder=1)
     ax.scatter(x[~is_out], y[~is_out], s=14, color="tab:blue", label="sub-layer", zorder=2)
     ax.scatter(x[is_out], y[is_out], s=40, color="tab:orange", label="layer / model output", zorder=3)
-    ax.axhline(tol, color="tab:red", ls="--", lw=1, label=f"tolerance {tol:.0e}")
+    ax.step(x, bounds, where="mid", color="tab:red", ls="--", lw=1, label=f"tolerance ({_describe(tol)})")
     first = next((i for i, r in enumerate(rows) if not r["ok"]), None)
     if first is not None:
         ax.axvline(first, color="tab:red", lw=0.8, alpha=0.5)
@@ -158,7 +168,7 @@ def plot_divergence(rows: list[dict], tol: float, out: str, *, title: str = "") 
 
 
 # ----------------------------------------------------------------------------- entry points
-def report_pair(torch_module, flax_module, inputs, out_dir: str, *, tol: float = 1e-5,
+def report_pair(torch_module, flax_module, inputs, out_dir: str, *, tol: float | Tolerance = OUT_TOL,
                 title: str = "", convert: bool = True) -> dict:
     """Run a user's pair with intermediates and write the report folder -> summary."""
     t_inter, j_inter = run_intermediates(torch_module, flax_module, inputs, convert=convert)
@@ -176,7 +186,7 @@ def report_case(c, out_dir: str, seed: int = 0) -> dict:
         raise ValueError(f"parity case {c.name!r} is not a model case: it has no named intermediates")
     torch_module, flax_module = c.build(seed)
     inputs = c.inputs(np.random.RandomState(seed))
-    return report_pair(torch_module, flax_module, inputs, out_dir, tol=c.tol, title=c.name)
+    return report_pair(torch_module, flax_module, inputs, out_dir, tol=c.out_tol, title=c.name)
 
 
 def report_cases(names, out_dir: str, seed: int = 0) -> dict:
