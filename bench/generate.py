@@ -146,7 +146,7 @@ def main(argv=None) -> int:
             row["jax_vs_torch_first_mismatch"] = first_mismatch(tmodel, ids, tokens["torch_ref"], tokens["jaxformer"])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(json.dumps(rows, indent=1))
+    print(json.dumps(rows))
     return 0
 
 

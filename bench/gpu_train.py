@@ -124,6 +124,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -226,9 +226,9 @@ def main() -> int:
         if not args.no_verify:
             v = run_measured([sys.executable, "-c", VERIFY, src, out])
             result["verify"] = json.loads(v["stdout"].strip().splitlines()[-1]) if v["rc"] == 0 else v["stderr"][-2000:]
-        print(json.dumps(result, indent=1))
         print(f"peak RSS {mib(peak)} = baseline {mib(baseline)} + {mib(peak - baseline)}; largest shard "
               f"{mib(info['largest_shard'])}, largest tensor {mib(info['largest_tensor'])}, model {mib(info['bytes'])}")
+        print(json.dumps(result))
         return 0
     finally:
         if not args.keep:

@@ -6,7 +6,7 @@ vocab 30000), JAX (jit) against torch eager, 2 threads, fp32, medians in ms.
 
 Not a test: it times things.
 """
-import time, statistics, sys
+import json, time, statistics, sys
 import numpy as np, jax, jax.numpy as jnp, torch, optax
 torch.set_num_threads(2)
 B, T, D, H, F, V = 32, 128, 256, 8, 1024, 30000
@@ -17,7 +17,10 @@ def tm(fn, n=7):
     for _ in range(n):
         t = time.perf_counter(); fn(); ts.append(time.perf_counter() - t)
     return statistics.median(ts) * 1e3
-def row(name, j, t): print(f"{name:34s} jax {j:7.1f} ms  torch {t:7.1f} ms  ratio {j/t:5.2f}", flush=True)
+ROWS = []
+def row(name, j, t):
+    ROWS.append({"part": name, "jax_ms": round(j, 2), "torch_ms": round(t, 2), "ratio": round(j / t, 3)})
+    print(f"{name:34s} jax {j:7.1f} ms  torch {t:7.1f} ms  ratio {j/t:5.2f}", flush=True)
 x_np = rng.standard_normal((B, T, D)).astype(np.float32)
 # 1) FFN
 W1, W2 = rng.standard_normal((D, F)).astype(np.float32) * .05, rng.standard_normal((F, D)).astype(np.float32) * .05
@@ -83,3 +86,4 @@ def upd(p, s, g):
     hold[0], hold[1] = upd_d(hold[0], hold[1], g); return hold[0]
 tp = torch.zeros(n, requires_grad=True); topt = torch.optim.AdamW([tp], 1e-4, weight_decay=0.01); tp.grad = torch.ones(n)
 row("adamw 12.4M", tm(lambda: jax.block_until_ready(upd(pa, st, gr))), tm(lambda: topt.step()))
+print(json.dumps(ROWS))  # the figures, as JSON on the last line

@@ -142,6 +142,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    print(json.dumps(rows))
 
 
 if __name__ == "__main__":

@@ -241,7 +241,7 @@ def test_name_map_callable_and_rules_agree():
 def test_self_test_catches_every_bug(capsys):
     assert _cli(["--self-test"]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
-    from jaxformer.cli.parity_trajectory import TRAIN_MUTATIONS
+    from jaxformer.train.trajectory import TRAIN_MUTATIONS
     from jaxformer.parity.mutations import MUTATIONS
     n = len(MUTATIONS) + len(TRAIN_MUTATIONS)
     assert n >= 15 and f"kill rate: {n}/{n}" in out

@@ -87,7 +87,7 @@ def _row(name: str, fn) -> dict:
 
 
 def _self_test(args) -> int:
-    from jaxformer.cli.parity_trajectory import TRAIN_MUTATIONS, run_trajectory_mutation
+    from jaxformer.train.trajectory import TRAIN_MUTATIONS, run_trajectory_mutation
     from jaxformer.parity.mutations import MUTATIONS, self_test
     if args.list:
         for m in {**MUTATIONS, **TRAIN_MUTATIONS}.values():

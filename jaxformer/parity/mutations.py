@@ -4,7 +4,7 @@ catch: the self-test that shows the harness has teeth (`jaxformer parity --self-
 Each Mutation is a context manager factory that patches jaxformer (never torch_ref) for the
 duration of a block, and names the registry cases that must fail under it; bugs of the
 training loop name the training-trajectory check instead (its callable and the training-side
-bugs live in jaxformer/cli/parity_trajectory.py: they patch jaxformer.train, which ranks above
+bugs live in jaxformer/train/trajectory.py: they patch jaxformer.train, which ranks above
 this package). A bug that no named case catches means a missing case or a loose tolerance,
 never a bug to drop (docs/numerics.md §16, §19).
 """
@@ -318,7 +318,7 @@ def self_test(mutations=None, trajectory: Callable[[Mutation], Outcome] | None =
               extra: dict[str, Mutation] | None = None, progress: Callable[[Outcome], None] | None = None
               ) -> list[Outcome]:
     """Run every mutation against its checks. `trajectory(m)` runs a trajectory-flagged mutation
-    (jaxformer/cli/parity_trajectory.py); `extra` adds mutations defined above this package."""
+    (jaxformer/train/trajectory.py); `extra` adds mutations defined above this package."""
     catalogue = {**MUTATIONS, **(extra or {})}
     names = list(catalogue) if mutations is None else list(mutations)
     out = []

@@ -264,11 +264,12 @@ def save_config(cfg: RunConfig, path: str) -> None:
     write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
-def _flat(d: Mapping, prefix: str = "") -> dict:
+def flatten(d: Mapping, prefix: str = "") -> dict:
+    """{"train": {"lr": 1e-3}} -> {"train.lr": 1e-3} (tuples as lists, as YAML stores them)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
     return out
@@ -284,7 +285,7 @@ def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
         old = config_from_dict(old).to_dict()
     except (ConfigError, TypeError):
         pass
-    a, b = _flat(old), _flat(new.to_dict())
+    a, b = flatten(old), flatten(new.to_dict())
     breaking, allowed = [], []
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")

@@ -366,11 +366,7 @@ class JaxTrainer:
                     records.append(record)
                     self.history.extend(records)
                     self.metrics.write_many(records)
-                    saved = self.ckpt.all_steps()
-                    raise workdir_lib.NonFiniteError(
-                        f"non-finite {what} at step {step}; stopped (nothing saved after it; last good "
-                        f"checkpoint: {f'step {saved[-1]}' if saved else 'none'}). Lower train.lr or "
-                        f"set train.on_nonfinite=skip")
+                    raise workdir_lib.NonFiniteError(what, step, self.ckpt.all_steps())
                 self.skipped_steps += 1
                 record["skipped"] = True
             if self.skipped_steps:

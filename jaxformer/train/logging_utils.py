@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from jaxformer.train.config import flatten
+
 
 class MetricsWriter:
     """WORKDIR/metrics.jsonl (one JSON object per step) and TensorBoard events under WORKDIR/tb.
@@ -65,7 +67,7 @@ class MetricsWriter:
         if self.tb is None:
             return
         hp = {k: (v if isinstance(v, (bool, int, float, str)) else str(v))
-              for k, v in flatten_config(cfg_dict).items()}
+              for k, v in flatten(cfg_dict).items()}
         m = {f"hparam/{k}": float(v) for k, v in metrics.items()
              if isinstance(v, (int, float)) and math.isfinite(v)}
         self.tb.add_hparams(hp, m, name="hparams", global_step=step)
@@ -125,17 +127,6 @@ def tb_tag(key: str) -> str:
     if key.startswith("eval_"):
         return "eval/" + key[len("eval_"):]
     return key if "/" in key else "train/" + key
-
-
-def flatten_config(d: dict, prefix: str = "") -> dict:
-    """{"train": {"lr": 1e-3}} -> {"train.lr": 1e-3}."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten_config(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def write_tb_text(workdir: str, tag: str, text: str, step: int) -> None:

@@ -11,7 +11,6 @@ the Agg backend (no display needed).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Sequence
@@ -19,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from jaxformer.fileio import atomic_file
+from jaxformer.train import logging_utils
 
 # (panel title, metrics.jsonl key, log y axis)
 PANELS = (("train loss", "loss", False), ("learning rate", "lr", False),
@@ -41,21 +41,11 @@ def _save(fig, out: str) -> str:
 
 # ----------------------------------------------------------------------------- runs
 def read_metrics(run_dir: str) -> list[dict]:
-    """RUN_DIR/metrics.jsonl -> one dict per line. A line that is not a JSON object with a
-    "step" (a torn last line from a kill) is skipped; values may be null or missing."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
+    """RUN_DIR/metrics.jsonl -> one record per step (logging_utils.read_metrics: a resumed
+    run's redone steps, the last line wins; torn lines skipped); values may be null or missing."""
+    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
         raise ValueError(f"{run_dir}: no metrics.jsonl (is it a `jaxformer train` workdir?)")
-    records = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(r, dict) and isinstance(r.get("step"), (int, float)):
-                records.append(r)
-    return records
+    return logging_utils.read_metrics(run_dir)
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:

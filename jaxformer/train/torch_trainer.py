@@ -183,11 +183,7 @@ class TorchTrainer:
             if self.cfg.train.on_nonfinite == "stop":
                 self.history.append(record)
                 self.metrics.write_many(self._pending + [record])
-                saved = torch_checkpoint_steps(self.ckpt_dir)
-                raise workdir_lib.NonFiniteError(
-                    f"non-finite {what} at step {step}; stopped (nothing saved after it; last good "
-                    f"checkpoint: {f'step {saved[-1]}' if saved else 'none'}). Lower train.lr or "
-                    f"set train.on_nonfinite=skip")
+                raise workdir_lib.NonFiniteError(what, step, torch_checkpoint_steps(self.ckpt_dir))
             self.skipped_steps += 1
             record["skipped"] = True
         if self.skipped_steps:

@@ -160,6 +160,11 @@ def write_info(path: str, info: dict) -> None:
 class NonFiniteError(ValueError):
     """A NaN/inf loss or gradient norm with train.on_nonfinite: stop."""
 
+    def __init__(self, what: str, step: int, saved_steps):
+        last = f"step {saved_steps[-1]}" if saved_steps else "none"
+        super().__init__(f"non-finite {what} at step {step}; stopped (nothing saved after it; last good "
+                         f"checkpoint: {last}). Lower train.lr or set train.on_nonfinite=skip")
+
 
 def nonfinite_names(code: int) -> str:
     """The train step's `nonfinite` code (1: loss, 2: grad norm, 3: both) -> words."""

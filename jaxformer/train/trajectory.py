@@ -2,7 +2,8 @@
 steps on a tiny classifier) and the porting bugs of the training loop that only it can catch.
 
 Those bugs patch jaxformer.train (JAX side only), which ranks above jaxformer.parity, so they
-live here and join jaxformer.parity.mutations' catalogue in `jaxformer parity --self-test`.
+live here, beside the two trainers they compare, and join jaxformer.parity.mutations' catalogue
+in `jaxformer parity --self-test`.
 """
 from __future__ import annotations
 
