@@ -189,3 +189,18 @@ def test_legacy_rope_scaling_wins_over_rope_parameters(saved):
     assert theirs.rope_parameters["rope_type"] == cfg.rope_scaling.rope_type == "linear"
     assert theirs.rope_parameters["factor"] == cfg.rope_scaling.factor == 3.0
     assert theirs.rope_parameters["rope_theta"] == cfg.rope_base == 321.0
+
+
+def test_gpt2_position_ids_match_hf(tmp_path):
+    """GPT-2 with a left-padded row and explicit position_ids (shifted by 3) matches HF."""
+    hf_model = _randomize(T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=V,
+                                                           n_positions=32, bos_token_id=1, eos_token_id=2)))
+    hf_model.save_pretrained(tmp_path)
+    model, _, _ = hf.from_pretrained(str(tmp_path))
+    mask_t = torch.from_numpy(MASK)
+    pos = (mask_t.cumsum(-1) - 1).clamp(min=0) + 3
+    with torch.no_grad():
+        ref = hf_model(torch.from_numpy(IDS), attention_mask=mask_t, position_ids=pos).logits.numpy()
+    ours = nnx.jit(lambda m, i, k, p: m(i, k, position_ids=p))(model, jnp.asarray(IDS), jnp.asarray(MASK),
+                                                               jnp.asarray(pos.numpy()))
+    _check("gpt2_position_ids", ref, np.asarray(ours))

@@ -129,6 +129,10 @@ case("lm_qwen3_qk_norm", "lm_model",
      model_pair("lm", LMConfig.tiny("llama", qk_norm=True, head_dim=12)),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4])})
+case("lm_gpt2_left_padding_position_ids", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4]),
+                "position_ids": np.stack([np.arange(2, 2 + T), np.r_[[0, 0, 0], np.arange(5, 9)]]).astype(np.int32)})
 case("lm_gpt2_intermediates", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V)(r), "return_intermediates": True})
 
