@@ -204,3 +204,26 @@ def test_gpt2_position_ids_match_hf(tmp_path):
     ours = nnx.jit(lambda m, i, k, p: m(i, k, position_ids=p))(model, jnp.asarray(IDS), jnp.asarray(MASK),
                                                                jnp.asarray(pos.numpy()))
     _check("gpt2_position_ids", ref, np.asarray(ours))
+
+
+def test_generation_config_json_supplies_defaults(tmp_path):
+    """generation_config.json -> GenerationConfig fields (validated); flags win; keys jaxformer
+    does not implement are reported, never silently applied or dropped."""
+    import argparse
+
+    from jaxformer.cli.generate import add_arguments, generation_config
+    (tmp_path / "generation_config.json").write_text(json.dumps(dict(
+        eos_token_id=[2, 7], max_new_tokens=5, do_sample=True, temperature=0.6, top_p=0.9, top_k=20,
+        repetition_penalty=1.05, bos_token_id=1, transformers_version="5.0")))
+    fields, notes = hf.generation_defaults(str(tmp_path))
+    assert fields == dict(eos_id=(2, 7), max_new_tokens=5, strategy="sample", temperature=0.6, top_p=0.9,
+                          top_k=20)
+    assert len(notes) == 1 and "repetition_penalty" in notes[0]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    gen = generation_config(p.parse_args(["--weights", str(tmp_path), "--prompt", "3", "--top-k", "4",
+                                          "--eos-id", "9"]), str(tmp_path))
+    assert (gen.eos_id, gen.top_k, gen.max_new_tokens, gen.strategy) == ((9,), 4, 5, "sample")
+    (tmp_path / "generation_config.json").write_text(json.dumps(dict(max_new_tokens="5")))
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        hf.generation_defaults(str(tmp_path))

@@ -211,6 +211,55 @@ def _refuse_same(src: str, out: str) -> None:
         raise ValueError(f"{out} is the input directory {src}; write the output elsewhere")
 
 
+# ----------------------------------------------------------------------------- generation_config.json
+# generation_config.json keys that are housekeeping or token metadata, not decoding settings
+GENERATION_IGNORED = {"transformers_version", "_from_model_config", "bos_token_id", "pad_token_id",
+                      "decoder_start_token_id", "use_cache", "return_dict_in_generate", "output_scores",
+                      "output_attentions", "output_hidden_states"}
+
+
+def generation_defaults(path: str) -> tuple[dict, list[str]]:
+    """-> (GenerationConfig fields, notes) from an HF directory's generation_config.json ({}
+    without one): eos_token_id (an int or a list) -> eos_id, max_new_tokens, do_sample ->
+    strategy (num_beams > 1 -> beam), temperature, top_k, top_p, num_beams, length_penalty.
+    Types are validated (ConfigError naming the key); a key that would change decoding but
+    jaxformer does not implement (repetition_penalty != 1, ...) is reported in the notes."""
+    from jaxformer.config import ConfigError
+    from jaxformer.hf.files import read_json_object
+    file = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(file):
+        return {}, []
+    raw = read_json_object(file, "generation_config.json")
+    out, notes = {}, []
+
+    def typed(key, kinds, ok=lambda v: True, want=""):
+        v = raw[key]
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds) or not ok(v):
+            raise ConfigError(f"{file}: {key}={v!r} must be {want}")
+        return v
+    for key in raw:
+        if key == "eos_token_id":
+            v = raw[key]
+            ids = v if isinstance(v, list) else [v]
+            if v is not None and not (ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in ids)):
+                raise ConfigError(f"{file}: eos_token_id={v!r} must be a token id >= 0 or a list of them")
+            if v is not None:
+                out["eos_id"] = tuple(ids) if len(ids) > 1 else ids[0]
+        elif key in ("max_new_tokens", "top_k", "num_beams"):
+            out[key] = typed(key, (int,), lambda v: v >= (0 if key == "top_k" else 1), "an int")
+        elif key in ("temperature", "top_p", "length_penalty"):
+            out[key] = float(typed(key, (int, float), lambda v: v == v, "a number"))
+        elif key == "do_sample":
+            out["strategy"] = "sample" if typed(key, (bool,), want="true or false") else "greedy"
+        elif key not in GENERATION_IGNORED:
+            notes.append(f"generation_config.json: {key}={raw[key]!r} is not implemented by jaxformer "
+                         "generate; not applied")
+    if out.get("num_beams", 1) > 1 and out.get("strategy") != "sample":
+        out["strategy"] = "beam"
+    return out, notes
+
+
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
@@ -261,5 +310,5 @@ def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
     return report
 
 
-__all__ = ["from_pretrained", "save_pretrained", "convert_hf_to_flax", "convert_flax_to_hf",
+__all__ = ["from_pretrained", "save_pretrained", "generation_defaults", "convert_hf_to_flax", "convert_flax_to_hf",
            "supported_architectures", "ConfigError", "ConversionError"]
