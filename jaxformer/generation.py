@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.config.models import GenerationConfig, check_lengths, pad_prompts  # noqa: F401 (re-exported)
+from jaxformer.config.models import GenerationConfig, check_lengths, eos_ids, pad_prompts  # noqa: F401 (re-exported)
 from jaxformer.layers import linear
 from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens
@@ -62,14 +62,22 @@ def select_tokens(logits: jax.Array, key: jax.Array, gen: GenerationConfig) -> j
 
 
 # ----------------------------------------------------------------------------- loops (inside jit)
-def decode_loop(step, carry, first_logits, key, gen: GenerationConfig, eos_id: int, pad_id: int):
+def is_eos(tok: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    """tok [B] -> bool [B]: the token is one of eos_ids (HF's eos_token_id list)."""
+    out = jnp.zeros(tok.shape, jnp.bool_)
+    for e in eos_ids:
+        out = out | (tok == e)
+    return out
+
+
+def decode_loop(step, carry, first_logits, key, gen: GenerationConfig, eos_ids: tuple[int, ...], pad_id: int):
     """Greedy/sampling: step(tok [B], i, carry) -> (logits [B, V], carry) feeds generated token i.
     Runs until max_new_tokens or every row has produced EOS. -> tokens [B, N] (pad after EOS)."""
     b, n = first_logits.shape[0], gen.max_new_tokens
     key, sub = jax.random.split(key)
     tok = select_tokens(first_logits, sub, gen)  # [B]
     out = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(tok)  # [B, N]
-    done = (tok == eos_id) & gen.stop_at_eos
+    done = is_eos(tok, eos_ids) & gen.stop_at_eos
 
     def cond(s):
         return (s[0] < n) & ~jnp.all(s[3])
@@ -80,12 +88,12 @@ def decode_loop(step, carry, first_logits, key, gen: GenerationConfig, eos_id: i
         key, sub = jax.random.split(key)
         nxt = jnp.where(done, pad_id, select_tokens(logits, sub, gen))  # [B]
         out = jax.lax.dynamic_update_slice(out, nxt[:, None], (jnp.int32(0), i))
-        return i + 1, nxt, out, done | ((nxt == eos_id) & gen.stop_at_eos), carry, key
+        return i + 1, nxt, out, done | (is_eos(nxt, eos_ids) & gen.stop_at_eos), carry, key
 
     return jax.lax.while_loop(cond, body, (jnp.int32(1), tok, out, done, carry, key))[2]
 
 
-def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_id: int, pad_id: int):
+def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids: tuple[int, ...], pad_id: int):
     """Beam search over B x W rows (row b * W + w is beam w of item b). step as in decode_loop;
     reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams. Keeps the W
     best finished hypotheses (score = sum log p / length ** length_penalty; a beam still alive
@@ -104,12 +112,12 @@ def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_id:
         top_lp, top_idx = jax.lax.top_k((alive_lp[:, :, None] + logp).reshape(b, w * v), 2 * w)  # [B, 2W]
         beam, tok = top_idx // v, (top_idx % v).astype(jnp.int32)  # [B, 2W]
         seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(tok)  # [B, 2W, N]
-        is_eos = tok == eos_id
+        is_eos_ = is_eos(tok, eos_ids)
         norm = (i + 1).astype(jnp.float32) ** gen.length_penalty
-        fin_new = jnp.where(is_eos | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
+        fin_new = jnp.where(is_eos_ | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
         fin_score, sel = jax.lax.top_k(jnp.concatenate([fin_score, fin_new], axis=1), w)  # [B, W]
         fin_seq = jnp.take_along_axis(jnp.concatenate([fin_seq, seqs], axis=1), sel[:, :, None], axis=1)
-        alive_lp, sel = jax.lax.top_k(jnp.where(is_eos, neg, top_lp), w)  # [B, W]
+        alive_lp, sel = jax.lax.top_k(jnp.where(is_eos_, neg, top_lp), w)  # [B, W]
         alive_seq = jnp.take_along_axis(seqs, sel[:, :, None], axis=1)  # [B, W, N]
         parent = jnp.take_along_axis(beam, sel, axis=1)  # [B, W]
         rows = (jnp.arange(b, dtype=parent.dtype)[:, None] * w + parent).reshape(bw)  # [B*W]
@@ -171,17 +179,17 @@ def _merge_for_decoding(graphdef, state, kernels):
 
 
 _STEP_STATIC = ("elementwise",)
-_GENERATE_STATIC = ("graphdef", "gen", "cache_len", "eos_id", "pad_id")
+_GENERATE_STATIC = ("graphdef", "gen", "cache_len", "eos_ids", "pad_id")
 
 
-def _lm_generate(graphdef, state, kernels, ids, mask, key, *, gen, cache_len, eos_id, pad_id):
+def _lm_generate(graphdef, state, kernels, ids, mask, key, *, gen, cache_len, eos_ids, pad_id):
     TRACES["lm_generate"] += 1
     with lowering.decoding(kernels is not None):
         return _lm_generate_body(_merge_for_decoding(graphdef, state, kernels), ids, mask, key,
-                                 gen, cache_len, eos_id, pad_id)
+                                 gen, cache_len, eos_ids, pad_id)
 
 
-def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_id, pad_id):
+def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_ids, pad_id):
     b, p = ids.shape
     if gen.strategy == "beam":  # every beam starts from the prompt
         ids, mask = jnp.repeat(ids, gen.num_beams, axis=0), jnp.repeat(mask, gen.num_beams, axis=0)
@@ -198,8 +206,8 @@ def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_id, pad_id):
 
     if gen.strategy == "beam":
         reorder = lambda carry, rows: (_reorder_self(carry[0], rows), carry[1][rows])
-        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_id, pad_id)
-    return decode_loop(step, (cache, slot_mask), logits[:, -1], key, gen, eos_id, pad_id)
+        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_ids, pad_id)
+    return decode_loop(step, (cache, slot_mask), logits[:, -1], key, gen, eos_ids, pad_id)
 
 
 def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig(),
@@ -236,14 +244,14 @@ def seq2seq_step(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elem
         graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=elementwise)
 
 
-def _seq2seq_generate(graphdef, state, kernels, src_ids, src_mask, key, *, gen, cache_len, eos_id, pad_id):
+def _seq2seq_generate(graphdef, state, kernels, src_ids, src_mask, key, *, gen, cache_len, eos_ids, pad_id):
     TRACES["seq2seq_generate"] += 1
     with lowering.decoding(kernels is not None):
         return _seq2seq_generate_body(_merge_for_decoding(graphdef, state, kernels), src_ids,
-                                      src_mask, key, gen, cache_len, eos_id, pad_id)
+                                      src_mask, key, gen, cache_len, eos_ids, pad_id)
 
 
-def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_id, pad_id):
+def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_ids, pad_id):
     memory, memory_mask = model.encode(src_ids, src_mask)  # [B, S, D], [B, 1, 1, S]
     if gen.strategy == "beam":
         memory = jnp.repeat(memory, gen.num_beams, axis=0)
@@ -258,8 +266,8 @@ def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_id
         return logits[:, 0], cache
 
     if gen.strategy == "beam":
-        return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_id, pad_id)
-    return decode_loop(step, cache, logits[:, -1], key, gen, eos_id, pad_id)
+        return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_ids, pad_id)
+    return decode_loop(step, cache, logits[:, -1], key, gen, eos_ids, pad_id)
 
 
 def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig(),
@@ -283,7 +291,7 @@ def _run(program, model, ids, mask, gen: GenerationConfig, cache_len: int, layou
     graphdef, state = nnx.split(model)
     out = lowering.decode_jit(program, static_argnames=_GENERATE_STATIC)(
         graphdef, state, decode_kernels(model, layout), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
-        jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_id=_eos(gen, cfg),
+        jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_ids=_eos(gen, cfg),
         pad_id=cfg.pad_id)
     return jax.tree.map(np.asarray, out)
 
@@ -294,8 +302,9 @@ def _static(gen: GenerationConfig) -> GenerationConfig:
     return dataclasses.replace(gen, seed=0)
 
 
-def _eos(gen: GenerationConfig, cfg) -> int:
-    return cfg.eos_id if gen.eos_id is None else gen.eos_id
+def _eos(gen: GenerationConfig, cfg) -> tuple[int, ...]:
+    """The ids generation stops at: gen.eos_id, else the model's (a tuple; () = none)."""
+    return eos_ids(cfg.eos_id if gen.eos_id is None else gen.eos_id)
 
 
 def generate(model, *args, gen: GenerationConfig = GenerationConfig(), layout: DecodeLayout | str = "auto", **kw):

@@ -23,13 +23,71 @@ def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def rope_tables(max_len: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin tables [max_len, K] for rotate-half RoPE (GPT-NeoX / HF LLaMA layout):
-    frequency i is shared by dims i and i + K/2."""
+def rope_inv_freq(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, float]:
+    """-> (inv_freq [K/2] float64, attention factor) of RoPE with an optional scaling (a
+    jaxformer.config.RopeScaling), as transformers 5.x's modeling_rope_utils computes them,
+    in float64 (docs/numerics.md §21). "dynamic" returns the unscaled frequencies: its base
+    grows with the run's sequence length (dynamic_rope_base)."""
     inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    factor = 1.0 if scaling is None else float(scaling.factor)
+    kind = None if scaling is None else scaling.rope_type
+    attention_factor = 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / factor
+    elif kind == "llama3":  # Llama 3.1: long wavelengths / factor, short kept, a smooth band between
+        old = scaling.original_max_len
+        low, high = scaling.low_freq_factor, scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        inv_freq = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":  # Peng et al. 2023: interpolate below a ramp, extrapolate above it
+        def mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+        if scaling.attention_factor is not None:
+            attention_factor = float(scaling.attention_factor)
+        elif scaling.mscale and scaling.mscale_all_dim:
+            attention_factor = mscale(factor, scaling.mscale) / mscale(factor, scaling.mscale_all_dim)
+        else:
+            attention_factor = mscale(factor)
+
+        def correction_dim(rotations):
+            return (head_dim * math.log(scaling.original_max_len / (rotations * 2 * math.pi))
+                    / (2 * math.log(base)))
+        lo, hi = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+        if scaling.truncate:
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, head_dim - 1)
+        if lo == hi:
+            hi += 0.001  # HF's guard against a zero-width ramp
+        ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
+        extrapolate = 1 - ramp
+        inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+    inv_freq = np.asarray(inv_freq, np.float64)
+    inv_freq.flags.writeable = False
+    return inv_freq, attention_factor
+
+
+def rope_exponents(head_dim: int) -> np.ndarray:
+    """[K/2] float32 exponents 2i/K: inv_freq_i = base ** -exponent_i (dynamic scaling
+    recomputes the base at run time; docs/numerics.md §21)."""
+    out = (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)).astype(np.float32)
+    out.flags.writeable = False
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def rope_tables(max_len: int, head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin tables [max_len, K] for rotate-half RoPE (GPT-NeoX / HF LLaMA layout):
+    frequency i is shared by dims i and i + K/2. With a scaling, its inverse frequencies and
+    attention factor (both multiply into cos and sin) from rope_inv_freq."""
+    inv_freq, attention_factor = rope_inv_freq(head_dim, base, scaling)
     angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # [T, K/2]
     angles = np.concatenate([angles, angles], axis=-1)  # [T, K]
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos = (np.cos(angles) * attention_factor).astype(np.float32)
+    sin = (np.sin(angles) * attention_factor).astype(np.float32)
     cos.flags.writeable = False
     sin.flags.writeable = False
     return cos, sin

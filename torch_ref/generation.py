@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from jaxformer.config.models import GenerationConfig, check_lengths, pad_prompts  # noqa: F401 (re-exported)
+from jaxformer.config.models import GenerationConfig, check_lengths, eos_ids, pad_prompts  # noqa: F401 (re-exported)
 from torch_ref.models.common import check_tokens
 
 
@@ -43,24 +43,32 @@ def select_tokens(logits: torch.Tensor, generator: torch.Generator, gen: Generat
 
 
 # ----------------------------------------------------------------------------- loops
-def decode_loop(step, carry, first_logits, generator, gen: GenerationConfig, eos_id: int, pad_id: int):
+def is_eos(tok: torch.Tensor, eos_ids: tuple[int, ...]) -> torch.Tensor:
+    """tok [B] -> bool [B]: the token is one of eos_ids (HF's eos_token_id list)."""
+    out = torch.zeros(tok.shape, dtype=torch.bool, device=tok.device)
+    for e in eos_ids:
+        out = out | (tok == e)
+    return out
+
+
+def decode_loop(step, carry, first_logits, generator, gen: GenerationConfig, eos_ids: tuple[int, ...], pad_id: int):
     """Greedy/sampling: step(tok [B], i, carry) -> (logits [B, V], carry) feeds generated token i.
     Runs until max_new_tokens or every row has produced EOS. -> tokens [B, N] (pad after EOS)."""
     b, n = first_logits.shape[0], gen.max_new_tokens
     tok = select_tokens(first_logits, generator, gen)  # [B]
     out = torch.full((b, n), pad_id, dtype=torch.long)
     out[:, 0] = tok  # [B, N]
-    done = (tok == eos_id) & gen.stop_at_eos
+    done = is_eos(tok, eos_ids) & gen.stop_at_eos
     i = 1
     while i < n and not bool(done.all()):
         logits, carry = step(tok, i - 1, carry)
         nxt = torch.where(done, pad_id, select_tokens(logits, generator, gen))  # [B]
         out[:, i] = nxt
-        tok, done, i = nxt, done | ((nxt == eos_id) & gen.stop_at_eos), i + 1
+        tok, done, i = nxt, done | (is_eos(nxt, eos_ids) & gen.stop_at_eos), i + 1
     return out
 
 
-def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_id: int, pad_id: int):
+def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids: tuple[int, ...], pad_id: int):
     """Beam search over B x W rows (row b * W + w is beam w of item b). step as in decode_loop;
     reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams. Keeps the W
     best finished hypotheses (score = sum log p / length ** length_penalty; a beam still alive
@@ -79,12 +87,12 @@ def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_id:
         beam, tok = top_idx // v, top_idx % v  # [B, 2W]
         seqs = torch.gather(alive_seq, 1, beam[:, :, None].expand(b, 2 * w, n)).clone()  # [B, 2W, N]
         seqs[:, :, i] = tok
-        is_eos = tok == eos_id
+        is_eos_ = is_eos(tok, eos_ids)
         norm = float(i + 1) ** gen.length_penalty
-        fin_new = torch.where(is_eos | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
+        fin_new = torch.where(is_eos_ | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
         fin_score, sel = torch.topk(torch.cat([fin_score, fin_new], dim=1), w, dim=1)  # [B, W]
         fin_seq = torch.gather(torch.cat([fin_seq, seqs], dim=1), 1, sel[:, :, None].expand(b, w, n))
-        alive_lp, sel = torch.topk(torch.where(is_eos, neg, top_lp), w, dim=1)  # [B, W]
+        alive_lp, sel = torch.topk(torch.where(is_eos_, neg, top_lp), w, dim=1)  # [B, W]
         alive_seq = torch.gather(seqs, 1, sel[:, :, None].expand(b, w, n))  # [B, W, N]
         parent = torch.gather(beam, 1, sel)  # [B, W]
         rows = (torch.arange(b)[:, None] * w + parent).reshape(bw)  # [B*W]
@@ -102,7 +110,7 @@ def _reorder_self(cache, rows):
 
 # ----------------------------------------------------------------------------- LM
 @torch.no_grad()
-def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_id, pad_id):
+def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_ids, pad_id):
     b, p = ids.shape
     if gen.strategy == "beam":  # every beam starts from the prompt
         ids, mask = ids.repeat_interleave(gen.num_beams, 0), mask.repeat_interleave(gen.num_beams, 0)
@@ -121,8 +129,8 @@ def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_id, pad_id)
 
     if gen.strategy == "beam":
         reorder = lambda carry, rows: (_reorder_self(carry[0], rows), carry[1][rows])
-        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_id, pad_id)
-    return decode_loop(step, (cache, slot_mask), logits[:, -1], generator, gen, eos_id, pad_id)
+        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_ids, pad_id)
+    return decode_loop(step, (cache, slot_mask), logits[:, -1], generator, gen, eos_ids, pad_id)
 
 
 def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):
@@ -140,13 +148,13 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
     model.eval()
     out = _lm_generate(model, ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
-                       cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+                       cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)
     return _to_numpy(out)
 
 
 # ----------------------------------------------------------------------------- seq2seq
 @torch.no_grad()
-def _seq2seq_generate(model, src_ids, src_mask, generator, *, gen, cache_len, eos_id, pad_id):
+def _seq2seq_generate(model, src_ids, src_mask, generator, *, gen, cache_len, eos_ids, pad_id):
     memory, memory_mask = model.encode(src_ids, src_mask)  # [B, S, D], [B, 1, 1, S]
     if gen.strategy == "beam":
         memory = memory.repeat_interleave(gen.num_beams, 0)
@@ -161,8 +169,8 @@ def _seq2seq_generate(model, src_ids, src_mask, generator, *, gen, cache_len, eo
         return logits[:, 0], cache
 
     if gen.strategy == "beam":
-        return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_id, pad_id)
-    return decode_loop(step, cache, logits[:, -1], generator, gen, eos_id, pad_id)
+        return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_ids, pad_id)
+    return decode_loop(step, cache, logits[:, -1], generator, gen, eos_ids, pad_id)
 
 
 def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig()):
@@ -176,12 +184,13 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     cache_len = check_lengths(0, gen, cfg.max_len, start=1)
     model.eval()
     out = _seq2seq_generate(model, src_ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
-                            cache_len=cache_len, eos_id=_eos(gen, cfg), pad_id=cfg.pad_id)
+                            cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)
     return _to_numpy(out)
 
 
-def _eos(gen: GenerationConfig, cfg) -> int:
-    return cfg.eos_id if gen.eos_id is None else gen.eos_id
+def _eos(gen: GenerationConfig, cfg) -> tuple[int, ...]:
+    """The ids generation stops at: gen.eos_id, else the model's (a tuple; () = none)."""
+    return eos_ids(cfg.eos_id if gen.eos_id is None else gen.eos_id)
 
 
 def _to_numpy(out):

@@ -100,7 +100,7 @@ def _import_hf(args) -> int:
     print(f"wrote {r['out']}: {r['architecture']} -> jaxformer {r['model']}, {r['params']} params from "
           f"{r['tensors']} HF tensors in {r['shards']} shard(s) ({r['bytes'] / 2**20:.1f} MiB)")
     for k in r["skipped"]:
-        print(f"  skipped {k} (a buffer, or a weight HF itself ignores)")
+        print(f"  skipped {k} (a buffer, or a copy identical to the tied embedding)")
     for note in r["notes"]:
         print(f"  note: {note}")
     status = f"written with a placeholder data section: {why[0]}" if why[0] else "written"

@@ -3,7 +3,7 @@
     jaxformer generate --weights lm.safetensors --config configs/lm.yaml \\
         --prompt "5 6 7 8" --prompt "9 10" --max-new-tokens 32 [--framework jax|torch]
         [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
-        [--num-beams W] [--length-penalty A] [--seed S] [--json]
+        [--num-beams W] [--length-penalty A] [--eos-id ID ...] [--seed S] [--json]
 
 --weights is a safetensors file in torch or flax layout (as `jaxformer convert` and `jaxformer
 export --to torch` write it; the layout comes from its `format` metadata), or a directory that
@@ -11,6 +11,8 @@ export --to torch` write it; the layout comes from its `format` metadata), or a 
 jaxformer model checkpoint dir (model.yaml + params/, jaxformer/checkpoint_io.py) or a Hugging
 Face dir. --config is a YAML with a `model:` section; a file without jaxformer metadata needs
 it, and for a directory it must describe the model the directory holds.
+An HF dir's generation_config.json supplies the decoding settings no flag gives (eos ids,
+max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, length_penalty).
 Prompts are whitespace-separated token ids (the source sentence for seq2seq). Prints one line
 of ids per prompt (or JSON).
 """
@@ -28,13 +30,16 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt", action="append", required=True,
                    help="whitespace-separated token ids; repeat for a batch")
     p.add_argument("--framework", choices=["jax", "torch"], default="jax")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--strategy", choices=["greedy", "sample", "beam"], default="greedy")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--num-beams", type=int, default=4)
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    # None = the HF dir's generation_config.json, else GenerationConfig's default
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 32")
+    p.add_argument("--strategy", choices=["greedy", "sample", "beam"], default=None, help="default greedy")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-beams", type=int, default=None)
+    p.add_argument("--length-penalty", type=float, default=None)
+    p.add_argument("--eos-id", type=int, action="append", default=None,
+                   help="stop at this token id; repeat for several (default: the model's eos ids)")
     p.add_argument("--no-eos-stop", action="store_true", help="always generate max-new-tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON object instead of lines")
@@ -112,14 +117,31 @@ def _load_model_dir(directory: str, name, cfg, framework: str, step=None):
     return dir_name, dir_cfg, model
 
 
+def generation_config(args, weights: str):
+    """The GenerationConfig of the flags; an HF dir's generation_config.json supplies the
+    settings a flag leaves unset (its unimplemented keys are printed to stderr)."""
+    import sys
+
+    from jaxformer.config.models import GenerationConfig
+    fields = {}
+    if os.path.isfile(os.path.join(weights, "generation_config.json")):
+        from jaxformer.hf import generation_defaults
+        fields, notes = generation_defaults(weights)
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    flags = dict(max_new_tokens=args.max_new_tokens, strategy=args.strategy, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, num_beams=args.num_beams,
+                 length_penalty=args.length_penalty,
+                 eos_id=None if args.eos_id is None else tuple(args.eos_id))
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    return GenerationConfig(**fields, stop_at_eos=not args.no_eos_stop, seed=args.seed)
+
+
 def run(args) -> int:
     import numpy as np
 
-    from jaxformer.config.models import GenerationConfig
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, strategy=args.strategy,
-                           temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                           num_beams=args.num_beams, length_penalty=args.length_penalty,
-                           stop_at_eos=not args.no_eos_stop, seed=args.seed)
+    from jaxformer.config.models import eos_ids
+    gen = generation_config(args, args.weights)
     try:
         prompts = [[int(t) for t in p.split()] for p in args.prompt]
     except ValueError as e:
@@ -140,7 +162,8 @@ def run(args) -> int:
             src[b, :len(p)] = p  # sources are right-padded; the mask comes from pad_id
         out = g.seq2seq_generate(model, src, None, gen)
     tokens, scores = out if isinstance(out, tuple) else (out, None)
-    rows = [_trim(row, cfg.pad_id, cfg.eos_id if gen.stop_at_eos else None) for row in np.asarray(tokens)]
+    stop = eos_ids(cfg.eos_id if gen.eos_id is None else gen.eos_id) if gen.stop_at_eos else ()
+    rows = [_trim(row, stop) for row in np.asarray(tokens)]
     if args.json:
         print(json.dumps({"model": name, "framework": args.framework, "tokens": rows,
                           **({"scores": [float(s) for s in scores]} if scores is not None else {})}))
@@ -150,11 +173,11 @@ def run(args) -> int:
     return 0
 
 
-def _trim(row, pad_id: int, eos_id: int | None) -> list[int]:
-    """Token ids up to and including the first EOS (the pads after it dropped)."""
+def _trim(row, eos: tuple[int, ...]) -> list[int]:
+    """Token ids up to and including the first EOS (any of `eos`; the pads after it dropped)."""
     out = []
     for t in row.tolist():
         out.append(int(t))
-        if eos_id is not None and t == eos_id:
+        if t in eos:
             break
     return out

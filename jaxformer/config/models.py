@@ -52,6 +52,22 @@ def stack_config(cfg: TransformerConfig, **changes) -> TransformerConfig:
     return TransformerConfig(**fields)
 
 
+def _check_meta_tokens(cfg, name: str) -> None:
+    """bos/eos of an LM are token metadata (generation stops at an eos id): ints >= 0, a tuple
+    of them for eos, or None; an id outside the vocabulary is allowed (it is never produced)."""
+    value = getattr(cfg, name)
+    ids = value if isinstance(value, tuple) and name == "eos_id" else (value,)
+    check(value is None or (len(ids) > 0 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                 and i >= 0 for i in ids)), name,
+          f"must be a token id >= 0{', a non-empty tuple of them' if name == 'eos_id' else ''} "
+          f"or null, got {value!r}")
+
+
+def eos_ids(eos) -> tuple[int, ...]:
+    """An eos setting (int, tuple of ints or None) -> the tuple of ids generation stops at."""
+    return () if eos is None else tuple(eos) if isinstance(eos, (tuple, list)) else (eos,)
+
+
 def _check_token(cfg, name: str, vocab: int) -> None:
     value = getattr(cfg, name)
     check(isinstance(value, int) and 0 <= value < vocab, name,
@@ -148,18 +164,21 @@ class LMConfig(TransformerConfig):
     LLAMA_FLAVOUR), and in YAML configs/lm.yaml, configs/llama.yaml.
 
     tie_embeddings: the output projection is the token embedding transposed (no `lm_head`).
-    bos_id / eos_id: start and end of sequence; generation stops at eos_id.
+    bos_id / eos_id: start and end of sequence, token metadata (None = none); eos_id may be a
+        tuple (HF's eos_token_id list): generation stops at any of them.
     """
 
     tie_embeddings: bool = True
-    bos_id: int = 1
-    eos_id: int = 2
+    bos_id: int | None = 1
+    eos_id: int | tuple[int, ...] | None = 2
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_token(self, "bos_id", self.vocab_size)
-        _check_token(self, "eos_id", self.vocab_size)
+        if isinstance(self.eos_id, list):  # YAML / JSON lists
+            object.__setattr__(self, "eos_id", tuple(self.eos_id))
+        _check_meta_tokens(self, "bos_id")
+        _check_meta_tokens(self, "eos_id")
         check_choice(self, "dtype", COMPUTE_DTYPES)
         check(not self.pooler, "pooler", "only the encoder and classifier have a pooler")
 
@@ -204,8 +223,8 @@ class GenerationConfig:
         likely tokens whose probability reaches top_p (1.0 = off).
     num_beams, length_penalty: beam search; a finished hypothesis scores
         sum(log p) / (number of generated tokens, EOS included) ** length_penalty.
-    eos_id: None = the model config's eos_id.  stop_at_eos: False generates exactly
-        max_new_tokens (benchmarks).
+    eos_id: None = the model config's eos_id; an int or a tuple of ints (stop at any).
+        stop_at_eos: False generates exactly max_new_tokens (benchmarks).
     cache_len: KV cache slots; None = prompt length + max_new_tokens (LM) or
         1 + max_new_tokens (seq2seq decoder). A fixed value keeps one compilation for
         prompts of different lengths.
@@ -219,7 +238,7 @@ class GenerationConfig:
     top_p: float = 1.0
     num_beams: int = 4
     length_penalty: float = 1.0
-    eos_id: int | None = None
+    eos_id: int | tuple[int, ...] | None = None
     stop_at_eos: bool = True
     cache_len: int | None = None
     seed: int = 0
@@ -232,6 +251,9 @@ class GenerationConfig:
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         if self.cache_len is not None:
             check_positive(self, "cache_len")
+        if isinstance(self.eos_id, list):
+            object.__setattr__(self, "eos_id", tuple(self.eos_id))
+        _check_meta_tokens(self, "eos_id")
 
 
 # Framework-free generation inputs, shared by jaxformer.generation and torch_ref.generation.
@@ -265,4 +287,4 @@ def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: i
 
 __all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "GenerationConfig", "stack_config",
            "COMPUTE_DTYPES", "TINY_SIZES", "GPT2_FLAVOUR", "LLAMA_FLAVOUR", "LM_FLAVOURS",
-           "pad_prompts", "check_lengths"]
+           "pad_prompts", "check_lengths", "eos_ids"]

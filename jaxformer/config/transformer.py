@@ -9,6 +9,66 @@ FFN_KINDS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 NORM_KINDS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
+ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling as transformers 5.x computes it (modeling_rope_utils.py;
+    docs/numerics.md §21). The inverse frequencies come from jaxformer.tables.rope_inv_freq.
+
+    rope_type: "linear" (inv_freq / factor), "dynamic" (NTK: the base grows with the run's
+        sequence length once it exceeds original_max_len), "llama3" (Llama 3.1's banded
+        interpolation), "yarn" (ramped interpolation plus an attention factor on cos/sin).
+    factor: the context extension factor (>= 1 for llama3 and yarn; > 0 otherwise).
+    original_max_len: llama3 / yarn: the pretraining context (HF original_max_position_embeddings);
+        dynamic: HF's max_position_embeddings, the length beyond which the base grows.
+    low_freq_factor, high_freq_factor: llama3's band edges.
+    beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, truncate: yarn's options
+        (attention_factor None = derived from factor, mscale and mscale_all_dim, as HF does).
+    """
+
+    rope_type: str
+    factor: float
+    original_max_len: int | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice(self, "rope_type", ROPE_SCALING_KINDS)
+        check(isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
+              and self.factor > 0, "factor", f"must be a number > 0, got {self.factor!r}")
+        if self.rope_type in ("llama3", "yarn"):
+            check(self.factor >= 1, "factor", f"{self.rope_type} needs factor >= 1, got {self.factor}")
+        if self.rope_type in ("dynamic", "llama3", "yarn"):
+            check(isinstance(self.original_max_len, int) and self.original_max_len > 0,
+                  "original_max_len", f"{self.rope_type} needs an int > 0, got {self.original_max_len!r}")
+        else:
+            check(self.original_max_len is None, "original_max_len",
+                  f"is not used by {self.rope_type} scaling; leave it null")
+        if self.rope_type == "llama3":
+            for name in ("low_freq_factor", "high_freq_factor"):
+                check(isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0,
+                      name, f"llama3 needs a number > 0, got {getattr(self, name)!r}")
+            check(self.high_freq_factor > self.low_freq_factor, "high_freq_factor",
+                  f"must exceed low_freq_factor={self.low_freq_factor}, got {self.high_freq_factor}")
+        else:
+            check(self.low_freq_factor is None and self.high_freq_factor is None, "low_freq_factor",
+                  f"low_freq_factor/high_freq_factor are llama3 options, not {self.rope_type}'s")
+        if self.rope_type != "yarn":
+            yarn = dict(beta_fast=32.0, beta_slow=1.0, attention_factor=None, mscale=None,
+                        mscale_all_dim=None, truncate=True)
+            for name, default in yarn.items():
+                check(getattr(self, name) == default, name,
+                      f"is a yarn option; {self.rope_type} scaling does not use it")
+        elif self.attention_factor is not None:
+            check(self.attention_factor > 0, "attention_factor", f"must be > 0, got {self.attention_factor}")
 
 
 @dataclass(frozen=True)
@@ -28,7 +88,10 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     norm_position: str = "post"
     final_norm: bool = True
-    bias: bool = True  # biases in attention and FFN projections
+    bias: bool = True  # biases in attention and FFN projections (default of the three below)
+    attn_qkv_bias: bool | None = None  # biases on q/k/v projections; None = bias
+    attn_out_bias: bool | None = None  # bias on the attention output projection; None = bias
+    ffn_bias: bool | None = None  # biases in the FFN projections; None = bias
     norm_bias: bool = True  # LayerNorm bias (RMSNorm has none)
     dropout: float = 0.0  # residual dropout on each sublayer output
     attn_dropout: float = 0.0  # dropout on attention weights
@@ -37,6 +100,8 @@ class TransformerConfig:
     position: str = "sinusoidal"
     max_len: int = 512
     rope_base: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # RoPE frequency scaling (Llama 3.x, YaRN, ...)
+    qk_norm: bool = False  # a per-head norm (`norm`, `norm_eps`) on q and k before RoPE (Qwen3)
     rel_num_buckets: int = 32  # T5 relative position bias
     rel_max_distance: int = 128
     sliding_window: int | None = None  # keys further back than this are masked
@@ -72,6 +137,11 @@ class TransformerConfig:
             check(self.resolved_head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
         if self.sliding_window is not None:
             check_positive(self, "sliding_window")
+        if self.rope_scaling is not None:
+            check(self.position == "rope", "rope_scaling",
+                  f"scales RoPE; position is {self.position!r}")
+            check(self.rope_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2, "rope_scaling",
+                  "dynamic scaling needs head_dim > 2 (its exponent is K / (K - 2))")
         check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
@@ -80,6 +150,18 @@ class TransformerConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def resolved_qkv_bias(self) -> bool:
+        return self.bias if self.attn_qkv_bias is None else self.attn_qkv_bias
+
+    @property
+    def resolved_out_bias(self) -> bool:
+        return self.bias if self.attn_out_bias is None else self.attn_out_bias
+
+    @property
+    def resolved_ffn_bias(self) -> bool:
+        return self.bias if self.ffn_bias is None else self.ffn_bias
 
     @property
     def resolved_kv_heads(self) -> int:

@@ -8,7 +8,7 @@
     hf.convert_flax_to_hf("ckpt_dir", "out_dir")
 
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
-<-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
+<-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`).
 
 Modules: files (reading checkpoint directories safely), streaming (the shard-by-shard
@@ -37,7 +37,8 @@ from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
-FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.bert", "jaxformer.hf.vision")
+FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.bert",
+                  "jaxformer.hf.vision")
 
 
 def _families():
@@ -72,9 +73,11 @@ def family_for_architecture(config: dict):
     return fam, arch
 
 
-def read_config(ckpt) -> tuple[Any, str, str, Any, list[str]]:
+def read_config(ckpt, max_len: int | None = None) -> tuple[Any, str, str, Any, list[str]]:
     """-> (family module, architecture, model name, config, notes) of an HFCheckpoint. A
-    config problem (ConfigError) names the checkpoint directory."""
+    config problem (ConfigError) names the checkpoint directory. max_len: a longer context
+    than max_position_embeddings for a RoPE model (RoPE is defined at every position, and
+    HF runs past that length too); a learned position table cannot grow."""
     try:
         fam, arch = family_for_architecture(ckpt.config)
         name, cfg, notes = fam.config_from_hf(ckpt.config, arch, tuple(ckpt.tensors))
@@ -82,12 +85,47 @@ def read_config(ckpt) -> tuple[Any, str, str, Any, list[str]]:
         text = str(e)
         raise ConfigError(os.path.join(ckpt.path, text if text.startswith("config.json")
                                        else f"config.json: {text}")) from None
+    cfg = _untie_distinct_head(ckpt, fam, name, cfg, notes)
+    if max_len is not None and max_len != cfg.max_len:
+        if getattr(cfg, "position", None) != "rope":
+            raise ConfigError(f"max_len={max_len}: only a RoPE model's context can differ from the "
+                              f"checkpoint's ({cfg.max_len}, position={getattr(cfg, 'position', None)!r})")
+        import dataclasses
+        notes.append(f"max_len={max_len} (config.json max_position_embeddings={cfg.max_len})")
+        cfg = dataclasses.replace(cfg, max_len=max_len)
     return fam, arch, name, cfg, notes
 
 
+def _untie_distinct_head(ckpt, fam, name: str, cfg, notes: list[str]):
+    """A tied config whose checkpoint stores both the embedding and an lm_head.weight with
+    different values: transformers 5.x loads both and does not tie them (with a warning), so
+    the model is untied here too, never a stored tensor dropped. Reads those two tensors."""
+    import dataclasses
+    embed = next((k for k in getattr(fam, "EMBED_KEYS", ()) if k in ckpt.tensors), None)
+    if name != "lm" or not cfg.tie_embeddings or embed is None or "lm_head.weight" not in ckpt.tensors:
+        return cfg
+    if np.array_equal(ckpt.read(embed), ckpt.read("lm_head.weight")):
+        return cfg  # an identical copy: HF ties them; the copy is skipped
+    notes.append(f"tie_word_embeddings is true but lm_head.weight differs from {embed}: loaded "
+                 "untied (tie_embeddings=False) with both, as transformers 5.x does")
+    return dataclasses.replace(cfg, tie_embeddings=False)
+
+
+def tensor_fn(ckpt, fam, name: str, cfg, arch: str):
+    """The family's HF key -> torch_ref key map; a tied checkpoint that stores only
+    lm_head.weight (no embedding) gives the embedding from it, as HF ties it."""
+    fn = fam.tensor_fn(name, cfg, arch)
+    embeds = getattr(fam, "EMBED_KEYS", ())
+    if name != "lm" or not cfg.tie_embeddings or "lm_head.weight" not in ckpt.tensors or any(
+            k in ckpt.tensors for k in embeds):
+        return fn
+    return lambda key, x: {"embed.embed_tokens.weight": x} if key == "lm_head.weight" else fn(key, x)
+
+
 # ----------------------------------------------------------------------------- import
-def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False):
-    """Load a Hugging Face model directory as a built Flax NNX model.
+def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, max_len: int | None = None):
+    """Load a Hugging Face model directory as a built Flax NNX model. max_len: a RoPE model's
+    context beyond max_position_embeddings (read_config).
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
@@ -95,11 +133,11 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False):
     from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model
     ckpt = HFCheckpoint(path)
-    fam, arch, name, cfg, notes = read_config(ckpt)
+    fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
     # in eager JAX compiles one initializer per parameter shape (seconds on a small Swin).
     model = abstract_model(name, cfg)
-    report = convert_stream(ckpt, fam.tensor_fn(name, cfg, arch), model, ModelSink(model))
+    report = convert_stream(ckpt, tensor_fn(ckpt, fam, name, cfg, arch), model, ModelSink(model))
     materialize_rng_state(model, seed)
     model.eval()
     report.update(architecture=arch, model=name, notes=notes)
@@ -129,12 +167,13 @@ def materialize_rng_state(model, seed: int) -> None:
 
 
 def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_bytes: int = 256 << 20,
-                       extra_files: Callable[[str, Any], Mapping[str, str]] | None = None) -> dict:
+                       extra_files: Callable[[str, Any], Mapping[str, str]] | None = None,
+                       max_len: int | None = None) -> dict:
     """HF directory -> jaxformer model checkpoint (OUT/model.yaml + orbax OUT/params, as
     checkpoint_io.save_model writes). Streams shard by shard: peak memory is about one batch
     of `flush_bytes` converted arrays or twice the largest tensor, not the model (see
     streaming.py). `extra_files(name, cfg) -> {file name: text}` adds files to OUT (the CLI's
-    train.yaml) inside the same atomic write. Returns a report."""
+    train.yaml) inside the same atomic write. max_len: as from_pretrained. Returns a report."""
     import yaml
 
     from jaxformer.config import to_dict
@@ -143,9 +182,9 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
     from jaxformer.models import abstract_model
     _refuse_same(src, out)
     ckpt = HFCheckpoint(src)
-    fam, arch, name, cfg, notes = read_config(ckpt)
+    fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     abstract = abstract_model(name, cfg)
-    fn = fam.tensor_fn(name, cfg, arch)
+    fn = tensor_fn(ckpt, fam, name, cfg, arch)
     out = os.path.abspath(out)
     with fileio.atomic_dir(out, overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
@@ -172,12 +211,64 @@ def _refuse_same(src: str, out: str) -> None:
         raise ValueError(f"{out} is the input directory {src}; write the output elsewhere")
 
 
+# ----------------------------------------------------------------------------- generation_config.json
+# generation_config.json keys that are housekeeping or token metadata, not decoding settings
+GENERATION_IGNORED = {"transformers_version", "_from_model_config", "bos_token_id", "pad_token_id",
+                      "decoder_start_token_id", "use_cache", "return_dict_in_generate", "output_scores",
+                      "output_attentions", "output_hidden_states"}
+
+
+def generation_defaults(path: str) -> tuple[dict, list[str]]:
+    """-> (GenerationConfig fields, notes) from an HF directory's generation_config.json ({}
+    without one): eos_token_id (an int or a list) -> eos_id, max_new_tokens, do_sample ->
+    strategy (num_beams > 1 -> beam), temperature, top_k, top_p, num_beams, length_penalty.
+    Types are validated (ConfigError naming the key); a key that would change decoding but
+    jaxformer does not implement (repetition_penalty != 1, ...) is reported in the notes."""
+    from jaxformer.config import ConfigError
+    from jaxformer.hf.files import read_json_object
+    file = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(file):
+        return {}, []
+    raw = read_json_object(file, "generation_config.json")
+    out, notes = {}, []
+
+    def typed(key, kinds, ok=lambda v: True, want=""):
+        v = raw[key]
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds) or not ok(v):
+            raise ConfigError(f"{file}: {key}={v!r} must be {want}")
+        return v
+    for key in raw:
+        if key == "eos_token_id":
+            v = raw[key]
+            ids = v if isinstance(v, list) else [v]
+            if v is not None and not (ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in ids)):
+                raise ConfigError(f"{file}: eos_token_id={v!r} must be a token id >= 0 or a list of them")
+            if v is not None:
+                out["eos_id"] = tuple(ids) if len(ids) > 1 else ids[0]
+        elif key in ("max_new_tokens", "top_k", "num_beams"):
+            out[key] = typed(key, (int,), lambda v: v >= (0 if key == "top_k" else 1), "an int")
+        elif key in ("temperature", "top_p", "length_penalty"):
+            out[key] = float(typed(key, (int, float), lambda v: v == v, "a number"))
+        elif key == "do_sample":
+            out["strategy"] = "sample" if typed(key, (bool,), want="true or false") else "greedy"
+        elif key not in GENERATION_IGNORED:
+            notes.append(f"generation_config.json: {key}={raw[key]!r} is not implemented by jaxformer "
+                         "generate; not applied")
+    if out.get("num_beams", 1) > 1 and out.get("strategy") != "sample":
+        out["strategy"] = "beam"
+    return out, notes
+
+
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import bert, gpt2, llama, vision
-    if name == "lm":
-        fam = llama if cfg.position == "rope" else gpt2
+    from jaxformer.hf import bert, gpt2, llama, qwen, vision
+    if name == "lm" and cfg.position == "rope":
+        qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
+        fam = qwen if qwen_like else llama
+    elif name == "lm":
+        fam = gpt2
     elif name in ("encoder", "classifier"):
         fam = bert
     elif name in ("vit", "swin"):
@@ -219,5 +310,5 @@ def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
     return report
 
 
-__all__ = ["from_pretrained", "save_pretrained", "convert_hf_to_flax", "convert_flax_to_hf",
+__all__ = ["from_pretrained", "save_pretrained", "generation_defaults", "convert_hf_to_flax", "convert_flax_to_hf",
            "supported_architectures", "ConfigError", "ConversionError"]

@@ -161,33 +161,139 @@ def exportable_ffns() -> list[str]:
 
 
 def token_ids(opts: Options, vocab_size: int, *, need_bos_eos: bool) -> dict[str, int]:
-    """bos/eos/pad ids for jaxformer: a list of eos ids keeps the first (noted), a null pad
-    becomes 0 (only used to fill generated rows after EOS and for masks)."""
+    """bos/eos/pad ids for jaxformer. bos and eos are token metadata (LMConfig): null stays
+    None, a list of eos ids becomes a tuple (generation stops at any), an id outside the
+    vocabulary is kept (it is never produced; noted). A null pad becomes 0 (only used to fill
+    generated rows after EOS and for masks)."""
     out = {}
     names = (("bos_id", "bos_token_id"), ("eos_id", "eos_token_id")) if need_bos_eos else ()
-    for ours, theirs in names + (("pad_id", "pad_token_id"),):
+    for ours, theirs in names:
         v = opts[theirs]
-        if isinstance(v, list):
-            if not v:
-                v = None
-            else:
-                if len(v) > 1:
-                    opts.notes.append(f"{theirs}={v}: jaxformer keeps one id, {v[0]}; generation "
-                                      f"stops only at {v[0]}")
-                v = v[0]
-        if v is None:
-            if ours == "pad_id":
-                opts.notes.append("pad_token_id is null: pad_id=0 (only fills generated rows "
-                                  "after EOS; pass attention masks explicitly)")
-                v = 0
-            else:
-                opts.problem(theirs, f"jaxformer needs a {ours} in [0, {vocab_size})")
-                continue
-        if not (isinstance(v, int) and 0 <= v < vocab_size):
-            opts.problem(theirs, f"must be a token id in [0, vocab_size={vocab_size})")
+        ids = tuple(v) if isinstance(v, list) else (v,)
+        if v is None or (isinstance(v, list) and not v):
+            out[ours] = None
             continue
-        out[ours] = v
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids) or (
+                isinstance(v, list) and ours == "bos_id"):
+            opts.problem(theirs, "must be a token id >= 0" + (" or a list of them" if ours == "eos_id" else ""))
+            continue
+        outside = [i for i in ids if i >= vocab_size]
+        if outside:
+            opts.notes.append(f"{theirs}={v!r}: {outside} outside the vocabulary ({vocab_size}); "
+                              "kept as metadata, never generated")
+        out[ours] = ids if len(ids) > 1 else ids[0]
+    v = opts["pad_token_id"]
+    if isinstance(v, list):
+        v = v[0] if v else None
+    if v is None:
+        opts.notes.append("pad_token_id is null: pad_id=0 (only fills generated rows "
+                          "after EOS; pass attention masks explicitly)")
+        v = 0
+    if not (isinstance(v, int) and 0 <= v < vocab_size):
+        opts.problem("pad_token_id", f"must be a token id in [0, vocab_size={vocab_size})")
+    else:
+        out["pad_id"] = v
     return out
+
+
+# ----------------------------------------------------------------------------- RoPE
+# The keys transformers 5.x accepts in rope_parameters (4.x: rope_scaling) per rope_type
+# (modeling_rope_utils._validate_*), besides rope_type / type / rope_theta
+ROPE_KEYS = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+             "mscale", "mscale_all_dim", "truncate"),
+}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0):
+    """-> (rope_base, RopeScaling or None) from config.json's rope_theta and rope_parameters
+    (5.x) or rope_scaling (4.x), with HF's precedence: a non-empty rope_scaling wins, its
+    rope_theta (else the top-level one, else default_theta) is the base; llama3/yarn's
+    original_max_position_embeddings defaults to max_position_embeddings; dynamic's length
+    is max_position_embeddings. Every other key, an unknown rope_type, partial_rotary_factor
+    != 1 or a mis-typed value is a problem naming it."""
+    from jaxformer.config import RopeScaling
+    params, legacy = o.get("rope_parameters"), o.get("rope_scaling")
+    theta = o.get("rope_theta", default_theta)
+    key, spec = ("rope_scaling", legacy) if legacy else ("rope_parameters", params)
+    if "partial_rotary_factor" in o.raw:
+        o.require("partial_rotary_factor", lambda v: v == 1, "jaxformer rotates the whole head (1.0)")
+    if not spec:
+        return float(theta), None
+    if not isinstance(spec, dict):
+        o.problem(key, "expected a mapping")
+        return float(theta), None
+    kind = spec.get("rope_type", spec.get("type", "default"))
+    if kind not in ROPE_KEYS:
+        o.problem(key, f"rope_type {kind!r} is not implemented; jaxformer has {sorted(ROPE_KEYS)}")
+        return float(theta), None
+    theta = spec.get("rope_theta", theta)
+    if not _number(theta) or theta <= 0:
+        o.problem(key, f"rope_theta={theta!r} must be a number > 0")
+        theta = default_theta
+    for k in sorted(set(spec) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]}):
+        if k == "partial_rotary_factor" and spec[k] == 1:
+            continue
+        o.problem(key, f"{k}={spec[k]!r} is not a {kind} RoPE option jaxformer implements")
+    if kind == "default":
+        return float(theta), None
+    for k in ROPE_KEYS[kind]:
+        v = spec.get(k)
+        if v is not None and not (isinstance(v, bool) if k == "truncate" else _number(v)):
+            o.problem(key, f"{k}={v!r} must be {'true or false' if k == 'truncate' else 'a number'}")
+            return float(theta), None
+    fields = dict(rope_type=kind, factor=spec.get("factor"))
+    if kind in ("llama3", "yarn"):
+        fields["original_max_len"] = spec.get("original_max_position_embeddings", max_pos)
+        if fields["factor"] is None and kind == "yarn":  # HF: the ratio of the two lengths
+            fields["factor"] = max_pos / fields["original_max_len"]
+    if kind == "dynamic":
+        fields["original_max_len"] = max_pos
+    if kind == "llama3":
+        fields.update(low_freq_factor=spec.get("low_freq_factor"), high_freq_factor=spec.get("high_freq_factor"))
+    if kind == "yarn":
+        fields.update(beta_fast=spec.get("beta_fast") or 32.0, beta_slow=spec.get("beta_slow") or 1.0,
+                      attention_factor=spec.get("attention_factor"), mscale=spec.get("mscale"),
+                      mscale_all_dim=spec.get("mscale_all_dim"), truncate=spec.get("truncate", True))
+    if isinstance(fields.get("original_max_len"), float) and fields["original_max_len"].is_integer():
+        fields["original_max_len"] = int(fields["original_max_len"])
+    try:
+        return float(theta), RopeScaling(**fields)
+    except ConfigError as e:
+        o.problem(key, f"invalid {kind} RoPE scaling: {e}")
+        return float(theta), None
+
+
+def rope_to_hf(cfg) -> dict:
+    """config.json's rope_theta and rope_parameters (5.x) of a RoPE config; dynamic's length
+    is written as max_position_embeddings by the family."""
+    s = cfg.rope_scaling
+    params = {"rope_type": "default" if s is None else s.rope_type, "rope_theta": cfg.rope_base}
+    if s is not None:
+        params["factor"] = s.factor
+    if s is not None and s.rope_type in ("llama3", "yarn"):
+        params["original_max_position_embeddings"] = s.original_max_len
+    if s is not None and s.rope_type == "llama3":
+        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+    if s is not None and s.rope_type == "yarn":
+        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
+        params.update({k: getattr(s, k) for k in ("attention_factor", "mscale", "mscale_all_dim")
+                       if getattr(s, k) is not None})
+    return {"rope_theta": cfg.rope_base, "rope_parameters": params}
+
+
+def hf_max_positions(cfg) -> int:
+    """max_position_embeddings to write: dynamic scaling's length, else max_len."""
+    s = cfg.rope_scaling
+    return s.original_max_len if s is not None and s.rope_type == "dynamic" else cfg.max_len
 
 
 def build_config(cls, fields: dict, opts: Options):

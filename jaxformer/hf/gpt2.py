@@ -10,7 +10,8 @@ Mapping and its deliberate details:
     ffn="gelu_tanh"; "gelu" -> exact "gelu"; "relu". layer_norm_epsilon -> norm_eps.
   * Pre-LN with a final LayerNorm (ln_f), learned positions (wpe, n_positions -> max_len), no
     embedding scaling, biases everywhere; tie_word_embeddings -> tie_embeddings. With tied
-    embeddings HF ignores any stored `lm_head.weight` (it uses wte), so do we.
+    embeddings a stored `lm_head.weight` identical to wte is skipped (HF ties them); a different
+    one loads untied and one without wte gives wte, as transformers 5.x does (hf.read_config).
   * Dropouts: resid_pdrop -> dropout, attn_pdrop -> attn_dropout, embd_pdrop -> embed_dropout.
   * Unsupported (an error naming the option): scale_attn_weights=False,
     scale_attn_by_inverse_layer_idx=True, add_cross_attention=True, other activations.
@@ -32,6 +33,7 @@ from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, e
 ARCHITECTURES = {"GPT2LMHeadModel": "lm"}
 MODEL_TYPE = "gpt2"
 MODEL_TYPES = dict.fromkeys(ARCHITECTURES, MODEL_TYPE)  # config.json model_type of each
+EMBED_KEYS = ("transformer.wte.weight", "wte.weight")  # the table a tied lm_head.weight copies
 DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, n_inner=None,
                 activation_function="gelu_new", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
                 layer_norm_epsilon=1e-5, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
@@ -110,8 +112,9 @@ def export_problems(name: str, cfg) -> list[str]:
     """Why this jaxformer model has no GPT2LMHeadModel equivalent ([] if it has one)."""
     want = dict(position="learned", norm="layernorm", norm_position="pre", final_norm=True, bias=True,
                 norm_bias=True, scale_embedding=False, sliding_window=None, ffn_dropout=0.0,
-                type_vocab_size=0, embed_norm=False)
-    out = [f"{k}={getattr(cfg, k)!r} (GPT-2 needs {v!r})" for k, v in want.items()
+                type_vocab_size=0, embed_norm=False, resolved_qkv_bias=True, resolved_out_bias=True,
+                resolved_ffn_bias=True, qk_norm=False)
+    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (GPT-2 needs {v!r})" for k, v in want.items()
            if getattr(cfg, k, v) != v]
     if cfg.ffn not in exportable_ffns():
         out.append(f"ffn={cfg.ffn!r} (GPT-2 activations: {exportable_ffns()})")
@@ -131,7 +134,8 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
             "add_cross_attention": False, "tie_word_embeddings": cfg.tie_embeddings,
-            "bos_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id,
+            "bos_token_id": cfg.bos_id,
+            "eos_token_id": list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id, "pad_token_id": cfg.pad_id,
             "initializer_range": 0.02, "dtype": "float32"}
 
 

@@ -19,6 +19,7 @@ from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.layers.linear import Linear
+from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
 
 
@@ -159,10 +160,14 @@ class MultiHeadAttention(nnx.Module):
 
     Args:
         d_model: D.  num_heads: H.  num_kv_heads: G (<= H, divides H); None = H.
-        head_dim: K; None = D // H.  bias: biases on the four projections.
+        head_dim: K; None = D // H.  bias: biases on the q/k/v projections (and on o_proj when
+            out_bias is None).  out_bias: the o_proj bias; None = bias.
         attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
         rope_max_len: enable RoPE for self-attention with tables of this length.
-        rope_base: RoPE base.  scale: score scale; None = 1/sqrt(K) (T5 uses 1).
+        rope_base: RoPE base.  rope_scaling: a RopeScaling or None (docs/numerics.md §21).
+        qk_norm: a norm kind ("rmsnorm", Qwen3) applied per head to q and k before RoPE, with
+            eps norm_eps; None = none.
+        scale: score scale; None = 1/sqrt(K) (T5 uses 1).
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
 
     KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] arrays (the
@@ -178,7 +183,8 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
                  dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
-                 scale: float | None = None, rngs: nnx.Rngs):
+                 scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
+                 qk_norm: str | None = None, norm_eps: float = 1e-6, rngs: nnx.Rngs):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
             if d_model % num_heads:
@@ -191,16 +197,23 @@ class MultiHeadAttention(nnx.Module):
         self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
         self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
         self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias, rngs=rngs)
-        self.rope = RotaryEmbedding(head_dim, rope_max_len, rope_base) if rope_max_len else None
+        self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
+                             rngs=rngs)
+        # per-head norms of q and k before RoPE (Qwen3), weights [K]
+        self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
+        self.k_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
+        self.rope = (RotaryEmbedding(head_dim, rope_max_len, rope_base, rope_scaling)
+                     if rope_max_len else None)
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def project_kv(self, kv: jax.Array) -> dict:
         """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
         b, s, _ = kv.shape
-        rotated = self.rope is not None  # step 2 of __call__ rotates these keys
-        return {"k": key_projection(self.k_proj, kv, rotated=rotated).reshape(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+        # step 2 of __call__ rotates these keys; a k_norm is not linear in b_k either
+        rotated = self.rope is not None or self.k_norm is not None
+        k = key_projection(self.k_proj, kv, rotated=rotated).reshape(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        return {"k": k if self.k_norm is None else self.k_norm(k),
                 "v": self.v_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
 
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
@@ -212,6 +225,7 @@ class MultiHeadAttention(nnx.Module):
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
+        q = q if self.q_norm is None else self.q_norm(q)
         if read_only:
             k, v = cache["k"], cache["v"]  # [B, G, S, K], projected once
         else:

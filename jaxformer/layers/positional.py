@@ -55,19 +55,37 @@ def rotate_half(x: jax.Array) -> jax.Array:
 
 class RotaryEmbedding(nnx.Module):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (docs/numerics.md §6):
-    dims i and i + K/2 form a rotated pair. No parameters.
+    dims i and i + K/2 form a rotated pair. No parameters. `scaling` (a RopeScaling) rescales
+    the frequencies as transformers does (docs/numerics.md §21); "dynamic" recomputes them
+    from this call's largest position.
 
     Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K].
     """
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
-        self.head_dim, self.max_len, self.base = head_dim, max_len, base
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None):
+        self.head_dim, self.max_len, self.base, self.scaling = head_dim, max_len, base, scaling
+
+    def cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """positions [B, T] -> cos, sin [B, T, K] float32."""
+        if self.scaling is None or self.scaling.rope_type != "dynamic":
+            cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling)
+            return jnp.take(jnp.asarray(cos), positions, axis=0), jnp.take(jnp.asarray(sin), positions, axis=0)
+        # dynamic NTK (HF dynamic_rope_update): the base grows with seq_len = largest position + 1
+        # of the whole batch once that exceeds original_max_len; fp32 as HF computes it
+        factor, m, k = self.scaling.factor, self.scaling.original_max_len, self.head_dim
+        seq_len = jnp.max(positions) + 1
+        grown = self.base * ((factor * seq_len.astype(jnp.float32) / m) - (factor - 1)) ** (k / (k - 2))
+        inv_grown = 1.0 / grown ** jnp.asarray(tables.rope_exponents(k))  # [K/2]
+        inv_plain = jnp.asarray(tables.rope_inv_freq(k, self.base)[0], jnp.float32)
+        inv_freq = jnp.where(seq_len > m, inv_grown, inv_plain)  # [K/2]
+        angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, K/2]
+        angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, K]
+        return jnp.cos(angles), jnp.sin(angles)
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         check_ids(positions, self.max_len, "position", "max_len")
-        cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base)
-        cos = jnp.take(jnp.asarray(cos), positions, axis=0)[:, :, None, :]  # [B, T, 1, K]
-        sin = jnp.take(jnp.asarray(sin), positions, axis=0)[:, :, None, :]
+        cos, sin = self.cos_sin(positions)
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, K]
         dtype = x.dtype
         x = x.astype(jnp.float32)
         return (x * cos + rotate_half(x) * sin).astype(dtype)

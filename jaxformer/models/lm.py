@@ -23,7 +23,8 @@ class LM(nnx.Module):
     """Causal LM.
 
     Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; left padding is allowed, the
-    positions then count real tokens only) -> logits [B, T, V] float32.
+    positions then count real tokens only; position_ids [B, T] overrides them, as HF's) ->
+    logits [B, T, V] float32.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
     return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
@@ -41,7 +42,7 @@ class LM(nnx.Module):
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
-                 return_attention: bool = False):
+                 return_attention: bool = False, position_ids: jax.Array | None = None):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else cache_slots(cache)
@@ -55,6 +56,10 @@ class LM(nnx.Module):
                                  f"got {tuple(attention_mask.shape)}")
             positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(attention_mask), start, t, 1)  # [B, T]
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
+        if position_ids is not None:  # the caller's positions (HF's position_ids)
+            if tuple(position_ids.shape) != (b, t):
+                raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
+            positions = position_ids
         x = self.embed(ids, positions)  # [B, T, D]
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
                            cache=cache, cache_index=cache_index, return_attention=return_attention)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.config import TransformerConfig
+from jaxformer.config import RopeScaling, TransformerConfig
 from jaxformer.parity.registry import case, ids, mirror, mirror_fn, model_pair, normal, padding
 
 B, T, S, D, H = 2, 6, 5, 32, 4
@@ -102,6 +102,23 @@ case("pos_rope_rotate_half", "positional", mirror("layers.positional.RotaryEmbed
      lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 32, (B, T)).astype(np.int32)})
 case("pos_rope_long_positions", "positional", mirror("layers.positional.RotaryEmbedding", K, 2048, 10000.0),
      lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 2048, (B, T)).astype(np.int32)})
+# RoPE scaling (Llama 3.x, YaRN, linear, dynamic NTK; docs/numerics.md §21); positions past
+# original_max_len so every band of llama3 and the grown base of dynamic are exercised
+ROPE_SCALINGS = {
+    "linear": RopeScaling("linear", 4.0),
+    "dynamic": RopeScaling("dynamic", 2.0, original_max_len=16),
+    "llama3": RopeScaling("llama3", 8.0, original_max_len=16, low_freq_factor=1.0, high_freq_factor=4.0),
+    "yarn": RopeScaling("yarn", 4.0, original_max_len=16, beta_fast=8.0, beta_slow=1.0),
+}
+for tag, scaling in ROPE_SCALINGS.items():
+    case(f"pos_rope_scaling_{tag}", "positional",
+         mirror("layers.positional.RotaryEmbedding", K, 64, 500.0, scaling),
+         lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 64, (B, T)).astype(np.int32)})
+# Qwen2 / Qwen3 attention: q/k/v biases without an o_proj bias; per-head RMSNorm on q and k
+case("mha_qkv_bias_qk_norm_rope", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, out_bias=False,
+            qk_norm="rmsnorm", norm_eps=1e-6),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
 for heads in (4, 6, 12):  # 6, 12: not powers of two
     case(f"pos_alibi_{heads}_heads", "positional", mirror_fn("layers.positional.alibi_bias", num_heads=heads),
          lambda r: {"q_positions": np.tile(np.arange(T, dtype=np.int32), (B, 1)),

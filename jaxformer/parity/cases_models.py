@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer.config import RopeScaling
 from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig
 from jaxformer.parity.registry import case, model_pair as _model_pair, padding
 
@@ -112,6 +113,26 @@ case("lm_default_init_tied_d88", "lm_model",
 # RoPE with biases (an HF LLaMA with attention_bias): the key bias keeps its gradient (§15)
 case("lm_llama_rope_bias", "lm_model", model_pair("lm", LMConfig.tiny("llama", bias=True)),
      lambda r: {"ids": token_ids(B, T, V)(r)})
+# Llama 3.x RoPE scaling; Qwen2 (q/k/v biases only) and Qwen3 (q/k norms, no biases) as
+# jaxformer/hf/qwen.py imports them
+LLAMA3_ROPE = RopeScaling("llama3", 8.0, original_max_len=4, low_freq_factor=1.0, high_freq_factor=4.0)
+case("lm_llama3_rope_scaling", "lm_model", model_pair("lm", LMConfig.tiny("llama", rope_scaling=LLAMA3_ROPE)),
+     lambda r: {"ids": token_ids(B, T, V)(r)})
+case("lm_dynamic_rope_left_padding", "lm_model",
+     model_pair("lm", LMConfig.tiny("llama", rope_scaling=RopeScaling("dynamic", 2.0, original_max_len=4))),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
+case("lm_qwen2_qkv_bias", "lm_model",
+     model_pair("lm", LMConfig.tiny("llama", bias=False, attn_qkv_bias=True)),
+     lambda r: {"ids": token_ids(B, T, V)(r)})
+case("lm_qwen3_qk_norm", "lm_model",
+     model_pair("lm", LMConfig.tiny("llama", qk_norm=True, head_dim=12)),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
+case("lm_gpt2_left_padding_position_ids", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4]),
+                "position_ids": np.stack([np.arange(2, 2 + T), np.r_[[0, 0, 0], np.arange(5, 9)]]).astype(np.int32)})
 case("lm_gpt2_intermediates", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V)(r), "return_intermediates": True})
 

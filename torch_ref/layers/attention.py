@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
 
 
@@ -132,7 +133,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
                  dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
-                 scale: float | None = None):
+                 scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
+                 qk_norm: str | None = None, norm_eps: float = 1e-6):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -146,16 +148,22 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias)
-        self.rope = RotaryEmbedding(head_dim, rope_max_len, rope_base) if rope_max_len else None
+        self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias if out_bias is None else out_bias)
+        # per-head norms of q and k before RoPE (Qwen3), weights [K]
+        self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False) if qk_norm else None
+        self.k_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False) if qk_norm else None
+        self.rope = (RotaryEmbedding(head_dim, rope_max_len, rope_base, rope_scaling)
+                     if rope_max_len else None)
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.dropout = nn.Dropout(dropout)
 
     def project_kv(self, kv: torch.Tensor) -> dict:
         """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
         b, s, _ = kv.shape
-        rotated = self.rope is not None  # step 2 of forward rotates these keys
-        return {"k": key_projection(self.k_proj, kv, rotated=rotated).view(b, s, self.num_kv_heads, self.head_dim),  # [B, S, G, K]
+        # step 2 of forward rotates these keys; a k_norm is not linear in b_k either
+        rotated = self.rope is not None or self.k_norm is not None
+        k = key_projection(self.k_proj, kv, rotated=rotated).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        return {"k": k if self.k_norm is None else self.k_norm(k),
                 "v": self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
@@ -167,6 +175,7 @@ class MultiHeadAttention(nn.Module):
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
+        q = q if self.q_norm is None else self.q_norm(q)
         if read_only:
             k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, S, G, K] views, projected once
         else:

@@ -34,12 +34,13 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAtten
     use_rope = self_attn and cfg.position == "rope"
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        bias=cfg.bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
-        rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base)
+        bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
+        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
+        rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps)
 
 
 def make_ffn(cfg: TransformerConfig) -> FeedForward:
-    return FeedForward(cfg.d_model, cfg.d_ff, kind=cfg.ffn, bias=cfg.bias,
+    return FeedForward(cfg.d_model, cfg.d_ff, kind=cfg.ffn, bias=cfg.resolved_ffn_bias,
                        inner_dropout=cfg.ffn_dropout, dropout=cfg.dropout)
 
 

@@ -20,7 +20,8 @@ class LM(nn.Module):
     """Causal LM.
 
     Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; left padding is allowed, the
-    positions then count real tokens only) -> logits [B, T, V] float32.
+    positions then count real tokens only; position_ids [B, T] overrides them, as HF's) ->
+    logits [B, T, V] float32.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
     return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
@@ -37,11 +38,13 @@ class LM(nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
-                return_attention: bool = False):
+                return_attention: bool = False, position_ids: torch.Tensor | None = None):
         with autocast(self.cfg.dtype, ids.device):
-            return self._forward(ids, attention_mask, return_intermediates, cache, cache_index, return_attention)
+            return self._forward(ids, attention_mask, return_intermediates, cache, cache_index, return_attention,
+                                 position_ids)
 
-    def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index, return_attention=False):
+    def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index, return_attention=False,
+                 position_ids=None):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else cache[0]["self"]["k"].shape[2]
@@ -55,6 +58,10 @@ class LM(nn.Module):
                                  f"got {tuple(attention_mask.shape)}")
             positions = positions_from_mask(attention_mask)[:, start:start + t]  # [B, T]
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
+        if position_ids is not None:  # the caller's positions (HF's position_ids)
+            if tuple(position_ids.shape) != (b, t):
+                raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
+            positions = position_ids
         x = self.embed(ids, positions)  # [B, T, D]
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
                            cache=cache, cache_index=cache_index, return_attention=return_attention)

@@ -1,0 +1,93 @@
+"""Qwen2 (`Qwen2ForCausalLM`) and Qwen3 (`Qwen3ForCausalLM`) <-> jaxformer `lm`.
+
+Both are LLaMA-style decoders (jaxformer/hf/llama.py: same names, RMSNorm, SwiGLU, GQA,
+rotate-half RoPE with the same scaling options). What differs, and how it maps:
+  * Qwen2: biases on q/k/v only (no o_proj bias, no MLP bias) -> attn_qkv_bias=True,
+    attn_out_bias=False, ffn_bias=False. head_dim = hidden_size / num_attention_heads unless
+    config.json gives one.
+  * Qwen3: per-head RMSNorm on q and k before RoPE (`self_attn.q_norm` / `k_norm`, weights
+    [head_dim], eps rms_norm_eps) -> qk_norm=True; attention_bias covers all four attention
+    projections; head_dim defaults to 128.
+  * Sliding windows: use_sliding_window must be false (then sliding_window and
+    max_window_layers have no effect, as in HF), and layer_types, when given, must be all
+    "full_attention"; anything else is an error naming the option.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.config.models import LMConfig
+from jaxformer.hf import llama
+from jaxformer.hf.common import Options, Renamer, build_config, rename_all
+
+ARCHITECTURES = {"Qwen2ForCausalLM": "lm", "Qwen3ForCausalLM": "lm"}
+MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+EMBED_KEYS = llama.EMBED_KEYS
+_SHARED = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=32, hidden_act="silu",
+               max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+               rope_theta=10000.0, rope_scaling=None, rope_parameters=None, use_sliding_window=False,
+               sliding_window=None, max_window_layers=28, layer_types=None, attention_dropout=0.0,
+               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+DEFAULTS = {"Qwen2ForCausalLM": dict(_SHARED, head_dim=None),
+            "Qwen3ForCausalLM": dict(_SHARED, head_dim=128, attention_bias=False)}
+RULES = Renamer(llama.RULES.rules + [
+    ("model.layers.{i}.self_attn.q_norm.weight", "decoder.layers.{i}.self_attn.q_norm.weight"),
+    ("model.layers.{i}.self_attn.k_norm.weight", "decoder.layers.{i}.self_attn.k_norm.weight"),
+])
+
+
+def _sliding(o: Options) -> None:
+    """Qwen's sliding-window options: accepted only when they have no effect."""
+    why = "jaxformer's Qwen attention is full (no per-layer sliding window)"
+    use = o.require("use_sliding_window", (False,), why)
+    o["sliding_window"], o["max_window_layers"]  # no effect while use_sliding_window is false
+    if use:
+        o.problem("max_window_layers", why)
+    o.require("layer_types", lambda v: v is None or (isinstance(v, list) and
+                                                      all(t == "full_attention" for t in v)), why)
+
+
+def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
+    o = Options(raw, DEFAULTS[arch], family=f"{MODEL_TYPES[arch]} {arch}")
+    _sliding(o)
+    if arch == "Qwen2ForCausalLM":
+        fields = llama.decoder_fields(o, qkv_bias=True, out_bias=False, ffn_bias=False)
+    else:
+        bias = o["attention_bias"]
+        fields = llama.decoder_fields(o, qkv_bias=bias, out_bias=bias, ffn_bias=False, qk_norm=True)
+    return "lm", build_config(LMConfig, fields, o), o.notes
+
+
+def tensor_fn(name: str, cfg: LMConfig, arch: str):
+    return llama.tensor_fn(name, cfg, arch, rules=RULES, what=arch)
+
+
+# ----------------------------------------------------------------------------- export
+def architecture(cfg) -> str:
+    return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM"
+
+
+def export_problems(name: str, cfg) -> list[str]:
+    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
+                scale_embedding=False, sliding_window=None, dropout=0.0, ffn_dropout=0.0,
+                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, resolved_ffn_bias=False)
+    if cfg.qk_norm:  # Qwen3: one attention_bias
+        want.update(resolved_out_bias=cfg.resolved_qkv_bias)
+    else:  # Qwen2: q/k/v biases, none on o_proj
+        want.update(resolved_qkv_bias=True, resolved_out_bias=False)
+    return [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} ({architecture(cfg)} needs {v!r})"
+            for k, v in want.items() if getattr(cfg, k, v) != v]
+
+
+def config_to_hf(name: str, cfg: LMConfig) -> dict:
+    arch = architecture(cfg)
+    out = {"architectures": [arch], "model_type": MODEL_TYPES[arch], **llama.common_config_to_hf(cfg),
+           "use_sliding_window": False, "max_window_layers": cfg.num_layers}
+    if arch == "Qwen3ForCausalLM":
+        out["attention_bias"] = cfg.resolved_qkv_bias
+    return out
+
+
+def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
+    return rename_all(sd, RULES.to_hf, architecture(cfg))
