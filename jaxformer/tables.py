@@ -26,7 +26,7 @@ def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
 def rope_inv_freq(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, float]:
     """-> (inv_freq [K/2] float64, attention factor) of RoPE with an optional scaling (a
     jaxformer.config.RopeScaling), as transformers 5.x's modeling_rope_utils computes them,
-    in float64 (docs/numerics.md §21). "dynamic" returns the unscaled frequencies: its base
+    in float64 (docs/numerics.md §20). "dynamic" returns the unscaled frequencies: its base
     grows with the run's sequence length (dynamic_rope_base)."""
     inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     factor = 1.0 if scaling is None else float(scaling.factor)
@@ -72,7 +72,7 @@ def rope_inv_freq(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray,
 
 def rope_exponents(head_dim: int) -> np.ndarray:
     """[K/2] float32 exponents 2i/K: inv_freq_i = base ** -exponent_i (dynamic scaling
-    recomputes the base at run time; docs/numerics.md §21)."""
+    recomputes the base at run time; docs/numerics.md §20)."""
     out = (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)).astype(np.float32)
     out.flags.writeable = False
     return out

@@ -110,7 +110,7 @@ def test_greedy_with_eos_list_and_export_match_hf(tag, saved, tmp_path):
     from jaxformer.generation import generate
     hf_model, path, max_len = saved[tag]
     model, name, cfg = hf.from_pretrained(path, max_len=max_len)
-    before = _hf_logits(hf_model)  # HF's dynamic RoPE keeps the longest length seen (§21)
+    before = _hf_logits(hf_model)  # HF's dynamic RoPE keeps the longest length seen (§20)
     n = 12
     hf_model.generation_config.pad_token_id = 0
     with torch.no_grad():

@@ -76,6 +76,7 @@ def test_checkpoint_restores_under_other_meshes(tmp_path):
         if mesh is not None:
             leaf = tr.state["params"]["decoder"]["layers"][0]["ffn"]["up_proj"]["kernel"]
             assert leaf.get_value().sharding.mesh.shape["data"] == 8
+        tr.close()  # release the workdir lock for the next restore
 
 
 def _free_port() -> int:

@@ -69,19 +69,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _quiet_background_failures() -> None:
     """When a checkpoint write fails (a full disk), orbax's background writers log the same
-    error through absl, and tensorstore's callbacks, still arriving after orbax closed its
-    asyncio loop, print one "Event loop is closed" traceback each (dozens). The error itself
-    reaches `main` as an exception and is printed once; these echoes are dropped unless
-    --debug. Only that RuntimeError is filtered: any other uncaught error still prints."""
+    error through absl before it reaches `main` as an exception, which prints it once: the absl
+    echo is dropped unless --debug. (tensorstore's writer threads may still print tracebacks of
+    their own, "Event loop is closed", from native code that no Python hook sees.)"""
     import logging
     logging.getLogger("absl").setLevel(logging.CRITICAL)
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        if kind is RuntimeError and str(value) == "Event loop is closed":
-            return
-        previous(kind, value, tb)
-    sys.excepthook = hook
 
 
 def user_error(e: BaseException) -> bool:

@@ -15,7 +15,7 @@ ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling as transformers 5.x computes it (modeling_rope_utils.py;
-    docs/numerics.md §21). The inverse frequencies come from jaxformer.tables.rope_inv_freq.
+    docs/numerics.md §20). The inverse frequencies come from jaxformer.tables.rope_inv_freq.
 
     rope_type: "linear" (inv_freq / factor), "dynamic" (NTK: the base grows with the run's
         sequence length once it exceeds original_max_len), "llama3" (Llama 3.1's banded

@@ -8,7 +8,7 @@ Mapping and its deliberate details:
   * rms_norm_eps -> norm_eps; rope_theta (5.x: rope_parameters.rope_theta) -> rope_base;
     max_position_embeddings -> max_len (the RoPE table length).
   * RoPE scaling (5.x rope_parameters, 4.x rope_scaling) of rope_type linear, dynamic, llama3
-    (every Llama 3.x) and yarn -> rope_scaling (common.rope_from_hf, docs/numerics.md §21);
+    (every Llama 3.x) and yarn -> rope_scaling (common.rope_from_hf, docs/numerics.md §20);
     any other rope_type or key is an error naming it.
   * hidden_act must be "silu" (SwiGLU). attention_bias -> attn_qkv_bias and attn_out_bias,
     mlp_bias -> ffn_bias.

@@ -164,7 +164,7 @@ class MultiHeadAttention(nnx.Module):
             out_bias is None).  out_bias: the o_proj bias; None = bias.
         attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
         rope_max_len: enable RoPE for self-attention with tables of this length.
-        rope_base: RoPE base.  rope_scaling: a RopeScaling or None (docs/numerics.md §21).
+        rope_base: RoPE base.  rope_scaling: a RopeScaling or None (docs/numerics.md §20).
         qk_norm: a norm kind ("rmsnorm", Qwen3) applied per head to q and k before RoPE, with
             eps norm_eps; None = none.
         scale: score scale; None = 1/sqrt(K) (T5 uses 1).

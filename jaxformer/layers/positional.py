@@ -56,7 +56,7 @@ def rotate_half(x: jax.Array) -> jax.Array:
 class RotaryEmbedding(nnx.Module):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (docs/numerics.md §6):
     dims i and i + K/2 form a rotated pair. No parameters. `scaling` (a RopeScaling) rescales
-    the frequencies as transformers does (docs/numerics.md §21); "dynamic" recomputes them
+    the frequencies as transformers does (docs/numerics.md §20); "dynamic" recomputes them
     from this call's largest position.
 
     Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K].

@@ -102,7 +102,7 @@ case("pos_rope_rotate_half", "positional", mirror("layers.positional.RotaryEmbed
      lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 32, (B, T)).astype(np.int32)})
 case("pos_rope_long_positions", "positional", mirror("layers.positional.RotaryEmbedding", K, 2048, 10000.0),
      lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 2048, (B, T)).astype(np.int32)})
-# RoPE scaling (Llama 3.x, YaRN, linear, dynamic NTK; docs/numerics.md §21); positions past
+# RoPE scaling (Llama 3.x, YaRN, linear, dynamic NTK; docs/numerics.md §20); positions past
 # original_max_len so every band of llama3 and the grown base of dynamic are exercised
 ROPE_SCALINGS = {
     "linear": RopeScaling("linear", 4.0),
