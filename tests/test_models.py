@@ -178,7 +178,11 @@ def test_bad_configs_are_rejected():
     with pytest.raises(ValueError, match="tgt_vocab_size"):
         Seq2SeqConfig.tiny(share_embeddings=True, tgt_vocab_size=10)
     with pytest.raises(ValueError, match="eos_id"):
-        LMConfig.tiny(eos_id=V)
+        LMConfig.tiny(eos_id=-1)
+    with pytest.raises(ValueError, match="eos_id"):
+        LMConfig.tiny(eos_id="2")
+    # ids past the vocab are token metadata, as in HF configs (generation never samples them)
+    assert LMConfig.tiny(eos_id=(2, V)).eos_id == (2, V)
     with pytest.raises(ValueError, match="dtype"):
         LMConfig.tiny(dtype="float16")
 
