@@ -77,6 +77,8 @@ def run(args) -> int:
     sample = _sample(cfg, model, args.framework)
     if sample:
         print(sample)
+        from jaxformer.train.logging_utils import write_tb_text
+        write_tb_text(workdir, "sample", sample, trainer.history[-1]["step"] if trainer.history else 0)
     return 0
 
 
