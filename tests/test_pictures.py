@@ -15,7 +15,7 @@ import torch
 
 from helpers import converted_pair
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
-from jaxformer.config.vision import TimeSeriesConfig, ViTConfig
+from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
 from jaxformer.parity import first_divergence, setup_precision
 
 setup_precision()
@@ -70,6 +70,21 @@ def test_sublayer_intermediates_have_the_same_keys_and_order_in_both_trees(name)
     # the sub-layer keys do not depend on return_attention (only the weights do)
     (_, ti2), _ = run_both(t, j, *args, return_intermediates=True)
     assert list(ti2) == [k for k in ti if not k.endswith("attn_weights")]
+
+
+def test_swin_blocks_report_their_sublayers_in_both_trees():
+    """Swin's blocks record attn (before the residual add), attn_residual and ffn, with the
+    same keys and order in both trees, before the block's own output."""
+    cfg = SwinConfig(image_size=16, patch_size=2, num_channels=3, num_classes=4, embed_dim=8, depths=(2, 2),
+                     num_heads=(2, 2), window_size=2)
+    t, j = converted_pair("swin", cfg)
+    x = np.random.RandomState(0).standard_normal((2, 16, 16, 3)).astype(np.float32)
+    (_, ti), (_, ji) = run_both(t, j, x, return_intermediates=True)
+    assert list(ti) == list(ji)
+    block = [k for k in ti if k.startswith("stages.1.blocks.1")]
+    assert block == [f"stages.1.blocks.1.{s}" for s in ("attn", "attn_residual", "ffn")] + ["stages.1.blocks.1"]
+    for k in ti:
+        assert np.abs(np.asarray(ji[k]) - ti[k].numpy()).max() <= TOL, k
 
 
 @pytest.mark.parametrize("where, expect", [

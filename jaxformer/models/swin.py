@@ -116,7 +116,9 @@ class SwinBlock(nnx.Module):
         # stochastic depth: one keep/drop per example (timm's DropPath), scaled by 1/keep
         self.drop_path = nnx.Dropout(drop_path, broadcast_dims=(1, 2, 3), rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, record: dict | None = None) -> jax.Array:
+        """record: a dict that receives the sub-layer outputs "attn" (before the residual add),
+        "attn_residual" and "ffn" (before its add)."""
         b, h, w, c = x.shape
         window, shift = effective_window(h, w, self.window_size, self.shift)
         shortcut = x
@@ -132,9 +134,16 @@ class SwinBlock(nnx.Module):
         x = window_reverse(windows, window, hp, wp)  # [B, hp, wp, C]
         if shift:
             x = jnp.roll(x, (shift, shift), axis=(1, 2))
-        x = shortcut + self.drop_path(x[:, :h, :w])  # [B, h, w, C]
+        x = shortcut + self.drop_path(_put(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
+        _put(record, "attn_residual", x)
         # 3) MLP
-        return x + self.drop_path(self.ffn(self.ffn_norm(x)))
+        return x + self.drop_path(_put(record, "ffn", self.ffn(self.ffn_norm(x))))
+
+
+def _put(record: dict | None, name: str, value):
+    if record is not None:
+        record[name] = value
+    return value
 
 
 class PatchMerging(nnx.Module):
@@ -170,7 +179,8 @@ class SwinTransformer(nnx.Module):
     """Swin image classifier: patch embedding + norm, stages, final norm, mean pool, head.
 
     Shapes: images [B, H, W, C] (any H, W) -> logits [B, num_classes]. With
-    return_intermediates, also {"patch_embed", "stages.s.blocks.b", "stages.s" (after merging),
+    return_intermediates, also {"patch_embed", "stages.s.blocks.b.attn" (.attn_residual, .ffn:
+    the sub-layers, as SwinBlock records them), "stages.s.blocks.b", "stages.s" (after merging),
     "final_norm": [B, h, w, C] maps; "pooled": [B, C]}.
     """
 
@@ -191,7 +201,9 @@ class SwinTransformer(nnx.Module):
         inter["patch_embed"] = x
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage.blocks):
-                x = block(x)  # [B, h, w, C]
+                record = {} if return_intermediates else None
+                x = block(x, record)  # [B, h, w, C]
+                inter.update({f"stages.{s}.blocks.{i}.{k}": v for k, v in (record or {}).items()})
                 inter[f"stages.{s}.blocks.{i}"] = x
             if stage.downsample is not None:
                 x = stage.downsample(x)  # [B, h/2, w/2, 2C]

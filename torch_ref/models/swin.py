@@ -111,7 +111,9 @@ class SwinBlock(nn.Module):
         # stochastic depth: one keep/drop per example (timm's DropPath), scaled by 1/keep
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
+        """record: a dict that receives the sub-layer outputs "attn" (before the residual add),
+        "attn_residual" and "ffn" (before its add)."""
         b, h, w, c = x.shape
         window, shift = effective_window(h, w, self.window_size, self.shift)
         shortcut = x
@@ -127,9 +129,16 @@ class SwinBlock(nn.Module):
         x = window_reverse(windows, window, hp, wp)  # [B, hp, wp, C]
         if shift:
             x = torch.roll(x, (shift, shift), dims=(1, 2))
-        x = shortcut + self.drop_path(x[:, :h, :w])  # [B, h, w, C]
+        x = shortcut + self.drop_path(_put(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
+        _put(record, "attn_residual", x)
         # 3) MLP
-        return x + self.drop_path(self.ffn(self.ffn_norm(x)))
+        return x + self.drop_path(_put(record, "ffn", self.ffn(self.ffn_norm(x))))
+
+
+def _put(record: dict | None, name: str, value):
+    if record is not None:
+        record[name] = value
+    return value
 
 
 class PatchMerging(nn.Module):
@@ -184,7 +193,9 @@ class SwinTransformer(nn.Module):
         inter["patch_embed"] = x
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage.blocks):
-                x = block(x)  # [B, h, w, C]
+                record = {} if return_intermediates else None
+                x = block(x, record)  # [B, h, w, C]
+                inter.update({f"stages.{s}.blocks.{i}.{k}": v for k, v in (record or {}).items()})
                 inter[f"stages.{s}.blocks.{i}"] = x
             if stage.downsample is not None:
                 x = stage.downsample(x)  # [B, h/2, w/2, 2C]
