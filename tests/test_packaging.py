@@ -89,3 +89,35 @@ def test_atomic_writes_get_the_usual_modes(tmp_path):
         os.umask(mask)
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
+def test_cli_stderr_drops_only_background_loop_closed_tracebacks():
+    """The CLI's stderr filter: main-thread text passes as written; from other threads, a
+    traceback ending in "RuntimeError: Event loop is closed" is dropped whole even when
+    threads interleave, and any other traceback or line passes."""
+    import io
+    import threading
+
+    from jaxformer.cli import _BackgroundTracebackFilter
+    out = io.StringIO()
+    f = _BackgroundTracebackFilter(out)
+    loop_closed = ["Traceback (most recent call last):\n", '  File "base_events.py", line 806, in x\n',
+                   "    self._check_closed()\n", "RuntimeError: Event loop is closed\n"]
+    other = ["Traceback (most recent call last):\n", '  File "w.py", line 1, in y\n', "ValueError: real\n"]
+    barrier = threading.Barrier(2)
+
+    def write(parts):
+        barrier.wait()
+        for p in parts:  # a line in two pieces, to interleave mid-line with the other thread
+            f.write(p[:5])
+            f.write(p[5:])
+    threads = [threading.Thread(target=write, args=(loop_closed,)),
+               threading.Thread(target=write, args=(other + ["a warning line\n"],))]
+    f.write("main: kept\n")
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    text = out.getvalue()
+    assert "Event loop is closed" not in text and "_check_closed" not in text
+    assert "main: kept\n" in text and "".join(other) in text and "a warning line\n" in text

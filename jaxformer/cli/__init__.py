@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import threading
 
 import jaxformer
 
@@ -67,13 +68,71 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+class _BackgroundTracebackFilter:
+    """sys.stderr for a command: what the main thread writes passes straight through; what
+    another thread writes is assembled into lines per thread, and a traceback block from
+    another thread whose last line is `RuntimeError: Event loop is closed` is dropped whole.
+
+    Why: when a checkpoint write fails (a full disk), tensorstore's writer threads keep
+    calling back into the asyncio loop orbax has already closed, and each prints that
+    traceback (dozens, interleaved between threads) while the real error reaches `main` as
+    an exception and is printed once. Any other background output, tracebacks included,
+    still reaches stderr."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._main = threading.get_ident()
+        self._lock = threading.Lock()
+        self._pending: dict[int, str] = {}  # thread -> text not yet ending in a newline
+        self._blocks: dict[int, list[str]] = {}  # thread -> lines of an open traceback
+
+    def write(self, text: str) -> int:
+        tid = threading.get_ident()
+        if tid == self._main:
+            return self._stream.write(text)
+        with self._lock:
+            buf = self._pending.pop(tid, "") + text
+            *lines, rest = buf.split("\n")
+            if rest:
+                self._pending[tid] = rest
+            for line in lines:
+                self._line(tid, line + "\n")
+        return len(text)
+
+    def _line(self, tid: int, line: str) -> None:
+        block = self._blocks.get(tid)
+        if block is None:
+            if line.startswith("Traceback (most recent call last):"):
+                self._blocks[tid] = [line]
+            else:
+                self._stream.write(line)
+            return
+        block.append(line)
+        if not line.startswith((" ", "\t")):  # the exception line closes the block
+            del self._blocks[tid]
+            if line.strip() != "RuntimeError: Event loop is closed":
+                self._stream.write("".join(block))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def _quiet_background_failures() -> None:
     """When a checkpoint write fails (a full disk), orbax's background writers log the same
-    error through absl before it reaches `main` as an exception, which prints it once: the absl
-    echo is dropped unless --debug. (tensorstore's writer threads may still print tracebacks of
-    their own, "Event loop is closed", from native code that no Python hook sees.)"""
+    error through absl, asyncio logs the failed write tasks again when they are collected, and
+    tensorstore's threads print "Event loop is closed" tracebacks (see
+    _BackgroundTracebackFilter); the error itself reaches `main` as an exception and is printed
+    once. These echoes are dropped unless --debug."""
     import logging
     logging.getLogger("absl").setLevel(logging.CRITICAL)
+    # orbax's failed write coroutines are reported again when their tasks are collected
+    # ("Task exception was never retrieved"); jaxformer runs no asyncio code of its own
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    if not isinstance(sys.stderr, _BackgroundTracebackFilter):
+        sys.stderr = _BackgroundTracebackFilter(sys.stderr)
 
 
 def user_error(e: BaseException) -> bool:
