@@ -41,7 +41,9 @@ STEPS = ("last", "best")
 # ----------------------------------------------------------------------------- model checkpoints
 def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True) -> None:
     """Write DIR/model.yaml + DIR/params atomically; an existing DIR is an error unless
-    overwrite (then replaced only once the new one is complete)."""
+    overwrite (then replaced only once the new one is complete). The calling process writes
+    alone, also in a multi-process job (give it host copies of the params)."""
+    import jax
     import orbax.checkpoint as ocp
     from flax import nnx
 
@@ -50,7 +52,9 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True)
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
             yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-        ckptr = ocp.StandardCheckpointer()
+        me = jax.process_index()
+        ckptr = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
+            primary_host=me, active_processes={me}))
         ckptr.save(os.path.join(tmp, "params"), params)
         ckptr.wait_until_finished()
 

@@ -376,13 +376,17 @@ class JaxTrainer:
 
     def _export(self, state, kind: str, info: dict) -> None:
         """WORKDIR/model/{last,best}: the standalone model checkpoint (checkpoint_io.save_model,
-        flax layout) that export, generate and init_from read, plus metrics.json (step, eval)."""
-        if jax.process_count() > 1:
-            # orbax's StandardCheckpointer synchronises every process, so process 0 alone
-            # cannot write a multi-host model checkpoint; training state is still saved
-            return
+        flax layout) that export, generate and init_from read, plus metrics.json (step, eval).
+        Every process calls it: with several, the params are gathered to host copies first (a
+        collective), then process 0 alone writes them."""
         from jaxformer.checkpoint_io import save_model
-        model = nnx.merge(self.fns.graphdef_eval, state["params"], state["rest"])
+        params = state["params"]
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            params = multihost_utils.process_allgather(params, tiled=True)  # numpy, full values
+        if not self.primary:
+            return
+        model = nnx.merge(self.fns.graphdef_eval, params, state["rest"])
         d = os.path.join(self.workdir, "model", kind)
         save_model(model, self.cfg.model_name, self.cfg.model, d)
         workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
@@ -437,9 +441,8 @@ class JaxTrainer:
                                                           "skipped_steps": self.skipped_steps},
                                        eval_loss=eval_loss)
                         saved = step
-                        if self.primary:
-                            self._export(host_state, "last", {"step": step, **self.last_eval})
-                    if (eval_loss is not None and eval_loss < self.best_eval) and self.primary:
+                        self._export(host_state, "last", {"step": step, **self.last_eval})
+                    if eval_loss is not None and eval_loss < self.best_eval:  # the same on every process
                         self.best_eval = eval_loss
                         self._export(host_state or self._unreplicate(state), "best",
                                      {"step": step, **self.last_eval})
