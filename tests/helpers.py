@@ -18,3 +18,14 @@ def converted_pair(name: str, cfg, seed: int = 0):
     convert.load_torch_state_dict(j, t.state_dict())
     j.eval()
     return t, j
+
+
+def randomize(module, seed: int = 0):
+    """Every parameter of a torch module redrawn (biases and norms too: HF initialises them to
+    0 / 1, and random values make every weight matter), in eval mode."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim == 1 else 0.2))
+    return module.eval()

@@ -25,6 +25,7 @@ from jaxformer.cli import main as cli
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError, param_leaves, torch_to_flax_arrays
 from jaxformer.parity import setup_precision
+from helpers import randomize as _randomize
 
 transformers = pytest.importorskip("transformers")
 T = transformers
@@ -35,15 +36,6 @@ V = 300  # >= 259: the byte-level datasets fit, so train.yaml gets a real data s
 @pytest.fixture(autouse=True)
 def _precision():
     setup_precision()
-
-
-def _randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """HF initialises biases and norms to 0 / 1; random values make every weight matter."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim == 1 else 0.2))
-    return module.eval()
 
 
 # family -> (HF class, HF config, Auto class for the round trip)

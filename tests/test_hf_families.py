@@ -21,6 +21,7 @@ from flax import nnx
 from jaxformer import hf
 from jaxformer.config import ConfigError
 from jaxformer.parity import setup_precision
+from helpers import randomize as _randomize
 
 T = pytest.importorskip("transformers")
 V = 64
@@ -54,14 +55,6 @@ CASES = {
 @pytest.fixture(autouse=True)
 def _precision():
     setup_precision()
-
-
-def _randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim == 1 else 0.2))
-    return module.eval()
 
 
 def _hf_logits(model, ids=IDS, mask=MASK) -> np.ndarray:
