@@ -66,7 +66,8 @@ def residual(cfg: TransformerConfig, norm, sublayer, x: jax.Array, record: dict 
     return x + h if cfg.norm_position == "pre" else norm(x + h)
 
 
-def _put(record: dict | None, name: str, value):
+def put_record(record: dict | None, name: str, value):
+    """record[name] = value when recording intermediates; -> value either way."""
     if record is not None:
         record[name] = value
     return value
@@ -97,7 +98,7 @@ class EncoderLayer(nnx.Module):
         x = residual(self.cfg, self.attn_norm,
                      lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
                                        mask=mask, bias=bias, positions=positions), x, record, "attn")
-        _put(record, "attn_residual", x)
+        put_record(record, "attn_residual", x)
         return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
 
 
@@ -141,12 +142,12 @@ class DecoderLayer(nnx.Module):
             return out
 
         x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn")
-        _put(record, "attn_residual", x)
+        put_record(record, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
             x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn")
-            _put(record, "cross_attn_residual", x)
+            put_record(record, "cross_attn_residual", x)
         x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
         return x if cache is None else (x, new_cache)
 

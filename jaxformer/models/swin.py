@@ -27,6 +27,7 @@ from jaxformer.layers.attention import dot_product_attention, key_projection
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
+from jaxformer.layers.transformer import put_record
 from jaxformer.models.vit import PatchEmbedding, check_images
 from jaxformer.tables import relative_position_index, shift_mask
 
@@ -134,16 +135,10 @@ class SwinBlock(nnx.Module):
         x = window_reverse(windows, window, hp, wp)  # [B, hp, wp, C]
         if shift:
             x = jnp.roll(x, (shift, shift), axis=(1, 2))
-        x = shortcut + self.drop_path(_put(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
-        _put(record, "attn_residual", x)
+        x = shortcut + self.drop_path(put_record(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
+        put_record(record, "attn_residual", x)
         # 3) MLP
-        return x + self.drop_path(_put(record, "ffn", self.ffn(self.ffn_norm(x))))
-
-
-def _put(record: dict | None, name: str, value):
-    if record is not None:
-        record[name] = value
-    return value
+        return x + self.drop_path(put_record(record, "ffn", self.ffn(self.ffn_norm(x))))
 
 
 class PatchMerging(nnx.Module):

@@ -108,14 +108,19 @@ class Checkpointer:
                     f"orbax refused to save step {step} in {self.directory} "
                     f"(saved steps: {self.all_steps()}); a step at or below the newest is never overwritten")
         except BaseException as e:
-            self._remove_partial()
-            err = _concise(e, f"checkpoint step {step} in {self.directory}")
-            if err is e:
-                raise
-            raise err from e
+            self._fail(e, f"checkpoint step {step} in {self.directory}")
 
     def best_step(self) -> int | None:
         return self.manager.best_step()
+
+    def _fail(self, e: BaseException, what: str):
+        """A failed write: remove its partial folders, then raise the concise form of `e`
+        (or `e` itself when it has none)."""
+        self._remove_partial()
+        err = _concise(e, what)
+        if err is e:
+            raise e
+        raise err from e
 
     def _remove_partial(self) -> None:
         """Remove the temporary folders of a failed or interrupted write (process 0)."""
@@ -130,11 +135,7 @@ class Checkpointer:
         try:
             self.manager.wait_until_finished()
         except BaseException as e:
-            self._remove_partial()
-            err = _concise(e, f"a checkpoint in {self.directory}")
-            if err is e:
-                raise
-            raise err from e
+            self._fail(e, f"a checkpoint in {self.directory}")
 
     def close(self) -> None:
         try:

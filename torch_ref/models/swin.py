@@ -17,6 +17,7 @@ from jaxformer.tables import relative_position_index, shift_mask
 from torch_ref.layers.attention import dot_product_attention, key_projection
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import LayerNorm
+from torch_ref.layers.transformer import put_record
 from torch_ref.models.vit import PatchEmbedding, check_images
 
 
@@ -129,16 +130,10 @@ class SwinBlock(nn.Module):
         x = window_reverse(windows, window, hp, wp)  # [B, hp, wp, C]
         if shift:
             x = torch.roll(x, (shift, shift), dims=(1, 2))
-        x = shortcut + self.drop_path(_put(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
-        _put(record, "attn_residual", x)
+        x = shortcut + self.drop_path(put_record(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
+        put_record(record, "attn_residual", x)
         # 3) MLP
-        return x + self.drop_path(_put(record, "ffn", self.ffn(self.ffn_norm(x))))
-
-
-def _put(record: dict | None, name: str, value):
-    if record is not None:
-        record[name] = value
-    return value
+        return x + self.drop_path(put_record(record, "ffn", self.ffn(self.ffn_norm(x))))
 
 
 class PatchMerging(nn.Module):
