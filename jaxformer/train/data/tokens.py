@@ -1,0 +1,200 @@
+"""The on-disk format of a tokenized text dataset (`jaxformer data prepare` writes it,
+`data.name: tokens` trains from it).
+
+    DIR/meta.json          what the directory holds (below); written last
+    DIR/train-00000.npy    1-D uint16/uint32 token shards: documents back to back, each
+    DIR/eval-00000.npy     followed by the eos id (a memory map reads them, no unpickling)
+    DIR/tokenizer.json     the tokenizer the ids came from, when it is a `tokenizers` one
+
+meta.json:
+
+    {"format": "jaxformer.tokens", "version": 1, "dtype": "uint16", "vocab_size": 50257,
+     "eos_id": 50256, "bos_id": null,
+     "tokenizer": {"spec": "gpt2/", "kind": "tokenizers", "file": "tokenizer.json", "sha256": "..."},
+     "splits": {"train": {"tokens": N, "documents": D,
+                          "shards": [{"file": "train-00000.npy", "tokens": n, "documents": d}]},
+                "eval": {...}},
+     "source": {...}}   # free-form: inputs, eval fraction, the command's options
+
+`TokensWriter` streams documents into shards of bounded size inside a temporary directory that
+replaces DIR only when the whole dataset is written (jaxformer/fileio.py), so a failed prepare
+leaves nothing behind. `TokensDir` opens and checks a directory: every error names the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+import numpy as np
+
+from jaxformer.config import ConfigError
+from jaxformer.fileio import atomic_dir, write_text
+
+FORMAT, VERSION = "jaxformer.tokens", 1
+SPLITS = ("train", "eval")
+SHARD_TOKENS = 1 << 26  # 64 Mi tokens per shard: 128 MiB as uint16, the writer's memory bound
+
+
+def storage_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype that holds every id of the vocab."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    if vocab_size <= 1 << 16:
+        return np.dtype(np.uint16)
+    if vocab_size <= 1 << 32:
+        return np.dtype(np.uint32)
+    raise ValueError(f"a vocab of {vocab_size} ids does not fit uint32 storage")
+
+
+class TokensWriter:
+    """Write a tokens directory, streaming:
+
+        with TokensWriter(out, vocab_size=V, eos_id=E, tokenizer={...}) as w:
+            for doc in docs: w.add("train", ids)
+            w.files["tokenizer.json"] = path_of_a_file_to_copy   # optional extras
+    On an exception nothing is written at `out`. `dtype` defaults to the smallest that fits."""
+
+    def __init__(self, out: str, *, vocab_size: int, eos_id: int, tokenizer: dict,
+                 bos_id: int | None = None, dtype: str | None = None, source: dict | None = None,
+                 overwrite: bool = False, shard_tokens: int = SHARD_TOKENS):
+        need = storage_dtype(vocab_size)
+        self.dtype = np.dtype(dtype) if dtype else need
+        if self.dtype.kind != "u" or np.iinfo(self.dtype).max < vocab_size - 1:
+            raise ValueError(f"dtype {self.dtype.name} cannot store ids up to {vocab_size - 1} "
+                             f"(vocab {vocab_size}); use {need.name}")
+        if not 0 <= eos_id < vocab_size:
+            raise ValueError(f"eos id {eos_id} is outside the vocab [0, {vocab_size})")
+        self.out, self.overwrite, self.shard_tokens = out, overwrite, shard_tokens
+        self.meta = {"format": FORMAT, "version": VERSION, "dtype": self.dtype.name,
+                     "vocab_size": int(vocab_size), "eos_id": int(eos_id),
+                     "bos_id": None if bos_id is None else int(bos_id), "tokenizer": tokenizer,
+                     "splits": {s: {"tokens": 0, "documents": 0, "shards": []} for s in SPLITS},
+                     "source": source or {}}
+        self.files: dict[str, str] = {}  # extra files to copy in: name in DIR -> source path
+        self._buf: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+        self._buf_tokens = {s: 0 for s in SPLITS}
+        self._buf_docs = {s: 0 for s in SPLITS}
+        self._eos = np.array([eos_id], self.dtype)
+
+    def __enter__(self):
+        self._ctx = atomic_dir(self.out, overwrite=self.overwrite)
+        self.tmp = self._ctx.__enter__()
+        return self
+
+    def add(self, split: str, ids: Iterable[int] | np.ndarray) -> None:
+        """Append one document (its ids; the eos separator is added here)."""
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.meta["vocab_size"]):
+            raise ValueError(f"token id {int(ids.max() if ids.max() >= 0 else ids.min())} is outside "
+                             f"the vocab [0, {self.meta['vocab_size']})")
+        self._buf[split] += [ids.astype(self.dtype), self._eos]
+        self._buf_tokens[split] += ids.size + 1
+        self._buf_docs[split] += 1
+        if self._buf_tokens[split] >= self.shard_tokens:
+            self._flush(split)
+
+    def count(self, split: str) -> tuple[int, int]:
+        """(tokens, documents) written to `split` so far."""
+        s = self.meta["splits"][split]
+        return s["tokens"] + self._buf_tokens[split], s["documents"] + self._buf_docs[split]
+
+    def _flush(self, split: str) -> None:
+        if not self._buf_tokens[split]:
+            return
+        s = self.meta["splits"][split]
+        name = f"{split}-{len(s['shards']):05d}.npy"
+        np.save(os.path.join(self.tmp, name), np.concatenate(self._buf[split]), allow_pickle=False)
+        s["shards"].append({"file": name, "tokens": self._buf_tokens[split],
+                            "documents": self._buf_docs[split]})
+        s["tokens"] += self._buf_tokens[split]
+        s["documents"] += self._buf_docs[split]
+        self._buf[split], self._buf_tokens[split], self._buf_docs[split] = [], 0, 0
+
+    def __exit__(self, kind, value, tb):
+        try:
+            if kind is None:
+                for split in SPLITS:
+                    self._flush(split)
+                import shutil
+                for name, src in self.files.items():
+                    shutil.copyfile(src, os.path.join(self.tmp, name))
+                write_text(os.path.join(self.tmp, "meta.json"), json.dumps(self.meta, indent=1) + "\n")
+        except BaseException as e:
+            return self._ctx.__exit__(type(e), e, e.__traceback__)
+        return self._ctx.__exit__(kind, value, tb)
+
+
+class TokenSplit:
+    """One split's shards as memory maps, read as one long 1-D stream of ids."""
+
+    def __init__(self, root: str, name: str, info: dict, dtype: np.dtype):
+        self.name = name
+        self.shards: list[np.ndarray] = []
+        for s in info["shards"]:
+            path = os.path.join(root, s["file"])
+            if not os.path.isfile(path):
+                raise ConfigError(f"tokens dataset {root}: shard {s['file']} is missing")
+            try:
+                arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError, EOFError) as e:  # truncated header or data
+                raise ConfigError(f"tokens dataset {root}: shard {s['file']} is unreadable or "
+                                  f"truncated ({e})") from None
+            if arr.ndim != 1 or arr.dtype != dtype or len(arr) != s["tokens"]:
+                raise ConfigError(f"tokens dataset {root}: shard {s['file']} holds {arr.shape} "
+                                  f"{arr.dtype}, meta.json says ({s['tokens']},) {dtype.name}")
+            self.shards.append(arr)
+        self.offsets = np.cumsum([0] + [len(a) for a in self.shards])
+        self.num_tokens = int(self.offsets[-1])
+        self.num_documents = int(info["documents"])
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """ids [start, start + length) of the stream, as int32, across shard boundaries."""
+        if start < 0 or start + length > self.num_tokens:
+            raise IndexError(f"{self.name} split: tokens [{start}, {start + length}) outside "
+                             f"[0, {self.num_tokens})")
+        out = np.empty(length, np.int32)
+        i = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        filled = 0
+        while filled < length:
+            lo = start + filled - self.offsets[i]
+            take = min(length - filled, len(self.shards[i]) - lo)
+            out[filled:filled + take] = self.shards[i][lo:lo + take]
+            filled += take
+            i += 1
+        return out
+
+
+class TokensDir:
+    """A prepared tokens directory, checked on open: meta.json, then each split's shards."""
+
+    def __init__(self, path: str):
+        self.path = path
+        meta_path = os.path.join(path, "meta.json")
+        if not os.path.isdir(path):
+            raise ConfigError(f"tokens dataset {path}: no such directory (make one with "
+                              f"`jaxformer data prepare`)")
+        if not os.path.isfile(meta_path):
+            raise ConfigError(f"tokens dataset {path}: no meta.json; not a directory written by "
+                              f"`jaxformer data prepare`, or an interrupted one")
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"tokens dataset {meta_path}: unreadable ({e})") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ConfigError(f"tokens dataset {meta_path}: format {meta.get('format')!r} version "
+                              f"{meta.get('version')!r}; this jaxformer reads {FORMAT!r} version {VERSION}")
+        self.meta = meta
+        self.vocab_size, self.eos_id = int(meta["vocab_size"]), int(meta["eos_id"])
+        self.bos_id = meta.get("bos_id")
+        self.tokenizer = meta["tokenizer"]
+        self.dtype = np.dtype(meta["dtype"])
+        self._splits: dict[str, TokenSplit] = {}
+
+    def split(self, name: str) -> TokenSplit:
+        if name not in self._splits:
+            if name not in self.meta["splits"]:
+                raise ConfigError(f"tokens dataset {self.path}: no {name!r} split")
+            self._splits[name] = TokenSplit(self.path, name, self.meta["splits"][name], self.dtype)
+        return self._splits[name]
