@@ -13,6 +13,8 @@ deleted at the end (unless --keep).
 
     python bench/hf_streaming.py                      # ~2.3 GB float32, 500 MB shards
     python bench/hf_streaming.py --layers 4 --shard-mb 200 --dtype bfloat16
+    python bench/hf_streaming.py --preset llama3-1b   # Llama-3.2-1B's shapes: 2.5 GB bfloat16
+                                                      # in 1 GB shards, kept bfloat16
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def llama_tensors(cfg: dict):
         yield p + "input_layernorm.weight", (d,)
         yield p + "post_attention_layernorm.weight", (d,)
     yield "model.norm.weight", (d,)
-    yield "lm_head.weight", (v, d)
+    if not cfg.get("tie_word_embeddings"):
+        yield "lm_head.weight", (v, d)
 
 
 def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: int = 0) -> dict:
@@ -59,7 +62,7 @@ def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: i
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "torch_dtype": dtype}, f, indent=1)
+                   "dtype": dtype}, f, indent=1)
     shards: list[dict] = [{}]
     size, weight_map, sizes, total = 0, {}, [], 0
 
@@ -161,9 +164,13 @@ from flax import nnx
 from jaxformer.checkpoint_io import load_model_config
 from jaxformer.hf.files import HFCheckpoint
 from jaxformer.models import abstract_model
+from jaxformer.checkpoint_io import load_param_dtype
+from jaxformer.models import cast_params
 src, out = sys.argv[1], sys.argv[2]
 name, cfg = load_model_config(out)
-abstract = nnx.to_pure_dict(nnx.state(abstract_model(name, cfg), nnx.Param))
+model = abstract_model(name, cfg)
+cast_params(model, load_param_dtype(out))
+abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
 target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
 params = ocp.StandardCheckpointer().restore(out + "/params", target)
 ck = HFCheckpoint(src)
@@ -171,8 +178,12 @@ checks = {"model.embed_tokens.weight": params["embed"]["embed_tokens"]["embeddin
           "model.layers.0.self_attn.k_proj.weight": params["decoder"]["layers"][0]["self_attn"]["k_proj"]["kernel"].T,
           f"model.layers.{cfg.num_layers - 1}.mlp.down_proj.weight":
               params["decoder"]["layers"][cfg.num_layers - 1]["ffn"]["down_proj"]["kernel"].T,
-          "lm_head.weight": params["lm_head"]["kernel"].T, "model.norm.weight": params["decoder"]["final_norm"]["scale"]}
-ok = {k: bool(np.array_equal(np.asarray(v), ck.read(k).astype(np.float32))) for k, v in checks.items()}
+          "model.norm.weight": params["decoder"]["final_norm"]["scale"]}
+if "lm_head" in params:
+    checks["lm_head.weight"] = params["lm_head"]["kernel"].T
+ok = {k: bool(np.array_equal(np.asarray(v).astype(np.float32), ck.read(k).astype(np.float32)))
+      for k, v in checks.items()}
+ok["dtype"] = sorted({str(x.dtype) for x in jax.tree.leaves(params)})
 n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
 print(json.dumps({"equal": ok, "params": n}))
 """
@@ -186,14 +197,28 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--shard-mb", type=int, default=500)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--param-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="the converted params' dtype (convert --param-dtype)")
+    ap.add_argument("--preset", choices=["llama3-1b"], default=None,
+                    help="llama3-1b: Llama-3.2-1B's shapes (vocab 128256, 16 layers, d 2048, GQA "
+                         "32/8 heads, tied, rope_scaling llama3), bfloat16 in 1 GB shards")
     ap.add_argument("--workdir", default=None, help="default: a temp dir under /tmp")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-verify", action="store_true")
     args = ap.parse_args()
+    if args.preset == "llama3-1b":
+        args.layers, args.hidden, args.intermediate, args.vocab = 16, 2048, 8192, 128256
+        args.dtype, args.shard_mb = "bfloat16", 1000
     cfg = {"hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
            "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": args.vocab,
            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
            "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+    if args.preset == "llama3-1b":
+        cfg.update(num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                   rope_theta=500000.0, tie_word_embeddings=True, bos_token_id=128000,
+                   eos_token_id=[128001, 128008, 128009],
+                   rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
     work = args.workdir or tempfile.mkdtemp(prefix="hf_streaming_", dir="/tmp")
     os.makedirs(work, exist_ok=True)
     src, out = os.path.join(work, "hf"), os.path.join(work, "ckpt")
@@ -205,7 +230,8 @@ def main() -> int:
               f"{mib(info['largest_shard'])}, largest tensor {mib(info['largest_tensor'])}), "
               f"{time.time() - t:.0f} s", flush=True)
         base = run_measured([sys.executable, "-c", SELF_MEASURED, "--imports-only"])
-        conv = run_measured([sys.executable, "-c", SELF_MEASURED, "convert", "--from", "hf", src, "--to", "flax", out])
+        conv = run_measured([sys.executable, "-c", SELF_MEASURED, "convert", "--from", "hf", src, "--to", "flax", out,
+                            "--param-dtype", args.param_dtype])
         if conv["rc"] != 0:
             print(conv["stdout"], conv["stderr"], file=sys.stderr)
             return 1
@@ -214,7 +240,8 @@ def main() -> int:
         baseline, peak = self_maxrss(base), self_maxrss(conv)
         result = {
             "model_bytes": info["bytes"], "shards": info["shards"], "largest_shard_bytes": info["largest_shard"],
-            "largest_tensor_bytes": info["largest_tensor"], "dtype": args.dtype, "output_bytes": out_bytes,
+            "largest_tensor_bytes": info["largest_tensor"], "dtype": args.dtype,
+            "param_dtype": args.param_dtype, "preset": args.preset, "output_bytes": out_bytes,
             "baseline_peak_rss (imports only, VmHWM)": baseline,
             "convert_peak_rss (VmHWM)": peak, "convert_peak_rss (VmRSS polled)": conv["peak_rss_proc"],
             "convert_ru_maxrss (includes the parent's RSS at fork)": self_maxrss(conv, 2),

@@ -48,15 +48,39 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True)
     from flax import nnx
 
     from jaxformer.config import to_dict
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params) if np.dtype(x.dtype).kind == "f"
+              or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
-            yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
-        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+            yaml.safe_dump(model_yaml(name, to_dict(cfg), "bfloat16" if dtypes == {"bfloat16"} else "float32"),
+                           f, sort_keys=False)
         me = jax.process_index()
         ckptr = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
             primary_host=me, active_processes={me}))
         ckptr.save(os.path.join(tmp, "params"), params)
         ckptr.wait_until_finished()
+
+
+def model_yaml(name: str, fields: dict, param_dtype: str = "float32") -> dict:
+    """The content of DIR/model.yaml: the model section, plus `param_dtype` when the params are
+    stored as bfloat16 (load_model then builds the model with bfloat16 params)."""
+    out: dict = {"model": {"name": name, **fields}}
+    if param_dtype != "float32":
+        out["param_dtype"] = param_dtype
+    return out
+
+
+def load_param_dtype(directory: str) -> str:
+    """The params' storage dtype recorded in DIR/model.yaml ("float32" when absent)."""
+    from jaxformer.models import PARAM_DTYPES
+    path = os.path.join(directory, "model.yaml")
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    dtype = data.get("param_dtype", "float32") if isinstance(data, dict) else "float32"
+    if dtype not in PARAM_DTYPES:
+        raise ValueError(f"{path}: param_dtype {dtype!r}, expected one of {', '.join(PARAM_DTYPES)}")
+    return dtype
 
 
 def load_model_config(directory: str):
@@ -113,9 +137,10 @@ def load_params_into(model, directory: str) -> None:
 
 def load_model(directory: str, seed: int = 0):
     """-> (name, cfg, model) from a model checkpoint directory."""
-    from jaxformer.models import build_model
+    from jaxformer.models import build_model, cast_params
     name, cfg = load_model_config(directory)
     model = build_model(name, cfg, seed=seed)
+    cast_params(model, load_param_dtype(directory))
     load_params_into(model, directory)
     return name, cfg, model
 

@@ -30,6 +30,10 @@ def add_arguments(p) -> None:
                         "unless the input carries jaxformer metadata")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (never the input itself)")
+    p.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16", "auto"],
+                   help="--from hf: the params' storage dtype (auto: bfloat16 for a bfloat16 "
+                        "checkpoint, else float32); bfloat16 halves memory, and the model still "
+                        "computes in its config's dtype")
 
 
 def load_model_section(path: str):
@@ -60,6 +64,8 @@ MODES = {None: ("flax", "torch"), "hf": ("flax",), "flax": ("hf",)}
 
 def run(args) -> int:
     """Errors are raised (the jaxformer CLI prints them: one or two lines, exit 2)."""
+    if args.param_dtype != "float32" and args.source != "hf":
+        raise ValueError("--param-dtype applies to --from hf imports only")
     if args.to not in MODES[args.source]:
         src = f"--from {args.source}" if args.source else "file mode (no --from)"
         raise ValueError(f"{src} converts --to {' or '.join(MODES[args.source])}, not --to {args.to}")
@@ -96,9 +102,10 @@ def _import_hf(args) -> int:
         why.append(reason)
         return {"train.yaml": text}
 
-    r = convert_hf_to_flax(args.src, out, overwrite=args.overwrite, extra_files=train_yaml)
-    print(f"wrote {r['out']}: {r['architecture']} -> jaxformer {r['model']}, {r['params']} params from "
-          f"{r['tensors']} HF tensors in {r['shards']} shard(s) ({r['bytes'] / 2**20:.1f} MiB)")
+    r = convert_hf_to_flax(args.src, out, overwrite=args.overwrite, extra_files=train_yaml,
+                           param_dtype=args.param_dtype)
+    print(f"wrote {r['out']}: {r['architecture']} -> jaxformer {r['model']}, {r['params']} {r['param_dtype']} "
+          f"params from {r['tensors']} HF tensors in {r['shards']} shard(s) ({r['bytes'] / 2**20:.1f} MiB)")
     for k in r["skipped"]:
         print(f"  skipped {k} (a buffer, or a copy identical to the tied embedding)")
     for note in r["notes"]:

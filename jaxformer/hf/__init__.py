@@ -123,21 +123,26 @@ def tensor_fn(ckpt, fam, name: str, cfg, arch: str):
 
 
 # ----------------------------------------------------------------------------- import
-def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, max_len: int | None = None):
+def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, max_len: int | None = None,
+                    param_dtype: str = "float32"):
     """Load a Hugging Face model directory as a built Flax NNX model. max_len: a RoPE model's
-    context beyond max_position_embeddings (read_config).
+    context beyond max_position_embeddings (read_config). param_dtype: the params' storage
+    dtype, "float32", "bfloat16" or "auto" (the checkpoint's own; resolve_param_dtype).
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ModelSink, convert_stream
-    from jaxformer.models import abstract_model
+    from jaxformer.models import abstract_model, cast_params
     ckpt = HFCheckpoint(path)
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
     # in eager JAX compiles one initializer per parameter shape (seconds on a small Swin).
     model = abstract_model(name, cfg)
-    report = convert_stream(ckpt, tensor_fn(ckpt, fam, name, cfg, arch), model, ModelSink(model))
+    dtype, downcast = resolve_param_dtype(ckpt, param_dtype)
+    cast_params(model, dtype)
+    report = convert_stream(ckpt, tensor_fn(ckpt, fam, name, cfg, arch), model, ModelSink(model),
+                            allow_downcast=downcast)
     materialize_rng_state(model, seed)
     model.eval()
     report.update(architecture=arch, model=name, notes=notes)
@@ -168,29 +173,33 @@ def materialize_rng_state(model, seed: int) -> None:
 
 def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_bytes: int = 256 << 20,
                        extra_files: Callable[[str, Any], Mapping[str, str]] | None = None,
-                       max_len: int | None = None) -> dict:
+                       max_len: int | None = None, param_dtype: str = "float32") -> dict:
     """HF directory -> jaxformer model checkpoint (OUT/model.yaml + orbax OUT/params, as
     checkpoint_io.save_model writes). Streams shard by shard: peak memory is about one batch
     of `flush_bytes` converted arrays or twice the largest tensor, not the model (see
     streaming.py). `extra_files(name, cfg) -> {file name: text}` adds files to OUT (the CLI's
-    train.yaml) inside the same atomic write. max_len: as from_pretrained. Returns a report."""
+    train.yaml) inside the same atomic write. max_len, param_dtype: as from_pretrained (a
+    bfloat16 output is recorded in model.yaml and loads back as bfloat16). Returns a report."""
     import yaml
 
+    from jaxformer.checkpoint_io import model_yaml
     from jaxformer.config import to_dict
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ParamsWriter, convert_stream
-    from jaxformer.models import abstract_model
+    from jaxformer.models import abstract_model, cast_params
     _refuse_same(src, out)
     ckpt = HFCheckpoint(src)
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     abstract = abstract_model(name, cfg)
+    dtype, downcast = resolve_param_dtype(ckpt, param_dtype)
+    cast_params(abstract, dtype)
     fn = tensor_fn(ckpt, fam, name, cfg, arch)
     out = os.path.abspath(out)
     with fileio.atomic_dir(out, overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
-            yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
+            yaml.safe_dump(model_yaml(name, to_dict(cfg), dtype), f, sort_keys=False)
         writer = ParamsWriter(tmp)
-        report = convert_stream(ckpt, fn, abstract, writer, flush_bytes=flush_bytes)
+        report = convert_stream(ckpt, fn, abstract, writer, flush_bytes=flush_bytes, allow_downcast=downcast)
         writer.close()
         report["batches"] = writer.batches
         files = dict(extra_files(name, cfg)) if extra_files else {}
@@ -199,9 +208,24 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
                 raise ValueError(f"extra_files: {file_name!r} is not a new file name inside OUT")
             with open(os.path.join(tmp, file_name), "w") as f:
                 f.write(text)
-    report.update(architecture=arch, model=name, out=out, notes=notes, files=sorted(files),
+    report.update(architecture=arch, model=name, out=out, notes=notes, files=sorted(files), param_dtype=dtype,
                   shards=len(ckpt.shards), bytes=ckpt.nbytes)
     return report
+
+
+def resolve_param_dtype(ckpt, param_dtype: str) -> tuple[str, bool]:
+    """-> (storage dtype, allow_downcast). "auto" keeps a bfloat16 checkpoint bfloat16 (every
+    floating tensor bfloat16) and loads anything else as float32, which holds float16 and
+    float32 exactly. Asking for bfloat16 on a float32 checkpoint is a deliberate downcast, so
+    it is allowed."""
+    from jaxformer.models import PARAM_DTYPES
+    if param_dtype not in PARAM_DTYPES + ("auto",):
+        raise ValueError(f"param dtype {param_dtype!r}: expected auto, {', '.join(PARAM_DTYPES)}")
+    floats = {np.dtype(t.dtype).name for t in ckpt.tensors.values() if np.dtype(t.dtype).kind == "f"
+              or np.dtype(t.dtype).name == "bfloat16"}
+    if param_dtype == "auto":
+        return ("bfloat16" if floats == {"bfloat16"} else "float32"), False
+    return param_dtype, param_dtype != "float32"
 
 
 def _refuse_same(src: str, out: str) -> None:
@@ -292,6 +316,9 @@ def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True)
     fam = exporter(name, cfg)
     hf_config = fam.config_to_hf(name, cfg)
     hf_sd = fam.state_dict_to_hf(flax_to_torch_arrays(model), name, cfg)
+    floats = {np.dtype(v.dtype).name for v in hf_sd.values()}
+    if floats == {"bfloat16"}:  # a model stored in bfloat16 (cast_params) exports as bfloat16
+        hf_config["dtype"] = "bfloat16"
     with fileio.atomic_dir(os.path.abspath(path), overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config, f, indent=2, sort_keys=True)

@@ -51,7 +51,9 @@ class Embedding(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         check_ids(ids, self.num_embeddings)
-        x = jnp.take(self.embedding[...], ids, axis=0)  # [B, T, D]
+        # the residual stream is float32 whatever the table's storage dtype (a bfloat16 table,
+        # models.cast_params): a bfloat16 stream would make every later matmul bfloat16
+        x = jnp.take(self.embedding[...], ids, axis=0).astype(jnp.float32)  # [B, T, D]
         if self.multiplier is not None:
             x = x * self.multiplier
         return x
