@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
 
-FFN_KINDS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+FFN_KINDS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 NORM_KINDS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")

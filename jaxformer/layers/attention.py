@@ -168,7 +168,13 @@ class MultiHeadAttention(nnx.Module):
         qk_norm: a norm kind ("rmsnorm", Qwen3) applied per head to q and k before RoPE, with
             eps norm_eps; None = none.
         scale: score scale; None = 1/sqrt(K) (T5 uses 1).
-    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
+        kdim, vdim: input widths of k_proj and v_proj; None = D (torch.nn.MultiheadAttention's
+            kdim / vdim, for keys and values that come from a stream of another width).
+        add_bias_kv: append one learned key slot `bias_k` and value slot `bias_v` ([G * K]) to
+            the projected keys and values, always visible (nn.MultiheadAttention's add_bias_kv).
+        add_zero_attn: then append one all-zero key and value slot, always visible (score 0).
+    Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
+    kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
 
     KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] arrays (the
     layout a decode step reads without a transpose; bench/README.md):
@@ -184,7 +190,9 @@ class MultiHeadAttention(nnx.Module):
                  head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
                  dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
-                 qk_norm: str | None = None, norm_eps: float = 1e-6, rngs: nnx.Rngs):
+                 qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
+                 vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 rngs: nnx.Rngs):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
             if d_model % num_heads:
@@ -192,11 +200,20 @@ class MultiHeadAttention(nnx.Module):
             head_dim = d_model // num_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        if rope_max_len and (add_bias_kv or add_zero_attn):
+            raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
+                             "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.k_proj = Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.v_proj = Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        # learned key/value slots appended after the projected keys/values (add_bias_kv), [G * K]
+        self.bias_k = nnx.Param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,))) \
+            if add_bias_kv else None
+        self.bias_v = nnx.Param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,))) \
+            if add_bias_kv else None
+        self.add_zero_attn = add_zero_attn
         self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
                              rngs=rngs)
         # per-head norms of q and k before RoPE (Qwen3), weights [K]
@@ -207,21 +224,51 @@ class MultiHeadAttention(nnx.Module):
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-    def project_kv(self, kv: jax.Array) -> dict:
-        """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
+    def project_kv(self, kv: jax.Array, value: jax.Array | None = None) -> dict:
+        """Keys of kv [B, S, kdim] and values of value [B, S, vdim] (None = kv)
+        -> {"k", "v"}: [B, S, G, K] (no RoPE, no appended slots)."""
         b, s, _ = kv.shape
         # step 2 of __call__ rotates these keys; a k_norm is not linear in b_k either
         rotated = self.rope is not None or self.k_norm is not None
+        # the slots of step 2c carry no b_k, so softmax does not cancel q . b_k (§23)
+        rotated = rotated or self.bias_k is not None or self.add_zero_attn
         k = key_projection(self.k_proj, kv, rotated=rotated).reshape(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        value = kv if value is None else value
         return {"k": k if self.k_norm is None else self.k_norm(k),
-                "v": self.v_proj(kv).reshape(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+                "v": self.v_proj(value).reshape(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+
+    def append_slots(self, k: jax.Array, v: jax.Array, mask, bias):
+        """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
+        (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
+        visible with bias 0."""
+        b, _, g, d = k.shape
+        new_k, new_v = [k], [v]
+        if self.bias_k is not None:
+            new_k.append(jnp.broadcast_to(self.bias_k[...].reshape(1, 1, g, d), (b, 1, g, d)).astype(k.dtype))
+            new_v.append(jnp.broadcast_to(self.bias_v[...].reshape(1, 1, g, d), (b, 1, g, d)).astype(v.dtype))
+        if self.add_zero_attn:
+            new_k.append(jnp.zeros((b, 1, g, d), k.dtype))
+            new_v.append(jnp.zeros((b, 1, g, d), v.dtype))
+        n, s = len(new_k) - 1, k.shape[1]
+
+        def pad(m, value):  # -> 4-D, S columns, then n more
+            m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+            m = jnp.broadcast_to(m, m.shape[:3] + (s,))
+            return jnp.concatenate([m, jnp.full(m.shape[:3] + (n,), value, m.dtype)], axis=-1)
+        mask = None if mask is None else pad(mask, True)
+        bias = None if bias is None else pad(bias, 0)
+        return jnp.concatenate(new_k, axis=1), jnp.concatenate(new_v, axis=1), mask, bias
 
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
                  bias: jax.Array | None = None, positions: jax.Array | None = None,
-                 return_weights: bool = False, cache: dict | None = None, cache_index=None):
+                 return_weights: bool = False, cache: dict | None = None, cache_index=None,
+                 value: jax.Array | None = None):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
+        slots = self.bias_k is not None or self.add_zero_attn
+        if cache is not None and slots:
+            raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
@@ -229,7 +276,7 @@ class MultiHeadAttention(nnx.Module):
         if read_only:
             k, v = cache["k"], cache["v"]  # [B, G, S, K], projected once
         else:
-            kv_heads = self.project_kv(x if kv is None else kv)
+            kv_heads = self.project_kv(x if kv is None else kv, value)
             k, v = kv_heads["k"], kv_heads["v"]  # [B, S, G, K]
         # 2) rotate q and k (self-attention only)
         if self.rope is not None:
@@ -243,6 +290,9 @@ class MultiHeadAttention(nnx.Module):
             k = jax.lax.dynamic_update_slice(cache["k"], jnp.swapaxes(k, 1, 2).astype(cache["k"].dtype), start)  # [B, G, L, K]
             v = jax.lax.dynamic_update_slice(cache["v"], jnp.swapaxes(v, 1, 2).astype(cache["v"].dtype), start)  # [B, G, L, K]
             cache = {"k": k, "v": v}
+        # 2c) append the learned and the zero key/value slots
+        if slots:
+            k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,

@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks: ReLU, GELU (exact / tanh), SwiGLU, GeGLU.
+"""Position-wise feed-forward networks: ReLU, GELU (exact / tanh), SiLU, SwiGLU, GeGLU.
 Twin: torch_ref/layers/ffn.py."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
 
 def activation(kind: str):
     """The nonlinearity of an FFN kind. GELU variants are named, never defaulted (docs/numerics.md §2)."""
-    return {"relu": jax.nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "swiglu": jax.nn.silu,
+    return {"relu": jax.nn.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "silu": jax.nn.silu, "swiglu": jax.nn.silu,
             "geglu": gelu_exact, "geglu_tanh": gelu_tanh}[kind]
 
 
@@ -28,7 +28,7 @@ class FeedForward(nnx.Module):
     """FFN(x) = down(act(up(x)))  or, gated (Shazeer 2020), down(act(gate(x)) * up(x)).
 
     Args:
-        d_model: D.  d_ff: F.  kind: relu | gelu | gelu_tanh | swiglu | geglu | geglu_tanh.
+        d_model: D.  d_ff: F.  kind: relu | gelu | gelu_tanh | silu | swiglu | geglu | geglu_tanh.
         bias: biases on the projections.  inner_dropout: after the activation.
         dropout: on the output.
     Shapes: x [B, T, D] -> [B, T, D].

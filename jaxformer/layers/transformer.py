@@ -169,10 +169,9 @@ class DecoderLayer(nnx.Module):
 class _Stack(nnx.Module):
     """Shared plumbing: positional biases (ALiBi, T5) computed once per stack, final norm."""
 
-    causal: bool = False
-
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, causal: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.causal = causal  # add the causal mask to self-attention (decoders)
         self.scan_layers = cfg.scan_layers
         self.remat_policy: str | None = None  # set by the trainer (train.remat)
         self.rel_bias = T5RelativePositionBias(
@@ -322,7 +321,8 @@ class Encoder(_Stack):
 
 class Decoder(_Stack):
     """A stack of causal DecoderLayers, with cross-attention to `memory` unless
-    cross_attention=False (decoder-only LMs).
+    cross_attention=False (decoder-only LMs). causal=False adds no causal mask: self-attention
+    sees what `mask` allows (torch.nn.TransformerDecoder without a tgt_mask).
 
     Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
 
@@ -332,10 +332,9 @@ class Decoder(_Stack):
     causal part is added here. Returns (x, new_cache) (or (x, intermediates, new_cache)).
     """
 
-    causal = True
-
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
-        super().__init__(cfg, rngs=rngs)
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True,
+                 rngs: nnx.Rngs):
+        super().__init__(cfg, causal=causal, rngs=rngs)
         self.layers = self.make_layers(lambda r: DecoderLayer(cfg, cross_attention=cross_attention, rngs=r),
                                        rngs)
 

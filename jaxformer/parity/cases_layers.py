@@ -119,6 +119,22 @@ case("mha_qkv_bias_qk_norm_rope", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, out_bias=False,
             qk_norm="rmsnorm", norm_eps=1e-6),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
+# torch.nn.MultiheadAttention's options (jaxformer/interop.py, docs/numerics.md §23): keys and
+# values from streams of other widths; learned and zero key/value slots, which stay visible in
+# a row whose every key is masked, and under which the key bias keeps its gradient
+_NO_KEYS = np.ones((B, 1, T, T), bool)
+_NO_KEYS[1, 0, 2] = False
+case("mha_kdim_vdim_cross", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, kdim=24, vdim=20),
+     lambda r: {"x": normal(B, T, D)(r), "kv": normal(B, S, 24)(r), "value": normal(B, S, 20)(r),
+                "mask": _pad_mask([5, 2])})
+case("mha_bias_kv_zero_attn", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, add_bias_kv=True, add_zero_attn=True),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _NO_KEYS & _pad_mask([6, 3], T),
+                "bias": normal(B, H, T, T)(r)})
+case("mha_bias_kv_return_weights", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, add_bias_kv=True),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 3], T), "return_weights": True})
 for heads in (4, 6, 12):  # 6, 12: not powers of two
     case(f"pos_alibi_{heads}_heads", "positional", mirror_fn("layers.positional.alibi_bias", num_heads=heads),
          lambda r: {"q_positions": np.tile(np.arange(T, dtype=np.int32), (B, 1)),
@@ -130,7 +146,7 @@ for bidirectional in (True, False):
                     "k_positions": np.tile(np.arange(0, 300, 7, dtype=np.int32), (B, 1))})
 
 # ---------------------------------------------------------------- 4. feed-forward
-for kind in ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"):
+for kind in ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"):
     # inputs on [-5, 5]-ish so the GELU variants would differ by ~5e-4 if swapped (docs/numerics.md §2)
     case(f"ffn_{kind}", "ffn", mirror("layers.ffn.FeedForward", D, 64, kind=kind),
          lambda r: {"x": normal(B, T, D, scale=2.5)(r)})
@@ -197,6 +213,10 @@ for tag, kw in STACKS.items():
     case(f"decoder_stack_{tag}", "decoder_stack", mirror("layers.transformer.Decoder", cfg),
          lambda r, d=d: {"x": normal(B, T, d)(r), "memory": normal(B, S, d)(r),
                          "memory_mask": _pad_mask([5, 3])})
+case("decoder_stack_not_causal", "decoder_stack",
+     mirror("layers.transformer.Decoder", _cfg(norm_position="pre"), causal=False),
+     lambda r: {"x": normal(B, T, D)(r), "memory": normal(B, S, D)(r), "mask": _pad_mask([6, 4], T),
+                "memory_mask": _pad_mask([5, 3])})
 case("decoder_stack_no_cross_attention", "decoder_stack",
      mirror("layers.transformer.Decoder", _cfg(norm_position="pre"), cross_attention=False),
      lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 4], T)})

@@ -13,6 +13,9 @@ leaf by leaf, with torch's value as the reference (docs/numerics.md §19):
 
 Torch names that differ from the flax twin's attribute paths are mapped with `name_map` (a
 callable, or regex rules applied in order) before the strict converter and the gradient match.
+Parameters that differ by more than a name (torch.nn's fused in_proj_weight) are mapped by
+`state_map`, a function of the whole {torch name: tensor} dict applied to the state dict and,
+being slices and reshapes, to the gradients alike (jaxformer.interop.torch_state).
 With `reference=True` the torch module also runs in float64 (a deep copy), and the report holds
 each framework's distance from that reference (`spread`): how the defaults were measured.
 """
@@ -234,8 +237,14 @@ def _float64_upcasts() -> Iterator[None]:
         common.COMPUTE_DTYPES.update(dtypes)
 
 
+def _map_state(state: Mapping[str, Any], rename, state_map) -> dict[str, Any]:
+    """{torch name: tensor} -> {converter key: tensor}: state_map (if any), then rename."""
+    state = state_map(dict(state)) if state_map is not None else state
+    return {rename(k): v for k, v in state.items()}
+
+
 def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed: int, rename,
-                float64: bool = False):
+                float64: bool = False, state_map=None):
     """Torch outputs {leaf: np} and gradients {name: np} of loss = sum <proj, out>."""
     import torch
     is_mod = isinstance(module, torch.nn.Module)
@@ -255,13 +264,15 @@ def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed:
         if grads and float_outs:
             loss = sum((t_out[k] * torch.from_numpy(_projection(k, tuple(out_np[k].shape), seed))
                         .to(t_out[k].dtype)).sum() for k in float_outs)
-            params = {rename(n): p for n, p in module.named_parameters() if p.requires_grad} if is_mod else {}
+            params = {n: p for n, p in module.named_parameters() if p.requires_grad} if is_mod else {}
             leaves = dict(params)
             leaves.update({f"input {i}": t_args[i] for i in float_pos})
             leaves.update({f"input {k}": t_kwargs[k] for k in float_kw})
             got = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-            for (n, leaf), g in zip(leaves.items(), got):
-                grad_np[n] = np.zeros(tuple(leaf.shape), np.float32) if g is None else g.numpy()
+            got = {n: torch.zeros_like(leaf) if g is None else g for (n, leaf), g in zip(leaves.items(), got)}
+            param_grads = _map_state({n: got[n] for n in params}, rename, state_map)
+            grad_np = {n: g.detach().numpy() for n, g in param_grads.items()}
+            grad_np.update({n: got[n].numpy() for n in leaves if n not in params})
     return out_np, grad_np, float_outs
 
 
@@ -287,7 +298,7 @@ def _spread(x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float
 def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
                  out_tol: Tolerance = OUT_TOL, grad_tol: Tolerance = GRAD_TOL, convert: bool = True,
                  grads: bool = True, case: str = "custom", seed: int = 0, name_map=None,
-                 reference: bool = False) -> ParityReport:
+                 reference: bool = False, state_map=None) -> ParityReport:
     """Run both modules on the same inputs and compare outputs and gradients (see module doc).
 
     Args:
@@ -298,16 +309,18 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
         out_tol, grad_tol: per-leaf Tolerance(atol, rtol) for outputs and gradients.
         convert: copy torch's weights into the flax module first (strict converter).
         name_map: torch key -> converter key (see `name_mapper`), when the names differ.
+        state_map: {torch name: tensor} -> {key: tensor}, applied before name_map to the state
+            dict and to the parameter gradients (a fused tensor split into its parts).
         reference: also run torch in float64 and fill `report.spread`.
     """
     with parity_precision():
         return _check(torch_module, flax_module, inputs, out_tol=out_tol, grad_tol=grad_tol,
                       convert=convert, grads=grads, case=case, seed=seed,
-                      rename=name_mapper(name_map), reference=reference)
+                      rename=name_mapper(name_map), reference=reference, state_map=state_map)
 
 
 def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, grads, case, seed, rename,
-           reference) -> ParityReport:
+           reference, state_map=None) -> ParityReport:
     import jax
     import jax.numpy as jnp
     import torch
@@ -326,7 +339,7 @@ def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, gra
     if is_flax_mod:
         flax_module.eval()
         if convert:
-            conv.load_torch_state_dict(flax_module, {rename(k): v for k, v in torch_module.state_dict().items()})
+            conv.load_torch_state_dict(flax_module, _map_state(torch_module.state_dict(), rename, state_map))
 
     # float inputs get gradients on both sides
     float_pos = [i for i, a in enumerate(args) if _is_float_np(a)]
@@ -334,7 +347,7 @@ def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, gra
 
     # ---- torch forward + backward
     t_out, t_grad, float_outs = _torch_side(torch_module, args, kwargs, float_pos, float_kw,
-                                            grads=grads, seed=seed, rename=rename)
+                                            grads=grads, seed=seed, rename=rename, state_map=state_map)
 
     # ---- jax forward as a pure function of (params, float inputs)
     if is_flax_mod:
@@ -414,7 +427,8 @@ def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, gra
     spread: dict[str, float] = {}
     if reference:
         r_out, r_grad, _ = _torch_side(torch_module, args, kwargs, float_pos, float_kw,
-                                       grads=grads, seed=seed, rename=rename, float64=True)
+                                       grads=grads, seed=seed, rename=rename, float64=True,
+                                       state_map=state_map)
         spread = {"torch out": _spread(t_out, r_out), "jax out": _spread(j_out, r_out),
                   "torch grad": _spread(t_grad, r_grad), "jax grad": _spread(j_grad, r_grad)}
 

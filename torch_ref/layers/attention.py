@@ -119,7 +119,11 @@ def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False)
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
-    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention) -> [B, T, D].
+    kdim, vdim: input widths of k_proj and v_proj (None = D); add_bias_kv: learned key/value
+    slots `bias_k`, `bias_v` [G * K] appended after the projected keys/values; add_zero_attn:
+    then an all-zero slot (torch.nn.MultiheadAttention's options; see the JAX twin).
+    Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
+    kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
 
     KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] tensors:
       * with cache_index (int): self-attention decode step. The new keys/values (RoPE'd at
@@ -134,7 +138,8 @@ class MultiHeadAttention(nn.Module):
                  head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
                  dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
-                 qk_norm: str | None = None, norm_eps: float = 1e-6):
+                 qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
+                 vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -143,11 +148,18 @@ class MultiHeadAttention(nn.Module):
             head_dim = d_model // num_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        if rope_max_len and (add_bias_kv or add_zero_attn):
+            raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
+                             "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, bias=bias)
+        # learned key/value slots appended after the projected keys/values (add_bias_kv), [G * K]
+        self.bias_k = nn.Parameter(0.02 * torch.randn(num_kv_heads * head_dim)) if add_bias_kv else None
+        self.bias_v = nn.Parameter(0.02 * torch.randn(num_kv_heads * head_dim)) if add_bias_kv else None
+        self.add_zero_attn = add_zero_attn
         self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias if out_bias is None else out_bias)
         # per-head norms of q and k before RoPE (Qwen3), weights [K]
         self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False) if qk_norm else None
@@ -157,21 +169,50 @@ class MultiHeadAttention(nn.Module):
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def project_kv(self, kv: torch.Tensor) -> dict:
-        """Keys and values of kv [B, S, D] -> {"k", "v"}: [B, S, G, K] (no RoPE)."""
+    def project_kv(self, kv: torch.Tensor, value: torch.Tensor | None = None) -> dict:
+        """Keys of kv [B, S, kdim] and values of value [B, S, vdim] (None = kv)
+        -> {"k", "v"}: [B, S, G, K] (no RoPE, no appended slots)."""
         b, s, _ = kv.shape
         # step 2 of forward rotates these keys; a k_norm is not linear in b_k either
         rotated = self.rope is not None or self.k_norm is not None
+        # the slots of step 2c carry no b_k, so softmax does not cancel q . b_k (§23)
+        rotated = rotated or self.bias_k is not None or self.add_zero_attn
         k = key_projection(self.k_proj, kv, rotated=rotated).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        value = kv if value is None else value
         return {"k": k if self.k_norm is None else self.k_norm(k),
-                "v": self.v_proj(kv).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+                "v": self.v_proj(value).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+
+    def append_slots(self, k: torch.Tensor, v: torch.Tensor, mask, bias):
+        """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
+        (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
+        visible with bias 0."""
+        b, _, g, d = k.shape
+        new_k, new_v = [k], [v]
+        if self.bias_k is not None:
+            new_k.append(self.bias_k.view(1, 1, g, d).expand(b, 1, g, d).to(k.dtype))
+            new_v.append(self.bias_v.view(1, 1, g, d).expand(b, 1, g, d).to(v.dtype))
+        if self.add_zero_attn:
+            new_k.append(k.new_zeros((b, 1, g, d)))
+            new_v.append(v.new_zeros((b, 1, g, d)))
+        n, s = len(new_k) - 1, k.shape[1]
+
+        def pad(m, value):  # -> 4-D, S columns, then n more
+            m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+            m = m.expand(tuple(m.shape[:3]) + (s,))
+            return torch.cat([m, m.new_full(tuple(m.shape[:3]) + (n,), value)], dim=-1)
+        mask = None if mask is None else pad(mask, True)
+        bias = None if bias is None else pad(bias, 0)
+        return torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), mask, bias
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
                 positions=None, return_weights: bool = False, cache: dict | None = None,
-                cache_index=None):
+                cache_index=None, value: torch.Tensor | None = None):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
+        slots = self.bias_k is not None or self.add_zero_attn
+        if cache is not None and slots:
+            raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
@@ -179,7 +220,7 @@ class MultiHeadAttention(nn.Module):
         if read_only:
             k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, S, G, K] views, projected once
         else:
-            kv_heads = self.project_kv(x if kv is None else kv)
+            kv_heads = self.project_kv(x if kv is None else kv, value)
             k, v = kv_heads["k"], kv_heads["v"]  # [B, S, G, K]
         # 2) rotate q and k (self-attention only)
         if self.rope is not None:
@@ -193,6 +234,9 @@ class MultiHeadAttention(nn.Module):
             cache["v"][:, :, cache_index:cache_index + t] = v.transpose(1, 2).to(cache["v"].dtype)  # [B, G, L, K]
             cache = {"k": cache["k"], "v": cache["v"]}
             k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, L, G, K] views
+        # 2c) append the learned and the zero key/value slots
+        if slots:
+            k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
         out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,

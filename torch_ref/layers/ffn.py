@@ -1,4 +1,4 @@
-"""Position-wise feed-forward networks: ReLU, GELU (exact / tanh), SwiGLU, GeGLU.
+"""Position-wise feed-forward networks: ReLU, GELU (exact / tanh), SiLU, SwiGLU, GeGLU.
 Twin: jaxformer/layers/ffn.py."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 def activation(kind: str):
     """The nonlinearity of an FFN kind. GELU variants are named, never defaulted."""
-    return {"relu": F.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "swiglu": F.silu,
+    return {"relu": F.relu, "gelu": gelu_exact, "gelu_tanh": gelu_tanh, "silu": F.silu, "swiglu": F.silu,
             "geglu": gelu_exact, "geglu_tanh": gelu_tanh}[kind]
 
 

@@ -172,11 +172,10 @@ class DecoderLayer(nn.Module):
 class _Stack(nn.Module):
     """Shared plumbing: positional biases (ALiBi, T5) computed once per stack, final norm."""
 
-    causal: bool = False
-
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, *, causal: bool = False):
         super().__init__()
         self.cfg = cfg
+        self.causal = causal  # add the causal mask to self-attention (decoders)
         self.rel_bias = T5RelativePositionBias(
             cfg.rel_num_buckets, cfg.rel_max_distance, cfg.num_heads,
             bidirectional=not self.causal) if cfg.position == "t5" else None
@@ -272,7 +271,8 @@ class Encoder(_Stack):
 
 class Decoder(_Stack):
     """A stack of causal DecoderLayers, with cross-attention to `memory` unless
-    cross_attention=False (decoder-only LMs).
+    cross_attention=False (decoder-only LMs). causal=False adds no causal mask: self-attention
+    sees what `mask` allows (torch.nn.TransformerDecoder without a tgt_mask).
 
     Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
 
@@ -282,10 +282,8 @@ class Decoder(_Stack):
     Returns (x, new_cache) (or (x, intermediates, new_cache)).
     """
 
-    causal = True
-
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True):
-        super().__init__(cfg)
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True):
+        super().__init__(cfg, causal=causal)
         self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention)
                                 for _ in range(cfg.num_layers)])
 
