@@ -161,12 +161,14 @@ def read_text(path: str, text_docs: str, advance: Callable[[int], None]) -> Iter
         if text_docs == "line" and complete:
             yield from end()
             buf, size, started = [], 0, False
-        elif size >= PIECE_BYTES and complete or size >= 2 * PIECE_BYTES:
-            piece = "".join(buf)
+        elif (size >= PIECE_BYTES and complete or size >= 2 * PIECE_BYTES) and len(buf) > 1:
+            # cut before the last line read, so the document's end (stripped) is in its last piece
+            piece = "".join(buf[:-1])
             if started or piece.strip():
                 yield piece, not started, False
                 started = True
-            buf, size = [], 0
+            buf = buf[-1:]
+            size = len(buf[0])
     yield from end()
 
 

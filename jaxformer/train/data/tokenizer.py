@@ -234,7 +234,7 @@ def _load_dir(directory: str, eos_token: str | None = None) -> Tokenizer:
     model checkpoint / training run (tokenizer_for_checkpoint)."""
     if os.path.isfile(os.path.join(directory, "meta.json")):
         return tokenizer_for_tokens_dir(directory)
-    if _has_hf_tokenizer(directory):
+    if has_hf_tokenizer(directory):
         return hf_dir_tokenizer(directory, eos_token)
     if any(os.path.isfile(os.path.join(directory, m)) for m in ("model.yaml", "config.yaml")):
         return tokenizer_for_checkpoint(directory)
@@ -243,7 +243,7 @@ def _load_dir(directory: str, eos_token: str | None = None) -> Tokenizer:
                      "jaxformer model/run dir")
 
 
-def _has_hf_tokenizer(directory: str) -> bool:
+def has_hf_tokenizer(directory: str) -> bool:
     return any(os.path.isfile(os.path.join(directory, n)) for n in (FILE, *HF_TOKENIZER_FILES))
 
 
@@ -363,7 +363,7 @@ def tokenizer_for_checkpoint(model_dir: str, step: str | int | None = None) -> T
     from jaxformer import checkpoint_io
     kind = checkpoint_io.path_kind(model_dir)
     if kind == "hf":
-        if _has_hf_tokenizer(model_dir):
+        if has_hf_tokenizer(model_dir):
             return hf_dir_tokenizer(model_dir)
         vocab = _hf_vocab(model_dir)
     elif kind == "model":
