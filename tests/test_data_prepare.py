@@ -261,7 +261,7 @@ def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, capsys):
 def _tiny_lm(vocab: int):
     from jaxformer.config.models import LMConfig
     from jaxformer.models import build_model
-    cfg = LMConfig.tiny(vocab_size=vocab, max_len=48, eos_id=2, bos_id=1)
+    cfg = LMConfig.tiny("llama", vocab_size=vocab, max_len=48, eos_id=2, bos_id=1)
     return cfg, build_model("lm", cfg, seed=0)
 
 
@@ -293,6 +293,12 @@ def test_generate_text_with_the_checkpoints_tokenizer(tmp_path, capsys):
     code, out2, _ = run_cli(["generate", "--weights", str(tmp_path / "bpe"), "--ids", "--prompt", ids,
                              "--max-new-tokens", "5", "--no-eos-stop"], capsys)
     assert out.rstrip("\n") == tok.decode(tok.encode("the lazy fox").tolist() + [int(t) for t in out2.split()])
+    # exports carry it: model.yaml's entry + tokenizer.json (flax), tokenizer.json (hf)
+    for to in ("flax", "hf"):
+        assert cli.main(["export", str(tmp_path / "bpe"), "--to", to, str(tmp_path / to)]) == 0
+        assert open(tmp_path / to / "tokenizer.json", "rb").read() == tok.content
+    assert checkpoint_io.tokenizer_entry(str(tmp_path / "flax")) == tok.describe()
+    capsys.readouterr()
     # the recorded hash protects against a swapped file; a vocab without a record asks for one
     write(tmp_path / "bpe" / "tokenizer.json", foreign_tokenizer().to_str())
     code, _, err = run_cli(["generate", "--weights", str(tmp_path / "bpe"), "--prompt", "x"], capsys)
