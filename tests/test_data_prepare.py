@@ -71,6 +71,11 @@ def test_bytes_spec_keeps_the_byte_ids():
     assert (tok.vocab_size, tok.eos_id, tok.bos_id) == (259, 2, 1)
     assert tok.describe() == {"spec": "bytes", "kind": "bytes", "file": None, "sha256": tk.BYTES_SHA256}
     assert tok.decode(tok.encode("naïve ✓")) == "naïve ✓"
+    # its `tokenizers` twin (what an HF export carries) gives the same ids for any text
+    from tokenizers import Tokenizer
+    twin = Tokenizer.from_str(tk.bytes_tokenizer_json().decode())
+    text = "".join(map(chr, range(0x800))) + "日本語 😀 \U0010ffff"
+    assert twin.encode(text).ids == tok.encode(text).tolist() and twin.decode(twin.encode(text).ids) == text
 
 
 def test_tokenizer_json_and_hf_dir_specs(tmp_path):
@@ -278,6 +283,11 @@ def test_generate_text_with_the_checkpoints_tokenizer(tmp_path, capsys):
     code, out, _ = run_cli(["generate", "--weights", str(tmp_path / "bytes"), "--ids", "--prompt", "75 104 111", *common], capsys)
     assert json.loads(out)["tokens"] == text["tokens"] and "texts" not in json.loads(out)
     assert text["texts"] == [tk.decode([75, 104, 111] + text["tokens"][0])] and text["texts"][0].startswith("Hel")
+    assert cli.main(["export", str(tmp_path / "bytes"), "--to", "hf", str(tmp_path / "bytes_hf")]) == 0
+    from transformers import AutoTokenizer
+    hf_tok = AutoTokenizer.from_pretrained(str(tmp_path / "bytes_hf"), local_files_only=True)
+    assert hf_tok("Hel")["input_ids"] == [75, 104, 111] and hf_tok.eos_token_id == 2
+    capsys.readouterr()
     # a tokenizer.json checkpoint (as the trainer records it: model.yaml entry + file)
     prep = str(tmp_path / "data")
     P.prepare([write(tmp_path / "c.txt", "\n\n".join(paragraphs(30)))], "bpe:300", prep, eval_fraction=0, progress=False)

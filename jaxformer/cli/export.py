@@ -66,14 +66,15 @@ def run(args) -> int:
         what = f"torch_ref state dict ({len(tensors)} tensors, safetensors)"
     else:
         from jaxformer.hf import save_pretrained
-        files = {"tokenizer.json": tok.content} if tok is not None and tok.content is not None else {}
+        from jaxformer.train.data.tokenizer import hf_tokenizer_files
+        files = hf_tokenizer_files(tok) if tok is not None else {}
         r = save_pretrained(model, name, cfg, out, overwrite=args.overwrite, files=files)
         what = f"Hugging Face {r['architecture']} dir ({r['tensors']} tensors)"
     print(f"wrote {out}: {name} {what}, from {args.run_dir}"
           + (f" (step {step})" if step is not None else ""))
     if tok is not None and args.to != "torch":
-        print(f"  tokenizer: {tok.spec} ({tok.kind}"
-              + (", tokenizer.json)" if tok.content is not None else ", no file to copy)"))
+        copied = tok.content is not None or (args.to == "hf" and tok.kind == "bytes")
+        print(f"  tokenizer: {tok.spec} ({tok.kind}" + (", tokenizer.json)" if copied else ", no file to copy)"))
     return 0
 
 

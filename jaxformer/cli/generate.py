@@ -180,6 +180,11 @@ def run(args) -> int:
         tok = tok or _tokenizer(args, name, cfg)
         prompts = [tok.encode(p).tolist() or ([tok.bos_id] if tok.bos_id is not None else [])
                    for p in args.prompt]
+        top = max((max(p) for p in prompts if p), default=-1)
+        if top >= cfg.vocab_size:
+            raise GenerateError(f"the tokenizer ({tok.spec}, vocab {tok.vocab_size}) gives id {top}, "
+                                f"outside the model's vocab of {cfg.vocab_size}: is it the model's "
+                                "tokenizer? (--tokenizer SPEC)")
     if args.framework == "jax":
         from jaxformer import generation as g
     else:

@@ -214,19 +214,17 @@ def read_dataset(path: str, field: str, advance: Callable[[int], None]) -> Itera
     try:
         if os.path.isdir(path):
             ds = datasets.load_from_disk(path)
-            if isinstance(ds, datasets.DatasetDict):
-                raise ValueError(f"input {path} holds the splits {', '.join(ds)}; give one of them, "
-                                 f"e.g. {os.path.join(path, next(iter(ds)))}")
         else:
             builder = "parquet" if path.lower().endswith(".parquet") else "arrow"
             ds = datasets.load_dataset(builder, data_files=[os.path.abspath(path)], split="train",
                                        streaming=True)
-        features = ds.features
-    except ValueError:
-        raise
+        features = getattr(ds, "features", None)
     except Exception as e:  # pyarrow and datasets raise their own kinds for a bad file
         raise ValueError(f"{path}: not readable by `datasets` ({type(e).__name__}: "
                          f"{_first_line(e)})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        raise ValueError(f"input {path} holds the splits {', '.join(ds)}; give one of them, "
+                         f"e.g. {os.path.join(path, next(iter(ds)))}")
     if features is not None:
         if field not in features:
             raise ValueError(f"{path}: no column {field!r} (its columns: {', '.join(features)}); "
@@ -304,6 +302,10 @@ def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
                 dynamic_ncols=True, file=sys.stderr, leave=False)
+
+
+def _advance(bar) -> Callable[[int], None]:
+    return bar.update if bar is not None else (lambda n: None)
 
 
 def resolve_tokenizer(tokenizer, dtype: str | None, eos_token: str | None):
@@ -388,7 +390,7 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
             feed = _Feeder(w, tok, bar)
             batch: list[tuple[str, str, bool, bool]] = []
             size = 0
-            for item in stream(inputs, eval_files, split, advance=bar.update if bar else lambda n: None, **kw):
+            for item in stream(inputs, eval_files, split, advance=_advance(bar), **kw):
                 batch.append(item)
                 size += len(item[1])
                 if size >= batch_bytes or len(batch) >= BATCH_DOCS:
@@ -478,9 +480,9 @@ def _train_bpe(inputs, split: Split, vocab: int, spec: str, total: int, progress
     bar = _progress(total, f"{spec}: train", progress)
     count = [0]
 
-    def texts():
-        for where, text, _, _ in stream(inputs, [], split, advance=bar.update if bar else lambda n: None, **kw):
-            if where == "train" or split.threshold == 0:
+    def texts():  # the train documents only: the eval split stays unseen
+        for where, text, _, _ in stream(inputs, [], split, advance=_advance(bar), **kw):
+            if where == "train":
                 count[0] += 1
                 yield text
 

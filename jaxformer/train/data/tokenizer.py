@@ -165,7 +165,9 @@ class SlowHFTokenizer(Tokenizer):
     def __init__(self, tok, directory: str, eos: str | int | None = None):
         self.tok, self.spec = tok, directory
         self.vocab_size = len(tok)
-        self.eos_id = tok.convert_tokens_to_ids(eos) if isinstance(eos, str) else (eos if eos is not None else tok.eos_token_id)
+        if isinstance(eos, str):
+            eos = tok.convert_tokens_to_ids(eos)
+        self.eos_id = tok.eos_token_id if eos is None else eos
         self.bos_id = tok.bos_token_id
         h = hashlib.sha256()
         for name in sorted(os.listdir(directory)):
@@ -416,6 +418,53 @@ def _run_data_tokenizer(run_dir: str):
     if data.get("name") in BYTE_DATASETS:
         return ByteTokenizer(), vocab
     return None, vocab
+
+
+# ----------------------------------------------------------------------------- for transformers
+def _byte_chars() -> list[str]:
+    """The character the `tokenizers` ByteLevel pre-tokenizer writes for each byte (GPT-2's
+    table): printable Latin-1 bytes stand for themselves, the other 68 take the code points
+    from 256 up, in byte order."""
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)}
+    out, n = [], 0
+    for b in range(256):
+        out.append(chr(b) if b in keep else chr(256 + n))
+        n += b not in keep
+    return out
+
+
+def bytes_tokenizer_json() -> bytes:
+    """The byte tokenizer as a `tokenizers` JSON (id = byte + 3; <pad> <bos> <eos> = 0, 1, 2),
+    so an exported byte-level model loads its tokenizer in transformers. It encodes any text as
+    encode() does, except that the literal texts "<pad>", "<bos>" and "<eos>" become the special
+    ids, as special tokens do in every `tokenizers` tokenizer."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    vocab = {name: i for i, name in enumerate(BPE_SPECIALS)}
+    vocab.update({c: b + OFFSET for b, c in enumerate(_byte_chars())})
+    tok = RustTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(BPE_SPECIALS))
+    return tok.to_str().encode("utf-8")
+
+
+def hf_tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
+    """{file name: content} that give an exported Hugging Face dir the tokenizer `tok` for
+    AutoTokenizer: its tokenizer.json (the byte tokenizer's from bytes_tokenizer_json) and a
+    tokenizer_config.json naming PreTrainedTokenizerFast and the eos/bos tokens. {} for a
+    tokenizer without a file (a slow-only transformers one)."""
+    content = bytes_tokenizer_json() if tok.kind == "bytes" else tok.content
+    if content is None:
+        return {}
+    from tokenizers import Tokenizer as RustTokenizer
+    rust = RustTokenizer.from_str(content.decode("utf-8"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    for key, i in (("eos_token", tok.eos_id), ("bos_token", tok.bos_id)):
+        if i is not None and rust.id_to_token(i) is not None:
+            config[key] = rust.id_to_token(i)
+    return {FILE: content, "tokenizer_config.json": (json.dumps(config, indent=1) + "\n").encode()}
 
 
 # ----------------------------------------------------------------------------- bpe:VOCAB
