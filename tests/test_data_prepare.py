@@ -143,6 +143,11 @@ def test_prepare_text_modes_bytes(tmp_path):
         assert meta["splits"]["train"]["documents"] == len(expected) and meta["splits"]["eval"]["documents"] == 0
         assert (d.dtype, d.vocab_size, d.eos_id) == (np.uint16, 259, 2) and d.tokenizer["kind"] == "bytes"
         assert not os.path.exists(os.path.join(out, "tokenizer.json"))
+    # bounded shards: the same stream in many files
+    meta = P.prepare([src], "bytes", str(tmp_path / "sharded"), eval_fraction=0, progress=False, shard_tokens=500)
+    shards = meta["splits"]["train"]["shards"]
+    assert len(shards) == 5 and all(s["tokens"] < 500 + 100 for s in shards)  # a shard ends after a document
+    assert docs_of(TokensDir(str(tmp_path / "sharded")), "train", tk.ByteTokenizer()) == paras
 
 
 def test_prepare_long_documents_stream_in_pieces(tmp_path, monkeypatch):

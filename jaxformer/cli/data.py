@@ -19,6 +19,7 @@ written in a temporary folder and appears only when complete.
 from __future__ import annotations
 
 import json
+import os
 
 
 def add_arguments(p) -> None:
@@ -67,4 +68,6 @@ def run(args) -> int:
         print(f"  {name}: {s['documents']} documents, {s['tokens']} tokens in {len(s['shards'])} shard(s)")
     if meta["source"].get("eval_held_out_last"):
         print("  note: the eval fraction picked no document; the last document is the eval split")
+    print(f"  train on it: data: {{name: tokens, path: {os.path.abspath(args.out)}, seq_len: N}} with "
+          f"model.vocab_size >= {meta['vocab_size']}")
     return 0

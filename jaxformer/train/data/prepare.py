@@ -487,7 +487,7 @@ def _train_bpe(inputs, split: Split, vocab: int, spec: str, total: int, progress
                 yield text
 
     try:
-        tok = tk.train_bpe(texts(), vocab, spec=spec)
+        tok = tk.train_bpe(texts(), vocab, spec=spec, show_progress=progress)
     finally:
         if bar is not None:
             bar.close()

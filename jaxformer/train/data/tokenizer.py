@@ -485,7 +485,8 @@ def parse_bpe_spec(spec: str) -> int | None:
     return vocab
 
 
-def train_bpe(texts, vocab_size: int, *, spec: str | None = None, length: int | None = None) -> JSONTokenizer:
+def train_bpe(texts, vocab_size: int, *, spec: str | None = None, length: int | None = None,
+              show_progress: bool = False) -> JSONTokenizer:
     """Train a byte-level BPE (the `tokenizers` library's iterator trainer: `texts` is streamed)
     with <pad> <bos> <eos> as ids 0, 1, 2 and every byte in its alphabet, so any text encodes.
     A corpus too small for vocab_size - 259 merges gives a smaller vocab."""
@@ -495,7 +496,7 @@ def train_bpe(texts, vocab_size: int, *, spec: str | None = None, length: int | 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
     tok.train_from_iterator(texts, trainer, length=length)
     content = tok.to_str().encode("utf-8")
     return from_json_bytes(content, spec or f"bpe:{vocab_size}", what="the trained BPE",
