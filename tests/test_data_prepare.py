@@ -238,6 +238,7 @@ def _bad_cases(tmp):
          "vocab of 70000 ids; uint16 stores at most 65536"),
         ("missing_input", [good, os.path.join(tmp, "nowhere.txt")], [], "nowhere.txt does not exist"),
         ("bad_spec", [good, "--tokenizer", "gpt2"], [], "nothing is downloaded"),
+        ("field_on_text", [good, "--field", "body"], [], "applies to JSONL/Parquet/Arrow inputs"),
         ("one_doc_no_eval", [write(os.path.join(tmp, "one.txt"), "just one\n")], [], "picked none of the 1 document"),
         ("out_exists", [good], ["exists"], "exists; choose another output or pass --overwrite"),
     ]

@@ -10,8 +10,9 @@ Inputs, by file name:
     anything else              UTF-8 text, split into documents by `text_docs`:
                                "paragraph" (default): blocks separated by blank lines;
                                "line": every non-blank line; "file": the whole file
-Documents are encoded one by one (the tokenizer's own post-processor applies, e.g. a leading
-<s>) and written back to back, each followed by the eos id. Empty documents are skipped.
+Documents are encoded one by one with the tokenizer's own post-processor (e.g. Llama's leading
+<s>, as transformers' `tokenizer(text)` does; an eos it appends is not doubled) and written back
+to back, each followed by the eos id. Empty and blank documents are skipped.
 
 Memory stays bounded whatever the input size: files are read line by line (JSON lines) or batch
 by batch (Parquet/Arrow), a document longer than PIECE_BYTES is encoded in pieces cut at line
@@ -26,8 +27,9 @@ order, and identical documents always land in the same split. If the fraction pi
 the last (single-piece) document is held out, so small inputs still get an eval split.
 
 Errors (ValueError / FileNotFoundError / FileExistsError, each naming the file and the line or
-row) come before anything is written at `out`: the directory is written in a temporary folder
-that replaces `out` only when complete.
+row) leave nothing at `out` and an existing `out` untouched: the directory is written in a
+temporary folder that replaces `out` only when complete. Arguments, inputs' existence and the
+tokenizer are checked before any input is read.
 """
 from __future__ import annotations
 
@@ -260,9 +262,6 @@ def read_documents(path: str, *, field: str | None = None, text_docs: str = "par
     """The documents of one input as (text, first, last) pieces (module docstring)."""
     kind = input_kind(path)
     if kind == "text":
-        if field is not None:
-            raise ValueError(f"--field {field!r} applies to JSONL/Parquet/Arrow inputs; {path} is read "
-                             "as plain text (name it *.jsonl for JSON lines)")
         return read_text(path, text_docs, advance)
     if kind == "jsonl":
         return read_jsonl(path, field or DEFAULT_FIELD, advance)
@@ -362,6 +361,9 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
         raise ValueError(f"eval fraction must be in [0, 1), got {fraction}")
     for path in inputs + eval_files:
         check_input(path)
+    if field is not None and all(input_kind(p) == "text" for p in inputs + eval_files):
+        raise ValueError(f"--field {field!r} applies to JSONL/Parquet/Arrow inputs; {inputs[0]} is read "
+                         "as plain text (name JSON lines *.jsonl)")
     out = os.path.abspath(out)
     for path in inputs + eval_files:
         if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
