@@ -71,10 +71,13 @@ def finetune_yaml(name: str, cfg, init_from: str, path: str, tokenizer: str | No
     header = ("# Fine-tune an imported Hugging Face checkpoint: jaxformer train --config "
               f"{path}\n")
     why = ""
+    body = yaml.safe_dump(config, sort_keys=False)
     if config["data"].get("name") == "tokens":
-        header += ("# `data` is a tokens directory made with this checkpoint's own tokenizer from your\n"
-                   "# text (.txt, .jsonl --field NAME, .parquet); prepare it first:\n"
-                   f"#   {prepare_command(tokenizer, config['data']['path'])}\n")
+        note = ("# A tokens directory made with this checkpoint's own tokenizer from your text\n"
+                "# (.txt, .jsonl --field NAME, .parquet); prepare it first:\n"
+                f"#   {prepare_command(tokenizer, config['data']['path'])}\n")
+        header += "# Prepare its data first (see `data:` below).\n"
+        body = body.replace("\ndata:\n", "\n" + note + "data:\n", 1)
     else:
         _, why = data_section(name, cfg)
         header += ("# The embedded datasets use jaxformer's byte-level tokenizer, not the model's own;\n"
@@ -86,4 +89,4 @@ def finetune_yaml(name: str, cfg, init_from: str, path: str, tokenizer: str | No
                        f"{min(512, cfg.max_len)}}}\n")
         if why:
             header += f"# NOTE: {why}.\n# Replace the data section before training.\n"
-    return header + yaml.safe_dump(config, sort_keys=False), why
+    return header + body, why
