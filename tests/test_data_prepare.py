@@ -196,6 +196,28 @@ def test_prepare_jsonl_parquet_arrow_with_bpe(tmp_path):
             np.testing.assert_array_equal(a.read(0, a.num_tokens), b.read(0, b.num_tokens))
 
 
+def test_post_processor_specials_per_document(tmp_path, monkeypatch):
+    """A tokenizer whose post-processor wraps a text as <s> ... <|endoftext|> (eos): each
+    document gets one <s> and one eos; a document read in pieces gets them once too."""
+    from tokenizers.processors import TemplateProcessing
+    raw = foreign_tokenizer()
+    raw.add_special_tokens(["<s>"])
+    bos = raw.token_to_id("<s>")
+    raw.post_processor = TemplateProcessing(single="<s> $A <|endoftext|>",
+                                            special_tokens=[("<s>", bos), ("<|endoftext|>", 0)])
+    path = str(tmp_path / "tokenizer.json")
+    raw.save(path)
+    monkeypatch.setattr(P, "PIECE_BYTES", 64)
+    paras = paragraphs(3) + ["\n".join(paragraphs(4))]  # the last one is read in pieces
+    src = write(tmp_path / "a.txt", "\n\n".join(p.replace("\n", " ") for p in paras[:3]) + "\n\n" + paras[3])
+    P.prepare([src], path, str(tmp_path / "o"), eval_fraction=0, progress=False)
+    s = TokensDir(str(tmp_path / "o")).split("train")
+    ids = s.read(0, s.num_tokens)
+    assert (ids == bos).sum() == 4 and (ids == 0).sum() == 4 and ids[0] == bos and ids[-1] == 0
+    text = raw.decode(ids.tolist(), skip_special_tokens=False)
+    assert text.replace("<s>", " ").replace("<|endoftext|>", " ").split() == " ".join(paras).split()
+
+
 def test_eval_split_is_deterministic_by_content_or_files(tmp_path):
     paras = paragraphs(200)
     a = write(tmp_path / "a.txt", "\n\n".join(paras))

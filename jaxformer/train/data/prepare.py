@@ -434,7 +434,7 @@ class _Feeder:
                 for i, e in zip(idx, enc):
                     ids[i] = e
         for (where, _, first, last), e in zip(batch, ids):
-            if last and e.size and e[-1] == self.tok.eos_id:
+            if first and e.size and e[-1] == self.tok.eos_id:
                 e = e[:-1]  # a post-processor's own trailing eos (T5's </s>): the writer adds one
             if first and last and where == "train":
                 self._release()
