@@ -146,11 +146,9 @@ def generation_config(args, weights: str):
     return GenerationConfig(**fields, stop_at_eos=not args.no_eos_stop, seed=args.seed)
 
 
-def _tokenizer(args, name: str, cfg):
-    """The tokenizer of text mode: --tokenizer SPEC, or the weights' own."""
+def _own_tokenizer(args, cfg):
+    """The tokenizer the weights record (a directory), or the byte tokenizer for the byte vocab."""
     from jaxformer.train.data import tokenizer as tk
-    if args.tokenizer is not None:
-        return tk.load_tokenizer(args.tokenizer)
     if os.path.isdir(args.weights):
         return tk.tokenizer_for_checkpoint(args.weights, args.step)
     if getattr(cfg, "vocab_size", None) == tk.VOCAB_SIZE:
@@ -177,7 +175,7 @@ def run(args) -> int:
         tok = load_tokenizer(args.tokenizer)
     name, cfg, model = load_model(args.weights, args.config, args.framework, args.step)
     if not args.ids:
-        tok = tok or _tokenizer(args, name, cfg)
+        tok = tok or _own_tokenizer(args, cfg)
         prompts = [tok.encode(p).tolist() or ([tok.bos_id] if tok.bos_id is not None else [])
                    for p in args.prompt]
         top = max((max(p) for p in prompts if p), default=-1)
