@@ -4,8 +4,11 @@ A model checkpoint directory (what `jaxformer convert --to flax`, HF import, `ja
 --to flax` and every training run's WORKDIR/model/last|best write, and what `train.init_from`
 and `jaxformer generate` read):
 
-    DIR/model.yaml      the model section: {name: ..., fields...}
+    DIR/model.yaml      the model section: {name: ..., fields...}; optionally a `tokenizer:`
+                        section, the describe() dict of the tokenizer the model was trained
+                        with ({spec, kind, file, sha256}, jaxformer/train/data/tokenizer.py)
     DIR/params/         an orbax checkpoint of the params as a pure dict (flax layout)
+    DIR/tokenizer.json  that tokenizer's file, when it has one (the entry's `file`)
 
 Loading builds the abstract model from model.yaml (nnx.eval_shape, no allocation), restores
 the arrays into it and checks every leaf's shape and dtype. Writes are atomic (a temp dir
@@ -39,10 +42,15 @@ STEPS = ("last", "best")
 
 
 # ----------------------------------------------------------------------------- model checkpoints
-def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True) -> None:
+def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
+               tokenizer: dict | None = None, tokenizer_file: str | None = None) -> None:
     """Write DIR/model.yaml + DIR/params atomically; an existing DIR is an error unless
     overwrite (then replaced only once the new one is complete). The calling process writes
-    alone, also in a multi-process job (give it host copies of the params)."""
+    alone, also in a multi-process job (give it host copies of the params).
+
+    tokenizer: the describe() dict of the model's tokenizer (a tokens dataset's
+    meta["tokenizer"]), written as model.yaml's `tokenizer:` section; tokenizer_file: the file
+    it names (e.g. the dataset's tokenizer.json), copied in as DIR/<tokenizer["file"]>."""
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
@@ -52,9 +60,14 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True)
     dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params) if np.dtype(x.dtype).kind == "f"
               or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
+        doc = model_yaml(name, to_dict(cfg), "bfloat16" if dtypes == {"bfloat16"} else "float32")
+        if tokenizer is not None:
+            doc["tokenizer"] = _tokenizer_section(tokenizer, tokenizer_file)
+            if tokenizer_file is not None:
+                import shutil
+                shutil.copyfile(tokenizer_file, os.path.join(tmp, tokenizer["file"]))
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
-            yaml.safe_dump(model_yaml(name, to_dict(cfg), "bfloat16" if dtypes == {"bfloat16"} else "float32"),
-                           f, sort_keys=False)
+            yaml.safe_dump(doc, f, sort_keys=False)
         me = jax.process_index()
         ckptr = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
             primary_host=me, active_processes={me}))
@@ -89,6 +102,33 @@ def load_model_config(directory: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f"{directory} is not a jaxformer model checkpoint (no model.yaml)")
     return _model_section(path, "model")
+
+
+def _tokenizer_section(tokenizer: dict, tokenizer_file: str | None) -> dict:
+    keys = ("spec", "kind", "file", "sha256")
+    if not isinstance(tokenizer, dict) or set(tokenizer) - set(keys) or "kind" not in tokenizer:
+        raise ValueError(f"tokenizer must be a describe() dict with keys {keys}, got {tokenizer!r}")
+    name = tokenizer.get("file")
+    if (name is None) != (tokenizer_file is None):
+        raise ValueError(f"tokenizer file {name!r} and tokenizer_file {tokenizer_file!r}: give both or neither")
+    if name is not None and (os.path.basename(name) != name or name in ("model.yaml", "params")):
+        raise ValueError(f"tokenizer file {name!r} is not a plain file name")
+    return {k: tokenizer.get(k) for k in keys}
+
+
+def tokenizer_entry(directory: str) -> dict | None:
+    """The `tokenizer:` section of DIR/model.yaml (a describe() dict), or None when it has none."""
+    path = os.path.join(directory, "model.yaml")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is corrupted (not YAML: {first})") from None
+    entry = data.get("tokenizer") if isinstance(data, dict) else None
+    if entry is not None and not (isinstance(entry, dict) and "kind" in entry):
+        raise ValueError(f"{path} is corrupted: its `tokenizer:` section is not a describe() dict")
+    return entry
 
 
 def _model_section(path: str, what: str):

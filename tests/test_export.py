@@ -87,7 +87,7 @@ def test_export_to_flax_torch_and_hf(run_dir, tmp_path, capsys):
     capsys.readouterr()
     ids = []
     for weights in (run_dir, out["flax"], out["torch"]):
-        assert cli.main(["generate", "--weights", weights, "--prompt", "72 101 108", "--max-new-tokens", "6",
+        assert cli.main(["generate", "--weights", weights, "--ids", "--prompt", "72 101 108", "--max-new-tokens", "6",
                          "--no-eos-stop", "--json"]) == 0
         ids.append(json.loads(capsys.readouterr().out)["tokens"])
     assert ids[0] == ids[1] == ids[2] and len(ids[0][0]) == 6

@@ -25,7 +25,7 @@ def test_cli_generate_from_converted_weights(tmp_path, capsys, layout, framework
     if layout == "flax":
         path = tmp_path / "lm_flax.safetensors"
         convert.convert_file(str(pt), str(path), to="flax")
-    rc = cli.main(["generate", "--weights", str(path), "--framework", framework, "--prompt", "5 6 7 8 9",
+    rc = cli.main(["generate", "--weights", str(path), "--framework", framework, "--ids", "--prompt", "5 6 7 8 9",
                    "--prompt", "3 4", "--max-new-tokens", "10", "--no-eos-stop", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -40,7 +40,7 @@ def test_cli_generate_from_model_checkpoint_dir(tmp_path, capsys, framework):
     cfg = S2S["shared_tied"]
     _, j = pair("seq2seq", cfg)
     checkpoint_io.save_model(j, "seq2seq", cfg, str(tmp_path / "ckpt"))
-    rc = cli.main(["generate", "--weights", str(tmp_path / "ckpt"), "--framework", framework,
+    rc = cli.main(["generate", "--weights", str(tmp_path / "ckpt"), "--framework", framework, "--ids",
                    "--prompt", "5 6 7 8 9", "--prompt", "17 18", "--max-new-tokens", "8", "--no-eos-stop",
                    "--json"])
     assert rc == 0
@@ -56,5 +56,5 @@ def test_cli_generate_errors_clearly(tmp_path, capsys):
     p = tmp_path / "lm.safetensors"
     convert.write_safetensors(str(p), {k: v.numpy() for k, v in t.state_dict().items()},
                               {"format": "pt", **convert.model_metadata("lm", cfg)})
-    rc = cli.main(["generate", "--weights", str(p), "--prompt", f"5 {cfg.vocab_size}"])
+    rc = cli.main(["generate", "--weights", str(p), "--ids", "--prompt", f"5 {cfg.vocab_size}"])
     assert rc == 2 and "out of range" in capsys.readouterr().err

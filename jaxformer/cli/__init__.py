@@ -17,11 +17,12 @@ import jaxformer
 # name -> (module under jaxformer.cli, one-line help)
 COMMANDS = {
     "train": ("train", "train a config in JAX (jit/pmap/mesh) or torch, with checkpoints and metrics"),
-    "generate": ("generate", "generate token ids with an lm/seq2seq model (KV cache)"),
+    "generate": ("generate", "generate text (or token ids) with an lm/seq2seq model (KV cache)"),
     "convert": ("convert", "convert weights between torch, flax and Hugging Face"),
     "export": ("export", "export a training run's weights as a model checkpoint, torch safetensors or HF dir"),
     "parity": ("parity", "run the parity registry: outputs and gradients, torch vs JAX"),
     "eval": ("eval", "evaluate a training run's weights (last, best or a step) on its eval split"),
+    "data": ("data", "prepare your own text as a tokenized dataset (data prepare)"),
     "plot": ("plot", "overlay the loss, lr, grad-norm and eval curves of training runs (PNG)"),
 }
 

@@ -93,14 +93,27 @@ def _import_hf(args) -> int:
     import os
 
     from jaxformer.hf import convert_hf_to_flax
-    from jaxformer.train.finetune import finetune_yaml
+    from jaxformer.train.data import tokenizer as tk
+    from jaxformer.train.finetune import finetune_yaml, prepare_command, tokens_path
     out = os.path.abspath(args.dst)
     why = []
+    # the checkpoint's own tokenizer: its tokenizer.json goes into OUT (generate reads it) and
+    # train.yaml's data is a tokens dir prepared with it
+    tok, tok_note = None, None
+    if os.path.isdir(args.src) and tk.has_hf_tokenizer(args.src):
+        try:
+            tok = tk.hf_dir_tokenizer(args.src)
+        except ValueError as e:  # the weights convert without it
+            tok_note = f"tokenizer not copied: {e}"
 
     def train_yaml(name: str, cfg) -> dict[str, str]:
-        text, reason = finetune_yaml(name, cfg, out, os.path.join(out, "train.yaml"))
+        text, reason = finetune_yaml(name, cfg, out, os.path.join(out, "train.yaml"),
+                                     tokenizer=os.path.abspath(args.src) if tok is not None else None)
         why.append(reason)
-        return {"train.yaml": text}
+        files = {"train.yaml": text}
+        if tok is not None and tok.content is not None:
+            files[tk.FILE] = tok.content.decode("utf-8")
+        return files
 
     r = convert_hf_to_flax(args.src, out, overwrite=args.overwrite, extra_files=train_yaml,
                            param_dtype=args.param_dtype)
@@ -112,6 +125,13 @@ def _import_hf(args) -> int:
         print(f"  note: {note}")
     status = f"written with a placeholder data section: {why[0]}" if why[0] else "written"
     print(f"  train.yaml: {status}")
+    if tok is not None:
+        print(f"  tokenizer: {tk.FILE if tok.content is not None else 'none copied'} ({tok.kind}, "
+              f"vocab {tok.vocab_size})")
+        if r["model"] == "lm":
+            print(f"  data: {prepare_command(os.path.abspath(args.src), tokens_path(out))}")
+    elif tok_note:
+        print(f"  note: {tok_note}")
     print(f"  fine-tune: jaxformer train --config {r['out']}/train.yaml")
     return 0
 

@@ -18,6 +18,7 @@ is refused without --overwrite; OUT may never be RUN_DIR, lie inside it or conta
 from __future__ import annotations
 
 import os
+import tempfile
 
 
 def add_arguments(p) -> None:
@@ -51,8 +52,12 @@ def run(args) -> int:
     step = checkpoint_io.parse_step(args.step)
     model, cfg = jaxformer.load(args.run_dir, step=step)
     name = checkpoint_io.model_name(model)
+    tok = _tokenizer(args.run_dir, step)
     if args.to == "flax":
-        checkpoint_io.save_model(model, name, cfg, out, overwrite=args.overwrite)
+        with tempfile.TemporaryDirectory() as d:
+            entry = tok.describe() if tok is not None else None
+            checkpoint_io.save_model(model, name, cfg, out, overwrite=args.overwrite, tokenizer=entry,
+                                     tokenizer_file=tok.save(d) if tok is not None else None)
         what = "model checkpoint (model.yaml + params/)"
     elif args.to == "torch":
         from jaxformer import convert
@@ -61,8 +66,23 @@ def run(args) -> int:
         what = f"torch_ref state dict ({len(tensors)} tensors, safetensors)"
     else:
         from jaxformer.hf import save_pretrained
-        r = save_pretrained(model, name, cfg, out, overwrite=args.overwrite)
+        from jaxformer.train.data.tokenizer import hf_tokenizer_files
+        files = hf_tokenizer_files(tok) if tok is not None else {}
+        r = save_pretrained(model, name, cfg, out, overwrite=args.overwrite, files=files)
         what = f"Hugging Face {r['architecture']} dir ({r['tensors']} tensors)"
     print(f"wrote {out}: {name} {what}, from {args.run_dir}"
           + (f" (step {step})" if step is not None else ""))
+    if tok is not None and args.to != "torch":
+        copied = tok.content is not None or (args.to == "hf" and tok.kind == "bytes")
+        print(f"  tokenizer: {tok.spec} ({tok.kind}" + (", tokenizer.json)" if copied else ", no file to copy)"))
     return 0
+
+
+def _tokenizer(src: str, step):
+    """The tokenizer the weights were trained with, when they record one (else None): it goes
+    with the export (model.yaml's entry and tokenizer.json; an HF dir's tokenizer.json)."""
+    from jaxformer.train.data.tokenizer import tokenizer_for_checkpoint
+    try:
+        return tokenizer_for_checkpoint(src, step if step == "best" else None)
+    except ValueError:
+        return None

@@ -1,7 +1,8 @@
-"""`jaxformer generate`: generate token ids with an `lm` or `seq2seq` model from weights on disk.
+"""`jaxformer generate`: generate text (or token ids) with an `lm` or `seq2seq` model from
+weights on disk.
 
-    jaxformer generate --weights lm.safetensors --config configs/lm.yaml \\
-        --prompt "5 6 7 8" --prompt "9 10" --max-new-tokens 32 [--framework jax|torch]
+    jaxformer generate --weights runs/lm --prompt "Hel" [--prompt "def "] --max-new-tokens 32
+        [--tokenizer SPEC | --ids] [--config configs/lm.yaml] [--framework jax|torch]
         [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
         [--num-beams W] [--length-penalty A] [--eos-id ID ...] [--seed S] [--json]
 
@@ -13,8 +14,13 @@ Face dir. --config is a YAML with a `model:` section; a file without jaxformer m
 it, and for a directory it must describe the model the directory holds.
 An HF dir's generation_config.json supplies the decoding settings no flag gives (eos ids,
 max_new_tokens, do_sample, temperature, top_k, top_p, num_beams, length_penalty).
-Prompts are whitespace-separated token ids (the source sentence for seq2seq). Prints one line
-of ids per prompt (or JSON).
+Prompts are text (the source sentence for seq2seq), encoded with the weights' own tokenizer
+(jaxformer.train.data.tokenizer.tokenizer_for_checkpoint: an HF dir's tokenizer.json or other
+tokenizer files, the tokenizer a jaxformer checkpoint or run records, the byte tokenizer for the
+byte vocab of 259) or --tokenizer SPEC; the output is printed as text: an lm's prompt with its
+continuation, a seq2seq model's output, one block per prompt (a blank line between blocks).
+With --ids, prompts are whitespace-separated token ids and one line of ids is printed per prompt.
+--json prints one object: the ids ("tokens"), and in text mode the texts too.
 """
 from __future__ import annotations
 
@@ -28,7 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("--step", default=None, help="with a run dir: last (default), best or a checkpoint step")
     p.add_argument("--config", default=None, help="YAML with a `model:` section (default: file metadata)")
     p.add_argument("--prompt", action="append", required=True,
-                   help="whitespace-separated token ids; repeat for a batch")
+                   help="prompt text (with --ids: whitespace-separated token ids); repeat for a batch")
+    p.add_argument("--ids", action="store_true", help="prompts and output are token ids, not text")
+    p.add_argument("--tokenizer", default=None, metavar="SPEC",
+                   help="tokenizer.json, HF dir, tokens dir or `bytes` (default: the weights' own)")
     p.add_argument("--framework", choices=["jax", "torch"], default="jax")
     # None = the HF dir's generation_config.json, else GenerationConfig's default
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 32")
@@ -137,16 +146,43 @@ def generation_config(args, weights: str):
     return GenerationConfig(**fields, stop_at_eos=not args.no_eos_stop, seed=args.seed)
 
 
+def _own_tokenizer(args, cfg):
+    """The tokenizer the weights record (a directory), or the byte tokenizer for the byte vocab."""
+    from jaxformer.train.data import tokenizer as tk
+    if os.path.isdir(args.weights):
+        return tk.tokenizer_for_checkpoint(args.weights, args.step)
+    if getattr(cfg, "vocab_size", None) == tk.VOCAB_SIZE:
+        return tk.ByteTokenizer()
+    raise GenerateError(f"{args.weights} records no tokenizer (vocab {cfg.vocab_size}); pass "
+                        f"--tokenizer SPEC ({tk.SPEC_HELP}), or prompts as ids with --ids")
+
+
 def run(args) -> int:
     import numpy as np
 
     from jaxformer.config.models import eos_ids
+    if args.ids and args.tokenizer is not None:
+        raise GenerateError("--ids takes prompts as token ids; --tokenizer applies to text prompts")
     gen = generation_config(args, args.weights)
-    try:
-        prompts = [[int(t) for t in p.split()] for p in args.prompt]
-    except ValueError as e:
-        raise GenerateError(f"--prompt takes whitespace-separated token ids: {e}") from None
+    prompts = tok = None
+    if args.ids:
+        try:
+            prompts = [[int(t) for t in p.split()] for p in args.prompt]
+        except ValueError as e:
+            raise GenerateError(f"--prompt takes whitespace-separated token ids with --ids: {e}") from None
+    elif args.tokenizer is not None:  # a bad spec fails before the weights load
+        from jaxformer.train.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(args.tokenizer)
     name, cfg, model = load_model(args.weights, args.config, args.framework, args.step)
+    if not args.ids:
+        tok = tok or _own_tokenizer(args, cfg)
+        prompts = [tok.encode(p).tolist() or ([tok.bos_id] if tok.bos_id is not None else [])
+                   for p in args.prompt]
+        top = max((max(p) for p in prompts if p), default=-1)
+        if top >= cfg.vocab_size:
+            raise GenerateError(f"the tokenizer ({tok.spec}, vocab {tok.vocab_size}) gives id {top}, "
+                                f"outside the model's vocab of {cfg.vocab_size}: is it the model's "
+                                "tokenizer? (--tokenizer SPEC)")
     if args.framework == "jax":
         from jaxformer import generation as g
     else:
@@ -164,13 +200,26 @@ def run(args) -> int:
     tokens, scores = out if isinstance(out, tuple) else (out, None)
     stop = eos_ids(cfg.eos_id if gen.eos_id is None else gen.eos_id) if gen.stop_at_eos else ()
     rows = [_trim(row, stop) for row in np.asarray(tokens)]
+    texts = None
+    if tok is not None:
+        texts = [_text(tok, p if name == "lm" else [], [t for t in row if t not in stop])
+                 for p, row in zip(prompts, rows)]
     if args.json:
         print(json.dumps({"model": name, "framework": args.framework, "tokens": rows,
+                          **({"texts": texts} if texts is not None else {}),
                           **({"scores": [float(s) for s in scores]} if scores is not None else {})}))
+    elif texts is not None:
+        print("\n\n".join(texts))
     else:
         for row in rows:
             print(" ".join(str(t) for t in row))
     return 0
+
+
+def _text(tok, prompt: list[int], new: list[int]) -> str:
+    """An lm's prompt and continuation decoded together (so a tokenizer's spacing rules see the
+    whole text), or a seq2seq output (prompt empty)."""
+    return tok.decode(list(prompt) + list(new))
 
 
 def _trim(row, eos: tuple[int, ...]) -> list[int]:

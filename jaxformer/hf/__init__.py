@@ -307,9 +307,11 @@ def exporter(name: str, cfg):
     return fam
 
 
-def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True) -> dict:
+def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True,
+                    files: Mapping[str, bytes] | None = None) -> dict:
     """Write `model` as a Hugging Face directory (config.json + model.safetensors) that
-    transformers' AutoModel*.from_pretrained loads. Atomic: nothing at `path` on failure."""
+    transformers' AutoModel*.from_pretrained loads. Atomic: nothing at `path` on failure.
+    files: more files for the directory, {name: content} (the tokenizer.json)."""
     from safetensors.numpy import save_file
 
     from jaxformer.convert import flax_to_torch_arrays
@@ -324,6 +326,11 @@ def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True)
             json.dump(hf_config, f, indent=2, sort_keys=True)
         save_file({k: np.ascontiguousarray(v) for k, v in hf_sd.items()},
                   os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        for file_name, content in (files or {}).items():
+            if os.path.basename(file_name) != file_name or file_name in ("config.json", "model.safetensors"):
+                raise ValueError(f"files: {file_name!r} is not a new file name inside {path}")
+            with open(os.path.join(tmp, file_name), "wb") as f:
+                f.write(content)
     return {"architecture": hf_config["architectures"][0], "tensors": len(hf_sd)}
 
 

@@ -82,15 +82,16 @@ class TokensWriter:
         self.tmp = self._ctx.__enter__()
         return self
 
-    def add(self, split: str, ids: Iterable[int] | np.ndarray) -> None:
-        """Append one document (its ids; the eos separator is added here)."""
+    def add(self, split: str, ids: Iterable[int] | np.ndarray, *, end: bool = True) -> None:
+        """Append one document (its ids; the eos separator is added here). end=False appends
+        a piece of a document whose remaining ids follow in the next calls (no eos yet)."""
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.meta["vocab_size"]):
             raise ValueError(f"token id {int(ids.max() if ids.max() >= 0 else ids.min())} is outside "
                              f"the vocab [0, {self.meta['vocab_size']})")
-        self._buf[split] += [ids.astype(self.dtype), self._eos]
-        self._buf_tokens[split] += ids.size + 1
-        self._buf_docs[split] += 1
+        self._buf[split] += [ids.astype(self.dtype), self._eos] if end else [ids.astype(self.dtype)]
+        self._buf_tokens[split] += ids.size + end
+        self._buf_docs[split] += end
         if self._buf_tokens[split] >= self.shard_tokens:
             self._flush(split)
 

@@ -1,0 +1,73 @@
+"""`jaxformer data prepare`: tokenize your text into a directory that `data.name: tokens` trains from.
+
+    jaxformer data prepare --input FILE... --tokenizer SPEC --out DIR
+        [--field NAME] [--text-docs paragraph|line|file] [--eval FILE... | --eval-fraction F]
+        [--dtype uint16|uint32] [--eos-token TOKEN] [--overwrite] [--no-progress] [--json]
+
+--input: plain text (*.txt or any other name), JSON lines (*.jsonl, *.ndjson, *.json: the
+--field of each object, default "text"), Parquet or Arrow (*.parquet, *.arrow, or a `datasets`
+save_to_disk dir: the --field column), read through the `datasets` library from local files.
+--text-docs: how plain text splits into documents: blank-line-separated paragraphs (default),
+lines, or the whole file. Each document is followed by the tokenizer's eos id.
+--tokenizer SPEC: a tokenizer.json, a Hugging Face checkpoint dir (its own tokenizer), `bytes`
+(jaxformer's byte tokenizer), or `bpe:VOCAB` (a byte-level BPE trained on the input, saved as
+DIR/tokenizer.json). Nothing is downloaded.
+The eval split is --eval FILE... or a hashed --eval-fraction of the documents (default 0.01).
+DIR gets uint16/uint32 token shards (.npy) and meta.json (jaxformer/train/data/tokens.py); it is
+written in a temporary folder and appears only when complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    q = sub.add_parser("prepare", help="tokenize text/JSONL/Parquet files into a tokens directory",
+                       description=__doc__.split("\n\n", 1)[1], formatter_class=_raw())
+    q.add_argument("--input", nargs="+", action="extend", required=True, metavar="FILE",
+                   help="text, JSONL, Parquet or Arrow files (repeatable)")
+    q.add_argument("--tokenizer", required=True, metavar="SPEC",
+                   help="tokenizer.json | HF checkpoint dir | bytes | bpe:VOCAB")
+    q.add_argument("--out", required=True, metavar="DIR", help="the tokens directory to write")
+    q.add_argument("--field", default=None, help='the text field of JSONL/Parquet/Arrow rows (default "text")')
+    q.add_argument("--text-docs", choices=["paragraph", "line", "file"], default="paragraph",
+                   help="plain text: one document per blank-line-separated paragraph (default), line or file")
+    q.add_argument("--eval", nargs="+", action="extend", default=None, metavar="FILE", dest="eval_files",
+                   help="files that make the eval split (instead of a held-out fraction)")
+    q.add_argument("--eval-fraction", type=float, default=None,
+                   help="fraction of documents held out for eval, chosen by a hash of their text "
+                        "(default 0.01; 0 = no eval split)")
+    q.add_argument("--dtype", choices=["uint16", "uint32"], default=None,
+                   help="token storage (default: the smallest that holds the vocab)")
+    q.add_argument("--eos-token", default=None,
+                   help="the token that ends a document, for a tokenizer that names none")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing DIR")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.add_argument("--json", action="store_true", help="print meta.json's content as JSON")
+
+
+def _raw():
+    import argparse
+    return argparse.RawDescriptionHelpFormatter
+
+
+def run(args) -> int:
+    from jaxformer.train.data.prepare import prepare
+    meta = prepare(args.input, args.tokenizer, args.out, field=args.field, text_docs=args.text_docs,
+                   eval_fraction=args.eval_fraction, eval_files=args.eval_files, dtype=args.dtype,
+                   eos_token=args.eos_token, overwrite=args.overwrite, progress=not args.no_progress)
+    if args.json:
+        print(json.dumps(meta))
+        return 0
+    t = meta["tokenizer"]
+    print(f"wrote {args.out}: {meta['dtype']} tokens, tokenizer {t['spec']} ({t['kind']}, vocab "
+          f"{meta['vocab_size']}, eos {meta['eos_id']}, sha256 {t['sha256'][:12]})")
+    for name, s in meta["splits"].items():
+        print(f"  {name}: {s['documents']} documents, {s['tokens']} tokens in {len(s['shards'])} shard(s)")
+    if meta["source"].get("eval_held_out_last"):
+        print("  note: the eval fraction picked no document; the last document is the eval split")
+    print(f"  train on it: data: {{name: tokens, path: {os.path.abspath(args.out)}, seq_len: N}} with "
+          f"model.vocab_size >= {meta['vocab_size']}")
+    return 0
