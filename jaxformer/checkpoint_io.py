@@ -39,18 +39,29 @@ STEPS = ("last", "best")
 
 
 # ----------------------------------------------------------------------------- model checkpoints
-def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True) -> None:
+def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
+               tokenizer: dict | None = None, files: dict[str, str] | None = None) -> None:
     """Write DIR/model.yaml + DIR/params atomically; an existing DIR is an error unless
     overwrite (then replaced only once the new one is complete). The calling process writes
-    alone, also in a multi-process job (give it host copies of the params)."""
+    alone, also in a multi-process job (give it host copies of the params).
+    tokenizer: the record of the tokenizer the model was trained with (model.yaml's
+    `tokenizer:` section; data/tokens_data.py); files: {name in DIR: path to copy in}, e.g.
+    the tokenizer.json it names."""
+    import shutil
+
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
 
     from jaxformer.config import to_dict
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
+        doc = {"model": {"name": name, **to_dict(cfg)}}
+        if tokenizer is not None:
+            doc["tokenizer"] = dict(tokenizer)
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
-            yaml.safe_dump({"model": {"name": name, **to_dict(cfg)}}, f, sort_keys=False)
+            yaml.safe_dump(doc, f, sort_keys=False)
+        for fname, src in (files or {}).items():
+            shutil.copyfile(src, os.path.join(tmp, fname))
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         me = jax.process_index()
         ckptr = ocp.StandardCheckpointer(multiprocessing_options=ocp.options.MultiprocessingOptions(
@@ -65,6 +76,19 @@ def load_model_config(directory: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f"{directory} is not a jaxformer model checkpoint (no model.yaml)")
     return _model_section(path, "model")
+
+
+def load_tokenizer_record(directory: str) -> dict | None:
+    """The `tokenizer:` section of DIR/model.yaml (save_model's `tokenizer`), or None for a
+    model trained on byte-level embedded data; its `file`, if any, is in DIR."""
+    path = os.path.join(directory, "model.yaml")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+    t = data.get("tokenizer") if isinstance(data, dict) else None
+    return t if isinstance(t, dict) else None
 
 
 def _model_section(path: str, what: str):
