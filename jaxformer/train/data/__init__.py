@@ -94,9 +94,13 @@ def batch_indices(n: int, step: int, batch_size: int, seed: int) -> np.ndarray:
     return out
 
 
-def batch_at(arrays: Mapping[str, np.ndarray], step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
-    idx = batch_indices(num_examples(arrays), step, batch_size, seed)
-    return {k: v[idx] for k, v in arrays.items()}
+def batch_at(data, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
+    """The global batch of `step`; `data`: a dict of arrays or a random-access source."""
+    if isinstance(data, Mapping):
+        idx = batch_indices(num_examples(data), step, batch_size, seed)
+        return {k: v[idx] for k, v in data.items()}
+    from jaxformer.train.data.pipeline import read_rows
+    return read_rows(data, batch_indices(len(data), step, batch_size, seed))
 
 
 def eval_batches(arrays: Mapping[str, np.ndarray], batch_size: int, max_batches: int):
