@@ -347,13 +347,9 @@ class JaxTrainer:
         process's host rows -> (the train step's batch on the devices, items in the global batch)."""
         items = tasks.tokens_in(self.cfg.model_name, host_batch) * self.readers[1]
         batch = self._train_batch(host_batch)
-        if self.mesh is None:
-            if self.devices:
-                devs = jax.local_devices()[: self.devices]
-                batch = {k: jax.device_put(v, jax.sharding.PmapSharding.default(v.shape, 0, devs))
-                         for k, v in batch.items()}
-            else:
-                batch = jax.device_put(batch)
+        if self.mesh is None and not self.devices:
+            batch = jax.device_put(batch)
+        # pmap keeps the host batch: pmap splits it over its devices when the step is dispatched
         return batch, items
 
     def _eval_batch(self, host_batch: dict) -> dict:
