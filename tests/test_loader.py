@@ -140,28 +140,6 @@ def data_dir(tmp_path_factory):
     return write_tokens(tmp_path_factory.mktemp("data") / "tok")
 
 
-def test_tokens_train_eval_tokenizer_and_refused_resume(tmp_path):
-    """A tokens run trains and evaluates; its checkpoint record and model/{last,best} carry the
-    tokenizer (model.yaml's `tokenizer:`, tokenizer.json); a resume on data tokenized by
-    another tokenizer is refused before anything is written."""
-    from jaxformer.checkpoint_io import load_tokenizer_record
-    path = write_tokens(tmp_path / "tok")
-    wd = tmp_path / "w"
-    history = JaxTrainer(tokens_cfg(path), str(wd), progress=False).run()
-    assert [r["step"] for r in history] == [1, 2, 3, 4]
-    assert history[3]["eval_loss"] < history[1]["eval_loss"] and "eval_token_accuracy" in history[3]
-    for kind in ("last", "best"):
-        rec = load_tokenizer_record(str(wd / "model" / kind))
-        assert rec["sha256"] == "a" * 64 and rec["vocab_size"] == VOCAB and rec["eos_id"] == 2
-        assert open(wd / "model" / kind / "tokenizer.json").read() == open(os.path.join(path, "tokenizer.json")).read()
-    write_tokens(path, sha="b" * 64)  # same path, same config, other tokenizer
-    before = sorted(os.listdir(wd))
-    with pytest.raises(ValueError, match="tokenizer .*'test' sha256 bbbbbbbbbbbb.* differs from the one the "
-                                         "checkpoint .* trained with .*sha256 aaaaaaaaaaaa"):
-        JaxTrainer(tokens_cfg(path, steps=6), str(wd), resume=True, progress=False)
-    assert sorted(os.listdir(wd)) == before
-
-
 def _checkpoint_steps(wd) -> list[int]:
     d = os.path.join(wd, "checkpoints")
     return sorted(int(n) for n in os.listdir(d) if n.isdigit()) if os.path.isdir(d) else []
@@ -196,8 +174,38 @@ def killed(data_dir, tmp_path_factory):
 def reference(data_dir, killed, tmp_path_factory):
     """The uninterrupted run, in this process, 2 steps past the killed run's checkpoint."""
     steps = max(4, killed[2] + 2)
-    return [r["loss"] for r in JaxTrainer(tokens_cfg(data_dir, steps=steps),
-                                          str(tmp_path_factory.mktemp("ref")), progress=False).run()]
+    wd = str(tmp_path_factory.mktemp("ref") / "w")
+    return JaxTrainer(tokens_cfg(data_dir, steps=steps), wd, progress=False).run(), wd
+
+
+def test_tokens_train_eval_tokenizer_and_refused_resume(data_dir, reference, tmp_path):
+    """A tokens run trains and evaluates; its checkpoint record and model/{last,best} carry the
+    tokenizer (model.yaml's `tokenizer:`, tokenizer.json); a resume on data tokenized by
+    another tokenizer is refused before anything is written."""
+    from jaxformer.checkpoint_io import load_tokenizer_record
+    history, wd = reference
+    evals = [r["eval_loss"] for r in history if "eval_loss" in r]
+    assert [r["step"] for r in history] == list(range(1, len(history) + 1))
+    assert len(evals) >= 2 and evals[-1] < evals[0] and "eval_token_accuracy" in history[-1]
+    for kind in ("last", "best"):
+        d = os.path.join(wd, "model", kind)
+        rec = load_tokenizer_record(d)
+        assert rec["sha256"] == "a" * 64 and rec["vocab_size"] == VOCAB and rec["eos_id"] == 2
+        assert open(os.path.join(d, "tokenizer.json")).read() == open(os.path.join(data_dir, "tokenizer.json")).read()
+    # the same run, trained on a directory that now holds data of another tokenizer
+    import shutil
+    moved = str(tmp_path / "w")
+    shutil.copytree(wd, moved)
+    other = write_tokens(tmp_path / "tok", sha="b" * 64)
+    stored = yaml.safe_load(open(os.path.join(moved, "config.yaml")))
+    stored["data"]["path"] = other
+    with open(os.path.join(moved, "config.yaml"), "w") as f:
+        yaml.safe_dump(stored, f)
+    before = sorted(os.listdir(moved))
+    with pytest.raises(ValueError, match="tokenizer .*'test' sha256 bbbbbbbbbbbb.* differs from the one the "
+                                         "checkpoint .* trained with .*sha256 aaaaaaaaaaaa"):
+        JaxTrainer(tokens_cfg(other, steps=len(history) + 2), moved, resume=True, progress=False)
+    assert sorted(os.listdir(moved)) == before
 
 
 def test_sigkill_then_resume_gives_identical_losses(data_dir, killed, reference):
@@ -207,8 +215,9 @@ def test_sigkill_then_resume_gives_identical_losses(data_dir, killed, reference)
     tr = JaxTrainer(tokens_cfg(data_dir, steps=saved + 2), wd, resume=True, progress=False)
     assert tr.start_step == saved and tr.data_state == {"next_index": saved}
     resumed = [r["loss"] for r in tr.run()]
-    print(f"killed at checkpoint {saved}; resumed losses {resumed} vs {reference[saved:saved + 2]}")
-    assert resumed == reference[saved:saved + 2]
+    expect = [r["loss"] for r in reference[0][saved:saved + 2]]
+    print(f"killed at checkpoint {saved}; resumed losses {resumed} vs {expect}")
+    assert resumed == expect
 
 
 def test_two_processes_read_their_rows_and_equal_one(data_dir, reference, tmp_path):
@@ -229,9 +238,23 @@ def test_two_processes_read_their_rows_and_equal_one(data_dir, reference, tmp_pa
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
-    multi = [json.loads(line)["loss"] for line in open(wd / "metrics.jsonl")]
-    diffs = [abs(a - b) for a, b in zip(multi, reference)]
-    print("2 processes vs 1 on tokens data, per-step loss diffs:", ["%.1e" % d for d in diffs])
-    assert len(multi) == 4 and max(diffs) <= 1e-5
+    multi = [json.loads(line) for line in open(wd / "metrics.jsonl")]
+    diffs = [abs(a[k] - b[k]) for a, b in zip(multi, reference[0]) for k in ("loss", "eval_loss") if k in a]
+    print("2 processes vs 1 on tokens data, per-step loss and eval loss diffs:", ["%.1e" % d for d in diffs])
+    assert len(multi) == 4 and len(diffs) == 6 and max(diffs) <= 1e-5
     for i in range(2):  # each process saved its own pipeline state
         assert json.load(open(wd / "checkpoints" / "4" / "data" / f"process_{i}-of-2.json")) == {"next_index": 4}
+
+
+def test_torch_trainer_reads_the_same_batches(data_dir, reference, tmp_path):
+    """The torch trainer reads the same grain pipeline: from the same init, its first steps'
+    losses are the JAX run's within the trajectory bound (jaxformer/train/trajectory.py RTOL),
+    and its exported model carries the tokenizer."""
+    from jaxformer.checkpoint_io import load_tokenizer_record
+    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.trajectory import RTOL
+    history = TorchTrainer(tokens_cfg(data_dir, steps=2), str(tmp_path), progress=False).run()
+    diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(history, reference[0])]
+    print("torch vs jax on tokens data, per-step loss diffs:", ["%.1e" % d for d in diffs])
+    assert len(diffs) == 2 and max(diffs) <= RTOL * max(1.0, reference[0][0]["loss"])
+    assert load_tokenizer_record(str(tmp_path / "model" / "last"))["sha256"] == "a" * 64
