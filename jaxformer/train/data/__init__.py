@@ -4,9 +4,9 @@ directory written by `jaxformer data prepare`).
 A dataset module defines a frozen `Config` dataclass (the YAML `data:` keys besides `name`,
 validated strictly) and either `load(cfg, seed) -> (train, eval)`, two dicts of numpy arrays
 with the example axis first, or `sources(cfg, seed) -> (train, eval)`, random-access sources
-for data that does not fit in memory (data/pipeline.py says what a source is). It may define
-`tokenizer_record(cfg) -> (record, file)`: the tokenizer its ids come from, which the trainers store
-with the run and its exported models. Splits are deterministic and seeded. `DATASETS` maps
+for data that does not fit in memory (data/pipeline.py says what a source is). It may
+define `tokenizer_record(cfg) -> (record, file)`: the tokenizer its ids come from, which the
+trainers store with the run and its exported models. Splits are deterministic and seeded. `DATASETS` maps
 `data.name` to the module. `batch_at` makes the batch of any step a pure function of (seed,
 step), so the data order resumes exactly from a checkpoint's step; the trainers read the same
 order through grain (data/pipeline.py).
