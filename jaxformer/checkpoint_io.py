@@ -48,9 +48,10 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     overwrite (then replaced only once the new one is complete). The calling process writes
     alone, also in a multi-process job (give it host copies of the params).
 
-    tokenizer: the describe() dict of the model's tokenizer (a tokens dataset's
-    meta["tokenizer"]), written as model.yaml's `tokenizer:` section; tokenizer_file: the file
-    it names (e.g. the dataset's tokenizer.json), copied in as DIR/<tokenizer["file"]>."""
+    tokenizer: the record of the model's tokenizer (its describe() dict, as a tokens dataset's
+    meta["tokenizer"], optionally with the ids' vocab_size, eos_id and bos_id), written as
+    model.yaml's `tokenizer:` section; tokenizer_file: the file it names (e.g. the dataset's
+    tokenizer.json), copied in as DIR/<tokenizer["file"]>."""
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
@@ -106,14 +107,15 @@ def load_model_config(directory: str):
 
 def _tokenizer_section(tokenizer: dict, tokenizer_file: str | None) -> dict:
     keys = ("spec", "kind", "file", "sha256")
-    if not isinstance(tokenizer, dict) or set(tokenizer) - set(keys) or "kind" not in tokenizer:
+    extra = ("vocab_size", "eos_id", "bos_id")  # the trained ids' specials (tokens_data.tokenizer_record)
+    if not isinstance(tokenizer, dict) or set(tokenizer) - set(keys + extra) or "kind" not in tokenizer:
         raise ValueError(f"tokenizer must be a describe() dict with keys {keys}, got {tokenizer!r}")
     name = tokenizer.get("file")
     if (name is None) != (tokenizer_file is None):
         raise ValueError(f"tokenizer file {name!r} and tokenizer_file {tokenizer_file!r}: give both or neither")
     if name is not None and (os.path.basename(name) != name or name in ("model.yaml", "params")):
         raise ValueError(f"tokenizer file {name!r} is not a plain file name")
-    return {k: tokenizer.get(k) for k in keys}
+    return {**{k: tokenizer.get(k) for k in keys}, **{k: tokenizer[k] for k in extra if k in tokenizer}}
 
 
 def tokenizer_entry(directory: str) -> dict | None:

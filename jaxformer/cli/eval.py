@@ -57,9 +57,10 @@ def run(args) -> int:
             reader.close()
     fns = StepFns(cfg, model, tx, schedule)
     eval_step = jax.jit(fns.eval_step)
-    _, eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, cfg.train.seed)
+    _, eval_data = data_lib.load_sources(cfg.data_name, cfg.data, cfg.train.seed)
     totals: dict[str, float] = {}
-    for batch in data_lib.eval_batches(eval_data, cfg.train.batch_size, cfg.train.eval_batches):
+    from jaxformer.train.data.pipeline import eval_batches
+    for batch in eval_batches(eval_data, cfg.train.batch_size, cfg.train.eval_batches):
         for k, v in jax.device_get(eval_step(state["params"], state["rest"], batch)).items():
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:

@@ -8,8 +8,9 @@ step behind: orbax writes a step under a temporary name and renames it when comp
 `save` removes the temporary folder of a failed write.
 
 A checkpoint holds the whole train state as plain arrays: params, optimiser state, the NNX
-RNG streams (dropout), the step (which is also the data position, since batches are a pure
-function of the step) and a JSON record of metrics. Restore tries the newest step first; if it
+RNG streams (dropout), the step, a JSON record of metrics, and the input pipeline's grain
+iterator state (item `data`, one file per process, grain's own orbax handler), which is the
+data position; batches are also a pure function of the step, which the trainer checks it against. Restore tries the newest step first; if it
 is corrupted or partial it says so and falls back to the previous good one; if none is good
 it raises a clear error. It never returns silent garbage: restored arrays must match the
 expected tree structure, shapes and dtypes.
@@ -95,14 +96,19 @@ class Checkpointer:
         self.primary = primary and not read_only
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int, state, record: dict, eval_loss: float | None = None) -> None:
+    def save(self, step: int, state, record: dict, eval_loss: float | None = None, data=None) -> None:
         """Save `state` at `step` with its eval loss (every trainer checkpoint step evaluates
-        first, so BestN can rank every step). Raises CheckpointError if orbax refuses."""
+        first, so BestN can rank every step), and `data`, a grain iterator, when given. Raises
+        CheckpointError if orbax refuses."""
         metrics = {"eval_loss": float(eval_loss)} if eval_loss is not None else None
+        items = {}
+        if data is not None:
+            import grain
+            items["data"] = grain.checkpoint.CheckpointSave(data)
         try:
             saved = self.manager.save(step, metrics=metrics, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(_to_storable(state)),
-                record=ocp.args.JsonSave({**record, "step": step, "eval_loss": eval_loss})))
+                record=ocp.args.JsonSave({**record, "step": step, "eval_loss": eval_loss}), **items))
             if not saved:
                 raise CheckpointError(
                     f"orbax refused to save step {step} in {self.directory} "
@@ -167,6 +173,18 @@ class Checkpointer:
                 log.warning(msg + (" -- falling back to an older checkpoint" if step is None else ""))
                 errors.append(msg)
         raise CheckpointError("no restorable checkpoint:\n  " + "\n  ".join(errors))
+
+    def restore_data(self, step: int, iterator) -> bool:
+        """Restore the grain iterator state of `step` into `iterator`. False when the step has
+        none for this process (a checkpoint written without it, or by another number of
+        processes: grain keeps one file per process index and count)."""
+        import grain
+        # the file name grain's CheckpointHandler gives each process's state
+        name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+        if not os.path.isfile(os.path.join(self.directory, str(step), "data", name)):
+            return False
+        self.manager.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(iterator)))
+        return True
 
 
 def _check_same(expected, got, step: int) -> None:

@@ -163,7 +163,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
 
 
 BYTE_VOCAB = 259  # the embedded text datasets' byte-level ids (train/data/tokenizer.py)
-DATA_FOR_MODEL = {"lm": ("stdlib_docs",), "classifier": ("text_source",), "seq2seq": ("dates",),
+DATA_FOR_MODEL = {"lm": ("stdlib_docs", "tokens"), "classifier": ("text_source",), "seq2seq": ("dates",),
                   "vit": ("digits",), "swin": ("digits",), "timeseries": ("series",)}
 
 
@@ -181,8 +181,15 @@ def check_sections(cfg: RunConfig) -> None:
     fits = DATA_FOR_MODEL.get(cfg.model_name)
     need(fits is None or cfg.data_name in fits,
          f"data.name={cfg.data_name} does not fit model.name={cfg.model_name} (use {fits})")
-    if cfg.data_name in ("stdlib_docs", "text_source"):
+    if cfg.data_name in ("stdlib_docs", "text_source", "tokens"):
         need(d.seq_len <= m.max_len, f"data.seq_len={d.seq_len} exceeds model.max_len={m.max_len}")
+    if cfg.data_name == "tokens" and hasattr(m, "vocab_size"):
+        # meta.json and every shard's header are read here, so a missing, truncated or foreign
+        # directory is an error before any workdir is touched (each names the file)
+        from jaxformer.train.data.tokens_data import open_dir
+        vocab = open_dir(d).vocab_size
+        need(vocab <= m.vocab_size, f"model.vocab_size={m.vocab_size} is below the vocab of the tokens in "
+             f"{d.path} ({vocab} ids; its meta.json); set model.vocab_size >= {vocab}")
     if cfg.data_name == "dates":
         for k in ("src_len", "tgt_len"):
             need(getattr(d, k) <= m.max_len, f"data.{k}={getattr(d, k)} exceeds model.max_len={m.max_len}")

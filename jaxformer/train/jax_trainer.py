@@ -27,6 +27,7 @@ from flax import nnx
 
 from jaxformer.models import build_model
 from jaxformer.train import data as data_lib
+from jaxformer.train.data import pipeline
 from jaxformer.train import init as init_lib
 from jaxformer.train import tasks
 from jaxformer.train import workdir as workdir_lib
@@ -202,7 +203,9 @@ class JaxTrainer:
 
     def _setup(self, model, ckpt_dir: str, resume: bool) -> None:
         cfg, tc, workdir = self.cfg, self.cfg.train, self.workdir
-        self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
+        # random-access sources; grain reads them in run() (train/data/pipeline.py)
+        self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, tc.seed)
+        self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
         self.model = model if model is not None else build_jax_model(cfg)
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
         from jaxformer.convert import scan_prefixes
@@ -220,6 +223,12 @@ class JaxTrainer:
         self.state = init_state(cfg, self.model, self.tx)
         if self.mode == "mesh":
             self._setup_mesh()
+        # the processes that read the data: on a mesh each reads its own rows of every batch
+        self.readers = (jax.process_index(), jax.process_count()) if self.mesh is not None else (0, 1)
+        self.train_rows = pipeline.process_rows(tc.batch_size, tc.grad_accum_steps, *self.readers)
+        self.eval_rows = pipeline.process_rows(tc.batch_size, 1, *self.readers)
+        self.batches = None  # the train iterator, while run() runs
+        self.data_state: dict | None = None  # the checkpoint's pipeline state, on resume
         self.train_step, self.eval_step = self._wrap_steps()
         self.start_step = 0
         self.skipped_steps = 0
@@ -229,9 +238,13 @@ class JaxTrainer:
             reader = Checkpointer(ckpt_dir, keep=tc.keep_checkpoints, read_only=True)
             try:
                 self.state, record = reader.restore(self.state)
+                saved = pipeline.SavedState()
+                if reader.restore_data(int(record["step"]), saved):
+                    self.data_state = saved.state
             finally:
                 reader.close()
             self.start_step = int(record["step"])
+            workdir_lib.check_tokenizer(record.get("tokenizer"), self.tokenizer, workdir)
             self.skipped_steps = int(record.get("skipped_steps", 0))
             newer = [s for s in checkpoint_steps(ckpt_dir) if s > self.start_step]
             workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
@@ -286,15 +299,15 @@ class JaxTrainer:
         self.batch_sharding = sharding.batch_sharding(self.mesh)
         self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False)
 
-    def _global(self, host_batch: dict, sharding, axis: int) -> dict:
-        """Each process feeds its own slice of the global batch (dim `axis`, split over data x fsdp)."""
-        n, i = jax.process_count(), jax.process_index()
+    def _global(self, local_batch: dict, sharding, axis: int) -> dict:
+        """Global arrays from each process's own slice of the global batch (dim `axis`, split
+        over the reading processes; pipeline.process_rows says which rows a process reads)."""
+        n = self.readers[1]
 
         def f(v):
-            per = v.shape[axis] // n
-            local = np.take(v, np.arange(i * per, (i + 1) * per), axis=axis)
-            return jax.make_array_from_process_local_data(sharding, local, v.shape)
-        return {k: f(v) for k, v in host_batch.items()}
+            shape = v.shape[:axis] + (v.shape[axis] * n,) + v.shape[axis + 1:]
+            return jax.make_array_from_process_local_data(sharding, v, shape)
+        return {k: f(v) for k, v in local_batch.items()}
 
     def memory_report(self) -> dict:
         """Per-device bytes of parameters and optimiser state (device 0 of this process)."""
@@ -324,13 +337,24 @@ class JaxTrainer:
         return jax.tree.map(lambda x: x.addressable_data(0).reshape(x.shape[1:]), tree)
 
     def _train_batch(self, host_batch: dict) -> dict:
-        """[B, ...] -> the train step's [A, B/A, ...] ([D, A, B/(A D), ...] under pmap; global
-        arrays on a mesh)."""
+        """This process's rows of a batch [B/P, ...] (pipeline.process_rows) -> the train step's
+        [A, B/A, ...] ([D, A, B/(A D), ...] under pmap; global arrays on a mesh)."""
         batch = shape_batch(host_batch, self.cfg.train.grad_accum_steps, self.devices)
         return self._global(batch, self.batch_sharding, axis=1) if self.mesh is not None else batch
 
+    def _place(self, host_batch: dict):
+        """The pipeline's device stage (a grain thread, while the previous step runs): this
+        process's host rows -> (the train step's batch on the devices, items in the global batch)."""
+        items = tasks.tokens_in(self.cfg.model_name, host_batch) * self.readers[1]
+        batch = self._train_batch(host_batch)
+        if self.mesh is None and not self.devices:
+            batch = jax.device_put(batch)
+        # pmap keeps the host batch: pmap splits it over its devices when the step is dispatched
+        return batch, items
+
     def _eval_batch(self, host_batch: dict) -> dict:
-        """[B, ...] -> the eval step's [B, ...] ([D, B/D, ...] under pmap; global arrays on a mesh)."""
+        """This process's rows of an eval batch -> the eval step's [B, ...] ([D, B/D, ...] under
+        pmap; global arrays on a mesh)."""
         if self.devices:
             return {k: v.reshape((self.devices, -1) + v.shape[1:]) for k, v in host_batch.items()}
         return self._global(host_batch, self.eval_sharding, axis=0) if self.mesh is not None else host_batch
@@ -338,7 +362,8 @@ class JaxTrainer:
     def evaluate(self, state) -> dict:
         params, rest = state["params"], state["rest"]
         totals: dict[str, float] = {}
-        for batch in data_lib.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
+        for batch in pipeline.eval_batches(self.eval_data, self.cfg.train.batch_size,
+                                           self.cfg.train.eval_batches, self.eval_rows):
             sums = self._unreplicate(self.eval_step(params, rest, self._eval_batch(batch)))
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
@@ -388,8 +413,26 @@ class JaxTrainer:
             return
         model = nnx.merge(self.fns.graphdef_eval, params, state["rest"])
         d = os.path.join(self.workdir, "model", kind)
-        save_model(model, self.cfg.model_name, self.cfg.model, d)
+        save_model(model, self.cfg.model_name, self.cfg.model, d, **self._tokenizer_files())
         workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
+
+    def _tokenizer_files(self) -> dict:
+        """save_model's tokenizer arguments: the data's tokenizer record and file, if any."""
+        return {"tokenizer": self.tokenizer, "tokenizer_file": self.tokenizer_file}
+
+    def _train_iterator(self):
+        """The grain iterator of this process's train batches, placed on the devices ahead of
+        use, positioned at the run's first step (from the checkpoint's saved state on resume)."""
+        tc = self.cfg.train
+        ds = pipeline.train_dataset(self.train_data, batch_size=tc.batch_size, seed=tc.seed, steps=tc.steps,
+                                    rows=self.train_rows, place=self._place)
+        it = iter(ds)
+        try:
+            pipeline.start_at(it, self.start_step, self.data_state)
+        except BaseException:
+            it.close()
+            raise
+        return it
 
     def run(self) -> list[dict]:
         tc = self.cfg.train
@@ -403,13 +446,14 @@ class JaxTrainer:
         on_mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
         stop = workdir_lib.StopSignal()  # SIGTERM: save at the current step and end cleanly
         try:
+            self.batches = self._train_iterator()
             with on_mesh, stop:
                 while step < tc.steps:
-                    host_batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
-                    state, out = self.train_step(state, self._train_batch(host_batch))
+                    batch, batch_items = next(self.batches)  # already on the devices
+                    state, out = self.train_step(state, batch)
                     step += 1
                     pending.append(out)
-                    items += tasks.tokens_in(self.cfg.model_name, host_batch)
+                    items += batch_items
                     # multi-host preemption goes through orbax/JAX's sync point so every process
                     # stops at the same step; one host needs only the signal flag
                     stopping = stop.requested or (jax.process_count() > 1
@@ -438,8 +482,9 @@ class JaxTrainer:
                     if is_ckpt and step != saved:
                         host_state = self._unreplicate(state)
                         self.ckpt.save(step, host_state, {"config": self.cfg.to_dict(),
-                                                          "skipped_steps": self.skipped_steps},
-                                       eval_loss=eval_loss)
+                                                          "skipped_steps": self.skipped_steps,
+                                                          "tokenizer": self.tokenizer},
+                                       eval_loss=eval_loss, data=self.batches)
                         saved = step
                         self._export(host_state, "last", {"step": step, **self.last_eval})
                     if eval_loss is not None and eval_loss < self.best_eval:  # the same on every process
@@ -452,6 +497,9 @@ class JaxTrainer:
                 self.metrics.write_hparams(self.cfg.to_dict(), self.last_eval, step)  # TensorBoard
         finally:
             bar.close()
+            if self.batches is not None:
+                self.batches.close()
+                self.batches = None
             try:
                 self.ckpt.close()
             finally:

@@ -10,6 +10,7 @@ non-finite handling and SIGTERM are the JAX trainer's (jaxformer/train/workdir.p
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -20,6 +21,7 @@ import torch
 from jaxformer import fileio
 
 from jaxformer.train import data as data_lib
+from jaxformer.train.data import pipeline
 from jaxformer.train import tasks, torch_init, torch_tasks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.config import RunConfig, save_config
@@ -56,7 +58,12 @@ class TorchTrainer:
         try:
             tc = cfg.train
             torch.manual_seed(tc.seed)
-            self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
+            # the JAX trainer's sources and grain pipeline (one process): the same batches
+            self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, tc.seed)
+            self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
+            self.batches = None
+            self.data_state: dict | None = None
+            self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
             self.module = module if module is not None else build_torch_model(cfg)
             self.opt, self.sched = make_torch_optimizer(tc, self.module)
             self.start_step = 0
@@ -64,6 +71,7 @@ class TorchTrainer:
             self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
             if resume:
                 self.start_step = self._restore()
+                workdir_lib.check_tokenizer(self.trained_tokenizer, self.tokenizer, workdir)
                 workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
         except BaseException:
             self.lock.release(remove=True)
@@ -88,7 +96,8 @@ class TorchTrainer:
             save_file({k: v.detach().contiguous() for k, v in self.module.state_dict().items()},
                       os.path.join(tmp, "model.safetensors"))
             torch.save({"step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                        "rng": torch.get_rng_state(), "skipped_steps": self.skipped_steps},
+                        "rng": torch.get_rng_state(), "skipped_steps": self.skipped_steps,
+                        "data": json.dumps(self.batches.get_state()), "tokenizer": json.dumps(self.tokenizer)},
                        os.path.join(tmp, "train_state.pt"))
         for s in torch_checkpoint_steps(self.ckpt_dir)[: -self.cfg.train.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.ckpt_dir, f"step_{s}"))
@@ -102,7 +111,8 @@ class TorchTrainer:
         model = build_model(self.cfg.model_name, self.cfg.model, seed=0)
         load_torch_state_dict(model, {k: v.detach() for k, v in self.module.state_dict().items()})
         d = os.path.join(self.workdir, "model", kind)
-        save_model(model, self.cfg.model_name, self.cfg.model, d)
+        save_model(model, self.cfg.model_name, self.cfg.model, d, tokenizer=self.tokenizer,
+                   tokenizer_file=self.tokenizer_file)
         workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
 
     def _restore(self) -> int:
@@ -118,6 +128,8 @@ class TorchTrainer:
                 self.sched.load_state_dict(st["scheduler"])
                 torch.set_rng_state(st["rng"])
                 self.skipped_steps = int(st.get("skipped_steps", 0))
+                self.data_state = json.loads(st["data"]) if "data" in st else None
+                self.trained_tokenizer = json.loads(st.get("tokenizer", "null"))
                 return int(st["step"])
             except Exception as e:
                 errors.append(f"step {s}: {type(e).__name__}: {e}")
@@ -165,7 +177,7 @@ class TorchTrainer:
     def evaluate(self) -> dict:
         self.module.eval()
         totals: dict[str, float] = {}
-        for batch in data_lib.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
+        for batch in pipeline.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, _to_torch(batch),
                                                                 self.cfg.train.label_smoothing, self.pad_id)
@@ -200,9 +212,13 @@ class TorchTrainer:
         self._pending: list[dict] = []
         stop = workdir_lib.StopSignal()
         try:
+            self.batches = iter(pipeline.train_dataset(
+                self.train_data, batch_size=tc.batch_size, seed=tc.seed, steps=tc.steps,
+                rows=pipeline.process_rows(tc.batch_size, tc.grad_accum_steps)))
+            pipeline.start_at(self.batches, step, self.data_state)
             with stop:
                 while step < tc.steps:
-                    batch = data_lib.batch_at(self.train_data, step, tc.batch_size, tc.seed)
+                    batch = next(self.batches)
                     out = self.train_step(batch)
                     step += 1
                     record = self._record(step, out)
@@ -231,6 +247,9 @@ class TorchTrainer:
                         break
         finally:
             bar.close()
+            if self.batches is not None:
+                self.batches.close()
+                self.batches = None
             self.metrics.close()
             self.lock.release()
         return self.history

@@ -11,7 +11,8 @@ fresh run never mixes with an old one, a resume continues the same run.
 Rules (each refusal is a ValueError raised before anything in WORKDIR is written):
 - a fresh run needs an empty (or missing) workdir; --overwrite removes the run files first;
 - --resume needs a checkpoint, and the stored config's model and data sections must equal the
-  new ones (train-section changes are allowed and reported);
+  new ones (train-section changes are allowed and reported); a tokens dataset's tokenizer must
+  be the one the checkpoint was trained with (its hash, recorded in the checkpoint);
 - a second run on a locked workdir fails at once, naming the holder. flock is released by the
   kernel when the process dies, so a SIGKILLed run leaves no lock that blocks.
 """
@@ -136,6 +137,19 @@ def check_resumed_step(step: int, steps: int, workdir: str) -> None:
     if steps <= step:
         raise ValueError(f"--resume: train.steps={steps} is at or below the checkpoint's step {step} "
                          f"in {workdir}; nothing to train (raise train.steps, e.g. --set train.steps={step * 2})")
+
+
+def check_tokenizer(trained: dict | None, current: dict | None, workdir: str) -> None:
+    """--resume: the data's tokenizer (data/tokens_data.py `tokenizer_record`) must be the one the
+    checkpoint was trained with (its record's `tokenizer`): the same ids must mean the same text."""
+    def key(t):
+        return None if t is None else (t.get("sha256") or t.get("spec"), t.get("vocab_size"))
+    if key(trained) != key(current):
+        def say(t):
+            return "none (byte-level embedded data)" if t is None else \
+                f"{t.get('spec')!r} sha256 {str(t.get('sha256'))[:12]}, vocab {t.get('vocab_size')}"
+        raise ValueError(f"--resume: the data's tokenizer ({say(current)}) differs from the one the "
+                         f"checkpoint in {workdir} was trained with ({say(trained)})")
 
 
 def best_eval_loss(workdir: str) -> float:

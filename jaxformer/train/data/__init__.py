@@ -1,10 +1,15 @@
-"""Embedded datasets: every config trains with no network.
+"""Datasets: the embedded ones (every config trains with no network) and `tokens` (a
+directory written by `jaxformer data prepare`).
 
 A dataset module defines a frozen `Config` dataclass (the YAML `data:` keys besides `name`,
-validated strictly) and `load(cfg, seed) -> (train, eval)`: two dicts of numpy arrays with
-the example axis first. Splits are deterministic and seeded. `DATASETS` maps `data.name` to
-the module. `batch_at` makes the batch of any step a pure function of (seed, step), so the
-data order resumes exactly from a checkpoint's step.
+validated strictly) and either `load(cfg, seed) -> (train, eval)`, two dicts of numpy arrays
+with the example axis first, or `sources(cfg, seed) -> (train, eval)`, random-access sources
+for data that does not fit in memory (data/pipeline.py says what a source is). It may
+define `tokenizer_record(cfg) -> (record, file)`: the tokenizer its ids come from, which the
+trainers store with the run and its exported models. Splits are deterministic and seeded. `DATASETS` maps
+`data.name` to the module. `batch_at` makes the batch of any step a pure function of (seed,
+step), so the data order resumes exactly from a checkpoint's step; the trainers read the same
+order through grain (data/pipeline.py).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ DATASETS: dict[str, str] = {
     "dates": "jaxformer.train.data.dates",
     "digits": "jaxformer.train.data.digits",
     "series": "jaxformer.train.data.series",
+    "tokens": "jaxformer.train.data.tokens_data",
 }
 
 
@@ -40,12 +46,33 @@ def dataset_config_class(name: str) -> type:
 
 
 def load_dataset(name: str, cfg, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    train, evaluation = _module(name).load(cfg, seed)
+    """The in-memory arrays of a `load` dataset (`load_sources` reads any dataset)."""
+    module = _module(name)
+    if not hasattr(module, "load"):
+        raise ValueError(f"dataset {name} has no in-memory arrays (it is read through load_sources)")
+    train, evaluation = module.load(cfg, seed)
     for split, arrays in (("train", train), ("eval", evaluation)):
         sizes = {k: len(v) for k, v in arrays.items()}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"dataset {name} {split}: arrays differ in length {sizes}")
     return train, evaluation
+
+
+def load_sources(name: str, cfg, seed: int):
+    """-> (train, eval) random-access sources of any dataset (arrays wrapped in ArraySource)."""
+    from jaxformer.train.data.pipeline import ArraySource
+    module = _module(name)
+    if hasattr(module, "sources"):
+        return module.sources(cfg, seed)
+    train, evaluation = load_dataset(name, cfg, seed)
+    return ArraySource(train, f"dataset {name} train"), ArraySource(evaluation, f"dataset {name} eval")
+
+
+def tokenizer_info(name: str, cfg) -> tuple[dict | None, str | None]:
+    """(the tokenizer record, a tokenizer.json path or None) of a dataset whose ids come from a
+    recorded tokenizer; (None, None) for the embedded byte-level datasets."""
+    module = _module(name)
+    return module.tokenizer_record(cfg) if hasattr(module, "tokenizer_record") else (None, None)
 
 
 def num_examples(arrays: Mapping[str, np.ndarray]) -> int:
@@ -67,9 +94,13 @@ def batch_indices(n: int, step: int, batch_size: int, seed: int) -> np.ndarray:
     return out
 
 
-def batch_at(arrays: Mapping[str, np.ndarray], step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
-    idx = batch_indices(num_examples(arrays), step, batch_size, seed)
-    return {k: v[idx] for k, v in arrays.items()}
+def batch_at(data, step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
+    """The global batch of `step`; `data`: a dict of arrays or a random-access source."""
+    if isinstance(data, Mapping):
+        idx = batch_indices(num_examples(data), step, batch_size, seed)
+        return {k: v[idx] for k, v in data.items()}
+    from jaxformer.train.data.pipeline import read_rows
+    return read_rows(data, batch_indices(len(data), step, batch_size, seed))
 
 
 def eval_batches(arrays: Mapping[str, np.ndarray], batch_size: int, max_batches: int):

@@ -332,6 +332,9 @@ def from_entry(entry: dict, directory: str, *, what: str, eos: int | None = None
         raise ValueError(f"{what}: its tokenizer entry {entry!r} is not a describe() dict")
     if entry["kind"] == "bytes":
         return ByteTokenizer()
+    # the specials the model was trained with (recorded by the trainer) win over the file's guess
+    eos = entry.get("eos_id") if eos is None else eos
+    bos = entry.get("bos_id") if bos is None else bos
     if entry.get("file"):
         path = os.path.join(directory, entry["file"])
         if not os.path.isfile(path):
