@@ -7,7 +7,8 @@ d_model 128, 4 layers, fp32), side by side in one run:
 2. the `lm` step time fed by the tokens loader, by the in-memory embedded data (stdlib_docs
    arrays through the same pipeline) and by one batch already on the device (no loader), in
    rounds, so a slow spell of this shared machine falls on all of them alike (target: tokens
-   within 5% of in-memory).
+   within 5% of in-memory);
+3. prepare throughput: `jaxformer data prepare` in tokens/s, byte tokenizer and a trained BPE.
 
     python bench/data.py [--rounds 5] [--steps 10] [--tokens 4000000]
 
@@ -101,11 +102,30 @@ class StepRunner:
         self.trainer.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# Prepare throughput (`jaxformer data prepare`, tokens/s): the lead adds its measurement here,
-# through jaxformer.train.data.prepare.prepare(inputs, tokenizer, out, ...), and its figure to
-# the JSON below under "prepare_tokens_per_s".
-# ---------------------------------------------------------------------------------------------
+def prepare_throughput(tmp: str, megabytes: int, bpe_vocab: int) -> dict:
+    """Tokens/s of `jaxformer data prepare` (train/data/prepare.py) on a generated text of
+    `megabytes` MB (the embedded corpus repeated): with the byte tokenizer, and with a byte-level
+    BPE of `bpe_vocab` ids trained beforehand (its training is timed apart). The tokenizer is
+    loaded before the clock starts; shards, metadata and the atomic rename are in the time."""
+    from jaxformer.train.data import prepare, stdlib_docs, tokenizer
+    text = stdlib_docs.corpus()
+    path = os.path.join(tmp, "input.txt")
+    with open(path, "w") as f:
+        for _ in range(max(1, megabytes * 2**20 // len(text.encode()))):
+            f.write(text + "\n\n")
+    nbytes = os.path.getsize(path)
+    out: dict = {"input_bytes": nbytes}
+    t = time.perf_counter()
+    bpe = tokenizer.train_bpe([d for d in text.split("\n\n") if d.strip()], bpe_vocab)
+    out["bpe_train_s"] = round(time.perf_counter() - t, 2)
+    for name, tok in (("bytes", tokenizer.load_tokenizer("bytes")), (f"bpe{bpe_vocab}", bpe)):
+        t = time.perf_counter()
+        meta = prepare.prepare([path], tok, os.path.join(tmp, f"prep_{name}"), progress=False)
+        dt = time.perf_counter() - t
+        n = sum(meta["splits"][s]["tokens"] for s in meta["splits"])
+        out[name] = {"tokens": n, "seconds": round(dt, 2), "tokens_per_s": round(n / dt),
+                     "mb_per_s": round(nbytes / dt / 1e6, 2)}
+    return out
 
 
 def main(argv=None) -> dict:
@@ -113,9 +133,12 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
     p.add_argument("--tokens", type=int, default=4_000_000, help="train tokens in the generated directory")
+    p.add_argument("--prepare-mb", type=int, default=20, help="text size for the prepare throughput")
+    p.add_argument("--bpe-vocab", type=int, default=8000)
     args = p.parse_args(argv)
     import jax
     with tempfile.TemporaryDirectory() as tmp:
+        prep = prepare_throughput(tmp, args.prepare_mb, args.bpe_vocab)
         path = write_tokens_dir(os.path.join(tmp, "tok"), args.tokens)
         steps = args.rounds * args.steps + 4 * args.steps
         tokens_cfg = lm_config({"name": "tokens", "path": path, "seq_len": 128}, steps)
@@ -146,8 +169,10 @@ def main(argv=None) -> dict:
         "step_s_rounds": {k: [round(x, 5) for x in v] for k, v in times.items()},
         "tokens_over_in_memory": round(step["tokens"] / step["in_memory"], 4),
         "in_memory_over_no_loader": round(step["in_memory"] / step["no_loader"], 4),
+        "prepare": prep,
+        "prepare_tokens_per_s": {k: v["tokens_per_s"] for k, v in prep.items() if isinstance(v, dict)},
     }
-    for k in ("loader_tokens_per_s", "step_s", "loader_over_step", "tokens_over_in_memory",
+    for k in ("prepare_tokens_per_s", "loader_tokens_per_s", "step_s", "loader_over_step", "tokens_over_in_memory",
               "in_memory_over_no_loader"):
         print(f"{k}: {out[k]}")
     print(json.dumps(out))
