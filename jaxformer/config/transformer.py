@@ -139,6 +139,11 @@ class TransformerConfig:
                   f"num_kv_heads={self.num_kv_heads}")
         if self.position == "rope":
             check(self.resolved_head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
+        if self.position == "t5":  # T5's log-spaced buckets divide by log(max_distance / max_exact)
+            check(self.rel_num_buckets >= 4, "rel_num_buckets", f"T5 buckets need >= 4, got {self.rel_num_buckets}")
+            check(self.rel_max_distance > self.rel_num_buckets // 2, "rel_max_distance",
+                  f"must exceed rel_num_buckets // 2 = {self.rel_num_buckets // 2} (the exact buckets), "
+                  f"got {self.rel_max_distance}")
         if self.sliding_window is not None:
             check_positive(self, "sliding_window")
         if self.rope_scaling is not None:
