@@ -106,11 +106,11 @@ def _until_eos(row, eos=1) -> list[int]:
     return row[: row.index(eos) + 1] if eos in row else row
 
 
-@pytest.mark.parametrize("tag", ["v10_gen", "v11"])
-def test_greedy_and_beam_ids_match_hf_generate(tag, saved):
-    """Greedy and beam search (3 beams, length penalties 0.5 and 2: HF's early-stopping
-    heuristic and EOS-ranked-below-W candidates both matter here; the previous beam search
-    differed on these) from left-padded sources; ids equal up to each row's EOS."""
+@pytest.mark.parametrize("tag,lp", [("v10_gen", 0.5), ("v11", 1.0)])
+def test_greedy_and_beam_ids_match_hf_generate(tag, lp, saved):
+    """Greedy and beam search (3 beams) from left-padded sources; ids equal up to each row's
+    EOS. v10_gen's beams depend on HF's rules (only the first W candidates may finish, the
+    early-stopping heuristic): a beam search that lets every EOS candidate finish differs."""
     hf_model, path = saved[tag]
     model, _, _ = hf.from_pretrained(path)
     src, mask, n = torch.from_numpy(SRC), torch.from_numpy(SRC_MASK), 8
@@ -118,18 +118,15 @@ def test_greedy_and_beam_ids_match_hf_generate(tag, saved):
         ref = hf_model.generate(src, attention_mask=mask, max_new_tokens=n, do_sample=False).numpy()[:, 1:]
     ours = generate(model, SRC, SRC_MASK, gen=GenerationConfig(max_new_tokens=n))
     np.testing.assert_array_equal(ours[:, : ref.shape[1]], ref)  # both pad with 0 after EOS
-    finished = 0
-    for lp in (0.5, 2.0):
-        with torch.no_grad():
-            out = hf_model.generate(src, attention_mask=mask, max_new_tokens=n, num_beams=3, length_penalty=lp,
-                                    do_sample=False, output_scores=True, return_dict_in_generate=True)
-        tokens, scores = generate(model, SRC, SRC_MASK, gen=GenerationConfig(
-            max_new_tokens=n, strategy="beam", num_beams=3, length_penalty=lp))
-        for theirs, mine in zip(out.sequences.numpy()[:, 1:], tokens):
-            assert _until_eos(mine) == _until_eos(theirs), f"{tag} lp={lp}"
-            finished += 1 in mine
-        assert np.abs(scores - out.sequences_scores.numpy()).max() <= 1e-5
-    assert finished > 0 or tag == "v10_gen"  # the v11 case reaches EOS, so finishing is tested
+    with torch.no_grad():
+        out = hf_model.generate(src, attention_mask=mask, max_new_tokens=n, num_beams=3, length_penalty=lp,
+                                do_sample=False, output_scores=True, return_dict_in_generate=True)
+    tokens, scores = generate(model, SRC, SRC_MASK, gen=GenerationConfig(
+        max_new_tokens=n, strategy="beam", num_beams=3, length_penalty=lp))
+    for theirs, mine in zip(out.sequences.numpy()[:, 1:], tokens):
+        assert _until_eos(mine) == _until_eos(theirs), f"{tag} lp={lp}"
+    assert any(1 in row for row in tokens)  # some beam finished at EOS, before max_new_tokens
+    assert np.abs(scores - out.sequences_scores.numpy()).max() <= 1e-5
 
 
 @pytest.mark.parametrize("tag", ["v10", "v11"])
