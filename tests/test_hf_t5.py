@@ -4,7 +4,7 @@ random configs (no download): forward logits with left-padded source rows, greed
 of HF generate, export back to HF, T5's bucket table, and refusals that name the option.
 
 Tolerance 1e-5 x max(1, max|logit|) in fp32 (docs/numerics.md §19, §22). Worst measured
-|logit| differences: docs/numerics.md §22.
+|logit| differences over 5 seeds (CPU): v1.0 3.1e-7 (max |logit| 0.41), v1.1 1.7e-6 (2.4).
 """
 from __future__ import annotations
 
