@@ -168,6 +168,18 @@ def test_output_rescale_follows_t5config(raw):
     assert cfg.scale_decoder_output == theirs.scale_decoder_outputs
 
 
+@pytest.mark.parametrize("raw,start", [({"decoder_start_token_id": 3, "bos_token_id": 5}, 3),
+                                       ({"bos_token_id": 5}, 5), ({"pad_token_id": 2}, 2)])
+def test_decoder_start_as_hf_generate_picks_it(raw, start):
+    """decoder_start_token_id, else bos_token_id (HF generate's fallback), else pad (T5's
+    convention, noted)."""
+    full = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": V, "d_model": 8,
+            "d_kv": 4, "d_ff": 8, "num_layers": 1, "num_heads": 2, **raw}
+    fam, arch = hf.family_for_architecture(full)
+    _, cfg, notes = fam.config_from_hf(full, arch)
+    assert cfg.bos_id == start and any("pad_token_id" in n for n in notes) == ("pad_token_id" in raw)
+
+
 REFUSED = {  # config.json changes -> the option the error names
     "gated_relu": (dict(feed_forward_proj="gated-relu"), "feed_forward_proj"),
     "plain_silu": (dict(feed_forward_proj="silu"), "feed_forward_proj"),

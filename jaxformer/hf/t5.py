@@ -25,8 +25,9 @@ Mapping and its deliberate details (transformers 5.x modeling_t5.py; docs/numeri
     scale_decoder_output. The lm_head is tied to `shared` unless the checkpoint stores an
     lm_head.weight that differs from it (v1.1 / flan), then tie_output=False, as transformers
     5.x loads it (read through resolve_checkpoint).
-  * Decoding starts from decoder_start_token_id -> bos_id; T5 sets it to pad_token_id (0), and
-    a config.json without one gets pad_token_id (noted: HF's generate needs it in the config).
+  * Decoding starts from decoder_start_token_id -> bos_id; T5 sets it to pad_token_id (0). As
+    HF's generate, a config.json without one starts from bos_token_id; with neither, from
+    pad_token_id (noted: HF's generate then refuses to run).
     eos_token_id (one id) -> eos_id.
   * dropout_rate -> dropout, attn_dropout, ffn_dropout and embed_dropout. HF also drops out
     each stack's final-norm output in training; jaxformer does not (eval is identical).
@@ -54,8 +55,7 @@ DEFAULTS = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                 eos_token_id=1, classifier_dropout=0.0, is_decoder=False, tie_word_embeddings=None,
                 scale_decoder_outputs=None, dense_act_fn=None, is_gated_act=None,
                 decoder_start_token_id=None, n_positions=512, bos_token_id=None)
-IGNORED = {"classifier_dropout": "used by T5ForSequenceClassification's head, not by this class",
-           "bos_token_id": "T5 has no bos; decoding starts from decoder_start_token_id"}
+IGNORED = {"classifier_dropout": "used by T5ForSequenceClassification's head, not by this class"}
 # feed_forward_proj's activation -> ffn kind, plain and gated (HF maps "gated-gelu" to gelu_new)
 PLAIN_FFN = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 GATED_FFN = {"gelu_new": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh", "silu": "swiglu"}
@@ -128,10 +128,12 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, Seq2SeqConfig, l
     vocab = o["vocab_size"]
     pad = _int_id(o, "pad_token_id", vocab, o["pad_token_id"])
     eos = _int_id(o, "eos_token_id", vocab, o["eos_token_id"])
-    start = o.get("decoder_start_token_id")
+    start, bos = o.get("decoder_start_token_id"), o["bos_token_id"]
+    if start is None:  # HF's generate falls back to bos_token_id
+        start = bos
     if start is None:
-        o.notes.append(f"decoder_start_token_id is not set: decoding starts from pad_token_id={pad}, "
-                       "T5's convention (HF's generate needs it in the config)")
+        o.notes.append(f"decoder_start_token_id and bos_token_id are not set: decoding starts from "
+                       f"pad_token_id={pad}, T5's convention (HF's generate needs one of them)")
         start = pad
     start = _int_id(o, "decoder_start_token_id", vocab, start)
     scale = o["scale_decoder_outputs"]
