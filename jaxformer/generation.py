@@ -105,7 +105,7 @@ def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids
     -> (tokens [B, N], scores [B]) of the best hypothesis."""
     bw, v = first_logits.shape
     w, n = gen.num_beams, gen.max_new_tokens
-    b, k = bw // w, max(2, 1 + len(eos_ids)) * w
+    b, k = bw // w, min(max(2, 1 + len(eos_ids)) * w, w * v)  # K, at most all W * V
     neg = jnp.float32(-jnp.inf)
     alive_lp = jnp.tile(jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.full((w - 1,), neg)]), (b, 1))  # [B, W]
     alive_seq = jnp.full((b, w, n), pad_id, jnp.int32)  # [B, W, N]

@@ -80,7 +80,7 @@ def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids
     -> (tokens [B, N], scores [B]) of the best hypothesis."""
     bw, v = first_logits.shape
     w, n = gen.num_beams, gen.max_new_tokens
-    b, k = bw // w, max(2, 1 + len(eos_ids)) * w
+    b, k = bw // w, min(max(2, 1 + len(eos_ids)) * w, w * v)  # K, at most all W * V
     neg = float("-inf")
     alive_lp = torch.cat([torch.zeros(1), torch.full((w - 1,), neg)]).repeat(b, 1)  # [B, W]
     alive_seq = torch.full((b, w, n), pad_id, dtype=torch.long)  # [B, W, N]

@@ -199,8 +199,10 @@ def tensor_fn(name: str, cfg: Seq2SeqConfig, arch: str):
 def export_problems(name: str, cfg) -> list[str]:
     want = dict(position="t5", attn_scale=1.0, norm="rmsnorm", norm_position="pre", final_norm=True,
                 bias=False, scale_embedding=False, share_embeddings=True, sliding_window=None, qk_norm=False,
-                type_vocab_size=0, embed_norm=False, num_kv_heads=None, rope_scaling=None, dtype="float32")
+                type_vocab_size=0, embed_norm=False, rope_scaling=None, dtype="float32")
     out = [f"{k}={getattr(cfg, k)!r} (T5 needs {v!r})" for k, v in want.items() if getattr(cfg, k, v) != v]
+    if cfg.resolved_kv_heads != cfg.num_heads:
+        out.append(f"num_kv_heads={cfg.num_kv_heads} (T5 has no grouped-query attention)")
     for k in ("resolved_qkv_bias", "resolved_out_bias", "resolved_ffn_bias"):
         if getattr(cfg, k):
             out.append(f"{k.replace('resolved_', '')}=True (T5 has no biases)")
