@@ -125,7 +125,8 @@ def test_greedy_and_beam_ids_match_hf_generate(tag, lp, saved):
         max_new_tokens=n, strategy="beam", num_beams=3, length_penalty=lp))
     for theirs, mine in zip(out.sequences.numpy()[:, 1:], tokens):
         assert _until_eos(mine) == _until_eos(theirs), f"{tag} lp={lp}"
-    assert any(1 in row for row in tokens)  # some beam finished at EOS, before max_new_tokens
+    if tag == "v11":  # some best beam ends at EOS before max_new_tokens (v10_gen's do not)
+        assert any(1 in row for row in tokens)
     assert np.abs(scores - out.sequences_scores.numpy()).max() <= 1e-5
 
 
