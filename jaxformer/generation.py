@@ -94,39 +94,48 @@ def decode_loop(step, carry, first_logits, key, gen: GenerationConfig, eos_ids: 
 
 
 def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids: tuple[int, ...], pad_id: int):
-    """Beam search over B x W rows (row b * W + w is beam w of item b). step as in decode_loop;
-    reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams. Keeps the W
-    best finished hypotheses (score = sum log p / length ** length_penalty; a beam still alive
-    at max_new_tokens finishes there). -> (tokens [B, N], scores [B]) of the best hypothesis."""
+    """Beam search over B x W rows (row b * W + w is beam w of item b), as transformers 5.x's
+    _beam_search with its default early_stopping=False (docs/numerics.md §22). step as in
+    decode_loop; reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams.
+    Each step takes the K = max(2, 1 + #eos) * W best continuations; of those, an EOS among
+    the first W finishes (score = sum log p / length ** length_penalty, length counting the
+    EOS; at max_new_tokens the first W all finish) and the W best others stay alive. The W
+    best finished are kept. An item stops taking finished hypotheses once its best alive
+    beam, scored at its current length, cannot beat its worst finished one (HF's heuristic).
+    -> (tokens [B, N], scores [B]) of the best hypothesis."""
     bw, v = first_logits.shape
     w, n = gen.num_beams, gen.max_new_tokens
-    b = bw // w
+    b, k = bw // w, min(max(2, 1 + len(eos_ids)) * w, w * v)  # K, at most all W * V
     neg = jnp.float32(-jnp.inf)
     alive_lp = jnp.tile(jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.full((w - 1,), neg)]), (b, 1))  # [B, W]
     alive_seq = jnp.full((b, w, n), pad_id, jnp.int32)  # [B, W, N]
     fin_seq, fin_score = alive_seq, jnp.full((b, w), neg)  # [B, W, N], [B, W]
+    is_open = jnp.ones((b,), jnp.bool_)  # the item may still take finished hypotheses
+    first_w = jnp.arange(k) < w  # [K]: only these candidates may finish
 
     def body(i, s):
-        logits, carry, alive_lp, alive_seq, fin_seq, fin_score = s
+        logits, carry, alive_lp, alive_seq, fin_seq, fin_score, is_open = s
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).reshape(b, w, v)  # [B, W, V]
-        top_lp, top_idx = jax.lax.top_k((alive_lp[:, :, None] + logp).reshape(b, w * v), 2 * w)  # [B, 2W]
-        beam, tok = top_idx // v, (top_idx % v).astype(jnp.int32)  # [B, 2W]
-        seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(tok)  # [B, 2W, N]
+        top_lp, top_idx = jax.lax.top_k((alive_lp[:, :, None] + logp).reshape(b, w * v), k)  # [B, K]
+        beam, tok = top_idx // v, (top_idx % v).astype(jnp.int32)  # [B, K]
+        seqs = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, i].set(tok)  # [B, K, N]
         is_eos_ = is_eos(tok, eos_ids)
         norm = (i + 1).astype(jnp.float32) ** gen.length_penalty
-        fin_new = jnp.where(is_eos_ | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
+        finishes = (is_eos_ | (i == n - 1)) & first_w[None, :] & is_open[:, None]  # [B, K]
+        fin_new = jnp.where(finishes, top_lp / norm, neg)  # [B, K]
         fin_score, sel = jax.lax.top_k(jnp.concatenate([fin_score, fin_new], axis=1), w)  # [B, W]
         fin_seq = jnp.take_along_axis(jnp.concatenate([fin_seq, seqs], axis=1), sel[:, :, None], axis=1)
         alive_lp, sel = jax.lax.top_k(jnp.where(is_eos_, neg, top_lp), w)  # [B, W]
         alive_seq = jnp.take_along_axis(seqs, sel[:, :, None], axis=1)  # [B, W, N]
+        is_open = is_open & (alive_lp[:, 0] / norm > jnp.min(fin_score, axis=1))  # HF's heuristic
         parent = jnp.take_along_axis(beam, sel, axis=1)  # [B, W]
         rows = (jnp.arange(b, dtype=parent.dtype)[:, None] * w + parent).reshape(bw)  # [B*W]
         carry = reorder(carry, rows)
         last = jnp.take_along_axis(tok, sel, axis=1).reshape(bw)  # [B*W]
         logits, carry = step(last, i, carry)
-        return logits, carry, alive_lp, alive_seq, fin_seq, fin_score
+        return logits, carry, alive_lp, alive_seq, fin_seq, fin_score, is_open
 
-    s = jax.lax.fori_loop(0, n, body, (first_logits, carry, alive_lp, alive_seq, fin_seq, fin_score))
+    s = jax.lax.fori_loop(0, n, body, (first_logits, carry, alive_lp, alive_seq, fin_seq, fin_score, is_open))
     return s[4][:, 0], s[5][:, 0]
 
 

@@ -69,31 +69,40 @@ def decode_loop(step, carry, first_logits, generator, gen: GenerationConfig, eos
 
 
 def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids: tuple[int, ...], pad_id: int):
-    """Beam search over B x W rows (row b * W + w is beam w of item b). step as in decode_loop;
-    reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams. Keeps the W
-    best finished hypotheses (score = sum log p / length ** length_penalty; a beam still alive
-    at max_new_tokens finishes there). -> (tokens [B, N], scores [B]) of the best hypothesis."""
+    """Beam search over B x W rows (row b * W + w is beam w of item b), as transformers 5.x's
+    _beam_search with its default early_stopping=False (docs/numerics.md §22). step as in
+    decode_loop; reorder(carry, rows [B*W]) gathers the per-row state of the surviving beams.
+    Each step takes the K = max(2, 1 + #eos) * W best continuations; of those, an EOS among
+    the first W finishes (score = sum log p / length ** length_penalty, length counting the
+    EOS; at max_new_tokens the first W all finish) and the W best others stay alive. The W
+    best finished are kept. An item stops taking finished hypotheses once its best alive
+    beam, scored at its current length, cannot beat its worst finished one (HF's heuristic).
+    -> (tokens [B, N], scores [B]) of the best hypothesis."""
     bw, v = first_logits.shape
     w, n = gen.num_beams, gen.max_new_tokens
-    b = bw // w
+    b, k = bw // w, min(max(2, 1 + len(eos_ids)) * w, w * v)  # K, at most all W * V
     neg = float("-inf")
     alive_lp = torch.cat([torch.zeros(1), torch.full((w - 1,), neg)]).repeat(b, 1)  # [B, W]
     alive_seq = torch.full((b, w, n), pad_id, dtype=torch.long)  # [B, W, N]
     fin_seq, fin_score = alive_seq, torch.full((b, w), neg)  # [B, W, N], [B, W]
+    is_open = torch.ones(b, dtype=torch.bool)  # the item may still take finished hypotheses
+    first_w = torch.arange(k) < w  # [K]: only these candidates may finish
     logits = first_logits
     for i in range(n):
         logp = torch.log_softmax(logits.float(), dim=-1).reshape(b, w, v)  # [B, W, V]
-        top_lp, top_idx = torch.topk((alive_lp[:, :, None] + logp).reshape(b, w * v), 2 * w, dim=1)  # [B, 2W]
-        beam, tok = top_idx // v, top_idx % v  # [B, 2W]
-        seqs = torch.gather(alive_seq, 1, beam[:, :, None].expand(b, 2 * w, n)).clone()  # [B, 2W, N]
+        top_lp, top_idx = torch.topk((alive_lp[:, :, None] + logp).reshape(b, w * v), k, dim=1)  # [B, K]
+        beam, tok = top_idx // v, top_idx % v  # [B, K]
+        seqs = torch.gather(alive_seq, 1, beam[:, :, None].expand(b, k, n)).clone()  # [B, K, N]
         seqs[:, :, i] = tok
         is_eos_ = is_eos(tok, eos_ids)
         norm = float(i + 1) ** gen.length_penalty
-        fin_new = torch.where(is_eos_ | (i == n - 1), top_lp / norm, neg)  # [B, 2W]
+        finishes = (is_eos_ | (i == n - 1)) & first_w[None, :] & is_open[:, None]  # [B, K]
+        fin_new = torch.where(finishes, top_lp / norm, neg)  # [B, K]
         fin_score, sel = torch.topk(torch.cat([fin_score, fin_new], dim=1), w, dim=1)  # [B, W]
         fin_seq = torch.gather(torch.cat([fin_seq, seqs], dim=1), 1, sel[:, :, None].expand(b, w, n))
         alive_lp, sel = torch.topk(torch.where(is_eos_, neg, top_lp), w, dim=1)  # [B, W]
         alive_seq = torch.gather(seqs, 1, sel[:, :, None].expand(b, w, n))  # [B, W, N]
+        is_open = is_open & (alive_lp[:, 0] / norm > fin_score.min(dim=1).values)  # HF's heuristic
         parent = torch.gather(beam, 1, sel)  # [B, W]
         rows = (torch.arange(b)[:, None] * w + parent).reshape(bw)  # [B*W]
         carry = reorder(carry, rows)

@@ -43,6 +43,15 @@ LLAMA_FLAVOUR = dict(position="rope", norm="rmsnorm", norm_eps=1e-6, ffn="swiglu
                      final_norm=True, bias=False, num_kv_heads=2, scale_embedding=False,
                      tie_embeddings=False)
 LM_FLAVOURS = {"gpt2": GPT2_FLAVOUR, "llama": LLAMA_FLAVOUR}
+# T5 v1.0 (Raffel et al. 2020; HF t5-small): bucketed relative position bias (32 buckets, 128
+# max distance), no 1/sqrt(K) score scale, RMSNorm eps 1e-6 (T5LayerNorm), ReLU FFN, Pre-LN with
+# a final norm, no biases, no embedding scaling, one shared table tied to the output, whose
+# input is rescaled by d_model ** -0.5; decoding starts from pad (0), eos 1. v1.1 / flan: ffn
+# "geglu_tanh", tie_output=False, scale_decoder_output=False (jaxformer/hf/t5.py).
+T5_FLAVOUR = dict(position="t5", rel_num_buckets=32, rel_max_distance=128, attn_scale=1.0, norm="rmsnorm",
+                  norm_eps=1e-6, ffn="relu", norm_position="pre", final_norm=True, bias=False,
+                  scale_embedding=False, share_embeddings=True, tie_output=True, scale_decoder_output=True,
+                  pad_id=0, bos_id=0, eos_id=1)
 
 
 def stack_config(cfg: TransformerConfig, **changes) -> TransformerConfig:
@@ -109,13 +118,17 @@ class Seq2SeqConfig(TransformerConfig):
     share_embeddings: one token embedding for source and target (`embed`), else
         `src_embed` and `tgt_embed`.
     tie_output: the output projection is the target embedding transposed (no `lm_head`).
+    scale_decoder_output: multiply the decoder output by d_model ** -0.5 before the output
+        projection (T5 v1.0, HF's scale_decoder_outputs; docs/numerics.md §22).
     bos_id / eos_id: decoder start token and end of sequence (target vocabulary).
+    Seq2SeqConfig.t5(**overrides): T5_FLAVOUR at the class's default sizes.
     """
 
     num_decoder_layers: int | None = None
     tgt_vocab_size: int | None = None
     share_embeddings: bool = True
     tie_output: bool = True
+    scale_decoder_output: bool = False
     bos_id: int = 1
     eos_id: int = 2
     dtype: str = "float32"
@@ -148,6 +161,11 @@ class Seq2SeqConfig(TransformerConfig):
     def tiny(cls, **overrides) -> Seq2SeqConfig:
         """TINY_SIZES with the class defaults (Post-LN, shared and tied embeddings), for tests."""
         return cls(**{**TINY_SIZES, **overrides})
+
+    @classmethod
+    def t5(cls, **overrides) -> Seq2SeqConfig:
+        """T5_FLAVOUR (v1.0) at the class's default sizes."""
+        return cls(**{**T5_FLAVOUR, **overrides})
 
     def encoder_config(self) -> TransformerConfig:
         return stack_config(self)
@@ -286,5 +304,5 @@ def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: i
 
 
 __all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "GenerationConfig", "stack_config",
-           "COMPUTE_DTYPES", "TINY_SIZES", "GPT2_FLAVOUR", "LLAMA_FLAVOUR", "LM_FLAVOURS",
+           "COMPUTE_DTYPES", "TINY_SIZES", "GPT2_FLAVOUR", "LLAMA_FLAVOUR", "LM_FLAVOURS", "T5_FLAVOUR",
            "pad_prompts", "check_lengths", "eos_ids"]

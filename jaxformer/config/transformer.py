@@ -104,6 +104,7 @@ class TransformerConfig:
     qk_norm: bool = False  # a per-head norm (`norm`, `norm_eps`) on q and k before RoPE (Qwen3)
     rel_num_buckets: int = 32  # T5 relative position bias
     rel_max_distance: int = 128
+    attn_scale: float | None = None  # attention score scale; None = 1/sqrt(head_dim) (T5: 1.0)
     sliding_window: int | None = None  # keys further back than this are masked
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
     pad_id: int = 0
@@ -123,6 +124,9 @@ class TransformerConfig:
         check_prob(self, "dropout", "attn_dropout", "ffn_dropout", "embed_dropout")
         check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
         check(self.rope_base > 0, "rope_base", f"must be > 0, got {self.rope_base}")
+        check(self.attn_scale is None or (isinstance(self.attn_scale, (int, float))
+                                          and not isinstance(self.attn_scale, bool) and self.attn_scale > 0),
+              "attn_scale", f"must be a number > 0 or null (1/sqrt(head_dim)), got {self.attn_scale!r}")
         if self.head_dim is None:
             check(self.d_model % self.num_heads == 0, "d_model",
                   f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
@@ -135,6 +139,11 @@ class TransformerConfig:
                   f"num_kv_heads={self.num_kv_heads}")
         if self.position == "rope":
             check(self.resolved_head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
+        if self.position == "t5":  # T5's log-spaced buckets divide by log(max_distance / max_exact)
+            check(self.rel_num_buckets >= 4, "rel_num_buckets", f"T5 buckets need >= 4, got {self.rel_num_buckets}")
+            check(self.rel_max_distance > self.rel_num_buckets // 2, "rel_max_distance",
+                  f"must exceed rel_num_buckets // 2 = {self.rel_num_buckets // 2} (the exact buckets), "
+                  f"got {self.rel_max_distance}")
         if self.sliding_window is not None:
             check_positive(self, "sliding_window")
         if self.rope_scaling is not None:

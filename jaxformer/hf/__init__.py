@@ -9,7 +9,8 @@
 
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
-ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`).
+ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
+T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
 Modules: files (reading checkpoint directories safely), streaming (the shard-by-shard
 conversion), common (config.json options, the activation table, key renaming), one per family.
@@ -38,7 +39,7 @@ from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.bert",
-                  "jaxformer.hf.vision")
+                  "jaxformer.hf.vision", "jaxformer.hf.t5")
 
 
 def _families():
@@ -81,6 +82,8 @@ def read_config(ckpt, max_len: int | None = None) -> tuple[Any, str, str, Any, l
     try:
         fam, arch = family_for_architecture(ckpt.config)
         name, cfg, notes = fam.config_from_hf(ckpt.config, arch, tuple(ckpt.tensors))
+        if hasattr(fam, "resolve_checkpoint"):  # what only the weights say (T5's untied head)
+            cfg = fam.resolve_checkpoint(ckpt, name, cfg, notes)
     except ConfigError as e:  # the messages start "config.json..."
         text = str(e)
         raise ConfigError(os.path.join(ckpt.path, text if text.startswith("config.json")
@@ -287,7 +290,7 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import bert, gpt2, llama, qwen, vision
+    from jaxformer.hf import bert, gpt2, llama, qwen, t5, vision
     if name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
         fam = qwen if qwen_like else llama
@@ -297,10 +300,14 @@ def exporter(name: str, cfg):
         fam = bert
     elif name in ("vit", "swin"):
         fam = vision
+    elif name == "seq2seq":
+        fam = t5
     else:
         raise ConversionError([f"model {name!r} has no Hugging Face export (supported: lm, encoder, "
-                               "classifier, vit, swin)"])
+                               "classifier, vit, swin, seq2seq)"])
     problems = fam.export_problems(name, cfg)
+    if getattr(cfg, "attn_scale", None) is not None and fam is not t5:  # only T5 writes a score scale
+        problems = [*problems, f"attn_scale={cfg.attn_scale} (the family scales scores by 1/sqrt(head_dim))"]
     if problems:
         raise ConversionError([f"{name} config has no {fam.__name__.rsplit('.', 1)[-1]} HF "
                                f"equivalent: {p}" for p in problems])

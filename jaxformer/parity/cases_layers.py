@@ -73,6 +73,10 @@ case("mha_cross", "attention", mirror("layers.attention.MultiHeadAttention", D, 
 case("mha_gqa_nobias_causal", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, bias=False),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
+# T5 (docs/numerics.md §22): unscaled scores plus a position bias, no biases, a head_dim of its own
+case("mha_t5_unscaled_bias", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, head_dim=6, bias=False, scale=1.0),
+     lambda r: {"x": normal(B, T, D)(r), "bias": normal(1, H, T, T)(r), "mask": _pad_mask([6, 3], T)})
 case("mha_mqa_head_dim", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=1, head_dim=12),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})

@@ -90,6 +90,17 @@ case("seq2seq_shared_tied_intermediates", "seq2seq_model",
      lambda r: {"src_ids": token_ids(B, S, V, lengths=[4, 6])(r), "tgt_ids": token_ids(B, T, V)(r),
                 "return_intermediates": True})
 
+# T5 (jaxformer/hf/t5.py): relative position bias shared by each stack's layers (10 buckets,
+# max distance 6: 6 source tokens reach the encoder's log-spaced buckets, 7 target tokens the
+# decoder's saturated one),
+# unscaled scores, RMSNorm, no biases, a head_dim of its own; v1.0 (ReLU, tied head rescaled
+# by D ** -0.5, a left-padded source row) and v1.1 (gated tanh-GELU, untied head)
+T5_SIZES = dict(TINY_SIZES, head_dim=6, rel_num_buckets=10, rel_max_distance=6, bos_id=0, eos_id=1)
+for tag, kw in {"v10": {}, "v11": dict(ffn="geglu_tanh", tie_output=False, scale_decoder_output=False)}.items():
+    case(f"seq2seq_t5_{tag}", "seq2seq_model", model_pair("seq2seq", Seq2SeqConfig.t5(**T5_SIZES, **kw)),
+         lambda r: {"src_ids": token_ids(B, S, V, lengths=[6, 3], left=True)(r),
+                    "tgt_ids": token_ids(B, T, V)(r), "src_mask": left_padding(B, S, [6, 3])})
+
 # ---------------------------------------------------------------- causal LMs
 LMS = {
     "gpt2": LMConfig.tiny("gpt2"),

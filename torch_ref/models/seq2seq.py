@@ -99,6 +99,8 @@ class Seq2Seq(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, T, D] -> [B, T, V_tgt] float32, via the tied target embedding or lm_head."""
         h = h.to(compute_dtype(self.cfg.dtype))
+        if self.cfg.scale_decoder_output:  # T5 v1.0 (docs/numerics.md §22)
+            h = h * self.cfg.d_model ** -0.5
         if self.lm_head is None:
             return self.target_embedding().embed_tokens.attend(h).float()
         return self.lm_head(h).float()
