@@ -52,8 +52,8 @@ class Embedding(nnx.Module):
     def __call__(self, ids: jax.Array) -> jax.Array:
         check_ids(ids, self.num_embeddings)
         x = jnp.take(self.embedding[...], ids, axis=0)  # [B, T, D]
-        if self.multiplier is not None:
-            x = x * self.multiplier
+        if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
+            x = x * jnp.asarray(self.multiplier, x.dtype)
         return x
 
     def attend(self, x: jax.Array) -> jax.Array:
