@@ -50,6 +50,15 @@ CASES = {
         tie_word_embeddings=True)),
     "mistral_no_window_linear_rope": (T.MistralForCausalLM, dict(
         SMALL, sliding_window=None, rope_parameters=dict(rope_type="linear", rope_theta=1000.0, factor=2.0))),
+    # default layer_types (sliding, full, sliding); caps small enough that tanh bends the scores
+    "gemma2_default_layers_caps": (T.Gemma2ForCausalLM, dict(
+        SMALL, num_hidden_layers=3, head_dim=12, sliding_window=4, query_pre_attn_scalar=20,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, bos_token_id=2, eos_token_id=1)),
+    "gemma2_untied_gelu_bias_mqa_no_caps": (T.Gemma2ForCausalLM, dict(
+        SMALL, num_key_value_heads=1, head_dim=8, sliding_window=3, query_pre_attn_scalar=8,
+        layer_types=["full_attention", "sliding_attention"], hidden_activation="gelu", attention_bias=True,
+        tie_word_embeddings=False, attn_logit_softcapping=None, final_logit_softcapping=None,
+        rope_parameters=dict(rope_type="default", rope_theta=300.0))),
 }
 
 
@@ -95,6 +104,8 @@ def test_forward_matches_hf(tag, saved):
     hf_model, path = saved[tag]
     model, name, cfg = hf.from_pretrained(path)
     assert name == "lm" and cfg.sliding_window == CASES[tag][1].get("sliding_window")
+    if tag.startswith("gemma2"):
+        assert cfg.norm_position == "sandwich" and any(cfg.local_layers()) and not all(cfg.local_layers())
     _check(tag, _hf_logits(hf_model), np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK))))
 
 
@@ -105,7 +116,8 @@ def _hf_generate(hf_model, n, **kw):
                                  do_sample=False, **kw)[:, IDS.shape[1]:].numpy()
 
 
-@pytest.mark.parametrize("tag", ["mistral_w3", "mistral_w5_mqa_head_dim_tied"])
+@pytest.mark.parametrize("tag", ["mistral_w3", "mistral_w5_mqa_head_dim_tied", "gemma2_default_layers_caps",
+                                 "gemma2_untied_gelu_bias_mqa_no_caps"])
 def test_greedy_beam_and_export_match_hf(tag, saved, tmp_path):
     """Greedy (with the model's eos) and beam ids (eos never produced: every hypothesis runs to
     max_new_tokens, so HF's and jaxformer's stopping rules agree) equal HF generate's with a
@@ -134,6 +146,13 @@ REFUSED = {  # config.json changes -> the option the error names
     "mistral_bad_window": ("mistral_w3", dict(sliding_window=0), "sliding_window"),
     "mistral_act": ("mistral_w3", dict(hidden_act="gelu"), "hidden_act"),
     "mistral_unknown": ("mistral_w3", dict(attention_bias=True), "attention_bias"),
+    "gemma2_bidirectional": ("gemma2_default_layers_caps", dict(use_bidirectional_attention=True),
+                             "use_bidirectional_attention"),
+    "gemma2_act": ("gemma2_default_layers_caps", dict(hidden_activation="relu"), "hidden_activation"),
+    "gemma2_chunked": ("gemma2_default_layers_caps", dict(layer_types=["chunked_attention"] * 3), "layer_types"),
+    "gemma2_no_window": ("gemma2_default_layers_caps", dict(sliding_window=None), "sliding_window"),
+    "gemma2_legacy_act": ("gemma2_default_layers_caps", dict(hidden_act="gelu"), "hidden_act"),
+    "gemma2_bad_cap": ("gemma2_default_layers_caps", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
 }
 
 
