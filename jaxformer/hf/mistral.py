@@ -11,6 +11,8 @@ window. How it maps:
     (transformers only warns), so it is accepted only where it agrees: every entry
     "sliding_attention" with a window, or "full_attention" without one.
   * head_dim absent or null: hidden_size / num_attention_heads.
+Export writes MistralForCausalLM for an lm with a sliding_window on every layer; without a
+window the same model is a LLaMA and exports as LlamaForCausalLM (identical logits).
 """
 from __future__ import annotations
 
