@@ -259,6 +259,12 @@ def test_ring_cache_equals_full_recompute_in_both_trees(kind):
     js.eval()
     steps_s, cache_s = _jax_cached(js, ids, mask, n)
     assert np.abs(steps_s - steps).max() <= 1e-5
+    seq = np.concatenate([ids, steps.argmax(-1).T], axis=1).astype(np.int32)  # the scan's forward too
+    seq_mask = np.concatenate([mask, np.ones((len(ids), n), np.int32)], axis=1)
+    full = np.asarray(fwd(j, jnp.asarray(seq), jnp.asarray(seq_mask)))
+    assert np.abs(np.asarray(fwd(js, jnp.asarray(seq), jnp.asarray(seq_mask))) - full).max() <= 1e-5
+    print(f"[ring cache] {kind}: cached vs recompute jax {np.abs(steps - ref_j).max():.1e}, "
+          f"torch {np.abs(steps_t - ref_t).max():.1e}, scanned vs unrolled {np.abs(steps_s - steps).max():.1e}")
     assert cache_s["self"]["k"].shape[3] == (WINDOW if all(local) else ids.shape[1] + n)
 
 
