@@ -300,3 +300,25 @@ def test_window_semantics_match_transformers_mask():
     theirs = np.array([[bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) for k in range(7)] for q in range(7)])
     np.testing.assert_array_equal(ours, theirs)
     assert ours[6].sum() == 3 and ours[6, 4:].all()  # the query and the 2 keys before it
+
+
+def test_embedding_normalizer_is_rounded_to_the_table_dtype():
+    """HF Gemma multiplies by embed_scale.to(weight.dtype): a bf16 table by bf16(sqrt(D)) (59.75
+    for D = 3584, not 59.87), in both trees; fp32 tables by fp32(sqrt(D))."""
+    from flax import nnx as _nnx
+
+    from jaxformer.layers.embedding import Embedding as JEmbedding
+    from torch_ref.layers.embedding import Embedding as TEmbedding
+    d = 3584
+    table = np.random.RandomState(0).standard_normal((2, d)).astype(np.float32)
+    j = JEmbedding(2, d, scale=True, rngs=_nnx.Rngs(0))
+    j.embedding.set_value(jnp.asarray(table, jnp.bfloat16))
+    t = TEmbedding(2, d, scale=True).to(torch.bfloat16)
+    with torch.no_grad():
+        t.weight.copy_(torch.from_numpy(table))
+    want = torch.from_numpy(table).to(torch.bfloat16)[[1]] * torch.tensor(59.75, dtype=torch.bfloat16)
+    assert float(torch.tensor(d ** 0.5, dtype=torch.bfloat16)) == 59.75
+    got_t = t(torch.tensor([[1]]))[0]
+    got_j = np.asarray(j(jnp.asarray([[1]]))[0].astype(jnp.float32))
+    assert torch.equal(got_t, want)
+    np.testing.assert_array_equal(got_j, want.float().numpy())
