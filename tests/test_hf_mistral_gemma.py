@@ -10,7 +10,8 @@ as transformers' sliding_window_overlay. Every check uses prompts longer than th
     and beam ids equal to HF generate; export loads back in transformers with HF's logits;
     unimplemented options refused by name.
 Tiny random HF models built from configs (no download). Worst measured |logit| differences
-are printed by test_forward_matches_hf (and recorded in docs/numerics.md §21).
+(fp32, printed by test_forward_matches_hf, docs/numerics.md §21): Mistral 8.3e-7 (max |logit|
+2.6), Gemma2 3.6e-6 (max |logit| 4.8; float32 rounding on both sides, measured against float64).
 """
 from __future__ import annotations
 
