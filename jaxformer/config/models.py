@@ -182,6 +182,7 @@ class LMConfig(TransformerConfig):
     LLAMA_FLAVOUR), and in YAML configs/lm.yaml, configs/llama.yaml.
 
     tie_embeddings: the output projection is the token embedding transposed (no `lm_head`).
+    final_logit_softcap: cap * tanh(logits / cap) on the output logits (Gemma2); None = off.
     bos_id / eos_id: start and end of sequence, token metadata (None = none); eos_id may be a
         tuple (HF's eos_token_id list): generation stops at any of them.
     """
@@ -190,9 +191,14 @@ class LMConfig(TransformerConfig):
     bos_id: int | None = 1
     eos_id: int | tuple[int, ...] | None = 2
     dtype: str = "float32"
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma2)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.final_logit_softcap is None or (isinstance(self.final_logit_softcap, (int, float))
+                                                   and not isinstance(self.final_logit_softcap, bool)
+                                                   and self.final_logit_softcap > 0),
+              "final_logit_softcap", f"must be a number > 0 or null, got {self.final_logit_softcap!r}")
         if isinstance(self.eos_id, list):  # YAML / JSON lists
             object.__setattr__(self, "eos_id", tuple(self.eos_id))
         _check_meta_tokens(self, "bos_id")

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
 
 FFN_KINDS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
-NORM_KINDS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
+NORM_KINDS = ("layernorm", "rmsnorm", "rmsnorm_offset")
+NORM_POSITIONS = ("pre", "post", "sandwich")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # HF's layer_types names
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 
@@ -84,9 +85,9 @@ class TransformerConfig:
     d_ff: int = 256
     num_layers: int = 2
     ffn: str = "relu"
-    norm: str = "layernorm"
+    norm: str = "layernorm"  # rmsnorm_offset: RMSNorm scaled by (1 + w), w stored around 0 (Gemma)
     norm_eps: float = 1e-5
-    norm_position: str = "post"
+    norm_position: str = "post"  # sandwich: pre norm and a norm on the sublayer output (Gemma2)
     final_norm: bool = True
     bias: bool = True  # biases in attention and FFN projections (default of the three below)
     attn_qkv_bias: bool | None = None  # biases on q/k/v projections; None = bias
@@ -105,7 +106,11 @@ class TransformerConfig:
     rel_num_buckets: int = 32  # T5 relative position bias
     rel_max_distance: int = 128
     attn_scale: float | None = None  # attention score scale; None = 1/sqrt(head_dim) (T5: 1.0)
-    sliding_window: int | None = None  # keys further back than this are masked
+    sliding_window: int | None = None  # a query sees itself and the window - 1 keys before it
+    layer_types: tuple[str, ...] | None = None  # per layer full_attention | sliding_attention; None = all
+    #   layers sliding when sliding_window is set (Mistral), else all full (docs/numerics.md §21)
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before masking (Gemma2)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power; None = head_dim
     scale_embedding: bool = True  # multiply token embeddings by sqrt(d_model)
     pad_id: int = 0
     scan_layers: bool = False  # JAX: stack identical layers, run them with lax.scan (torch loops)
@@ -127,6 +132,8 @@ class TransformerConfig:
         check(self.attn_scale is None or (isinstance(self.attn_scale, (int, float))
                                           and not isinstance(self.attn_scale, bool) and self.attn_scale > 0),
               "attn_scale", f"must be a number > 0 or null (1/sqrt(head_dim)), got {self.attn_scale!r}")
+        check(self.attn_scale is None or self.query_pre_attn_scalar is None, "attn_scale",
+              "set attn_scale or query_pre_attn_scalar, not both (both set the score scale)")
         if self.head_dim is None:
             check(self.d_model % self.num_heads == 0, "d_model",
                   f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
@@ -146,6 +153,18 @@ class TransformerConfig:
                   f"got {self.rel_max_distance}")
         if self.sliding_window is not None:
             check_positive(self, "sliding_window")
+        if isinstance(self.layer_types, list):  # YAML / JSON lists
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types is not None:
+            check(len(self.layer_types) == self.num_layers and all(t in LAYER_TYPES for t in self.layer_types),
+                  "layer_types", f"must be {self.num_layers} entries (num_layers) of {LAYER_TYPES}, "
+                  f"got {self.layer_types!r}")
+            check(self.sliding_window is not None or "sliding_attention" not in self.layer_types,
+                  "layer_types", "sliding_attention layers need sliding_window")
+        for name in ("attn_logit_softcap", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                    and value > 0), name, f"must be a number > 0 or null, got {value!r}")
         if self.rope_scaling is not None:
             check(self.position == "rope", "rope_scaling",
                   f"scales RoPE; position is {self.position!r}")
@@ -171,6 +190,23 @@ class TransformerConfig:
     @property
     def resolved_ffn_bias(self) -> bool:
         return self.bias if self.ffn_bias is None else self.ffn_bias
+
+    def local_layers(self) -> tuple[bool, ...]:
+        """Per layer: does it attend within sliding_window (layer_types, else every layer when
+        sliding_window is set)?"""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        if self.layer_types is None:
+            return (True,) * self.num_layers
+        return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    @property
+    def score_scale(self) -> float | None:
+        """The attention score scale: attn_scale (T5), else query_pre_attn_scalar ** -0.5
+        (Gemma2), else None (1 / sqrt(head_dim))."""
+        if self.attn_scale is not None:
+            return self.attn_scale
+        return None if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar ** -0.5
 
     @property
     def resolved_kv_heads(self) -> int:

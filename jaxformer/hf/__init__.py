@@ -8,7 +8,8 @@
     hf.convert_flax_to_hf("ckpt_dir", "out_dir")
 
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
-<-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
+<-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
+<-> `lm`), Gemma2 (`Gemma2ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
@@ -38,8 +39,8 @@ from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
-FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.bert",
-                  "jaxformer.hf.vision", "jaxformer.hf.t5")
+FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
+                  "jaxformer.hf.gemma2", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5")
 
 
 def _families():
@@ -290,10 +291,12 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import bert, gpt2, llama, qwen, t5, vision
-    if name == "lm" and cfg.position == "rope":
+    from jaxformer.hf import bert, gemma2, gpt2, llama, mistral, qwen, t5, vision
+    if name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
+        fam = gemma2
+    elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
-        fam = qwen if qwen_like else llama
+        fam = qwen if qwen_like else mistral if cfg.sliding_window is not None else llama
     elif name == "lm":
         fam = gpt2
     elif name in ("encoder", "classifier"):

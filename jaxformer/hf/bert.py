@@ -122,7 +122,7 @@ def tensor_fn(name: str, cfg, arch: str):
 def export_problems(name: str, cfg) -> list[str]:
     want = dict(position="learned", norm="layernorm", norm_position="post", final_norm=False, bias=True,
                 norm_bias=True, scale_embedding=False, sliding_window=None, embed_norm=True,
-                ffn_dropout=0.0)
+                ffn_dropout=0.0, attn_logit_softcap=None, query_pre_attn_scalar=None)
     out = [f"{k}={getattr(cfg, k)!r} (BERT needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
     if cfg.ffn not in exportable_ffns():
         out.append(f"ffn={cfg.ffn!r} (BERT activations: {exportable_ffns()})")

@@ -113,7 +113,8 @@ def export_problems(name: str, cfg) -> list[str]:
     want = dict(position="learned", norm="layernorm", norm_position="pre", final_norm=True, bias=True,
                 norm_bias=True, scale_embedding=False, sliding_window=None, ffn_dropout=0.0,
                 type_vocab_size=0, embed_norm=False, resolved_qkv_bias=True, resolved_out_bias=True,
-                resolved_ffn_bias=True, qk_norm=False)
+                resolved_ffn_bias=True, qk_norm=False,
+                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
     out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (GPT-2 needs {v!r})" for k, v in want.items()
            if getattr(cfg, k, v) != v]
     if cfg.ffn not in exportable_ffns():

@@ -96,7 +96,8 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str, rules: Renamer = RULES, what:
 def export_problems(name: str, cfg, qk_norm: bool = False) -> list[str]:
     want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
                 scale_embedding=False, sliding_window=None, dropout=0.0, ffn_dropout=0.0,
-                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=qk_norm)
+                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=qk_norm,
+                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
     out = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k, v) != v]
     if cfg.resolved_qkv_bias != cfg.resolved_out_bias:
         out.append(f"attn_qkv_bias={cfg.resolved_qkv_bias} with attn_out_bias={cfg.resolved_out_bias} "

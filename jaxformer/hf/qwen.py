@@ -71,7 +71,8 @@ def architecture(cfg) -> str:
 def export_problems(name: str, cfg) -> list[str]:
     want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
                 scale_embedding=False, sliding_window=None, dropout=0.0, ffn_dropout=0.0,
-                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, resolved_ffn_bias=False)
+                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, resolved_ffn_bias=False,
+                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
     if cfg.qk_norm:  # Qwen3: one attention_bias
         want.update(resolved_out_bias=cfg.resolved_qkv_bias)
     else:  # Qwen2: q/k/v biases, none on o_proj

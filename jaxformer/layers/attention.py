@@ -60,7 +60,8 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
                           bias: jax.Array | None = None, scale: float | None = None,
                           return_weights: bool = False, dropout: nnx.Dropout | None = None,
-                          kv_head_major: bool = False, implementation: str | None = None):
+                          kv_head_major: bool = False, implementation: str | None = None,
+                          softcap: float | None = None):
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
@@ -74,6 +75,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
             which then needs no transpose of the cache (one step reads it in place).
         implementation: backend of the fused path (jax.nn.dot_product_attention's); None =
             `lowering.active().fused_attention` (itself None by default: XLA chooses).
+        softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask
+            (Gemma2's attention logit soft-capping, docs/numerics.md §21); explicit path.
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     if mask is not None:
@@ -91,7 +94,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
 
-    if not return_weights and not dropout_active and not kv_head_major:
+    if not return_weights and not dropout_active and not kv_head_major and softcap is None:
         # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
@@ -118,6 +121,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     else:
         scores = jnp.einsum("btgrk,bgsk->bgrts", q, k).astype(jnp.float32) * scale  # [B, G, R, T, S]
     scores = scores.reshape(b, num_heads, t, s)  # [B, H, T, S]
+    if softcap is not None:
+        scores = jnp.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
     if mask is not None:
@@ -173,6 +178,7 @@ class MultiHeadAttention(nnx.Module):
         add_bias_kv: append one learned key slot `bias_k` and value slot `bias_v` ([G * K]) to
             the projected keys and values, always visible (nn.MultiheadAttention's add_bias_kv).
         add_zero_attn: then append one all-zero key and value slot, always visible (score 0).
+        softcap: attention logit soft-capping (Gemma2), see dot_product_attention.
     Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
     kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
 
@@ -183,6 +189,11 @@ class MultiHeadAttention(nnx.Module):
         and the queries attend over all L slots; `mask` must hide the unwritten ones.
       * without cache_index: a read-only cache, e.g. cross-attention keys/values projected
         once from the encoder memory by `project_kv`; `kv` is then not used.
+      * rolling=True (a sliding-window layer): the cache is a ring of W slots; absolute slot a
+        lives in ring slot a % W. One new token is written first and attends over the ring (the
+        slot it overwrites is W back, just out of the window); T > 1 new tokens attend over the
+        ring followed by themselves ([B, W + T] keys), then their last min(T, W) are written.
+        `mask` covers those keys (Decoder.rolling_inputs).
     With a cache the call returns (out, new_cache).
     """
 
@@ -192,6 +203,7 @@ class MultiHeadAttention(nnx.Module):
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
                  qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
                  vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 softcap: float | None = None,
                  rngs: nnx.Rngs):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -204,7 +216,7 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
                              "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = scale
+        self.scale, self.softcap = scale, softcap
         self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
         self.k_proj = Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
         self.v_proj = Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
@@ -262,12 +274,12 @@ class MultiHeadAttention(nnx.Module):
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
                  bias: jax.Array | None = None, positions: jax.Array | None = None,
                  return_weights: bool = False, cache: dict | None = None, cache_index=None,
-                 value: jax.Array | None = None):
+                 value: jax.Array | None = None, rolling: bool = False):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
-        slots = self.bias_k is not None or self.add_zero_attn
-        if cache is not None and slots:
+        extra_slots = self.bias_k is not None or self.add_zero_attn
+        if cache is not None and extra_slots:
             raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
@@ -285,18 +297,31 @@ class MultiHeadAttention(nnx.Module):
             if not read_only:
                 k = self.rope(k, positions)
         # 2b) write the new keys/values into their cache slots
-        if cache is not None and not read_only:
-            start = (0, 0, cache_index, 0)
+        head_major = cache is not None
+        if cache is not None and rolling and t > 1:  # ring then the new tokens; written after
+            ring = {"k": cache["k"], "v": cache["v"]}
+            k_new, v_new = k, v
+            k = jnp.concatenate([jnp.swapaxes(ring["k"], 1, 2).astype(k.dtype), k], axis=1)  # [B, W+T, G, K]
+            v = jnp.concatenate([jnp.swapaxes(ring["v"], 1, 2).astype(v.dtype), v], axis=1)  # [B, W+T, G, K]
+            head_major = False
+            w = ring["k"].shape[2]
+            m = min(t, w)
+            ring_slots = (cache_index + jnp.arange(t - m, t)) % w  # distinct ring slots
+            cache = {name: ring[name].at[:, :, ring_slots].set(jnp.swapaxes(new[:, t - m:], 1, 2).astype(ring[name].dtype))
+                     for name, new in (("k", k_new), ("v", v_new))}  # [B, G, W, K]
+        elif cache is not None and not read_only:
+            w = cache["k"].shape[2]
+            start = (0, 0, cache_index % w if rolling else cache_index, 0)
             k = jax.lax.dynamic_update_slice(cache["k"], jnp.swapaxes(k, 1, 2).astype(cache["k"].dtype), start)  # [B, G, L, K]
             v = jax.lax.dynamic_update_slice(cache["v"], jnp.swapaxes(v, 1, 2).astype(cache["v"].dtype), start)  # [B, G, L, K]
             cache = {"k": k, "v": v}
         # 2c) append the learned and the zero key/value slots
-        if slots:
+        if extra_slots:
             k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, kv_head_major=cache is not None)
+                                    dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

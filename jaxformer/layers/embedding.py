@@ -51,11 +51,12 @@ class Embedding(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         check_ids(ids, self.num_embeddings)
+        table = self.embedding[...]
         # the residual stream is float32 whatever the table's storage dtype (a bfloat16 table,
         # models.cast_params): a bfloat16 stream would make every later matmul bfloat16
-        x = jnp.take(self.embedding[...], ids, axis=0).astype(jnp.float32)  # [B, T, D]
-        if self.multiplier is not None:
-            x = x * self.multiplier
+        x = jnp.take(table, ids, axis=0).astype(jnp.float32)  # [B, T, D]
+        if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
+            x = x * jnp.asarray(self.multiplier, table.dtype).astype(jnp.float32)
         return x
 
     def attend(self, x: jax.Array) -> jax.Array:

@@ -35,24 +35,28 @@ class LayerNorm(nnx.Module):
 class RMSNorm(nnx.Module):
     """RMSNorm (Zhang & Sennrich 2019): x / sqrt(mean(x^2) + eps) * scale.
 
+    Args:
+        unit_offset: multiply by (1 + scale) instead, scale initialised to 0 (Gemma's norm; the
+            stored weight is Gemma's, so conversion copies it). All in fp32.
     Shapes: x [..., D] -> [..., D].
     """
 
-    def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs | None = None):
-        self.eps = eps
-        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+    def __init__(self, dim: int, *, eps: float, unit_offset: bool = False, rngs: nnx.Rngs | None = None):
+        self.eps, self.unit_offset = eps, unit_offset
+        self.scale = nnx.Param((jnp.zeros if unit_offset else jnp.ones)((dim,), jnp.float32))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = x.dtype
         x = x.astype(jnp.float32)
         y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...]).astype(dtype)
+        scale = self.scale[...].astype(jnp.float32)
+        return (y * (1.0 + scale if self.unit_offset else scale)).astype(dtype)
 
 
 def make_norm(kind: str, dim: int, *, eps: float, bias: bool = True,
               rngs: nnx.Rngs | None = None) -> nnx.Module:
     if kind == "layernorm":
         return LayerNorm(dim, eps=eps, bias=bias, rngs=rngs)
-    if kind == "rmsnorm":
-        return RMSNorm(dim, eps=eps, rngs=rngs)
+    if kind in ("rmsnorm", "rmsnorm_offset"):
+        return RMSNorm(dim, eps=eps, unit_offset=kind == "rmsnorm_offset", rngs=rngs)
     raise ValueError(f"norm: unknown kind {kind!r}")

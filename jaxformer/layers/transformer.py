@@ -3,6 +3,11 @@ Twin: torch_ref/layers/transformer.py.
 
 Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
+Sandwich (Gemma2):                         x = x + post_norm(dropout(sublayer(norm(x))))
+
+Sliding-window layers (cfg.local_layers(): every layer with sliding_window, or the
+sliding_attention entries of layer_types) see the window - 1 keys before a query and the
+query itself; with a KV cache their cache is a ring of window slots (docs/numerics.md §21).
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
 
@@ -38,7 +43,7 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
         dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
-        scale=cfg.attn_scale, rngs=rngs)
+        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, rngs=rngs)
 
 
 def make_ffn(cfg: TransformerConfig, *, rngs: nnx.Rngs) -> FeedForward:
@@ -56,15 +61,31 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
 
 
 def residual(cfg: TransformerConfig, norm, sublayer, x: jax.Array, record: dict | None = None,
-             name: str = "") -> jax.Array:
-    """Apply `sublayer` with its residual connection in the configured norm position. The
-    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as
-    under torch autocast). With `record`, the sublayer's output (before the add) goes to
-    record[name]."""
-    h = sublayer(norm(x) if cfg.norm_position == "pre" else x).astype(x.dtype)
+             name: str = "", post_norm=None) -> jax.Array:
+    """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
+    `post_norm` on the sublayer's output too). The residual stream keeps x's dtype (a
+    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
+    the sublayer's output (before the add) goes to record[name]."""
+    pre = cfg.norm_position != "post"
+    h = sublayer(norm(x) if pre else x).astype(x.dtype)
+    if post_norm is not None:
+        h = post_norm(h)
     if record is not None:
         record[name] = h
-    return x + h if cfg.norm_position == "pre" else norm(x + h)
+    return x + h if pre else norm(x + h)
+
+
+def _post_norm(cfg: TransformerConfig, rngs: nnx.Rngs):
+    """The sandwich norm on a sublayer's output (None unless norm_position is sandwich)."""
+    return _norm(cfg, rngs) if cfg.norm_position == "sandwich" else None
+
+
+def pick_mask(local, if_local, if_full):
+    """The mask of a layer: if_local for a sliding-window layer. `local` is a Python bool, or
+    a traced one inside the scan over stacked layers (then a select)."""
+    if if_local is if_full or isinstance(local, bool):
+        return if_local if local else if_full
+    return jnp.where(local, if_local, True if if_full is None else if_full)
 
 
 def put_record(record: dict | None, name: str, value):
@@ -89,8 +110,10 @@ class EncoderLayer(nnx.Module):
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs)
+        self.post_attn_norm = _post_norm(cfg, rngs)
         self.ffn = make_ffn(cfg, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
+        self.post_ffn_norm = _post_norm(cfg, rngs)
 
     def __call__(self, x: jax.Array, *, mask=None, bias=None, positions=None,
                  record: dict | None = None, return_attention: bool = False) -> jax.Array:
@@ -98,9 +121,10 @@ class EncoderLayer(nnx.Module):
         return_attention adds the attention weights to it."""
         x = residual(self.cfg, self.attn_norm,
                      lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
-                                       mask=mask, bias=bias, positions=positions), x, record, "attn")
+                                       mask=mask, bias=bias, positions=positions), x, record, "attn",
+                     self.post_attn_norm)
         put_record(record, "attn_residual", x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
+        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
 
 
 class DecoderLayer(nnx.Module):
@@ -109,21 +133,26 @@ class DecoderLayer(nnx.Module):
 
     With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
-    ("cross" holds its keys/values, from init_cache).
+    ("cross" holds its keys/values, from init_cache). rolling: the self-attention cache is a
+    ring of sliding_window slots (MultiHeadAttention).
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs)
+        self.post_attn_norm = _post_norm(cfg, rngs)
         self.cross_attn = make_attention(cfg, self_attn=False, rngs=rngs) if cross_attention else None
         self.cross_attn_norm = _norm(cfg, rngs) if cross_attention else None
+        self.post_cross_attn_norm = _post_norm(cfg, rngs) if cross_attention else None
         self.ffn = make_ffn(cfg, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
+        self.post_ffn_norm = _post_norm(cfg, rngs)
 
     def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask=None, bias=None,
                  memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
-                 cache_index=None, record: dict | None = None, return_attention: bool = False):
+                 cache_index=None, record: dict | None = None, return_attention: bool = False,
+                 rolling: bool = False):
         new_cache = {}
 
         def self_block(h):
@@ -131,7 +160,8 @@ class DecoderLayer(nnx.Module):
                 return _attend(self.self_attn, record, "attn_weights", return_attention, h,
                                mask=mask, bias=bias, positions=positions)
             out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
-                                                    cache=cache["self"], cache_index=cache_index)
+                                                    cache=cache["self"], cache_index=cache_index,
+                                                    rolling=rolling)
             return out
 
         def cross_block(h):
@@ -142,14 +172,15 @@ class DecoderLayer(nnx.Module):
                                                       cache=cache["cross"])
             return out
 
-        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn")
+        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm)
         put_record(record, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
-            x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn")
+            x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
+                         self.post_cross_attn_norm)
             put_record(record, "cross_attn_residual", x)
-        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
+        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
@@ -182,18 +213,21 @@ class _Stack(nnx.Module):
 
     def self_attention_inputs(self, x: jax.Array, mask, positions, cache_index=None,
                               cache_len: int | None = None):
-        """-> (mask, bias, positions) for self-attention over x [B, T, D]. With a cache, the
-        keys are its cache_len slots and query i sits in slot cache_index + i; ALiBi/T5 biases
-        then use slot distances (equal to position distances, padding being on the left)."""
+        """-> (mask of full layers, mask of sliding-window layers, bias, positions) for
+        self-attention over x [B, T, D]. With a cache, the keys are its cache_len slots and
+        query i sits in slot cache_index + i; ALiBi/T5 biases then use slot distances (equal to
+        position distances, padding being on the left)."""
         b, t, _ = x.shape
         offset = 0 if cache_index is None else cache_index
         s = t if cache_len is None else cache_len
         positions = default_positions(b, t, offset) if positions is None else positions
         if self.causal:
             mask = combine_masks(mask, make_causal_mask(t, s, offset))
-        if self.cfg.sliding_window is not None:
-            mask = combine_masks(mask, make_sliding_window_mask(t, s, self.cfg.sliding_window, offset)
-                                 if self.causal else _band_mask(t, self.cfg.sliding_window))
+        local_mask = mask
+        if any(self.cfg.local_layers()):
+            window = self.cfg.sliding_window
+            local_mask = combine_masks(mask, make_sliding_window_mask(t, s, window, offset)
+                                       if self.causal else _band_mask(t, window))
         q_pos, k_pos = positions, positions
         if cache_index is not None:
             q_pos, k_pos = default_positions(1, t, offset), default_positions(1, s)  # slots
@@ -202,7 +236,15 @@ class _Stack(nnx.Module):
             bias = alibi_bias(self.cfg.num_heads, q_pos, k_pos)
         elif self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)
-        return mask, bias, positions
+        return mask, local_mask, bias, positions
+
+    def layer_flags(self):
+        """Per layer, is it a sliding-window layer: a tuple of Python bools, or for a scanned
+        stack of mixed layers a [num_layers] bool array (scanned over with the params)."""
+        local = self.cfg.local_layers()
+        if not self.scan_layers or len(set(local)) == 1:
+            return local
+        return jnp.asarray(local)
 
     def make_layers(self, make, rngs: nnx.Rngs):
         """num_layers layers from make(rngs): a list, or with scan_layers one module whose
@@ -218,32 +260,36 @@ class _Stack(nnx.Module):
         return stacked(rngs)
 
     def run_layers(self, x, call, intermediates: dict | None):
-        """x -> call(layer, x) for every layer, as a Python loop or (scan_layers) one lax.scan
-        over the stacked params. With remat_policy, each layer's activations are recomputed
-        in the backward pass (jax.checkpoint with that policy), also inside the scan.
-        With intermediates, call(layer, x, record) fills `record` with the layer's sub-layer
-        outputs, stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i"."""
+        """x -> call(layer, x, record, local) for every layer, as a Python loop or
+        (scan_layers) one lax.scan over the stacked params; `local` says whether the layer is a
+        sliding-window one (layer_flags). With remat_policy, each layer's activations are
+        recomputed in the backward pass (jax.checkpoint with that policy), also inside the scan.
+        With intermediates, call fills `record` (else None) with the layer's sub-layer outputs,
+        stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i"."""
         policy = getattr(jax.checkpoint_policies, self.remat_policy) if self.remat_policy else None
         keep = intermediates is not None
+        flags = self.layer_flags()
         if not self.scan_layers:
             for i, layer in enumerate(self.layers):
                 record = {} if keep else None
-                x = _remat_call(layer, x, call, policy, record) if policy else \
-                    (call(layer, x, record) if keep else call(layer, x))
+                x = _remat_call(layer, x, call, policy, record, flags[i]) if policy else \
+                    call(layer, x, record, flags[i])
                 if keep:
                     _store_layer(intermediates, i, record, x)
             return x
         graphdef, state = nnx.split(self.layers)
+        uniform = isinstance(flags, tuple)
 
-        def body(h, layer_state):
+        def body(h, xs):
+            layer_state, local = (xs, flags[0]) if uniform else xs
             layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
             record = {} if keep else None
-            h = call(layer, h, record) if keep else call(layer, h)
+            h = call(layer, h, record, local)
             return h, ((h, record) if keep else None, nnx.state(layer))
 
         if policy:
             body = jax.checkpoint(body, policy=policy)
-        x, (ys, new_state) = jax.lax.scan(body, x, state)
+        x, (ys, new_state) = jax.lax.scan(body, x, state if uniform else (state, flags))
         nnx.update(self.layers, new_state)  # advanced dropout RNG counts
         if keep:
             hs, records = ys  # stacked along a leading layer axis
@@ -259,15 +305,15 @@ class _Stack(nnx.Module):
         return (x, intermediates) if intermediates is not None else x
 
 
-def _remat_call(layer, x, call, policy, record: dict | None = None):
-    """call(layer, x) under jax.checkpoint, threading the layer's state (dropout RNG) through;
-    with `record`, call(layer, x, record) and the recorded sub-layer outputs come out too."""
+def _remat_call(layer, x, call, policy, record: dict | None = None, local: bool = False):
+    """call(layer, x, record, local) under jax.checkpoint, threading the layer's state (dropout
+    RNG) through; with `record`, the recorded sub-layer outputs come out too."""
     graphdef, state = nnx.split(layer)
 
     def f(state, h):
         inner = nnx.merge(graphdef, jax.tree.map(lambda a: a, state))
         rec = {} if record is not None else None
-        y = call(inner, h, rec) if rec is not None else call(inner, h)
+        y = call(inner, h, rec, local)
         return y, rec, nnx.state(inner)
 
     y, rec, new_state = jax.checkpoint(f, policy=policy)(state, x)
@@ -312,10 +358,10 @@ class Encoder(_Stack):
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                  return_attention: bool = False):
         _check_attention_flags(return_intermediates, return_attention)
-        mask, bias, positions = self.self_attention_inputs(x, mask, positions)
+        mask, local_mask, bias, positions = self.self_attention_inputs(x, mask, positions)
         inter = {} if return_intermediates else None
-        x = self.run_layers(x, lambda layer, h, record=None: layer(
-            h, mask=mask, bias=bias, positions=positions, record=record,
+        x = self.run_layers(x, lambda layer, h, record, local: layer(
+            h, mask=pick_mask(local, local_mask, mask), bias=bias, positions=positions, record=record,
             return_attention=return_attention), inter)
         return self.finish(x, inter)
 
@@ -328,9 +374,13 @@ class Decoder(_Stack):
     Shapes: x [B, T, D], memory [B, S, D], mask/memory_mask bool -> [B, T, D].
 
     Incremental decoding: cache = init_cache(...) (one dict per layer; for a scanned stack one
-    dict of [num_layers, ...] leaves) and cache_index (int scalar, may be traced): x holds the T new tokens, which sit in slots cache_index.., and
-    `mask` is a key mask over the L cache slots (e.g. [B, 1, 1, L] from left padding); the
-    causal part is added here. Returns (x, new_cache) (or (x, intermediates, new_cache)).
+    dict of [num_layers, ...] leaves) and cache_index (int scalar, may be traced): x holds the
+    T new tokens, which sit in slots cache_index.., and `mask` is a key mask over the L cache
+    slots (e.g. [B, 1, 1, L] from left padding); the causal part is added here. A
+    sliding-window layer's cache is a ring of window slots when the cache is longer than the
+    window (its decode memory is O(window)); a scanned stack rings only when every layer is a
+    sliding one (mixed scanned layers keep L slots each, windowed by the mask). Returns
+    (x, new_cache) (or (x, intermediates, new_cache)).
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True,
@@ -345,34 +395,88 @@ class Decoder(_Stack):
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
             raise ValueError("return_attention is not supported together with a KV cache")
-        cache_len = None if cache is None else cache_slots(cache)
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
-        mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
+        cache_len = None if cache is None else self.cache_length(cache)
+        t = x.shape[1]
+        all_rings = cache is not None and cache_len is None  # then only the positions are used
+        full_mask, local_mask, bias, positions = self.self_attention_inputs(
+            x, None if all_rings else mask, positions, cache_index, t if all_rings else cache_len)
         inter = {} if return_intermediates else None
         if cache is None:
-            x = self.run_layers(x, lambda layer, h, record=None: layer(
-                h, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions,
-                record=record, return_attention=return_attention), inter)
+            x = self.run_layers(x, lambda layer, h, record, local: layer(
+                h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
+                positions=positions, record=record, return_attention=return_attention), inter)
             return self.finish(x, inter)
+        rolling = self.rolling_layers(cache)
+        ring_mask, ring_bias = (self.rolling_inputs(mask, t, cache_index) if any(rolling) else (None, None))
 
-        def call(layer, h, layer_cache):
-            return layer(h, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions,
-                         cache=layer_cache, cache_index=cache_index)
+        def call(layer, h, layer_cache, local, ring):
+            if ring:
+                m, bb = ring_mask, ring_bias
+            else:
+                m, bb = pick_mask(local, local_mask, full_mask), bias
+            return layer(h, memory, mask=m, bias=bb, memory_mask=memory_mask, positions=positions,
+                         cache=layer_cache, cache_index=cache_index, rolling=ring)
 
+        flags = self.layer_flags()
         if self.scan_layers:
-            x, new_cache = self._scan_cached(x, cache, call, inter)
+            x, new_cache = self._scan_cached(x, cache, call, inter, flags, rolling[0])
         else:
             new_cache = []
             for i, layer in enumerate(self.layers):
-                x, layer_cache = call(layer, x, cache[i])
+                x, layer_cache = call(layer, x, cache[i], flags[i], rolling[i])
                 new_cache.append(layer_cache)
                 if inter is not None:
                     inter[f"layers.{i}"] = x
         out = self.finish(x, inter)
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
-    def _scan_cached(self, x, cache: dict, call, intermediates: dict | None):
+    def rolling_layers(self, cache: list | dict) -> tuple[bool, ...]:
+        """Per layer: is its self-attention cache a ring (a sliding-window layer whose cache
+        has sliding_window slots)? A scanned stack: one answer for every layer."""
+        window, local = self.cfg.sliding_window, self.cfg.local_layers()
+        if self.scan_layers:
+            ring = all(local) and cache["self"]["k"].shape[-2] == window
+            return (ring,) * len(local)
+        return tuple(is_local and c["self"]["k"].shape[-2] == window for is_local, c in zip(local, cache))
+
+    def cache_length(self, cache: list | dict) -> int | None:
+        """L, the slots of the cache's full (not ring) layers; None when every layer's cache
+        is a ring (then L is the caller's mask length)."""
+        rolling = self.rolling_layers(cache)
+        if self.scan_layers:
+            return None if rolling[0] else cache["self"]["k"].shape[-2]
+        full = [c["self"]["k"].shape[-2] for c, ring in zip(cache, rolling) if not ring]
+        return full[0] if full else None
+
+    def rolling_inputs(self, mask, t: int, cache_index):
+        """-> (mask, bias) of a ring layer's keys for T new queries at slots cache_index..:
+        with T = 1 the ring after the write (ring slot j then holds absolute slot
+        p - (p - j) mod W), else the ring before the write followed by the T new keys. A key
+        is visible when 0 <= query slot - key slot < W, it holds a token (slot >= 0) and the
+        caller's key mask over absolute slots (`mask`, [B?, 1, 1?, L]) lets it through."""
+        window = self.cfg.sliding_window
+        p = cache_index
+        ring = jnp.arange(window)
+        if t == 1:
+            k_slots = p - (p - ring) % window  # [W]
+        else:
+            k_slots = jnp.concatenate([p - 1 - (p - 1 - ring) % window, p + jnp.arange(t)])  # [W + T]
+        q_slots = p + jnp.arange(t)  # [T]
+        dist = q_slots[:, None] - k_slots[None, :]  # [T, S]
+        visible = ((dist >= 0) & (dist < window) & (k_slots >= 0)[None, :])[None, None]  # [1, 1, T, S]
+        if mask is not None:
+            keys = jnp.take(mask.astype(bool), jnp.clip(k_slots, 0, mask.shape[-1] - 1), axis=-1)
+            visible = jnp.logical_and(visible, keys)
+        bias = None
+        if self.cfg.position == "alibi":
+            bias = alibi_bias(self.cfg.num_heads, q_slots[None], k_slots[None])
+        elif self.rel_bias is not None:
+            bias = self.rel_bias(q_slots[None], k_slots[None])
+        return visible, bias
+
+    def _scan_cached(self, x, cache: dict, call, intermediates: dict | None, flags, ring: bool):
         """The cached call of a scanned stack: one lax.scan over the layers, each step taking
         its layer's params and its slice of the stacked cache ([L, B, G, S, K] leaves) and
         giving back that slice updated. -> (x, new stacked cache). The layer copies inside the
@@ -381,14 +485,18 @@ class Decoder(_Stack):
         to an outer trace and cannot be set."""
         graphdef, state = nnx.split(self.layers)
         keep = intermediates is not None
+        uniform = isinstance(flags, tuple)
 
         def body(h, xs):
-            layer_state, layer_cache = xs
+            if uniform:
+                (layer_state, layer_cache), local = xs, flags[0]
+            else:
+                layer_state, layer_cache, local = xs
             layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
-            h, layer_cache = call(layer, h, layer_cache)
+            h, layer_cache = call(layer, h, layer_cache, local, ring)
             return h, (h if keep else None, layer_cache)
 
-        x, (ys, new_cache) = jax.lax.scan(body, x, (state, cache))
+        x, (ys, new_cache) = jax.lax.scan(body, x, (state, cache) if uniform else (state, cache, flags))
         if keep:
             for i in range(self.cfg.num_layers):
                 intermediates[f"layers.{i}"] = ys[i]
@@ -396,24 +504,21 @@ class Decoder(_Stack):
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
                    dtype=jnp.float32) -> list | dict:
-        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] and, with
-        cross-attention, the keys/values of memory [B, S, D]. A list of per-layer dicts, or
-        for a scanned stack (scan_layers) one dict of stacked leaves [num_layers, B, G, ., K]
-        that the cached call scans over."""
+        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] (a
+        sliding-window layer: min(length, window) slots, a ring) and, with cross-attention,
+        the keys/values of memory [B, S, D]. A list of per-layer dicts, or for a scanned stack
+        (scan_layers) one dict of stacked leaves [num_layers, B, G, ., K] that the cached call
+        scans over (rings only when every layer is a sliding-window one)."""
+        local = self.cfg.local_layers()
+        slots = [min(length, self.cfg.sliding_window) if is_local else length for is_local in local]
         if not self.scan_layers:
-            return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
+            return [layer.init_cache(batch, n, memory, dtype) for layer, n in zip(self.layers, slots)]
+        n = slots[0] if all(local) else length
         graphdef, state = nnx.split(self.layers)
 
         def one(layer_state):
-            return nnx.merge(graphdef, layer_state).init_cache(batch, length, memory, dtype)
+            return nnx.merge(graphdef, layer_state).init_cache(batch, n, memory, dtype)
         return jax.vmap(one)(state)
-
-
-def cache_slots(cache: list | dict) -> int:
-    """The number of self-attention slots of a decoder cache (a per-layer list, or the stacked
-    dict of a scanned stack): the second-last axis of its keys."""
-    first = cache if isinstance(cache, dict) else cache[0]
-    return first["self"]["k"].shape[-2]
 
 
 class TextEmbedding(nnx.Module):

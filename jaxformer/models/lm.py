@@ -14,7 +14,7 @@ from jaxformer.config.models import LMConfig
 from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
-from jaxformer.layers.transformer import Decoder, TextEmbedding, cache_slots
+from jaxformer.layers.transformer import Decoder, TextEmbedding
 from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
                                      set_compute_dtype)
 
@@ -45,13 +45,13 @@ class LM(nnx.Module):
                  return_attention: bool = False, position_ids: jax.Array | None = None):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
-        slots = t if cache is None else cache_slots(cache)
+        slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
             positions, mask = default_positions(b, t, start), None  # [B, T]
         else:
-            if tuple(attention_mask.shape) != (b, slots):
-                raise ValueError(f"attention_mask must be [batch, {slots}] (one entry per "
+            if attention_mask.ndim != 2 or attention_mask.shape[0] != b or slots not in (None, attention_mask.shape[1]):
+                raise ValueError(f"attention_mask must be [batch, {slots or 'slots'}] (one entry per "
                                  f"{'cache slot' if cache is not None else 'token'}), "
                                  f"got {tuple(attention_mask.shape)}")
             positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(attention_mask), start, t, 1)  # [B, T]
@@ -70,10 +70,13 @@ class LM(nnx.Module):
         return logits if len(out) == 1 else (logits, *out[1:])
 
     def logits(self, h: jax.Array) -> jax.Array:
-        """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head."""
+        """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head; then
+        final_logit_softcap * tanh(logits / final_logit_softcap) when set (Gemma2)."""
         h = h.astype(compute_dtype(self.cfg.dtype))
         out = self.embed.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
-        return out.astype(jnp.float32)
+        out = out.astype(jnp.float32)
+        cap = self.cfg.final_logit_softcap
+        return out if cap is None else jnp.tanh(out / cap) * cap
 
     def init_cache(self, batch: int, length: int) -> list | dict:
         """An empty KV cache of `length` slots per layer, in the compute dtype (stacked

@@ -139,6 +139,15 @@ case("mha_bias_kv_zero_attn", "attention",
 case("mha_bias_kv_return_weights", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, add_bias_kv=True),
      lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 3], T), "return_weights": True})
+# Gemma2 attention: scores scaled by query_pre_attn_scalar ** -0.5, then soft-capped (tanh bends
+# them: inputs of std 2 give |scores| well above the cap of 3), grouped-query, RoPE
+case("mha_gemma2_softcap_scalar", "attention",
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, bias=False,
+            scale=20.0 ** -0.5, softcap=3.0),
+     lambda r: {"x": normal(B, T, D, scale=2.0)(r), "mask": _causal()})
+case("sdpa_softcap_padding_causal", "attention",
+     mirror_fn("layers.attention.dot_product_attention", softcap=2.0),
+     _with(_qkv(s=T), mask=_pad_mask([6, 4], T) & _causal()))
 for heads in (4, 6, 12):  # 6, 12: not powers of two
     case(f"pos_alibi_{heads}_heads", "positional", mirror_fn("layers.positional.alibi_bias", num_heads=heads),
          lambda r: {"q_positions": np.tile(np.arange(T, dtype=np.int32), (B, 1)),
@@ -169,6 +178,8 @@ case("norm_layernorm_eps_small_std", "norm", mirror("layers.norm.LayerNorm", D, 
 case("norm_layernorm_nobias_eps1e-6", "norm", mirror("layers.norm.LayerNorm", D, eps=1e-6, bias=False),
      lambda r: {"x": normal(B, T, D, scale=1e-3)(r)})
 case("norm_rmsnorm", "norm", mirror("layers.norm.RMSNorm", D, eps=1e-6),
+     lambda r: {"x": normal(B, T, D, scale=2.0)(r)})
+case("norm_rmsnorm_unit_offset", "norm", mirror("layers.norm.RMSNorm", D, eps=1e-6, unit_offset=True),
      lambda r: {"x": normal(B, T, D, scale=2.0)(r)})
 case("norm_rmsnorm_eps_small_std", "norm", mirror("layers.norm.RMSNorm", D, eps=1e-5),
      lambda r: {"x": normal(B, T, D, scale=1e-3)(r)})
@@ -208,6 +219,12 @@ STACKS = {
                                   ffn="gelu"),
     "pre_t5_rmsnorm_geglu": dict(norm_position="pre", position="t5", norm="rmsnorm", ffn="geglu_tanh"),
     "pre_sliding_window_learned": dict(norm_position="pre", position="learned", sliding_window=3),
+    # Gemma2's layer: sandwich norms of the (1 + w) RMSNorm, GeGLU-tanh, soft-capped scores
+    # scaled by query_pre_attn_scalar, a sliding-window layer then a full one
+    "sandwich_gemma2_layer_types": dict(norm_position="sandwich", norm="rmsnorm_offset", norm_eps=1e-6,
+                                        position="rope", ffn="geglu_tanh", bias=False, sliding_window=2,
+                                        layer_types=("sliding_attention", "full_attention"),
+                                        attn_logit_softcap=5.0, query_pre_attn_scalar=12.0),
 }
 for tag, kw in STACKS.items():
     cfg = _cfg(**kw)

@@ -140,6 +140,27 @@ case("lm_qwen3_qk_norm", "lm_model",
      model_pair("lm", LMConfig.tiny("llama", qk_norm=True, head_dim=12)),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4])})
+# Mistral (every layer within a window of 3 < T, jaxformer/hf/mistral.py) and alternating
+# sliding/full layers (layer_types), with left padding (docs/numerics.md §21)
+case("lm_mistral_sliding_window_left_padding", "lm_model",
+     model_pair("lm", LMConfig.tiny("llama", sliding_window=3)),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
+case("lm_layer_types_mixed_window", "lm_model",
+     model_pair("lm", LMConfig.tiny("llama", num_layers=3, sliding_window=2,
+                                    layer_types=("sliding_attention", "full_attention", "sliding_attention"))),
+     lambda r: {"ids": token_ids(B, T, V)(r), "return_intermediates": True})
+# Gemma2 (jaxformer/hf/gemma2.py): sqrt(D)-scaled tied embeddings, (1 + w) RMSNorm in sandwich
+# position, GeGLU-tanh, query_pre_attn_scalar, attention and final logit soft-capping (caps
+# small enough to bend), alternating sliding/full layers, left padding
+GEMMA2 = LMConfig.tiny(position="rope", norm="rmsnorm_offset", norm_eps=1e-6, ffn="geglu_tanh",
+                       norm_position="sandwich", bias=False, num_kv_heads=2, head_dim=12, scale_embedding=True,
+                       tie_embeddings=True, num_layers=3, sliding_window=3,
+                       layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+                       query_pre_attn_scalar=10.0, attn_logit_softcap=2.0, final_logit_softcap=1.5)
+case("lm_gemma2_left_padding", "lm_model", model_pair("lm", GEMMA2),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
 case("lm_gpt2_left_padding_position_ids", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4]),

@@ -49,10 +49,12 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
 def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                           scale: float | None = None, return_weights: bool = False,
-                          dropout: nn.Dropout | None = None):
+                          dropout: nn.Dropout | None = None, softcap: float | None = None):
     """softmax(q k^T * scale + bias, masked) v.
 
     Args: q [B, T, H, K]; k, v [B, S, G, K]; mask bool / bias float broadcastable to [B, H, T, S].
+    softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask (Gemma2,
+    docs/numerics.md §21); explicit path.
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     if mask is not None:
@@ -70,7 +72,7 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     visible = None if mask is None else mask.any(dim=-1, keepdim=True)  # [B?, H?, T, 1]
     min_value = torch.finfo(torch.float32).min
 
-    if not return_weights:
+    if not return_weights and softcap is None:
         # 1) fused path (SDPA); bias and mask merged by filling, never adding, min values
         attn_mask = None
         fill = torch.finfo(q.dtype).min  # in q's dtype: float32's min overflows bf16 (autocast)
@@ -93,6 +95,8 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         k = k.repeat_interleave(num_heads // num_kv, dim=2)  # [B, S, H, K]
         v = v.repeat_interleave(num_heads // num_kv, dim=2)
     scores = torch.einsum("bthk,bshk->bhts", q, k).float() * scale  # [B, H, T, S]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if bias is not None:
         scores = scores + bias.float()
     if mask is not None:
@@ -104,7 +108,7 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if dropout_active:
         weights = dropout(weights)
     out = torch.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, K]
-    return out, weights
+    return (out, weights) if return_weights else out
 
 
 def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False) -> torch.Tensor:
@@ -132,6 +136,11 @@ class MultiHeadAttention(nn.Module):
         the unwritten ones.
       * without cache_index: a read-only cache, e.g. cross-attention keys/values projected
         once from the encoder memory by `project_kv`; `kv` is then not used.
+      * rolling=True (a sliding-window layer): the cache is a ring of W slots; absolute slot a
+        lives in ring slot a % W. One new token is written first and attends over the ring (the
+        slot it overwrites is W back, just out of the window); T > 1 new tokens attend over the
+        ring followed by themselves ([B, W + T] keys), then their last min(T, W) are written.
+        `mask` covers those keys (Decoder.rolling_inputs).
     With a cache the call returns (out, new_cache)."""
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -139,7 +148,8 @@ class MultiHeadAttention(nn.Module):
                  dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
                  qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
-                 vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False):
+                 vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 softcap: float | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -152,7 +162,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
                              "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = scale
+        self.scale, self.softcap = scale, softcap
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, bias=bias)
@@ -206,12 +216,12 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
                 positions=None, return_weights: bool = False, cache: dict | None = None,
-                cache_index=None, value: torch.Tensor | None = None):
+                cache_index=None, value: torch.Tensor | None = None, rolling: bool = False):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
-        slots = self.bias_k is not None or self.add_zero_attn
-        if cache is not None and slots:
+        extra_slots = self.bias_k is not None or self.add_zero_attn
+        if cache is not None and extra_slots:
             raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
@@ -229,18 +239,29 @@ class MultiHeadAttention(nn.Module):
             if not read_only:
                 k = self.rope(k, positions)
         # 2b) write the new keys/values into their cache slots
-        if cache is not None and not read_only:
-            cache["k"][:, :, cache_index:cache_index + t] = k.transpose(1, 2).to(cache["k"].dtype)  # [B, G, L, K]
-            cache["v"][:, :, cache_index:cache_index + t] = v.transpose(1, 2).to(cache["v"].dtype)  # [B, G, L, K]
+        if cache is not None and rolling and t > 1:  # ring then the new tokens; written after
+            k_new, v_new = k, v
+            k = torch.cat([cache["k"].transpose(1, 2).to(k.dtype), k], dim=1)  # [B, W+T, G, K]
+            v = torch.cat([cache["v"].transpose(1, 2).to(v.dtype), v], dim=1)  # [B, W+T, G, K]
+            w = cache["k"].shape[2]
+            m = min(t, w)
+            ring_slots = (cache_index + torch.arange(t - m, t, device=x.device)) % w  # distinct ring slots
+            cache["k"][:, :, ring_slots] = k_new[:, t - m:].transpose(1, 2).to(cache["k"].dtype)  # [B, G, W, K]
+            cache["v"][:, :, ring_slots] = v_new[:, t - m:].transpose(1, 2).to(cache["v"].dtype)  # [B, G, W, K]
+            cache = {"k": cache["k"], "v": cache["v"]}
+        elif cache is not None and not read_only:
+            start = cache_index % cache["k"].shape[2] if rolling else cache_index
+            cache["k"][:, :, start:start + t] = k.transpose(1, 2).to(cache["k"].dtype)  # [B, G, L, K]
+            cache["v"][:, :, start:start + t] = v.transpose(1, 2).to(cache["v"].dtype)  # [B, G, L, K]
             cache = {"k": cache["k"], "v": cache["v"]}
             k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, L, G, K] views
         # 2c) append the learned and the zero key/value slots
-        if slots:
+        if extra_slots:
             k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
         out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout)
+                                    dropout=self.attn_dropout, softcap=self.softcap)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

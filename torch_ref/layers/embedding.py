@@ -36,8 +36,8 @@ class Embedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.num_embeddings)
         x = self.weight[ids]  # [B, T, D]
-        if self.multiplier is not None:
-            x = x * self.multiplier
+        if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
+            x = x * torch.tensor(self.multiplier, dtype=x.dtype)
         return x
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:

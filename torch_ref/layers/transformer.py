@@ -3,6 +3,11 @@ Twin: jaxformer/layers/transformer.py.
 
 Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
+Sandwich (Gemma2):                         x = x + post_norm(dropout(sublayer(norm(x))))
+
+Sliding-window layers (cfg.local_layers(): every layer with sliding_window, or the
+sliding_attention entries of layer_types) see the window - 1 keys before a query and the
+query itself; with a KV cache their cache is a ring of window slots (docs/numerics.md §21).
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
 
@@ -37,7 +42,7 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAtten
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
         dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
-        scale=cfg.attn_scale)
+        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap)
 
 
 def make_ffn(cfg: TransformerConfig) -> FeedForward:
@@ -55,15 +60,28 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
 
 
 def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: dict | None = None,
-             name: str = "") -> torch.Tensor:
-    """Apply `sublayer` with its residual connection in the configured norm position. The
-    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as
-    under torch autocast). With `record`, the sublayer's output (before the add) goes to
-    record[name]."""
-    h = sublayer(norm(x) if cfg.norm_position == "pre" else x).to(x.dtype)
+             name: str = "", post_norm=None) -> torch.Tensor:
+    """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
+    `post_norm` on the sublayer's output too). The residual stream keeps x's dtype (a
+    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
+    the sublayer's output (before the add) goes to record[name]."""
+    pre = cfg.norm_position != "post"
+    h = sublayer(norm(x) if pre else x).to(x.dtype)
+    if post_norm is not None:
+        h = post_norm(h)
     if record is not None:
         record[name] = h
-    return x + h if cfg.norm_position == "pre" else norm(x + h)
+    return x + h if pre else norm(x + h)
+
+
+def _post_norm(cfg: TransformerConfig):
+    """The sandwich norm on a sublayer's output (None unless norm_position is sandwich)."""
+    return _norm(cfg) if cfg.norm_position == "sandwich" else None
+
+
+def pick_mask(local: bool, if_local, if_full):
+    """The mask of a layer: if_local for a sliding-window layer."""
+    return if_local if local else if_full
 
 
 def put_record(record: dict | None, name: str, value):
@@ -89,8 +107,10 @@ class EncoderLayer(nn.Module):
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True)
         self.attn_norm = _norm(cfg)
+        self.post_attn_norm = _post_norm(cfg)
         self.ffn = make_ffn(cfg)
         self.ffn_norm = _norm(cfg)
+        self.post_ffn_norm = _post_norm(cfg)
 
     def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None,
                 record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
@@ -98,9 +118,10 @@ class EncoderLayer(nn.Module):
         return_attention adds the attention weights to it."""
         x = residual(self.cfg, self.attn_norm,
                      lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
-                                       mask=mask, bias=bias, positions=positions), x, record, "attn")
+                                       mask=mask, bias=bias, positions=positions), x, record, "attn",
+                     self.post_attn_norm)
         put_record(record, "attn_residual", x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
+        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
 
 
 class DecoderLayer(nn.Module):
@@ -109,7 +130,8 @@ class DecoderLayer(nn.Module):
 
     With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
-    ("cross" holds its keys/values, from init_cache).
+    ("cross" holds its keys/values, from init_cache). rolling: the self-attention cache is a
+    ring of sliding_window slots (MultiHeadAttention).
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True):
@@ -117,14 +139,18 @@ class DecoderLayer(nn.Module):
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True)
         self.attn_norm = _norm(cfg)
+        self.post_attn_norm = _post_norm(cfg)
         self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
         self.cross_attn_norm = _norm(cfg) if cross_attention else None
+        self.post_cross_attn_norm = _post_norm(cfg) if cross_attention else None
         self.ffn = make_ffn(cfg)
         self.ffn_norm = _norm(cfg)
+        self.post_ffn_norm = _post_norm(cfg)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
-                cache_index=None, record: dict | None = None, return_attention: bool = False):
+                cache_index=None, record: dict | None = None, return_attention: bool = False,
+                rolling: bool = False):
         new_cache = {}
 
         def self_block(h):
@@ -132,7 +158,8 @@ class DecoderLayer(nn.Module):
                 return _attend(self.self_attn, record, "attn_weights", return_attention, h,
                                mask=mask, bias=bias, positions=positions)
             out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
-                                                    cache=cache["self"], cache_index=cache_index)
+                                                    cache=cache["self"], cache_index=cache_index,
+                                                    rolling=rolling)
             return out
 
         def cross_block(h):
@@ -143,14 +170,15 @@ class DecoderLayer(nn.Module):
                                                       cache=cache["cross"])
             return out
 
-        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn")
+        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm)
         put_record(record, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
-            x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn")
+            x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
+                         self.post_cross_attn_norm)
             put_record(record, "cross_attn_residual", x)
-        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn")
+        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
@@ -184,18 +212,21 @@ class _Stack(nn.Module):
 
     def self_attention_inputs(self, x: torch.Tensor, mask, positions, cache_index=None,
                               cache_len: int | None = None):
-        """-> (mask, bias, positions) for self-attention over x [B, T, D]. With a cache, the
-        keys are its cache_len slots and query i sits in slot cache_index + i; ALiBi/T5 biases
-        then use slot distances (equal to position distances, padding being on the left)."""
+        """-> (mask of full layers, mask of sliding-window layers, bias, positions) for
+        self-attention over x [B, T, D]. With a cache, the keys are its cache_len slots and
+        query i sits in slot cache_index + i; ALiBi/T5 biases then use slot distances (equal to
+        position distances, padding being on the left)."""
         b, t, _ = x.shape
         offset = 0 if cache_index is None else cache_index
         s = t if cache_len is None else cache_len
         positions = default_positions(b, t, offset, device=x.device) if positions is None else positions
         if self.causal:
             mask = combine_masks(mask, make_causal_mask(t, s, offset, device=x.device))
-        if self.cfg.sliding_window is not None:
-            mask = combine_masks(mask, make_sliding_window_mask(t, s, self.cfg.sliding_window, offset, device=x.device)
-                                 if self.causal else _band_mask(t, self.cfg.sliding_window, x.device))
+        local_mask = mask
+        if any(self.cfg.local_layers()):
+            window = self.cfg.sliding_window
+            local_mask = combine_masks(mask, make_sliding_window_mask(t, s, window, offset, device=x.device)
+                                       if self.causal else _band_mask(t, window, x.device))
         q_pos, k_pos = positions, positions
         if cache_index is not None:
             q_pos, k_pos = default_positions(1, t, offset, device=x.device), default_positions(1, s, device=x.device)  # slots
@@ -204,19 +235,23 @@ class _Stack(nn.Module):
             bias = alibi_bias(self.cfg.num_heads, q_pos, k_pos)
         elif self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)
-        return mask, bias, positions
+        return mask, local_mask, bias, positions
+
+    def layer_flags(self) -> tuple[bool, ...]:
+        """Per layer, is it a sliding-window layer."""
+        return self.cfg.local_layers()
 
     def run_layers(self, x, call, intermediates: dict | None):
-        """x -> call(layer, x) for every layer. With intermediates, call(layer, x, record)
-        fills `record` with the layer's sub-layer outputs, stored as "layers.i.<name>"
-        (SUBLAYERS order) before "layers.i"."""
+        """x -> call(layer, x, record, local) for every layer; `local` says whether the layer
+        is a sliding-window one. With intermediates, call fills `record` (else None) with the
+        layer's sub-layer outputs, stored as "layers.i.<name>" (SUBLAYERS order) before
+        "layers.i"."""
+        flags = self.layer_flags()
         for i, layer in enumerate(self.layers):
-            if intermediates is None:
-                x = call(layer, x)
-                continue
-            record = {}
-            x = call(layer, x, record)
-            _store_layer(intermediates, i, record, x)
+            record = None if intermediates is None else {}
+            x = call(layer, x, record, flags[i])
+            if intermediates is not None:
+                _store_layer(intermediates, i, record, x)
         return x
 
     def finish(self, x, intermediates):
@@ -262,10 +297,10 @@ class Encoder(_Stack):
     def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                 return_attention: bool = False):
         _check_attention_flags(return_intermediates, return_attention)
-        mask, bias, positions = self.self_attention_inputs(x, mask, positions)
+        mask, local_mask, bias, positions = self.self_attention_inputs(x, mask, positions)
         inter = {} if return_intermediates else None
-        x = self.run_layers(x, lambda layer, h, record=None: layer(
-            h, mask=mask, bias=bias, positions=positions, record=record,
+        x = self.run_layers(x, lambda layer, h, record, local: layer(
+            h, mask=pick_mask(local, local_mask, mask), bias=bias, positions=positions, record=record,
             return_attention=return_attention), inter)
         return self.finish(x, inter)
 
@@ -279,8 +314,10 @@ class Decoder(_Stack):
 
     Incremental decoding: cache = init_cache(...) (one dict per layer) and cache_index (int):
     x holds the T new tokens, which sit in slots cache_index.., and `mask` is a key mask over
-    the L cache slots (e.g. [B, 1, 1, L] from left padding); the causal part is added here.
-    Returns (x, new_cache) (or (x, intermediates, new_cache)).
+    the L cache slots (e.g. [B, 1, 1, L] from left padding); the causal part is added here. A
+    sliding-window layer's cache is a ring of window slots when the cache is longer than the
+    window (its decode memory is O(window)). Returns (x, new_cache) (or (x, intermediates,
+    new_cache)).
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True):
@@ -294,31 +331,80 @@ class Decoder(_Stack):
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
             raise ValueError("return_attention is not supported together with a KV cache")
-        cache_len = None if cache is None else cache[0]["self"]["k"].shape[2]
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
-        mask, bias, positions = self.self_attention_inputs(x, mask, positions, cache_index, cache_len)
+        cache_len = None if cache is None else self.cache_length(cache)
+        t = x.shape[1]
+        all_rings = cache is not None and cache_len is None  # then only the positions are used
+        full_mask, local_mask, bias, positions = self.self_attention_inputs(
+            x, None if all_rings else mask, positions, cache_index, t if all_rings else cache_len)
         inter = {} if return_intermediates else None
         if cache is None:
-            x = self.run_layers(x, lambda layer, h, record=None: layer(
-                h, memory, mask=mask, bias=bias, memory_mask=memory_mask, positions=positions,
-                record=record, return_attention=return_attention), inter)
+            x = self.run_layers(x, lambda layer, h, record, local: layer(
+                h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
+                positions=positions, record=record, return_attention=return_attention), inter)
             return self.finish(x, inter)
+        rolling = self.rolling_layers(cache)
+        ring_mask, ring_bias = (self.rolling_inputs(mask, t, cache_index, x.device) if any(rolling)
+                                else (None, None))
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, memory, mask=mask, bias=bias, memory_mask=memory_mask,
-                                   positions=positions, cache=cache[i], cache_index=cache_index)
+            local, ring = self.layer_flags()[i], rolling[i]
+            m, bb = (ring_mask, ring_bias) if ring else (pick_mask(local, local_mask, full_mask), bias)
+            x, layer_cache = layer(x, memory, mask=m, bias=bb, memory_mask=memory_mask,
+                                   positions=positions, cache=cache[i], cache_index=cache_index, rolling=ring)
             new_cache.append(layer_cache)
             if inter is not None:
                 inter[f"layers.{i}"] = x
         out = self.finish(x, inter)
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
+    def rolling_layers(self, cache: list) -> tuple[bool, ...]:
+        """Per layer: is its self-attention cache a ring (a sliding-window layer whose cache
+        has sliding_window slots)?"""
+        window = self.cfg.sliding_window
+        return tuple(is_local and c["self"]["k"].shape[-2] == window
+                     for is_local, c in zip(self.cfg.local_layers(), cache))
+
+    def cache_length(self, cache: list) -> int | None:
+        """L, the slots of the cache's full (not ring) layers; None when every layer's cache
+        is a ring (then L is the caller's mask length)."""
+        full = [c["self"]["k"].shape[-2] for c, ring in zip(cache, self.rolling_layers(cache)) if not ring]
+        return full[0] if full else None
+
+    def rolling_inputs(self, mask, t: int, cache_index, device=None):
+        """-> (mask, bias) of a ring layer's keys for T new queries at slots cache_index..:
+        with T = 1 the ring after the write (ring slot j then holds absolute slot
+        p - (p - j) mod W), else the ring before the write followed by the T new keys. A key
+        is visible when 0 <= query slot - key slot < W, it holds a token (slot >= 0) and the
+        caller's key mask over absolute slots (`mask`, [B?, 1, 1?, L]) lets it through."""
+        window = self.cfg.sliding_window
+        p = cache_index
+        ring = torch.arange(window, device=device)
+        if t == 1:
+            k_slots = p - (p - ring) % window  # [W]
+        else:
+            k_slots = torch.cat([p - 1 - (p - 1 - ring) % window, p + torch.arange(t, device=device)])  # [W + T]
+        q_slots = p + torch.arange(t, device=device)  # [T]
+        dist = q_slots[:, None] - k_slots[None, :]  # [T, S]
+        visible = ((dist >= 0) & (dist < window) & (k_slots >= 0)[None, :])[None, None]  # [1, 1, T, S]
+        if mask is not None:
+            visible = visible & mask.bool()[..., k_slots.clamp(0, mask.shape[-1] - 1)]
+        bias = None
+        if self.cfg.position == "alibi":
+            bias = alibi_bias(self.cfg.num_heads, q_slots[None], k_slots[None])
+        elif self.rel_bias is not None:
+            bias = self.rel_bias(q_slots[None], k_slots[None])
+        return visible, bias
+
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
                    dtype=torch.float32) -> list:
-        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] and, with
-        cross-attention, the keys/values of memory [B, S, D]."""
-        return [layer.init_cache(batch, length, memory, dtype) for layer in self.layers]
+        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] (a
+        sliding-window layer: min(length, window) slots, a ring) and, with cross-attention,
+        the keys/values of memory [B, S, D]."""
+        local = self.cfg.local_layers()
+        return [layer.init_cache(batch, min(length, self.cfg.sliding_window) if is_local else length, memory, dtype)
+                for layer, is_local in zip(self.layers, local)]
 
 
 class TextEmbedding(nn.Module):

@@ -47,13 +47,13 @@ class LM(nn.Module):
                  position_ids=None):
         b, t = ids.shape
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
-        slots = t if cache is None else cache[0]["self"]["k"].shape[2]
+        slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
             positions, mask = default_positions(b, t, start, device=ids.device), None  # [B, T]
         else:
-            if tuple(attention_mask.shape) != (b, slots):
-                raise ValueError(f"attention_mask must be [batch, {slots}] (one entry per "
+            if attention_mask.dim() != 2 or attention_mask.shape[0] != b or slots not in (None, attention_mask.shape[1]):
+                raise ValueError(f"attention_mask must be [batch, {slots or 'slots'}] (one entry per "
                                  f"{'cache slot' if cache is not None else 'token'}), "
                                  f"got {tuple(attention_mask.shape)}")
             positions = positions_from_mask(attention_mask)[:, start:start + t]  # [B, T]
@@ -72,10 +72,13 @@ class LM(nn.Module):
         return logits if len(out) == 1 else (logits, *out[1:])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head."""
+        """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head; then
+        final_logit_softcap * tanh(logits / final_logit_softcap) when set (Gemma2)."""
         h = h.to(compute_dtype(self.cfg.dtype))
         out = self.embed.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
-        return out.float()
+        out = out.float()
+        cap = self.cfg.final_logit_softcap
+        return out if cap is None else torch.tanh(out / cap) * cap
 
     def init_cache(self, batch: int, length: int) -> list:
         """An empty KV cache of `length` slots per layer, in the compute dtype."""

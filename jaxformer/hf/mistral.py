@@ -1,0 +1,78 @@
+"""Mistral (`MistralForCausalLM`) <-> jaxformer `lm`.
+
+A LLaMA-style decoder (jaxformer/hf/llama.py: same names, RMSNorm, SwiGLU, GQA, rotate-half
+RoPE with the same scaling options, no biases) whose every layer attends within a sliding
+window. How it maps:
+  * sliding_window -> sliding_window: a query sees itself and the window - 1 keys before it,
+    as transformers' sliding_window_overlay (kv_idx > q_idx - sliding_window; docs/numerics.md
+    §21); null = full attention. In KV-cache decoding each layer's cache is a ring of
+    sliding_window slots.
+  * layer_types: MistralForCausalLM applies sliding_window to every layer whatever this says
+    (transformers only warns), so it is accepted only where it agrees: every entry
+    "sliding_attention" with a window, or "full_attention" without one.
+  * head_dim absent or null: hidden_size / num_attention_heads.
+Export writes MistralForCausalLM for an lm with a sliding_window on every layer; without a
+window the same model is a LLaMA and exports as LlamaForCausalLM (identical logits).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.config.models import LMConfig
+from jaxformer.hf import llama
+from jaxformer.hf.common import Options, build_config, rename_all
+
+ARCHITECTURES = {"MistralForCausalLM": "lm"}
+MODEL_TYPE = "mistral"
+MODEL_TYPES = dict.fromkeys(ARCHITECTURES, MODEL_TYPE)
+EMBED_KEYS = llama.EMBED_KEYS
+DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=None, hidden_act="silu",
+                max_position_embeddings=4096 * 32, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_theta=10000.0, rope_scaling=None, rope_parameters=None, sliding_window=4096,
+                layer_types=None, attention_dropout=0.0, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+RULES = llama.RULES
+
+
+def _window(o: Options) -> int | None:
+    o.used.add("sliding_window")  # an integer or null (full attention); HF's default when absent
+    window = o.raw.get("sliding_window", o.defaults["sliding_window"])
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+        o.problem("sliding_window", "must be a positive integer or null")
+        window = None
+    want = "sliding_attention" if window is not None else "full_attention"
+    o.require("layer_types", lambda v: v is None or (isinstance(v, list) and all(t == want for t in v)),
+              f"MistralForCausalLM applies sliding_window={window} to every layer; only all-"
+              f"{want!r} layer_types agree with it")
+    return window
+
+
+def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
+    o = Options(raw, DEFAULTS, family=f"mistral {arch}")
+    window = _window(o)
+    fields = llama.decoder_fields(o, qkv_bias=False, out_bias=False, ffn_bias=False)
+    return "lm", build_config(LMConfig, dict(fields, sliding_window=window), o), o.notes
+
+
+def tensor_fn(name: str, cfg: LMConfig, arch: str):
+    return llama.tensor_fn(name, cfg, arch, rules=RULES, what="Mistral")
+
+
+# ----------------------------------------------------------------------------- export
+def export_problems(name: str, cfg) -> list[str]:
+    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
+                scale_embedding=False, dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0,
+                embed_norm=False, qk_norm=False, resolved_qkv_bias=False, resolved_out_bias=False,
+                resolved_ffn_bias=False, layer_types=None, attn_logit_softcap=None,
+                query_pre_attn_scalar=None, final_logit_softcap=None)
+    return [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (MistralForCausalLM needs {v!r})"
+            for k, v in want.items() if getattr(cfg, k, v) != v]
+
+
+def config_to_hf(name: str, cfg: LMConfig) -> dict:
+    return {"architectures": ["MistralForCausalLM"], "model_type": MODEL_TYPE, **llama.common_config_to_hf(cfg),
+            "sliding_window": cfg.sliding_window}
+
+
+def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
+    return rename_all(sd, RULES.to_hf, "Mistral")

@@ -1,0 +1,325 @@
+"""Sliding-window attention (jaxformer's own LMs, both trees) and the HF families that use it:
+Mistral (jaxformer/hf/mistral.py) and Gemma2 (jaxformer/hf/gemma2.py) against transformers 5.x.
+
+Window semantics (docs/numerics.md §21): a query sees itself and the window - 1 keys before it,
+as transformers' sliding_window_overlay. Every check uses prompts longer than the window.
+  * KV cache: a sliding-window layer's cache is a ring of `window` slots; cached logits equal a
+    full recompute in both trees (a mixed local/global stack, a scanned stack too), the ring
+    holds `window` slots whatever the cache length, greedy and beam ids agree across trees.
+  * HF: forward logits within 1e-5 x max(1, max|logit|) fp32 with a left-padded row; greedy
+    and beam ids equal to HF generate; export loads back in transformers with HF's logits;
+    unimplemented options refused by name.
+Tiny random HF models built from configs (no download). Worst measured |logit| differences
+(fp32, printed by test_forward_matches_hf, docs/numerics.md §21): Mistral 8.3e-7 (max |logit|
+2.6), Gemma2 3.6e-6 (max |logit| 4.8; float32 rounding on both sides, measured against float64).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from helpers import converted_pair, randomize
+from jaxformer import convert, hf
+from jaxformer import generation as jgen
+from jaxformer.config import ConfigError
+from jaxformer.config.models import GenerationConfig, LMConfig
+from jaxformer.models import build_model
+from jaxformer.parity import setup_precision
+from torch_ref import generation as tgen
+
+T = pytest.importorskip("transformers")
+V = 96
+RNG = np.random.RandomState(3)
+IDS = RNG.randint(3, V, size=(2, 11))
+MASK = np.ones_like(IDS)
+MASK[1, :3] = 0  # a left-padded row
+SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+             max_position_embeddings=64)
+# name -> (HF class, config kwargs); windows shorter than the 11-token prompts
+CASES = {
+    "mistral_w3": (T.MistralForCausalLM, dict(SMALL, sliding_window=3, rope_theta=500.0)),
+    "mistral_w5_mqa_head_dim_tied": (T.MistralForCausalLM, dict(
+        SMALL, num_hidden_layers=3, num_key_value_heads=1, head_dim=12, sliding_window=5,
+        tie_word_embeddings=True)),
+    "mistral_no_window_linear_rope": (T.MistralForCausalLM, dict(
+        SMALL, sliding_window=None, rope_parameters=dict(rope_type="linear", rope_theta=1000.0, factor=2.0))),
+    # default layer_types (sliding, full, sliding); caps small enough that tanh bends the scores
+    "gemma2_default_layers_caps": (T.Gemma2ForCausalLM, dict(
+        SMALL, num_hidden_layers=3, head_dim=12, sliding_window=4, query_pre_attn_scalar=20,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, bos_token_id=2, eos_token_id=1)),
+    "gemma2_untied_gelu_bias_mqa_no_caps": (T.Gemma2ForCausalLM, dict(
+        SMALL, num_key_value_heads=1, head_dim=8, sliding_window=3, query_pre_attn_scalar=8,
+        layer_types=["full_attention", "sliding_attention"], hidden_activation="gelu", attention_bias=True,
+        tie_word_embeddings=False, attn_logit_softcapping=None, final_logit_softcapping=None,
+        rope_parameters=dict(rope_type="default", rope_theta=300.0))),
+}
+
+
+@pytest.fixture(autouse=True)
+def _precision():
+    setup_precision()
+
+
+def _hf_logits(model, ids=IDS, mask=MASK) -> np.ndarray:
+    mask_t = torch.from_numpy(mask)
+    with torch.no_grad():  # positions count real tokens, as HF generate (and jaxformer) do
+        return model(torch.from_numpy(ids), attention_mask=mask_t,
+                     position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0)).logits.numpy()
+
+
+@nnx.jit
+def _call(model, ids, mask):
+    return model(ids, mask)
+
+
+def _check(tag: str, ref: np.ndarray, ours: np.ndarray) -> float:
+    real = MASK.astype(bool)  # pad rows see no real token in HF's causal mask
+    d = float(np.abs(ref[real] - ours[real]).max())
+    scale = max(1.0, float(np.abs(ref).max()))
+    print(f"[hf logits] {tag}: max |diff| {d:.2e}, max |logit| {scale:.2f}")
+    assert d <= 1e-5 * scale, f"{tag}: max |logits diff| vs HF {d:.2e}"
+    return d
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mistral_gemma")
+    out = {}
+    for tag, (cls, kw) in CASES.items():
+        model = randomize(cls(cls.config_class(**kw)))
+        model.save_pretrained(root / tag)
+        out[tag] = (model, str(root / tag))
+    return out
+
+
+@pytest.mark.parametrize("tag", sorted(CASES))
+def test_forward_matches_hf(tag, saved):
+    hf_model, path = saved[tag]
+    model, name, cfg = hf.from_pretrained(path)
+    assert name == "lm" and cfg.sliding_window == CASES[tag][1].get("sliding_window")
+    if tag.startswith("gemma2"):
+        assert cfg.norm_position == "sandwich" and any(cfg.local_layers()) and not all(cfg.local_layers())
+    _check(tag, _hf_logits(hf_model), np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK))))
+
+
+def _hf_generate(hf_model, n, **kw):
+    hf_model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        return hf_model.generate(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK), max_new_tokens=n,
+                                 do_sample=False, **kw)[:, IDS.shape[1]:].numpy()
+
+
+@pytest.mark.parametrize("tag", ["mistral_w5_mqa_head_dim_tied", "gemma2_default_layers_caps"])
+def test_greedy_and_beam_match_hf(tag, saved):
+    """Greedy (with the model's eos) and beam ids (eos never produced: every hypothesis runs to
+    max_new_tokens, so HF's and jaxformer's stopping rules agree) equal HF generate's with a
+    left-padded row, past the window."""
+    hf_model, path = saved[tag]
+    model, name, cfg = hf.from_pretrained(path)
+    ref = _hf_generate(hf_model, 12)
+    ours = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=12))
+    np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
+    eos = hf_model.generation_config.eos_token_id
+    hf_model.generation_config.eos_token_id = None
+    try:
+        ref = _hf_generate(hf_model, 8, num_beams=3, length_penalty=1.0)
+    finally:
+        hf_model.generation_config.eos_token_id = eos
+    ours, _ = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=8, strategy="beam",
+                                                                   num_beams=3, eos_id=V + 7))
+    np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("tag", sorted(CASES))
+def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path):
+    hf_model, path = saved[tag]
+    model, name, cfg = hf.from_pretrained(path)
+    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
+    back = T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    if cfg.sliding_window is None and not tag.startswith("gemma2"):  # Mistral without a window: LLaMA
+        assert type(back) is T.LlamaForCausalLM
+    else:
+        assert type(back) is type(hf_model)
+        for key in ("sliding_window", "layer_types", "final_logit_softcapping", "attn_logit_softcapping",
+                    "query_pre_attn_scalar"):
+            assert getattr(back.config, key, None) == getattr(hf_model.config, key, None), key
+    np.testing.assert_array_equal(_hf_logits(back), _hf_logits(hf_model))
+
+
+REFUSED = {  # config.json changes -> the option the error names
+    "mistral_layer_types": ("mistral_w3", dict(layer_types=["sliding_attention", "full_attention"]), "layer_types"),
+    "mistral_bad_window": ("mistral_w3", dict(sliding_window=0), "sliding_window"),
+    "mistral_act": ("mistral_w3", dict(hidden_act="gelu"), "hidden_act"),
+    "mistral_unknown": ("mistral_w3", dict(attention_bias=True), "attention_bias"),
+    "gemma2_bidirectional": ("gemma2_default_layers_caps", dict(use_bidirectional_attention=True),
+                             "use_bidirectional_attention"),
+    "gemma2_act": ("gemma2_default_layers_caps", dict(hidden_activation="relu"), "hidden_activation"),
+    "gemma2_chunked": ("gemma2_default_layers_caps", dict(layer_types=["chunked_attention"] * 3), "layer_types"),
+    "gemma2_no_window": ("gemma2_default_layers_caps", dict(sliding_window=None), "sliding_window"),
+    "gemma2_legacy_act": ("gemma2_default_layers_caps", dict(hidden_act="gelu"), "hidden_act"),
+    "gemma2_bad_cap": ("gemma2_default_layers_caps", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
+}
+
+
+@pytest.mark.parametrize("row", sorted(REFUSED))
+def test_unimplemented_options_are_refused_by_name(row, saved):
+    tag, changes, word = REFUSED[row]
+    with open(os.path.join(saved[tag][1], "config.json")) as f:
+        raw = {**json.load(f), **changes}
+    fam, arch = hf.family_for_architecture(raw)
+    with pytest.raises(ConfigError, match=word):
+        fam.config_from_hf(raw, arch)
+
+
+# ----------------------------------------------------------------------------- our own LMs
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4], [12, 13, 14, 15, 16, 17]]  # longest > window
+WINDOW = 4
+OWN = {  # every layer local (Mistral-like) and alternating local/global (Gemma2-like), both scanned
+    "all_local": LMConfig.tiny("llama", max_len=40, sliding_window=WINDOW),
+    "mixed": LMConfig.tiny("llama", max_len=40, num_layers=3, sliding_window=WINDOW,
+                           layer_types=("sliding_attention", "full_attention", "sliding_attention")),
+}
+
+
+def _jax_cached(model, ids, mask, n):
+    """Greedy through lm_step: prefill (longer than the window), then one token per step."""
+    graphdef, state = nnx.split(model)
+    b, p = ids.shape
+    slot_mask = np.zeros((b, p + n), np.int32)
+    slot_mask[:, :p] = mask
+    cache = model.init_cache(b, p + n)
+    logits, cache = jgen.lm_step(graphdef, state, jnp.asarray(ids), jnp.asarray(slot_mask), cache, 0)
+    steps = [np.asarray(logits[:, -1])]
+    for i in range(n - 1):
+        slot_mask[:, p + i] = 1
+        tok = steps[-1].argmax(-1).astype(np.int32)[:, None]
+        logits, cache = jgen.lm_step(graphdef, state, jnp.asarray(tok), jnp.asarray(slot_mask), cache, p + i)
+        steps.append(np.asarray(logits[:, 0]))
+    return np.stack(steps), cache
+
+
+@torch.no_grad()
+def _torch_cached(model, ids, mask, n):
+    b, p = ids.shape
+    slot_mask = torch.zeros((b, p + n), dtype=torch.long)
+    slot_mask[:, :p] = torch.as_tensor(mask)
+    logits, cache = model(torch.as_tensor(ids).long(), slot_mask, cache=model.init_cache(b, p + n), cache_index=0)
+    steps = [logits[:, -1].numpy()]
+    for i in range(n - 1):
+        slot_mask[:, p + i] = 1
+        tok = torch.as_tensor(steps[-1].argmax(-1))[:, None]
+        logits, cache = model(tok, slot_mask, cache=cache, cache_index=p + i)
+        steps.append(logits[:, 0].numpy())
+    return np.stack(steps), cache
+
+
+def _recompute(forward, ids, mask, steps):
+    """Logits after the prompt and the greedy tokens, without a cache (one padded length)."""
+    b, p = ids.shape
+    n = steps.shape[0]
+    tokens = steps.argmax(-1).T  # [B, n]
+    seq = np.zeros((b, p + n), np.int32)
+    seq[:, :p], seq[:, p:] = ids, tokens
+    m = np.ones_like(seq)
+    m[:, :p] = mask
+    full = forward(seq, m)  # [B, p + n, V]
+    return np.stack([full[:, p + k - 1] for k in range(n)])
+
+
+@pytest.mark.parametrize("kind", sorted(OWN))
+def test_ring_cache_equals_full_recompute_in_both_trees(kind):
+    cfg = OWN[kind]
+    t, j = converted_pair("lm", cfg)
+    ids, mask = jgen.pad_prompts(PROMPTS, 0)
+    n = 9  # 9 + 9 tokens: every ring wraps
+    fwd = nnx.jit(lambda m, s, k: m(s, k))
+    steps, cache = _jax_cached(j, ids, mask, n)
+    ref_j = _recompute(lambda s, m: np.asarray(fwd(j, jnp.asarray(s), jnp.asarray(m))), ids, mask, steps)
+    assert np.abs(steps - ref_j).max() <= 1e-5
+    local = cfg.local_layers()
+    slots = [c["self"]["k"].shape[2] for c in cache]
+    assert slots == [WINDOW if is_local else ids.shape[1] + n for is_local in local]  # ring: window slots
+    steps_t, cache_t = _torch_cached(t, ids, mask, n)
+    ref_t = _recompute(lambda s, m: t(torch.as_tensor(s).long(), torch.as_tensor(m)).detach().numpy(),
+                       ids, mask, steps_t)
+    assert np.abs(steps_t - ref_t).max() <= 1e-5
+    assert [c["self"]["k"].shape[2] for c in cache_t] == slots
+    assert np.abs(steps_t - steps).max() <= 1e-5
+
+    # the scanned stack decodes the same logits (all local: a stacked ring; mixed: L slots each)
+    js = build_model("lm", dataclasses.replace(cfg, scan_layers=True))
+    convert.load_torch_state_dict(js, t.state_dict())
+    js.eval()
+    steps_s, cache_s = _jax_cached(js, ids, mask, n)
+    assert np.abs(steps_s - steps).max() <= 1e-5
+    seq = np.concatenate([ids, steps.argmax(-1).T], axis=1).astype(np.int32)  # the scan's forward too
+    seq_mask = np.concatenate([mask, np.ones((len(ids), n), np.int32)], axis=1)
+    full = np.asarray(fwd(j, jnp.asarray(seq), jnp.asarray(seq_mask)))
+    assert np.abs(np.asarray(fwd(js, jnp.asarray(seq), jnp.asarray(seq_mask))) - full).max() <= 1e-5
+    print(f"[ring cache] {kind}: cached vs recompute jax {np.abs(steps - ref_j).max():.1e}, "
+          f"torch {np.abs(steps_t - ref_t).max():.1e}, scanned vs unrolled {np.abs(steps_s - steps).max():.1e}")
+    assert cache_s["self"]["k"].shape[3] == (WINDOW if all(local) else ids.shape[1] + n)
+
+
+def test_beam_matches_across_trees():
+    """Beam search reorders the rings with the rest of the cache (torch tree too); left padding."""
+    t, j = converted_pair("lm", OWN["mixed"])
+    ids, mask = jgen.pad_prompts(PROMPTS, 0)
+    beam = GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=3)
+    (ja, js), (ta, ts) = jgen.lm_generate(j, ids, mask, beam), tgen.lm_generate(t, ids, mask, beam)
+    np.testing.assert_array_equal(ja, ta)
+    assert np.abs(js - ts).max() <= 1e-5
+
+
+def test_layer_types_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="layer_types"):
+        LMConfig.tiny("llama", sliding_window=2, layer_types=("sliding_attention",))  # 1 entry, 2 layers
+    with pytest.raises(ConfigError, match="layer_types"):
+        LMConfig.tiny("llama", layer_types=("sliding_attention", "full_attention"))  # no window
+    with pytest.raises(ConfigError, match="attn_logit_softcap"):
+        LMConfig.tiny("llama", attn_logit_softcap=0.0)
+    with pytest.raises(ConfigError, match="final_logit_softcap"):
+        LMConfig.tiny("llama", final_logit_softcap=-1.0)
+    assert LMConfig.tiny("llama", sliding_window=2, layer_types=["full_attention", "sliding_attention"]
+                         ).local_layers() == (False, True)
+
+
+def test_window_semantics_match_transformers_mask():
+    """Our mask equals transformers' sliding_window_causal_mask_function for every (q, kv)."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+    from jaxformer.layers.attention import make_sliding_window_mask
+    fn = sliding_window_causal_mask_function(3)
+    ours = np.asarray(make_sliding_window_mask(7, 7, 3))[0, 0]
+    theirs = np.array([[bool(fn(0, 0, torch.tensor(q), torch.tensor(k))) for k in range(7)] for q in range(7)])
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours[6].sum() == 3 and ours[6, 4:].all()  # the query and the 2 keys before it
+
+
+def test_embedding_normalizer_is_rounded_to_the_table_dtype():
+    """HF Gemma multiplies by embed_scale.to(weight.dtype): a bf16 table by bf16(sqrt(D)) (59.75
+    for D = 3584, not 59.87), in both trees; fp32 tables by fp32(sqrt(D))."""
+    from flax import nnx as _nnx
+
+    from jaxformer.layers.embedding import Embedding as JEmbedding
+    from torch_ref.layers.embedding import Embedding as TEmbedding
+    d = 3584
+    table = np.random.RandomState(0).standard_normal((2, d)).astype(np.float32)
+    j = JEmbedding(2, d, scale=True, rngs=_nnx.Rngs(0))
+    j.embedding.set_value(jnp.asarray(table, jnp.bfloat16))
+    t = TEmbedding(2, d, scale=True).to(torch.bfloat16)
+    with torch.no_grad():
+        t.weight.copy_(torch.from_numpy(table))
+    want = torch.from_numpy(table).to(torch.bfloat16)[[1]] * torch.tensor(59.75, dtype=torch.bfloat16)
+    assert float(torch.tensor(d ** 0.5, dtype=torch.bfloat16)) == 59.75
+    got_t = t(torch.tensor([[1]]))[0]
+    got_j = np.asarray(j(jnp.asarray([[1]]))[0].astype(jnp.float32))
+    assert torch.equal(got_t, want)
+    np.testing.assert_array_equal(got_j, want.float().numpy())
