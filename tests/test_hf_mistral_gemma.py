@@ -320,6 +320,9 @@ def test_embedding_normalizer_is_rounded_to_the_table_dtype():
     want = torch.from_numpy(table).to(torch.bfloat16)[[1]] * torch.tensor(59.75, dtype=torch.bfloat16)
     assert float(torch.tensor(d ** 0.5, dtype=torch.bfloat16)) == 59.75
     got_t = t(torch.tensor([[1]]))[0]
-    got_j = np.asarray(j(jnp.asarray([[1]]))[0].astype(jnp.float32))
+    got_j = np.asarray(j(jnp.asarray([[1]]))[0])
     assert torch.equal(got_t, want)
-    np.testing.assert_array_equal(got_j, want.float().numpy())
+    # jaxformer keeps the residual stream float32 under a bfloat16 table (models.cast_params):
+    # the same rounded factor, the product not rounded to bfloat16
+    assert got_j.dtype == np.float32
+    np.testing.assert_array_equal(got_j, torch.from_numpy(table).to(torch.bfloat16)[[1]].float().numpy() * 59.75)
