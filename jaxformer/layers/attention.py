@@ -194,11 +194,11 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
-        self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
+        self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
+        self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
         self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
-                             rngs=rngs)
+                             axes=("heads", "embed"), rngs=rngs)
         # per-head norms of q and k before RoPE (Qwen3), weights [K]
         self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
         self.k_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
