@@ -29,15 +29,11 @@ import zlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import convert
 from jaxformer.models import build_model
-
-
-def param_key(seed: int, key: str) -> jax.Array:
-    """The draw key of one parameter: fold_in(key(seed), crc32 of its torch key)."""
-    return jax.random.fold_in(jax.random.key(seed), zlib.crc32(key.encode()))
 
 
 def draw(scheme: str, kind: str, torch_shape: tuple, rng) -> jax.Array:
@@ -59,8 +55,14 @@ def draw(scheme: str, kind: str, torch_shape: tuple, rng) -> jax.Array:
 
 def init_array(scheme: str, kind: str, torch_shape: tuple, key: str, seed: int) -> jax.Array:
     """One parameter (one torch key) in torch layout."""
-    return _draw_fn(scheme, kind, tuple(torch_shape), None, False, None)(
-        jax.random.key_data(param_key(seed, key))[None])
+    return _draw_fn(scheme, kind, tuple(torch_shape), None, False, None)(*_key_args(seed, [key]))
+
+
+def _key_args(seed: int, torch_keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The host arguments of a draw: the seed and the crc32 of each torch key (plain numpy, the
+    same in every process, so a multi-process jit takes them as replicated values)."""
+    return (np.asarray(seed, np.uint32),
+            np.asarray([zlib.crc32(k.encode()) for k in torch_keys], np.uint32))
 
 
 def _normal(rng, shape: tuple) -> jax.Array:
@@ -72,17 +74,17 @@ def _normal(rng, shape: tuple) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def _draw_fn(scheme: str, kind: str, torch_shape: tuple, leaf: str | None, stacked: bool, sharding):
-    """The jitted draw of one flax leaf from its raw key data [n, 2] (one key per torch key):
-    torch layout, then flax layout (`leaf`), stacked over the keys when `stacked`, computed
-    directly in `sharding`. Cached per shape, so a stack of equal layers compiles once."""
+    """The jitted draw of one flax leaf from (seed, crc32 of each of its torch keys): torch
+    layout, then flax layout (`leaf`), stacked over the keys when `stacked`, computed directly
+    in `sharding`. Cached per shape, so a stack of equal layers compiles once."""
     axes = convert.torch_to_flax_axes(leaf, len(torch_shape)) if leaf else None
 
-    def one(key_data):
-        x = draw(scheme, kind, torch_shape, jax.random.wrap_key_data(key_data))
+    def one(seed, crc):
+        x = draw(scheme, kind, torch_shape, jax.random.fold_in(jax.random.key(seed), crc))
         return jnp.transpose(x, axes) if axes else x
 
-    def f(keys):
-        return jax.vmap(one)(keys) if stacked else one(keys[0])
+    def f(seed, crcs):
+        return jax.vmap(one, in_axes=(None, 0))(seed, crcs) if stacked else one(seed, crcs[0])
     return jax.jit(f, out_shardings=sharding)
 
 
@@ -113,11 +115,9 @@ def init_params(model, scheme: str, seed: int, shardings=None) -> dict:
         torch_shape = convert.torch_shape_of(path, shape, prefixes)
         kind = _kind_from_flax_leaf(leaf, len(torch_shape))
         # one key per torch key (per layer when scanned), so scanned == unscanned == torch
-        keys = jnp.stack([jax.random.key_data(param_key(seed, k))
-                          for k in convert.torch_keys_for(path, shape, prefixes)])
+        args = _key_args(seed, convert.torch_keys_for(path, shape, prefixes))
         stacked = convert.stacked_prefix(path, prefixes) is not None
-        fn = _draw_fn(scheme, kind, torch_shape, leaf, stacked, sh[path] if sh else None)
-        out[path] = fn(keys)
+        out[path] = _draw_fn(scheme, kind, torch_shape, leaf, stacked, sh[path] if sh else None)(*args)
     return out
 
 
@@ -140,14 +140,17 @@ def _split(name: str, model_cfg, seed: int):
     return nnx.split(build_model(name, model_cfg, seed=seed), nnx.Param, ...)
 
 
+def abstract_state_of(model, tx) -> dict:
+    """The train state {params, opt_state, rest, step} of a (concrete or abstract) model as
+    ShapeDtypeStructs; params keep their nnx.Param wrappers and partitioning metadata."""
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    return jax.eval_shape(lambda p, r: {"params": p, "opt_state": tx.init(p), "rest": r,
+                                        "step": jnp.zeros((), jnp.int32)}, params, rest)
+
+
 def abstract_state(name: str, model_cfg, seed: int, tx) -> dict:
-    """The train state {params, opt_state, rest, step} as ShapeDtypeStructs (params keep their
-    nnx.Param wrappers and partitioning metadata): no allocation."""
-    def fn():
-        _, params, rest = _split(name, model_cfg, seed)
-        return {"params": params, "opt_state": tx.init(params), "rest": rest,
-                "step": jnp.zeros((), jnp.int32)}
-    return jax.eval_shape(fn)
+    """abstract_state_of the registered model `name`: no allocation."""
+    return abstract_state_of(abstract_model(name, model_cfg, seed), tx)
 
 
 def with_shardings(abstract, shardings):
@@ -161,33 +164,42 @@ def single_device(abstract):
     return jax.tree.map(lambda _: dev, abstract)
 
 
-def create_rest(name: str, model_cfg, seed: int, sharding):
+def _jit(fn, shardings):
+    """jax.jit with out_shardings, or with none (uncommitted arrays on the default device, which
+    pmap and plain jit take anywhere) when `shardings` is None."""
+    return jax.jit(fn) if shardings is None else jax.jit(fn, out_shardings=shardings)
+
+
+def create_rest(name: str, model_cfg, seed: int, sharding=None):
     """The model's non-parameter state (dropout RNG streams), jitted into `sharding` (a tree);
     the constructor's parameter draws are dead code there and never computed."""
-    return jax.jit(lambda: _split(name, model_cfg, seed)[2], out_shardings=sharding)()
+    return _jit(lambda: _split(name, model_cfg, seed)[2], sharding)()
 
 
-def create_params(name: str, model_cfg, scheme: str, seed: int, abstract_params, shardings):
-    """The initial params (an nnx.State like `abstract_params`), each created in its sharding:
-    named schemes draw per leaf (init_params); `default` runs the constructors under jit."""
+def create_params(name: str, model_cfg, scheme: str, seed: int, abstract_params, shardings=None):
+    """The initial params (an nnx.State like `abstract_params`), each created in its sharding
+    (None: the default device): named schemes draw per leaf (init_params); `default` runs the
+    constructors under jit."""
     if scheme == "default":
-        return jax.jit(lambda: _split(name, model_cfg, seed)[1], out_shardings=shardings)()
+        return _jit(lambda: _split(name, model_cfg, seed)[1], shardings)()
     arrays = init_params(abstract_model(name, model_cfg, seed), scheme, seed, shardings)
     return nnx.from_flat_state([(p, v.replace(arrays[tuple(p)]))
                                 for p, v in nnx.to_flat_state(abstract_params)])
 
 
+def zero_step(sharding=None):
+    """The step counter 0 in `sharding` (made by a jitted program: valid across processes)."""
+    return _jit(lambda: jnp.zeros((), jnp.int32), sharding)()
+
+
 def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=None, params=None) -> dict:
     """The train state {params, opt_state, rest, step} created directly in `shardings` (a tree
-    like abstract_state's; None: one device). No host ever holds a whole tensor of a sharded
-    leaf, and the values do not depend on the shardings. `params` given (init_from, already
-    placed): the state starts from them."""
-    abstract = abstract_state(name, model_cfg, seed, tx)
-    if shardings is None:
-        shardings = single_device(abstract)
+    like abstract_state's; None: the default device). No host ever holds a whole tensor of a
+    sharded leaf, and the values do not depend on the shardings. `params` given (init_from,
+    already placed): the state starts from them."""
+    sh = shardings or {"params": None, "opt_state": None, "rest": None, "step": None}
     if params is None:
-        params = create_params(name, model_cfg, scheme, seed, abstract["params"], shardings["params"])
-    return {"params": params,
-            "opt_state": jax.jit(tx.init, out_shardings=shardings["opt_state"])(params),
-            "rest": create_rest(name, model_cfg, seed, shardings["rest"]),
-            "step": jax.device_put(jnp.zeros((), jnp.int32), shardings["step"])}
+        abstract = abstract_state(name, model_cfg, seed, tx)
+        params = create_params(name, model_cfg, scheme, seed, abstract["params"], sh["params"])
+    return {"params": params, "opt_state": _jit(tx.init, sh["opt_state"])(params),
+            "rest": create_rest(name, model_cfg, seed, sh["rest"]), "step": zero_step(sh["step"])}

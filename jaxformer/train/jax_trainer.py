@@ -54,13 +54,12 @@ def build_jax_model(cfg: RunConfig):
     name, mcfg, tc = cfg.model_name, model_config_for_training(cfg), cfg.train
     abstract = init_lib.abstract_model(name, mcfg, tc.seed)
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-    on_device = init_lib.single_device(params)
     if tc.init_from:  # fine-tune: start from a converted / imported checkpoint
         from jaxformer.checkpoint_io import load_params_sharded
-        params = load_params_sharded(tc.init_from, params, on_device)
+        params = load_params_sharded(tc.init_from, params, init_lib.single_device(params))
     else:
-        params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params, on_device)
-    model = nnx.merge(graphdef, params, init_lib.create_rest(name, mcfg, tc.seed, init_lib.single_device(rest)))
+        params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params)
+    model = nnx.merge(graphdef, params, init_lib.create_rest(name, mcfg, tc.seed))
     set_remat(model, tc.remat_policy if tc.remat else None)
     return model
 
@@ -219,8 +218,7 @@ class JaxTrainer:
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
         from jaxformer.convert import scan_prefixes
         self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
-        self.abstract_state = init_lib.abstract_state(cfg.model_name, model_config_for_training(cfg),
-                                                      tc.seed, self.tx)
+        self.abstract_state = init_lib.abstract_state_of(self.model, self.tx)
         self.mode = cfg.parallel.mode
         self.mesh = None
         self.devices = None  # pmap: the number of local devices the steps are mapped over
@@ -311,16 +309,17 @@ class JaxTrainer:
             from jaxformer.train import sharding
             return sharding.place(state, self.shardings)
         name, mcfg = cfg.model_name, model_config_for_training(cfg)
-        shardings = self.shardings or init_lib.single_device(self.abstract_state)
-        if resume:
+        if resume:  # orbax needs a sharding per leaf: one device when there is no mesh
+            shardings = self.shardings or init_lib.single_device(self.abstract_state)
             target = init_lib.with_shardings(self.abstract_state, shardings)
-            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, shardings["rest"]),
-                    "step": jax.device_put(jnp.zeros((), jnp.int32), shardings["step"])}
+            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, self.shardings and shardings["rest"]),
+                    "step": init_lib.zero_step(self.shardings and shardings["step"])}
         params = None
         if tc.init_from:  # fine-tune: each param restored into its sharding
             from jaxformer.checkpoint_io import load_params_sharded
+            shardings = self.shardings or init_lib.single_device(self.abstract_state)
             params = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"])
-        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, shardings, params)
+        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params)
 
     def _global(self, host_batch: dict, sharding, axis: int) -> dict:
         """Each process feeds its own slice of the global batch (dim `axis`, split over data x fsdp)."""
