@@ -13,7 +13,7 @@ resident set before the init (the process baseline: Python, JAX, the 8 devices) 
 included. On CPU devices "device memory" is host memory, so the peak RSS counts every shard.
 
 Targets (jaxformer issue 18): new peak <= 1.2 x state + baseline; per device <= state / 8 +
-the replicated 1-D leaves. Not a test. On a shared machine a child aborts (its figures then
+the replicated leaves (the 1-D params and their Adam moments: `replicated_state_bytes`). Not a test. On a shared machine a child aborts (its figures then
 say why) when the machine's available memory falls under 1.5 GB. The last line is one JSON
 object: the new path's figures, and the old path's under `old_*` keys.
 """
@@ -111,6 +111,9 @@ def child(variant: str, layers: int, tiny: bool = False) -> dict:
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)
                       if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
     replicated_1d = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract["params"]) if x.ndim < 2)
+    # every replicated leaf of the state: the 1-D params, their Adam moments, counters
+    replicated = sum(x.size * x.dtype.itemsize for x, sh in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings))
+                     if sh.is_fully_replicated and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
     baseline = _status("VmRSS")
     t = time.perf_counter()
     if variant == "new":
@@ -127,6 +130,7 @@ def child(variant: str, layers: int, tiny: bool = False) -> dict:
     per = sharding.per_device_bytes(state)
     devices = [v for k, v in per.items() if k.startswith("device")]
     return {"variant": variant, "state_bytes": state_bytes, "replicated_1d_param_bytes": replicated_1d,
+            "replicated_state_bytes": replicated,
             "baseline_rss_bytes": baseline, "peak_rss_bytes": _status("VmHWM"),
             "per_device_bytes_max": max(devices), "init_s": round(init_s, 2)}
 
@@ -166,7 +170,8 @@ def main() -> None:
             print(f"{v}: {r}")
     new = results.get("new", {})
     summary = {k: new.get(k) for k in ("state_bytes", "baseline_rss_bytes", "peak_rss_bytes",
-                                       "per_device_bytes_max", "init_s", "replicated_1d_param_bytes")}
+                                       "per_device_bytes_max", "init_s", "replicated_1d_param_bytes",
+                                       "replicated_state_bytes")}
     if "state_bytes" in new:
         summary["peak_over_baseline_per_state"] = round((new["peak_rss_bytes"] - new["baseline_rss_bytes"])
                                                         / new["state_bytes"], 3)

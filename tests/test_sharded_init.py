@@ -21,7 +21,7 @@ from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
 from jaxformer.train.optim import make_optax
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_train import FAMILIES, run_cfg  # noqa: E402
+from test_train import FAMILIES  # noqa: E402
 
 # (data, fsdp, tensor), devices used
 MESHES = {"fsdp8": ((1, 8, 1), 8), "data2_fsdp2_tensor2": ((2, 2, 2), 8), "tensor4": ((1, 1, 4), 4)}
