@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 
 import jax
@@ -208,12 +209,10 @@ class JaxTrainer:
     def _setup(self, model, ckpt_dir: str, resume: bool) -> None:
         cfg, tc, workdir = self.cfg, self.cfg.train, self.workdir
         self.train_data, self.eval_data = data_lib.load_dataset(cfg.data_name, cfg.data, tc.seed)
-        if model is None:  # abstract: the state is created below, in its shardings
+        given = model is not None
+        if not given:  # abstract: the state is created below, directly in its shardings
             model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed)
             set_remat(model, tc.remat_policy if tc.remat else None)
-            given = False
-        else:
-            given = True
         self.model = model
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
         from jaxformer.convert import scan_prefixes
@@ -286,15 +285,16 @@ class JaxTrainer:
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        rules = self.cfg.parallel.logical_axis_rules()
+        batch_axes = rules["batch"]
+        shards = math.prod(self.mesh.shape[a] for a in batch_axes)
         tc = self.cfg.train
         if tc.micro_batch % shards:
             raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} must divide by "
-                             f"data x fsdp = {shards}")
-        self.shardings = sharding.state_shardings(self.abstract_state, self.mesh,
-                                                  self.cfg.parallel.logical_axis_rules())
-        self.batch_sharding = sharding.batch_sharding(self.mesh)
-        self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False)
+                             f"{' x '.join(batch_axes) or 'one'} = {shards}")
+        self.shardings = sharding.state_shardings(self.abstract_state, self.mesh, rules)
+        self.batch_sharding = sharding.batch_sharding(self.mesh, axes=batch_axes)
+        self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False, axes=batch_axes)
 
     def _initial_state(self, given: bool, resume: bool) -> dict:
         """The train state, created directly in its shardings (train/init.py): no host builds
@@ -312,8 +312,9 @@ class JaxTrainer:
         if resume:  # orbax needs a sharding per leaf: one device when there is no mesh
             shardings = self.shardings or init_lib.single_device(self.abstract_state)
             target = init_lib.with_shardings(self.abstract_state, shardings)
-            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, self.shardings and shardings["rest"]),
-                    "step": init_lib.zero_step(self.shardings and shardings["step"])}
+            mesh_sh = self.shardings or {"rest": None, "step": None}
+            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"]),
+                    "step": init_lib.zero_step(mesh_sh["step"])}
         params = None
         if tc.init_from:  # fine-tune: each param restored into its sharding
             from jaxformer.checkpoint_io import load_params_sharded

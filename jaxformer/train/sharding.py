@@ -125,9 +125,10 @@ def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None):
             "rest": jax.tree.map(lambda _: replicated, state["rest"]), "step": replicated}
 
 
-def batch_sharding(mesh: Mesh, accum_axis: bool = True) -> NamedSharding:
-    """Batch arrays are [A, micro, ...]: the micro-batch dim is split over data x fsdp."""
-    return NamedSharding(mesh, P(None, ("data", "fsdp")) if accum_axis else P(("data", "fsdp")))
+def batch_sharding(mesh: Mesh, accum_axis: bool = True, axes: tuple = ("data", "fsdp")) -> NamedSharding:
+    """Batch arrays are [A, micro, ...]: the micro-batch dim is split over `axes` (the "batch"
+    rule: data x fsdp by default)."""
+    return NamedSharding(mesh, P(None, tuple(axes) or None) if accum_axis else P(tuple(axes) or None))
 
 
 def per_device_bytes(tree) -> dict[str, int]:
