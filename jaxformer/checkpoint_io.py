@@ -153,16 +153,14 @@ def _model_section(path: str, what: str):
         raise ConfigError(f"{path}: {e}") from None
 
 
-def load_params_into(model, directory: str) -> None:
-    """Restore DIR/params into `model` in place, strictly (same keys, shapes, dtypes)."""
+def restore_params(directory: str, abstract: dict) -> dict:
+    """DIR/params restored onto `abstract` (a pure dict of ShapeDtypeStructs, flax layout),
+    strictly (same keys, shapes, dtypes). A leaf carrying a sharding is restored straight into
+    it: each device reads only its own shard, and no host assembles the whole tensor."""
     import jax
     import orbax.checkpoint as ocp
-    from flax import nnx
 
     from jaxformer.convert import ConversionError
-    state = nnx.state(model, nnx.Param)
-    target = nnx.to_pure_dict(state)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), target)
     try:
         restored = ocp.StandardCheckpointer().restore(os.path.join(os.path.abspath(directory), "params"), abstract)
     except Exception as e:
@@ -173,8 +171,31 @@ def load_params_into(model, directory: str) -> None:
             problems.append(f"shape/dtype: {jax.tree_util.keystr(path)} {b.shape}/{b.dtype}, expected {a.shape}/{a.dtype}")
     if problems:
         raise ConversionError(problems)
-    nnx.replace_by_pure_dict(state, restored)
+    return restored
+
+
+def load_params_into(model, directory: str) -> None:
+    """Restore DIR/params into `model` in place, strictly (same keys, shapes, dtypes)."""
+    import jax
+    from flax import nnx
+
+    state = nnx.state(model, nnx.Param)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
+    nnx.replace_by_pure_dict(state, restore_params(directory, abstract))
     nnx.update(model, state)
+
+
+def load_params_sharded(directory: str, abstract_params, shardings):
+    """DIR/params as an nnx.State like `abstract_params` (an abstract model's Param state),
+    each leaf restored into its sharding from `shardings` (a tree like it)."""
+    import jax
+    from flax import nnx
+
+    pure = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                        nnx.to_pure_dict(abstract_params), nnx.to_pure_dict(shardings))
+    state = jax.tree.map(lambda x: x, abstract_params)  # fresh Variables, filled in below
+    nnx.replace_by_pure_dict(state, restore_params(directory, pure))
+    return state
 
 
 def load_model(directory: str, seed: int = 0):

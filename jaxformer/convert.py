@@ -70,6 +70,14 @@ def torch_to_flax_layout(leaf: str, x: np.ndarray, stacked: int = 0) -> np.ndarr
         x, lead + tuple(range(stacked + 2, stacked + n)) + (stacked + 1, stacked)))
 
 
+def torch_to_flax_axes(leaf: str, ndim: int) -> tuple:
+    """The transpose that takes one (unstacked) torch-layout leaf of `ndim` dims to flax layout,
+    for traced arrays (torch_to_flax_layout's permutation)."""
+    if leaf != "kernel":
+        return tuple(range(ndim))
+    return (1, 0) if ndim == 2 else tuple(range(2, ndim)) + (1, 0)
+
+
 def flax_shape_to_torch(leaf: str, shape: tuple, stacked: int = 0) -> tuple:
     return flax_to_torch_layout(leaf, np.empty(shape, np.bool_), stacked).shape if leaf == "kernel" else shape
 

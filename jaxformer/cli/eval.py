@@ -29,20 +29,24 @@ def run(args) -> int:
 
     from jaxformer.train import data as data_lib
     from jaxformer.train import tasks
-    from jaxformer.train.jax_trainer import StepFns, build_jax_model, checkpoint_steps, init_state
+    from jaxformer.convert import scan_prefixes
+    from jaxformer.train import init as init_lib
+    from jaxformer.train.jax_trainer import StepFns, checkpoint_steps, model_config_for_training
     from jaxformer.train.optim import make_optax
-    model = build_jax_model(cfg)
-    _, params, _ = nnx.split(model, nnx.Param, ...)
-    tx, schedule = make_optax(cfg.train, params)
+    # the model stays abstract: the weights are read straight into their arrays, never initialised
+    mcfg = model_config_for_training(cfg)
+    model = init_lib.abstract_model(cfg.model_name, mcfg, cfg.train.seed)
+    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    tx, schedule = make_optax(cfg.train, params, scan_prefixes(model))
+    rest = init_lib.create_rest(cfg.model_name, mcfg, cfg.train.seed)
     if args.step in ("last", "best"):
-        from jaxformer.checkpoint_io import load_params_into
+        from jaxformer.checkpoint_io import load_params_sharded
         d = os.path.join(run_dir, "model", args.step)
         if not os.path.isdir(d):
             raise FileNotFoundError(f"{run_dir} has no model/{args.step} (no checkpoint written yet)")
-        load_params_into(model, d)
+        state = {"params": load_params_sharded(d, params, init_lib.single_device(params)), "rest": rest}
         with open(os.path.join(d, "metrics.json")) as f:
             step = json.load(f).get("step")
-        state = init_state(cfg, model, tx)
     else:
         from jaxformer.train.checkpoint import Checkpointer
         step = int(args.step)
@@ -50,9 +54,12 @@ def run(args) -> int:
         if step not in checkpoint_steps(ckpt):
             raise ValueError(f"--step {step}: no checkpoint of that step in {ckpt} "
                              f"(steps: {checkpoint_steps(ckpt)})")
+        abstract = init_lib.abstract_state_of(model, tx)
+        target = {**init_lib.with_shardings(abstract, init_lib.single_device(abstract)),
+                  "rest": rest, "step": init_lib.zero_step()}
         reader = Checkpointer(ckpt, keep=cfg.train.keep_checkpoints, read_only=True)
         try:
-            state, _ = reader.restore(init_state(cfg, model, tx), step=step)
+            state, _ = reader.restore(target, step=step)
         finally:
             reader.close()
     fns = StepFns(cfg, model, tx, schedule)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering
+from jaxformer.layers import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
@@ -217,17 +218,19 @@ class MultiHeadAttention(nnx.Module):
                              "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.softcap = scale, softcap
-        self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.k_proj = Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
-        self.v_proj = Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, use_bias=bias, rngs=rngs)
+        self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
+        self.k_proj = Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, use_bias=bias,
+                             axes=("embed", "heads"), rngs=rngs)
+        self.v_proj = Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, use_bias=bias,
+                             axes=("embed", "heads"), rngs=rngs)
         # learned key/value slots appended after the projected keys/values (add_bias_kv), [G * K]
-        self.bias_k = nnx.Param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,))) \
-            if add_bias_kv else None
-        self.bias_v = nnx.Param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,))) \
-            if add_bias_kv else None
+        self.bias_k = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,)),
+                                         (None,)) if add_bias_kv else None
+        self.bias_v = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,)),
+                                         (None,)) if add_bias_kv else None
         self.add_zero_attn = add_zero_attn
         self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
-                             rngs=rngs)
+                             axes=("heads", "embed"), rngs=rngs)
         # per-head norms of q and k before RoPE (Qwen3), weights [K]
         self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
         self.k_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None

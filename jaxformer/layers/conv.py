@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.layers import partitioning
+
 
 def _tuple(v, n: int) -> tuple:
     return tuple(v) if isinstance(v, Sequence) else (v,) * n
@@ -30,10 +32,12 @@ class _ConvNd(nnx.Module):
         fan_in = in_channels * math.prod(self.kernel_size)
         bound = 1.0 / math.sqrt(fan_in)
         k1, k2 = jax.random.split(rngs.params())
-        self.kernel = nnx.Param(jax.random.uniform(
-            k1, self.kernel_size + (in_channels, out_channels), jnp.float32, -bound, bound))
-        self.bias = nnx.Param(jax.random.uniform(k2, (out_channels,), jnp.float32, -bound, bound)) \
-            if bias else None
+        # logical axes: output channels on "embed" (a patch embedding's output is the model width)
+        self.kernel = partitioning.param(jax.random.uniform(
+            k1, self.kernel_size + (in_channels, out_channels), jnp.float32, -bound, bound),
+            (None,) * (n + 1) + ("embed",))
+        self.bias = partitioning.param(jax.random.uniform(
+            k2, (out_channels,), jnp.float32, -bound, bound), (None,)) if bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [B, *spatial, C_in] (channels last) -> [B, *spatial', C_out]."""

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.layers import linear
+from jaxformer.layers import linear, partitioning
 
 
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
@@ -39,15 +39,16 @@ class Embedding(nnx.Module):
 
     Args:
         num_embeddings: V.  dim: D.  scale: multiply looked-up rows by sqrt(D).
+        axes: the table's logical axes (layers/partitioning.py).
     Shapes: ids [B, T] int -> [B, T, D]; attend(x [B, T, D]) -> [B, T, V] (tied output).
     """
 
     def __init__(self, num_embeddings: int, dim: int, *, scale: bool = False,
-                 init_std: float = 1.0, rngs: nnx.Rngs):
+                 init_std: float = 1.0, axes: tuple | None = ("vocab", "embed"), rngs: nnx.Rngs):
         self.num_embeddings = num_embeddings
         self.multiplier = math.sqrt(dim) if scale else None
-        self.embedding = nnx.Param(
-            jax.random.normal(rngs.params(), (num_embeddings, dim), jnp.float32) * init_std)
+        self.embedding = partitioning.param(
+            jax.random.normal(rngs.params(), (num_embeddings, dim), jnp.float32) * init_std, axes)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         check_ids(ids, self.num_embeddings)

@@ -37,9 +37,9 @@ class FeedForward(nnx.Module):
     def __init__(self, d_model: int, d_ff: int, *, kind: str, bias: bool = True,
                  inner_dropout: float = 0.0, dropout: float = 0.0, rngs: nnx.Rngs):
         self.kind = kind
-        self.gate_proj = Linear(d_model, d_ff, use_bias=bias, rngs=rngs) if kind in GATED else None
-        self.up_proj = Linear(d_model, d_ff, use_bias=bias, rngs=rngs)
-        self.down_proj = Linear(d_ff, d_model, use_bias=bias, rngs=rngs)
+        self.gate_proj = Linear(d_model, d_ff, use_bias=bias, axes=("embed", "mlp"), rngs=rngs) if kind in GATED else None
+        self.up_proj = Linear(d_model, d_ff, use_bias=bias, axes=("embed", "mlp"), rngs=rngs)
+        self.down_proj = Linear(d_ff, d_model, use_bias=bias, axes=("mlp", "embed"), rngs=rngs)
         self.inner_dropout = nnx.Dropout(inner_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering
+from jaxformer.layers import partitioning
 
 
 def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> jax.Array:
@@ -65,7 +66,16 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 class Linear(nnx.Linear):
     """nnx.Linear (kernel [in, out], bias [out]; same parameters, same checkpoint keys), with
-    `matmul`'s backward and the [out, in] decode layout of the module docstring."""
+    `matmul`'s backward and the [out, in] decode layout of the module docstring.
+
+    axes: the kernel's logical axes (in, out) (layers/partitioning.py); the bias is replicated.
+    None leaves the parameters unannotated, which the trainer refuses on a mesh."""
+
+    def __init__(self, in_features: int, out_features: int, *, axes: tuple | None = None, **kwargs):
+        if axes is not None:
+            kwargs.setdefault("kernel_metadata", partitioning.metadata(axes))
+            kwargs.setdefault("bias_metadata", partitioning.metadata((None,)))
+        super().__init__(in_features, out_features, **kwargs)
 
     def __call__(self, x: jax.Array, stop_bias_gradient: bool = False) -> jax.Array:
         """x [..., in] -> [..., out]. stop_bias_gradient: use the bias value but cut its

@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.layers import partitioning
+
 
 class LayerNorm(nnx.Module):
     """LayerNorm (Ba et al. 2016) over the last axis, variance as mean((x - mean)^2) like torch.
@@ -18,8 +20,8 @@ class LayerNorm(nnx.Module):
 
     def __init__(self, dim: int, *, eps: float, bias: bool = True, rngs: nnx.Rngs | None = None):
         self.eps = eps
-        self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
-        self.bias = nnx.Param(jnp.zeros((dim,), jnp.float32)) if bias else None
+        self.scale = partitioning.param(jnp.ones((dim,), jnp.float32), ("norm",))
+        self.bias = partitioning.param(jnp.zeros((dim,), jnp.float32), ("norm",)) if bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = x.dtype
@@ -43,7 +45,7 @@ class RMSNorm(nnx.Module):
 
     def __init__(self, dim: int, *, eps: float, unit_offset: bool = False, rngs: nnx.Rngs | None = None):
         self.eps, self.unit_offset = eps, unit_offset
-        self.scale = nnx.Param((jnp.zeros if unit_offset else jnp.ones)((dim,), jnp.float32))
+        self.scale = partitioning.param((jnp.zeros if unit_offset else jnp.ones)((dim,), jnp.float32), ("norm",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dtype = x.dtype

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import tables
+from jaxformer.layers import partitioning
 from jaxformer.layers.embedding import Embedding, check_ids, check_length
 
 
@@ -30,8 +31,8 @@ class LearnedPositionalEmbedding(nnx.Module):
 
     def __init__(self, max_len: int, dim: int, *, init_std: float = 0.02, rngs: nnx.Rngs):
         self.max_len = max_len
-        self.embedding = nnx.Param(
-            jax.random.normal(rngs.params(), (max_len, dim), jnp.float32) * init_std)
+        self.embedding = partitioning.param(
+            jax.random.normal(rngs.params(), (max_len, dim), jnp.float32) * init_std, (None, "embed"))
 
     def __call__(self, positions: jax.Array) -> jax.Array:
         check_ids(positions, self.max_len, "position", "max_len")
@@ -115,7 +116,7 @@ class T5RelativePositionBias(nnx.Module):
                  bidirectional: bool, rngs: nnx.Rngs):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.bidirectional = bidirectional
-        self.relative_attention_bias = Embedding(num_buckets, num_heads, rngs=rngs)
+        self.relative_attention_bias = Embedding(num_buckets, num_heads, axes=(None, None), rngs=rngs)
 
     def __call__(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
         table = jnp.asarray(tables.t5_bucket_table(self.bidirectional, self.num_buckets,

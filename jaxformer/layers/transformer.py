@@ -31,6 +31,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.layers.attention import (MultiHeadAttention, combine_masks, make_causal_mask,
                                         make_sliding_window_mask)
 from jaxformer.layers.ffn import FeedForward
+from jaxformer.layers import partitioning
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.embedding import Embedding
 from jaxformer.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
@@ -254,7 +255,8 @@ class _Stack(nnx.Module):
             return nnx.List([make(rngs) for _ in range(n)])
 
         @nnx.split_rngs(splits=n)
-        @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n)
+        @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n,
+                  transform_metadata={nnx.PARTITION_NAME: partitioning.LAYERS_AXIS})
         def stacked(rngs):
             return make(rngs)
         return stacked(rngs)
@@ -534,7 +536,8 @@ class TextEmbedding(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding, rngs=rngs)
         self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model, rngs=rngs)
-        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02, rngs=rngs) \
+        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02,
+                                           axes=(None, "embed"), rngs=rngs) \
             if cfg.type_vocab_size else None
         self.norm = _norm(cfg, rngs) if cfg.embed_norm else None
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)

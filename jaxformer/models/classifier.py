@@ -33,9 +33,9 @@ class Classifier(nnx.Module):
         stack = stack_config(cfg)
         self.embed = TextEmbedding(stack, rngs=rngs)
         self.encoder = Encoder(stack, rngs=rngs)
-        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, rngs=rngs) if cfg.pooler else None
+        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, axes=("embed", None), rngs=rngs) if cfg.pooler else None
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
-        self.classifier = Linear(cfg.d_model, cfg.num_classes, use_bias=True, rngs=rngs)
+        self.classifier = Linear(cfg.d_model, cfg.num_classes, use_bias=True, axes=("embed", None), rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,

@@ -37,7 +37,7 @@ class LM(nnx.Module):
         self.embed = TextEmbedding(stack, rngs=rngs)
         self.decoder = Decoder(stack, cross_attention=False, rngs=rngs)
         self.lm_head = None if cfg.tie_embeddings else Linear(
-            cfg.d_model, cfg.vocab_size, use_bias=False, rngs=rngs)
+            cfg.d_model, cfg.vocab_size, use_bias=False, axes=("embed", "vocab"), rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,

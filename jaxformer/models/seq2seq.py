@@ -39,7 +39,7 @@ class Seq2Seq(nnx.Module):
         self.encoder = Encoder(enc, rngs=rngs)
         self.decoder = Decoder(dec, cross_attention=True, rngs=rngs)
         self.lm_head = None if cfg.tie_output else Linear(
-            cfg.d_model, cfg.resolved_tgt_vocab, use_bias=False, rngs=rngs)
+            cfg.d_model, cfg.resolved_tgt_vocab, use_bias=False, axes=("embed", "vocab"), rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 
     def source_embedding(self) -> TextEmbedding:

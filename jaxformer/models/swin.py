@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config.vision import SwinConfig
+from jaxformer.layers import partitioning
 from jaxformer.layers.attention import dot_product_attention, key_projection
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.linear import Linear
@@ -69,12 +70,12 @@ class WindowAttention(nnx.Module):
     def __init__(self, dim: int, num_heads: int, window_size: int, *, qkv_bias: bool = True,
                  attn_dropout: float = 0.0, dropout: float = 0.0, rngs: nnx.Rngs):
         self.num_heads, self.head_dim, self.window_size = num_heads, dim // num_heads, window_size
-        self.q_proj = Linear(dim, dim, use_bias=qkv_bias, rngs=rngs)
-        self.k_proj = Linear(dim, dim, use_bias=qkv_bias, rngs=rngs)
-        self.v_proj = Linear(dim, dim, use_bias=qkv_bias, rngs=rngs)
-        self.o_proj = Linear(dim, dim, rngs=rngs)
-        self.relative_position_bias_table = nnx.Param(jax.random.normal(
-            rngs.params(), ((2 * window_size - 1) ** 2, num_heads), jnp.float32) * 0.02)
+        self.q_proj = Linear(dim, dim, use_bias=qkv_bias, axes=("embed", "heads"), rngs=rngs)
+        self.k_proj = Linear(dim, dim, use_bias=qkv_bias, axes=("embed", "heads"), rngs=rngs)
+        self.v_proj = Linear(dim, dim, use_bias=qkv_bias, axes=("embed", "heads"), rngs=rngs)
+        self.o_proj = Linear(dim, dim, axes=("heads", "embed"), rngs=rngs)
+        self.relative_position_bias_table = partitioning.param(jax.random.normal(
+            rngs.params(), ((2 * window_size - 1) ** 2, num_heads), jnp.float32) * 0.02, (None, None))
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
@@ -148,7 +149,7 @@ class PatchMerging(nnx.Module):
 
     def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs):
         self.norm = LayerNorm(4 * dim, eps=eps)
-        self.reduction = Linear(4 * dim, 2 * dim, use_bias=False, rngs=rngs)
+        self.reduction = Linear(4 * dim, 2 * dim, use_bias=False, axes=("embed", None), rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, x.shape[2] % 2), (0, 0)))
@@ -187,7 +188,7 @@ class SwinTransformer(nnx.Module):
         self.stages = nnx.List([SwinStage(cfg, i, rates[starts[i]:starts[i + 1]], rngs=rngs)
                                 for i in range(len(cfg.depths))])
         self.final_norm = LayerNorm(cfg.num_features, eps=cfg.norm_eps)
-        self.classifier = Linear(cfg.num_features, cfg.num_classes, rngs=rngs)
+        self.classifier = Linear(cfg.num_features, cfg.num_classes, axes=("embed", None), rngs=rngs)
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False):
         check_images(images.shape, self.cfg.num_channels)

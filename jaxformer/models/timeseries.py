@@ -61,7 +61,7 @@ class TCNTransformer(nnx.Module):
         self.embed_positions = absolute_positions(cfg.position, cfg.input_len, cfg.d_model, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
-        self.head = Linear(cfg.d_model, cfg.horizon * cfg.num_targets, rngs=rngs)
+        self.head = Linear(cfg.d_model, cfg.horizon * cfg.num_targets, axes=("embed", None), rngs=rngs)
 
     def __call__(self, series: jax.Array, *, return_intermediates: bool = False,
                  return_attention: bool = False):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config.vision import ViTConfig
+from jaxformer.layers import partitioning
 from jaxformer.layers.conv import Conv2d
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
@@ -73,12 +74,12 @@ class ViT(nnx.Module):
     def __init__(self, cfg: ViTConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.patch_embed = PatchEmbedding(cfg.num_channels, cfg.d_model, cfg.patch_size, rngs=rngs)
-        self.cls_token = nnx.Param(jax.random.normal(rngs.params(), (1, 1, cfg.d_model), jnp.float32)
-                                   * 0.02) if cfg.class_token else None
+        self.cls_token = partitioning.param(jax.random.normal(rngs.params(), (1, 1, cfg.d_model), jnp.float32)
+                                            * 0.02, (None, None, "embed")) if cfg.class_token else None
         self.embed_positions = LearnedPositionalEmbedding(cfg.num_tokens, cfg.d_model, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
-        self.classifier = Linear(cfg.d_model, cfg.num_classes, rngs=rngs)
+        self.classifier = Linear(cfg.d_model, cfg.num_classes, axes=("embed", None), rngs=rngs)
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False,
                  return_attention: bool = False):

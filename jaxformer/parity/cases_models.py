@@ -42,7 +42,7 @@ def model_pair(name: str, cfg):
     def f(seed: int):
         t, j = build(seed)
         return realistic_embeddings(t), j
-    f.model = build.model
+    f.model, f.cfg = build.model, build.cfg
     return f
 
 

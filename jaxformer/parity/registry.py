@@ -89,6 +89,7 @@ def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
         from torch_ref.models import build_model as tbuild
         return tbuild(name, cfg, seed=seed), jbuild(name, cfg, seed=seed)
     build.model = name  # the registered model this builder covers (tests/test_convert.py)
+    build.cfg = cfg
     return build
 
 

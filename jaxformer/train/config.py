@@ -95,14 +95,44 @@ class MeshConfig:
     tensor: int = 1
 
 
+MESH_AXES = ("data", "fsdp", "tensor")
+# logical axis (jaxformer/layers/partitioning.py) -> mesh axis, several, or None (never split)
+LOGICAL_AXIS_RULES: dict[str, Any] = {
+    "batch": ("data", "fsdp"),  # the global batch is split over data x fsdp
+    "embed": "fsdp",            # the model width of every weight: FSDP shards params + optimiser state
+    "heads": "tensor",          # attention heads (q/k/v out, o in): Megatron column/row split
+    "mlp": "tensor",            # FFN hidden width (gate/up out, down in)
+    "vocab": "tensor",          # embedding rows, LM head outputs
+    "norm": None,               # norm scales and biases: small, replicated
+    "layers": None,             # the stacked layer axis of scanned layers
+}
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     mode: str = "none"
     mesh: MeshConfig = field(default_factory=MeshConfig)
     num_devices: int | None = None  # pmap/mesh: devices to use; None = all local devices
+    # mesh: overrides of LOGICAL_AXIS_RULES, e.g. {vocab: null, mlp: [fsdp, tensor]}
+    axis_rules: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_choice(self, "mode", PARALLEL_MODES)
+        for name, target in self.axis_rules.items():
+            if name not in LOGICAL_AXIS_RULES:
+                raise ConfigError(f"parallel.axis_rules: unknown logical axis {name!r}; "
+                                  f"known: {sorted(LOGICAL_AXIS_RULES)}")
+            names = [target] if isinstance(target, str) or target is None else target
+            if not isinstance(names, (list, tuple)) or any(
+                    n is not None and n not in MESH_AXES for n in names) or \
+                    len(set(names)) != len(names) or (None in names and len(names) > 1):
+                raise ConfigError(f"parallel.axis_rules.{name}: {target!r} is not a mesh axis, a list of "
+                                  f"distinct mesh axes ({', '.join(MESH_AXES)}) or null")
+
+    def logical_axis_rules(self) -> dict[str, tuple[str, ...]]:
+        """The logical -> mesh axes table with the overrides applied (each value a tuple)."""
+        merged = {**LOGICAL_AXIS_RULES, **self.axis_rules}
+        return {k: (() if v is None else (v,) if isinstance(v, str) else tuple(v)) for k, v in merged.items()}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 
 import jax
@@ -25,7 +26,6 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxformer.models import build_model
 from jaxformer.train import data as data_lib
 from jaxformer.train.data import pipeline
 from jaxformer.train import init as init_lib
@@ -51,12 +51,18 @@ def model_config_for_training(cfg: RunConfig):
 
 
 def build_jax_model(cfg: RunConfig):
-    model = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
-    init_lib.init_flax(model, cfg.train.init, cfg.train.seed)
-    if cfg.train.init_from:  # fine-tune: start from a converted / imported checkpoint
-        from jaxformer.checkpoint_io import load_params_into
-        load_params_into(model, cfg.train.init_from)
-    set_remat(model, cfg.train.remat_policy if cfg.train.remat else None)
+    """The whole model on one device, with the values the trainer starts from (its init on a
+    single device, or train.init_from)."""
+    name, mcfg, tc = cfg.model_name, model_config_for_training(cfg), cfg.train
+    abstract = init_lib.abstract_model(name, mcfg, tc.seed)
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    if tc.init_from:  # fine-tune: start from a converted / imported checkpoint
+        from jaxformer.checkpoint_io import load_params_sharded
+        params = load_params_sharded(tc.init_from, params, init_lib.single_device(params))
+    else:
+        params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params)
+    model = nnx.merge(graphdef, params, init_lib.create_rest(name, mcfg, tc.seed))
+    set_remat(model, tc.remat_policy if tc.remat else None)
     return model
 
 
@@ -206,10 +212,15 @@ class JaxTrainer:
         # random-access sources; grain reads them in run() (train/data/pipeline.py)
         self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, tc.seed)
         self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
-        self.model = model if model is not None else build_jax_model(cfg)
+        given = model is not None
+        if not given:  # abstract: the state is created below, directly in its shardings
+            model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed)
+            set_remat(model, tc.remat_policy if tc.remat else None)
+        self.model = model
         _, params, _ = nnx.split(self.model, nnx.Param, ...)
         from jaxformer.convert import scan_prefixes
         self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
+        self.abstract_state = init_lib.abstract_state_of(self.model, self.tx)
         self.mode = cfg.parallel.mode
         self.mesh = None
         self.devices = None  # pmap: the number of local devices the steps are mapped over
@@ -220,7 +231,7 @@ class JaxTrainer:
                                  f"grad_accum_steps={tc.grad_accum_steps} x {self.devices} devices")
         self.fns = StepFns(cfg, self.model, self.tx, self.schedule,
                            axis_name=DATA_AXIS if self.mode == "pmap" else None)
-        self.state = init_state(cfg, self.model, self.tx)
+        self.shardings = None
         if self.mode == "mesh":
             self._setup_mesh()
         # the processes that read the data: on a mesh each reads its own rows of every batch
@@ -229,6 +240,7 @@ class JaxTrainer:
         self.eval_rows = pipeline.process_rows(tc.batch_size, 1, *self.readers)
         self.batches = None  # the train iterator, while run() runs
         self.data_state: dict | None = None  # the checkpoint's pipeline state, on resume
+        self.state = self._initial_state(given, resume)
         self.train_step, self.eval_step = self._wrap_steps()
         self.start_step = 0
         self.skipped_steps = 0
@@ -236,7 +248,7 @@ class JaxTrainer:
         newer: list[int] = []
         if resume:  # read-only until the resumed step is accepted
             reader = Checkpointer(ckpt_dir, keep=tc.keep_checkpoints, read_only=True)
-            try:
+            try:  # onto abstract params and optimiser state in their shardings
                 self.state, record = reader.restore(self.state)
                 saved = pipeline.SavedState()
                 if reader.restore_data(int(record["step"]), saved):
@@ -279,25 +291,49 @@ class JaxTrainer:
 
     # ------------------------------------------------------------------ mesh
     def _setup_mesh(self) -> None:
-        """A (data, fsdp, tensor) mesh, the state's shardings, and the state placed on them;
-        see train/sharding.py."""
+        """A (data, fsdp, tensor) mesh and the state's shardings, from each param's logical
+        axes and the parallel config's axis rules; see train/sharding.py."""
         from jaxformer.train import sharding
         m = self.cfg.parallel.mesh
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        rules = self.cfg.parallel.logical_axis_rules()
+        batch_axes = rules["batch"]
+        shards = math.prod(self.mesh.shape[a] for a in batch_axes)
         tc = self.cfg.train
         if tc.micro_batch % shards:
             raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} must divide by "
-                             f"data x fsdp = {shards}")
-        from jaxformer.convert import scan_prefixes
-        prefixes = [".".join(map(str, p)) + "." for p in scan_prefixes(self.model)]
-        stacked = (lambda key: int(any(key.startswith(p) for p in prefixes))) if prefixes else None
-        self.shardings = sharding.state_shardings(self.state, self.mesh, stacked)
-        self.state = sharding.place(self.state, self.shardings)
-        self.batch_sharding = sharding.batch_sharding(self.mesh)
-        self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False)
+                             f"{' x '.join(batch_axes) or 'one'} = {shards}")
+        self.shardings = sharding.state_shardings(self.abstract_state, self.mesh, rules)
+        self.batch_sharding = sharding.batch_sharding(self.mesh, axes=batch_axes)
+        self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False, axes=batch_axes)
+
+    def _initial_state(self, given: bool, resume: bool) -> dict:
+        """The train state, created directly in its shardings (train/init.py): no host builds
+        the whole model. A caller's concrete model keeps its values (placed on the mesh). On
+        resume: the restore target, abstract params and optimiser state carrying their
+        shardings (orbax reads each device's shards), with fresh RNG streams and step."""
+        cfg, tc = self.cfg, self.cfg.train
+        if given:
+            state = init_state(cfg, self.model, self.tx)
+            if self.shardings is None:
+                return state
+            from jaxformer.train import sharding
+            return sharding.place(state, self.shardings)
+        name, mcfg = cfg.model_name, model_config_for_training(cfg)
+        if resume:  # orbax needs a sharding per leaf: one device when there is no mesh
+            shardings = self.shardings or init_lib.single_device(self.abstract_state)
+            target = init_lib.with_shardings(self.abstract_state, shardings)
+            mesh_sh = self.shardings or {"rest": None, "step": None}
+            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"]),
+                    "step": init_lib.zero_step(mesh_sh["step"])}
+        params = None
+        if tc.init_from:  # fine-tune: each param restored into its sharding
+            from jaxformer.checkpoint_io import load_params_sharded
+            shardings = self.shardings or init_lib.single_device(self.abstract_state)
+            params = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"])
+        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params)
 
     def _global(self, local_batch: dict, sharding, axis: int) -> dict:
         """Global arrays from each process's own slice of the global batch (dim `axis`, split

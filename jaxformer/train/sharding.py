@@ -2,46 +2,31 @@
 `jax.sharding.Mesh` with axes ("data", "fsdp", "tensor"), driven by `jax.jit` + NamedSharding
 and XLA's SPMD partitioner (no hand-written collectives).
 
-Parameters get *logical* axes from one rule table on their attribute path (the same path that
-is the checkpoint key), and one table maps logical axes to mesh axes:
+Every parameter carries *logical* axes from its definition (flax NNX partitioning metadata,
+jaxformer/layers/partitioning.py), and one table maps logical axes to mesh axes
+(jaxformer/train/config.py LOGICAL_AXIS_RULES, overridden by `parallel.axis_rules`). A
+parameter without logical axes is an error here, never silently replicated.
 
-    logical   mesh       meaning
-    batch     data,fsdp  the global batch is split over data x fsdp
-    embed     fsdp       the model-width dim of every weight: FSDP shards params + optimiser state
-    heads     tensor     attention heads (q/k/v out, o in): Megatron column/row split
-    mlp       tensor     FFN hidden width (gate/up out, down in)
-    vocab     tensor     embedding rows
 A dim whose size does not divide by its mesh axes stays replicated (e.g. a 259-byte vocab), and
-1-D leaves (biases, norm scales) are replicated: they are the "small replicated leaves".
+a mesh axis already used by an earlier dim of the same array is not used again. flax's own
+rule lookup (nnx.get_partition_spec under logical_axis_rules) has neither fallback, so the
+table is applied here.
 """
 from __future__ import annotations
 
-import fnmatch
 import math
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
-LOGICAL_TO_MESH = {"batch": ("data", "fsdp"), "embed": "fsdp", "heads": "tensor", "mlp": "tensor",
-                   "vocab": "tensor", "layers": None}
+from jaxformer.layers.partitioning import logical_axes
+from jaxformer.train.config import LOGICAL_AXIS_RULES, MESH_AXES
 
-# attribute-path pattern (flax key, dotted) -> logical axes of the flax array's dims
-PARAM_RULES: list[tuple[str, tuple]] = [
-    ("*.q_proj.kernel", ("embed", "heads")),
-    ("*.k_proj.kernel", ("embed", "heads")),
-    ("*.v_proj.kernel", ("embed", "heads")),
-    ("*.o_proj.kernel", ("heads", "embed")),
-    ("*.gate_proj.kernel", ("embed", "mlp")),
-    ("*.up_proj.kernel", ("embed", "mlp")),
-    ("*.down_proj.kernel", ("mlp", "embed")),
-    ("*embed_tokens.embedding", ("vocab", "embed")),
-    ("*embed_positions.embedding", (None, "embed")),
-    ("*lm_head.kernel", ("embed", "vocab")),
-    ("*.kernel", ("embed", None)),  # other 2-D projections (heads, patch embeddings, ...)
-]
+DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(v))
+                 for k, v in LOGICAL_AXIS_RULES.items()}
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
@@ -62,25 +47,16 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
 
 
-def logical_axes(key: str, ndim: int, stacked: int = 0) -> tuple:
-    """Logical axes of a param's dims (leading `stacked` layer axes get 'layers')."""
-    lead = ("layers",) * stacked
-    if ndim - stacked < 2:
-        return lead + (None,) * (ndim - stacked)
-    for pattern, axes in PARAM_RULES:
-        if fnmatch.fnmatch(key, pattern) or fnmatch.fnmatch("." + key, pattern):
-            axes = tuple(axes) + (None,) * (ndim - stacked - len(axes))
-            return lead + axes[: ndim - stacked]
-    return lead + (None,) * (ndim - stacked)
-
-
-def spec_for(shape: tuple, axes: tuple, mesh: Mesh) -> P:
+def spec_for(shape: tuple, axes: tuple, mesh: Mesh, rules: dict | None = None) -> P:
+    """PartitionSpec of an array whose dims have logical `axes`, by `rules` (logical -> tuple of
+    mesh axes); non-dividing dims and mesh axes of size 1 or already used stay unsplit."""
+    rules = DEFAULT_RULES if rules is None else rules
     out = []
     used: set[str] = set()
     for size, ax in zip(shape, axes):
-        mesh_ax = LOGICAL_TO_MESH.get(ax) if ax else None
-        names = (mesh_ax,) if isinstance(mesh_ax, str) else tuple(mesh_ax or ())
-        names = tuple(n for n in names if mesh.shape[n] > 1 and n not in used)
+        if ax is not None and ax not in rules:
+            raise ValueError(f"logical axis {ax!r} has no mesh rule; known: {sorted(rules)}")
+        names = tuple(n for n in (rules[ax] if ax else ()) if mesh.shape[n] > 1 and n not in used)
         n = math.prod(mesh.shape[a] for a in names) if names else 1
         if not names or size % n:
             out.append(None)
@@ -103,38 +79,56 @@ def _key_of(path) -> str:
     return ".".join(parts)
 
 
-def param_shardings(params, mesh: Mesh, stacked_fn=None):
-    """NamedSharding per param leaf, from PARAM_RULES."""
-    def f(path, x):
-        key = _key_of(path)
-        stacked = stacked_fn(key) if stacked_fn else 0
-        return NamedSharding(mesh, spec_for(x.shape, logical_axes(key, x.ndim, stacked), mesh))
-    return jax.tree_util.tree_map_with_path(f, params)
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
-def state_shardings(state: dict, mesh: Mesh, stacked_fn=None):
-    """Shardings for the whole train state: params by rule; optimiser leaves that mirror a param
-    (Adam's mu/nu) like that param; everything else (counts, RNG, step) replicated."""
-    p_sh = param_shardings(state["params"], mesh, stacked_fn)
+def param_shardings(params, mesh: Mesh, rules: dict | None = None):
+    """NamedSharding per param (the same tree of nnx.Variables, concrete or abstract), from each
+    param's logical axes. Raises ValueError naming every param without (or with mismatched)
+    logical axes."""
+    problems = []
+
+    def f(path, var):
+        axes = logical_axes(var)
+        if axes is None or len(axes) != len(var.shape):
+            problems.append(f"{_key_of(path)} {tuple(var.shape)}: " +
+                            ("no logical axes" if axes is None else f"logical axes {axes}"))
+            return var.replace(NamedSharding(mesh, P()))
+        return var.replace(NamedSharding(mesh, spec_for(var.shape, axes, mesh, rules)))
+    out = jax.tree_util.tree_map_with_path(f, params, is_leaf=_is_var)
+    if problems:
+        raise ValueError("parallel.mode=mesh needs logical axes on every parameter "
+                         "(jaxformer/layers/partitioning.py); missing or wrong on:\n  " + "\n  ".join(problems))
+    return out
+
+
+def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None):
+    """Shardings for the whole train state (concrete or abstract): params by their logical
+    axes; optimiser leaves that mirror a param (Adam's mu/nu: their path ends with the param's
+    path) like that param; everything else (counts, RNG, step) replicated."""
+    p_sh = param_shardings(state["params"], mesh, rules)
     by_key = {}
     for path, sh in jax.tree_util.tree_flatten_with_path(p_sh)[0]:
         by_key[_key_of(path)] = sh
     replicated = NamedSharding(mesh, P())
 
     def opt(path, x):
-        key = _key_of(path)
-        for pk, sh in by_key.items():
-            if key.endswith(pk) and len(sh.spec) <= x.ndim:
-                return sh
+        parts = _key_of(path).split(".")
+        for i in range(len(parts)):  # the longest dotted suffix that is a param's path
+            sh = by_key.get(".".join(parts[i:]))
+            if sh is not None:
+                return sh if len(sh.spec) <= x.ndim else replicated
         return replicated
 
     return {"params": p_sh, "opt_state": jax.tree_util.tree_map_with_path(opt, state["opt_state"]),
             "rest": jax.tree.map(lambda _: replicated, state["rest"]), "step": replicated}
 
 
-def batch_sharding(mesh: Mesh, accum_axis: bool = True) -> NamedSharding:
-    """Batch arrays are [A, micro, ...]: the micro-batch dim is split over data x fsdp."""
-    return NamedSharding(mesh, P(None, ("data", "fsdp")) if accum_axis else P(("data", "fsdp")))
+def batch_sharding(mesh: Mesh, accum_axis: bool = True, axes: tuple = ("data", "fsdp")) -> NamedSharding:
+    """Batch arrays are [A, micro, ...]: the micro-batch dim is split over `axes` (the "batch"
+    rule: data x fsdp by default)."""
+    return NamedSharding(mesh, P(None, tuple(axes) or None) if accum_axis else P(tuple(axes) or None))
 
 
 def per_device_bytes(tree) -> dict[str, int]:

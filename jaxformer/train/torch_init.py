@@ -1,6 +1,10 @@
 """Torch twin of jaxformer/train/init.py: the named init schemes applied to a torch_ref module,
-drawing the same arrays (`init.init_array`) key by key, so both frameworks start bit-identical."""
+drawing the same arrays (`init.init_array`, jax.random) key by key, so both frameworks start
+bit-identical. The torch trainer itself starts from the JAX trainer's init converted to torch
+layout (torch_trainer.build_torch_model); this per-key form serves modules built on their own."""
 from __future__ import annotations
+
+import numpy as np
 
 from jaxformer.train.init import init_array
 
@@ -32,4 +36,5 @@ def init_torch(module, scheme: str, seed: int) -> None:
             kinds[prefix + pname] = kind
     with torch.no_grad():
         for name, p in module.named_parameters():
-            p.copy_(torch.from_numpy(init_array(scheme, kinds[name], tuple(p.shape), name, seed)))
+            x = np.asarray(init_array(scheme, kinds[name], tuple(p.shape), name, seed))
+            p.copy_(torch.from_numpy(x.copy()))
