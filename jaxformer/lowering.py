@@ -112,23 +112,27 @@ class DecodeLayout:
         return self.kernels == "transposed"
 
 
-_KEPT_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, [out, in] copies)
+_KEPT_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, copies, tag)
 _swap_last = jax.jit(lambda kernels: [jnp.swapaxes(k, -1, -2) for k in kernels])
 
 
-def kernel_copies(model, kernels: list, keep: bool) -> list:
+def kernel_copies(model, kernels: list, keep: bool, make=None, tag: str = "fp32"):
     """[out, in] copies (last two axes swapped) of `kernels`, the model's linear kernels in a
-    fixed order. Kept copies of the model are reused while its kernels are the same arrays: a
-    training step or a weight load sets new arrays, and the next call transposes those. With
-    keep the copies stay with the model (a weak reference) until it dies or
-    `release_decode_weights`; without, any kept ones are dropped."""
+    fixed order; make(kernels) -> copies builds other ones (the reduced-precision decode
+    weights of jaxformer.generation, `tag` naming them). Kept copies of the model are reused
+    while its kernels are the same arrays and the tag is the same: a training step or a weight
+    load sets new arrays, and the next call makes copies of those. With keep the copies stay
+    with the model (a weak reference) until it dies or `release_decode_weights`; without, any
+    kept ones are dropped."""
     hit = _KEPT_KERNELS.pop(model, None)
-    if hit is not None and len(hit[0]) == len(kernels) and all(r() is a for r, a in zip(hit[0], kernels)):
+    if (hit is not None and hit[2] == tag and len(hit[0]) == len(kernels)
+            and all(r() is a for r, a in zip(hit[0], kernels))):
         copies = hit[1]
     else:
-        copies = _swap_last(kernels)
+        hit = None  # free the old copies before making new ones
+        copies = (make or _swap_last)(kernels)
     if keep:
-        _KEPT_KERNELS[model] = ([weakref.ref(a) for a in kernels], copies)
+        _KEPT_KERNELS[model] = ([weakref.ref(a) for a in kernels], copies, tag)
     return copies
 
 
@@ -138,6 +142,18 @@ def release_decode_weights(model=None) -> None:
         _KEPT_KERNELS.clear()
     else:
         _KEPT_KERNELS.pop(model, None)
+
+
+# ----------------------------------------------------------------------------- reduced-precision weights
+# Rows of an int8 / bf16 decode weight widened to fp32 at once (jaxformer/layers/quant.py):
+# XLA:CPU does not fuse the widening into the dot, so each block is written out in fp32 and
+# read back by the product; blocks of about this many bytes stay in cache.
+WIDEN_BLOCK_BYTES = 4 * 2 ** 20
+
+
+def widen_rows(rows: int, cols: int) -> int:
+    """How many rows of a [rows, cols] reduced-precision weight one widened block holds."""
+    return max(1, min(rows, WIDEN_BLOCK_BYTES // (4 * cols)))
 
 
 # ----------------------------------------------------------------------------- compiler options

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.layers import linear
+from jaxformer.layers import linear, quant
 
 
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
@@ -51,10 +51,14 @@ class Embedding(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         check_ids(ids, self.num_embeddings)
-        x = jnp.take(self.embedding[...], ids, axis=0)  # [B, T, D]
+        table = self.embedding.get_value()
+        if isinstance(table, quant.QuantizedWeight):  # a tied table's bf16/int8 decode copy
+            x = table.lookup(ids)  # [B, T, D]
+        else:
+            x = jnp.take(table, ids, axis=0)  # [B, T, D]
         if self.multiplier is not None:
             x = x * self.multiplier
         return x
 
     def attend(self, x: jax.Array) -> jax.Array:
-        return linear.attend(self.embedding[...], x)  # [B, T, V]
+        return linear.attend(self.embedding.get_value(), x)  # [B, T, V]
