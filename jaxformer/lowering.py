@@ -11,9 +11,9 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     its weighted sum as a broadcast multiply and a sum over the cache axis
     (jaxformer/layers/attention.py). As two dots, XLA:CPU copies and transposes the cache at
     every step; this form reads it in place.
-  * fused_attention: the backend of the fused attention path (jax.nn.dot_product_attention's
-    `implementation`): None lets XLA choose, "cudnn" selects cuDNN flash attention on NVIDIA
-    GPUs.
+  * fused_attention: the kernel of the fused attention path (`fused_attention` below): None =
+    "auto" (cuDNN flash attention on an NVIDIA GPU where it takes the inputs, else XLA's),
+    "xla", "cudnn" (jax.nn.dot_product_attention's implementations) or "tokamax".
 
 For decoding (jaxformer.generation): `DecodeLayout` (the kernel layout generate decodes with,
 "auto" = transposed on the CPU backend, and whether the [out, in] copies are kept with the
@@ -76,6 +76,56 @@ def decoding(transposed_kernels: bool, elementwise_attention: bool | None = None
     attention form, None = elementwise on the CPU backend."""
     return tracing(transposed_kernels=transposed_kernels,
                    elementwise_attention=on_cpu() if elementwise_attention is None else elementwise_attention)
+
+
+# ----------------------------------------------------------------------------- fused attention
+FUSED_ATTENTION = ("auto", "xla", "cudnn", "tokamax")
+
+
+def on_nvidia_gpu() -> bool:
+    if jax.default_backend() != "gpu":
+        return False
+    device = jax.devices()[0]
+    return "nvidia" in device.device_kind.lower() or "cuda" in device.client.platform_version.lower()
+
+
+def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str | None = None):
+    """softmax(q k^T * scale + bias, masked) v by the fused kernel `backend` picks.
+    q [B, T, H, K], k/v [B, S, G, K], as jax.nn.dot_product_attention takes them.
+
+    backend None or "auto": on an NVIDIA GPU, cuDNN flash attention
+        (jax.nn.dot_product_attention(implementation="cudnn")) where it takes the inputs; it
+        refuses at trace time what it cannot run (fp32, head dims it lacks kernels for, no
+        cuDNN), and XLA's form runs instead. Elsewhere (CPU, TPU) XLA's form, which is what
+        jax's own default (implementation=None) runs today.
+    "xla" / "cudnn": that implementation of jax.nn.dot_product_attention (cudnn raises where
+        it cannot run).
+    "tokamax": tokamax.dot_product_attention (pip tokamax; its Pallas Mosaic-GPU and Triton
+        flash kernels, falling back to XLA's on any platform).
+    Why cuDNN and not tokamax for "auto": cuDNN comes with jax[cuda12] (no new dependency)
+    and is the kernel jax itself selects by name; tokamax is a 0.0.x package and no GPU has
+    measured the two here. bench/gpu.sh times both (gpu_train.py --attention), so the default
+    can follow figures.
+    """
+    backend = backend or "auto"
+    if backend not in FUSED_ATTENTION:
+        raise ValueError(f"fused attention backend must be one of {FUSED_ATTENTION}, got {backend!r}")
+    kw = dict(bias=bias, mask=mask, scale=scale)
+    if backend == "tokamax":
+        try:
+            import tokamax
+        except ImportError as e:
+            raise ImportError("fused attention backend 'tokamax' needs the tokamax package "
+                              "(pip install tokamax)") from e
+        return tokamax.dot_product_attention(q, k, v, **kw)
+    if backend == "auto":
+        if on_nvidia_gpu():
+            try:
+                return jax.nn.dot_product_attention(q, k, v, **kw, implementation="cudnn")
+            except (ValueError, NotImplementedError, RuntimeError):
+                pass  # cuDNN refused these inputs at trace time
+        backend = "xla"
+    return jax.nn.dot_product_attention(q, k, v, **kw, implementation=backend)
 
 
 # ----------------------------------------------------------------------------- decode layout
@@ -148,7 +198,7 @@ def release_decode_weights(model=None) -> None:
 # Rows of an int8 / bf16 decode weight widened to fp32 at once (jaxformer/layers/quant.py):
 # XLA:CPU does not fuse the widening into the dot, so each block is written out in fp32 and
 # read back by the product; blocks of about this many bytes stay in cache.
-WIDEN_BLOCK_BYTES = 4 * 2 ** 20
+WIDEN_BLOCK_BYTES = 16 * 2 ** 20
 
 
 def widen_rows(rows: int, cols: int) -> int:

@@ -163,3 +163,30 @@ def test_bad_weights_dtype_is_a_config_error():
         GenerationConfig(weights_dtype="fp16")
     with pytest.raises(ValueError, match="weights dtype"):
         tgen.decode_model(pair("lm", LMS["gpt2"])[0], "int4")
+
+
+# ----------------------------------------------------------------------------- fused attention kernel
+def test_fused_attention_auto_falls_back_to_xla_off_nvidia_gpus():
+    """"auto" (the default) is cuDNN only on an NVIDIA GPU; on this CPU backend it runs XLA's
+    form, bit for bit; a missing tokamax is a clear ImportError; an unknown name a ValueError."""
+    import importlib.util
+
+    import jax
+
+    from jaxformer import lowering
+    from jaxformer.layers.attention import dot_product_attention
+    if lowering.on_nvidia_gpu():
+        pytest.skip("cuDNN may run here")
+    rng = np.random.RandomState(0)
+    q, k = jnp.asarray(rng.randn(2, 5, 4, 8), jnp.float32), jnp.asarray(rng.randn(2, 7, 2, 8), jnp.float32)
+    mask = jnp.asarray(rng.rand(2, 1, 5, 7) > 0.3)
+    xla = jax.nn.dot_product_attention(q, k, k, mask=mask, implementation="xla")
+    np.testing.assert_array_equal(lowering.fused_attention(q, k, k, mask=mask), xla)
+    with lowering.tracing(fused_attention="auto"):
+        visible = np.asarray(mask).any(-1)[:, 0, :, None, None]  # rows with no visible key give 0
+        np.testing.assert_array_equal(dot_product_attention(q, k, k, mask=mask), np.where(visible, xla, 0.0))
+    with pytest.raises(ValueError, match="flash"):
+        lowering.fused_attention(q, k, k, backend="flash")
+    if importlib.util.find_spec("tokamax") is None:
+        with pytest.raises(ImportError, match="pip install tokamax"):
+            lowering.fused_attention(q, k, k, backend="tokamax")

@@ -112,6 +112,11 @@ def matmul(x: jax.Array, w: QuantizedWeight, weight_stationary, precision=None) 
     copy of one block is still in cache when the product reads it."""
     x = x.astype(jnp.float32)
     n, k = w.shape[-2], w.shape[-1]
+    # Tie the stored weight to x: a decode loop's weights are loop-invariant, and XLA would
+    # hoist their widening out of the loop and stream fp32 copies at every step (4x the int8
+    # bytes). Through the barrier the widening depends on x, so it stays in the step.
+    data, x = jax.lax.optimization_barrier((w.data, x))
+    w = QuantizedWeight(data, w.scale)
     if lowering.active().transposed_kernels:
         step = lowering.widen_rows(n, k)
         parts = [weight_stationary(x, w.values(slice(i, min(i + step, n)))) for i in range(0, n, step)]
