@@ -67,6 +67,34 @@ def timed_rounds(runners: dict, repeats: int):
     return times, results
 
 
+def gpt2_small_models():
+    """HF GPT2LMHeadModel(GPT2Config()) with its own random init (seed 0), and the same weights
+    in torch_ref and jaxformer (LMConfig.gpt2_small) -> (hf, cfg, torch_ref model, jax model)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from jaxformer import convert
+    from jaxformer.config.models import LMConfig
+    from jaxformer.hf import gpt2 as hf_gpt2
+    from jaxformer.models import build_model as jbuild
+    from torch_ref.models import build_model as tbuild
+    torch.manual_seed(0)
+    hf_cfg = GPT2Config()
+    hf = GPT2LMHeadModel(hf_cfg).eval()
+    cfg = LMConfig.gpt2_small(max_len=hf_cfg.n_positions)
+    # HF names -> torch_ref keys by the importer's own mapping (jaxformer.hf.gpt2)
+    to_ours = hf_gpt2.tensor_fn("lm", cfg, "GPT2LMHeadModel")
+    sd = {}
+    for key, value in hf.state_dict().items():
+        sd.update({k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in
+                   (to_ours(key, value.numpy()) or {}).items()})
+    tmodel = tbuild("lm", cfg).eval()
+    convert.check_torch_load(tmodel, sd)
+    jmodel = jbuild("lm", cfg)
+    convert.load_torch_state_dict(jmodel, sd)
+    return hf, cfg, tmodel, jmodel
+
+
 def hf_int8(hf):
     """HF's own dynamic int8 of a copy of `hf`: its Conv1D blocks ([in, out] weight) become the
     equivalent nn.Linear, then torch.ao.quantization.quantize_dynamic converts every nn.Linear."""
@@ -103,30 +131,12 @@ def main(argv=None) -> int:
     import jax
     import torch
     from flax import nnx
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    from jaxformer import convert
     from jaxformer import generation as jgen
-    from jaxformer.config.models import GenerationConfig, LMConfig
-    from jaxformer.hf import gpt2 as hf_gpt2
-    from jaxformer.models import build_model as jbuild
+    from jaxformer.config.models import GenerationConfig
     from torch_ref import generation as tgen
-    from torch_ref.models import build_model as tbuild
 
-    torch.manual_seed(0)
-    hf_cfg = GPT2Config()
-    hf = GPT2LMHeadModel(hf_cfg).eval()
-    cfg = LMConfig.gpt2_small(max_len=hf_cfg.n_positions)
-    # HF names -> torch_ref keys by the importer's own mapping (jaxformer.hf.gpt2)
-    to_ours = hf_gpt2.tensor_fn("lm", cfg, "GPT2LMHeadModel")
-    sd = {}
-    for key, value in hf.state_dict().items():
-        sd.update({k: torch.as_tensor(np.ascontiguousarray(v)) for k, v in
-                   (to_ours(key, value.numpy()) or {}).items()})
-    tmodel = tbuild("lm", cfg).eval()
-    convert.check_torch_load(tmodel, sd)
-    jmodel = jbuild("lm", cfg)
-    convert.load_torch_state_dict(jmodel, sd)
+    hf, cfg, tmodel, jmodel = gpt2_small_models()
     # one model object per weights dtype (the same arrays): each keeps its own decode copies
     jmodels = {wd: jmodel if wd == "fp32" else nnx.merge(*nnx.split(jmodel), copy=True) for wd in dtypes}
     hf_models = {"fp32": hf, **({"int8": hf_int8(hf)} if "int8" in dtypes and "hf" not in args.skip else {})}

@@ -195,15 +195,15 @@ def release_decode_weights(model=None) -> None:
 
 
 # ----------------------------------------------------------------------------- reduced-precision weights
-# Rows of an int8 / bf16 decode weight widened to fp32 at once (jaxformer/layers/quant.py):
-# XLA:CPU does not fuse the widening into the dot, so each block is written out in fp32 and
-# read back by the product; blocks of about this many bytes stay in cache.
-WIDEN_BLOCK_BYTES = 16 * 2 ** 20
-
-
-def widen_rows(rows: int, cols: int) -> int:
-    """How many rows of a [rows, cols] reduced-precision weight one widened block holds."""
-    return max(1, min(rows, WIDEN_BLOCK_BYTES // (4 * cols)))
+def widen_each_step() -> bool:
+    """Whether a bf16/int8 decode weight is widened to fp32 inside every decode step, next to
+    its product (jaxformer/layers/quant.py), or once per generate call (XLA hoists the
+    loop-invariant widening out of the decode loop). In the step wherever the compiler can
+    fuse the widening into the dot (GPU, TPU), so each token reads the reduced bytes. Once
+    per call on the CPU backend: XLA:CPU fuses no widening into a dot, so a step would write
+    and read back a full fp32 copy of every weight, 2-3x slower than reading fp32 weights
+    (bench/README.md, "Reduced-precision decode on CPU")."""
+    return not on_cpu()
 
 
 # ----------------------------------------------------------------------------- compiler options

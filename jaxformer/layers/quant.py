@@ -58,10 +58,10 @@ class QuantizedWeight:
     def shape(self):
         return self.data.shape
 
-    def values(self, rows=None) -> jax.Array:
+    def values(self) -> jax.Array:
         """float32 [..., out, in] of the stored values: int8 q (not yet scaled) or the bf16
-        weights widened exactly. rows: a slice of the out axis."""
-        data = self.data if rows is None else self.data[..., rows, :]
+        weights widened exactly."""
+        data = self.data
         if data.dtype == jnp.uint16:
             return jax.lax.bitcast_convert_type(data.astype(jnp.uint32) << 16, jnp.float32)
         return data.astype(jnp.float32)
@@ -107,20 +107,18 @@ def reduce_weight(w: jax.Array, weights_dtype: str):
 def matmul(x: jax.Array, w: QuantizedWeight, weight_stationary, precision=None) -> jax.Array:
     """x [..., in] @ w [out, in]^T -> [..., out] in float32: the stored values widened to fp32,
     multiplied in fp32, then the int8 scale per output. Under lowering's transposed_kernels the
-    product is weight_stationary(x, w_block) (linear.weight_stationary_matmul: the weight as the
-    row-major left operand), in row blocks of lowering.widen_rows(...) rows, so the widened
-    copy of one block is still in cache when the product reads it."""
+    product is weight_stationary(x, w) (linear.weight_stationary_matmul: the weight as the
+    row-major left operand), else a plain einsum."""
     x = x.astype(jnp.float32)
-    n, k = w.shape[-2], w.shape[-1]
-    # Tie the stored weight to x: a decode loop's weights are loop-invariant, and XLA would
-    # hoist their widening out of the loop and stream fp32 copies at every step (4x the int8
-    # bytes). Through the barrier the widening depends on x, so it stays in the step.
-    data, x = jax.lax.optimization_barrier((w.data, x))
-    w = QuantizedWeight(data, w.scale)
+    data = w.data
+    if lowering.widen_each_step():
+        # Tie the stored weight to x: a decode loop's weights are loop-invariant, and XLA would
+        # hoist their widening out of the loop and stream fp32 copies at every step. Through
+        # the barrier the widening depends on x, so it stays next to the product it feeds.
+        data, x = jax.lax.optimization_barrier((data, x))
+    values = QuantizedWeight(data, w.scale).values()
     if lowering.active().transposed_kernels:
-        step = lowering.widen_rows(n, k)
-        parts = [weight_stationary(x, w.values(slice(i, min(i + step, n)))) for i in range(0, n, step)]
-        y = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        y = weight_stationary(x, values)
     else:
-        y = jnp.einsum("...k,nk->...n", x, w.values(), precision=precision)
+        y = jnp.einsum("...k,nk->...n", x, values, precision=precision)
     return y if w.scale is None else y * w.scale
