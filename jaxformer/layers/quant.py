@@ -82,10 +82,16 @@ def quantize_int8(w: jax.Array) -> QuantizedWeight:
     """w [..., out, in] float -> int8 QuantizedWeight, symmetric, one scale per output row."""
     w = w.astype(jnp.float32)
     amax = jnp.max(jnp.abs(w), axis=-1)  # [..., out]
-    # the barrier keeps XLA from rewriting w / (amax / 127) as w * 127 / amax (other rounding)
-    scale = jax.lax.optimization_barrier(jnp.where(amax > 0, amax / INT8_MAX, 1.0).astype(jnp.float32))
-    q = jnp.clip(jnp.round(w / scale[..., None]), -INT8_MAX, INT8_MAX).astype(jnp.int8)
-    return QuantizedWeight(q, scale)
+    # IEEE division with full-shape divisors behind barriers: XLA:CPU divides by a broadcast
+    # scalar or row as a multiply by its reciprocal, which rounds differently from torch's
+    # division (4% of GPT-2 small's scales differed by one ulp; docs/numerics.md §24)
+    scale = jnp.where(amax > 0, amax / _materialized(jnp.full_like(amax, INT8_MAX)), 1.0)
+    q = jnp.round(w / _materialized(jnp.broadcast_to(scale[..., None], w.shape)))
+    return QuantizedWeight(jnp.clip(q, -INT8_MAX, INT8_MAX).astype(jnp.int8), scale)
+
+
+def _materialized(x: jax.Array) -> jax.Array:
+    return jax.lax.optimization_barrier(x)
 
 
 def to_bf16(w: jax.Array) -> QuantizedWeight:
