@@ -12,6 +12,10 @@ the generate functions take one `layout` argument (a lowering.DecodeLayout, or t
 its kernel layout; "auto" = transposed on the CPU backend) and trace their programs inside
 lowering.decoding. Measured figures: bench/README.md, "Decode layout on CPU".
 
+GenerationConfig.weights_dtype (bf16 | int8) decodes with reduced-precision copies of the matmul
+weights (jaxformer/layers/quant.py, docs/numerics.md §24), made and kept like the layout's
+copies; `decode_model` gives a model that computes what that program computes.
+
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
 the attention mask, so a left-padded row computes what the unpadded row would.
 """
