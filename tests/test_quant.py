@@ -56,7 +56,7 @@ def test_int8_and_bf16_weights_are_bit_identical_across_frameworks():
     assert (np.abs(np.asarray(j.data)).max(axis=1)[[0, 2, 3, 4, 5]] == 127).all()
     q = jnp.asarray(w).at[2].set(0.0)  # in a jitted program too (XLA may rewrite divisions there)
     jitted_q = jax.jit(jquant.quantize_int8)(q)
-    t = tquant.quantize_int8(torch.as_tensor(np.asarray(q)))
+    t = tquant.quantize_int8(torch.as_tensor(np.array(q)))
     np.testing.assert_array_equal(np.asarray(jitted_q.scale), t.scale.numpy())
     np.testing.assert_array_equal(np.asarray(jitted_q.data), t.data.numpy())
     err = np.abs(np.asarray(j.dequantized()) - w).max(axis=1)
