@@ -21,6 +21,8 @@ bf16: W rounded to bf16 (nearest, ties to even: the fp32 -> bf16 cast of both fr
   with a shift: given a bf16 operand, XLA folds the widening into the dot and runs a bf16
   dot, which XLA:CPU computes ~9x slower than fp32 (bench/README.md, "Reduced-precision
   decode on CPU"); the integer form is exact and opaque to that rewrite.
+Where the widening to fp32 runs (each decode step, or once per generate call on XLA:CPU,
+which fuses no widening into a dot) is lowering.widen_each_step's choice.
 
 Why not qwix (0.1.8): its PTQ provider intercepts jax.lax.dot_general / einsum calls whose
 right operand is a module parameter. jaxformer's decode layout multiplies with the weight as
