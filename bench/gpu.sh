@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One short GPU benchmark: GPT-2 small bf16 training, jaxformer (cuDNN flash attention) vs
-# torch_ref + torch.compile, with MFU. Run it whenever a GPU machine is available:
+# Short GPU benchmarks: GPT-2 small bf16 training, jaxformer (cuDNN flash attention, and
+# tokamax's kernels when installed) vs torch_ref + torch.compile, with MFU; then greedy decoding
+# with fp32 / bf16 / int8 weights (bench/generate.py). Run it whenever a GPU machine is available:
 #
 #   On the dev machine, once: fetch CUDA wheels into .whl/ (ignored by git), e.g.
 #     echo /.whl/ >> .git/info/exclude
 #     python3 -m pip download --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 \
-#         -d .whl "jax[cuda12]==0.10.2" flax optax orbax-checkpoint safetensors pyyaml tqdm tensorboardX
+#         -d .whl "jax[cuda12]==0.10.2" flax optax orbax-checkpoint safetensors pyyaml tqdm tensorboardX tokamax
 #   Then on the GPU machine (torch with CUDA is usually preinstalled there):
 #     bash bench/gpu.sh            # writes $OUT/gpu_bench.json when OUT is set
 set -euo pipefail
@@ -17,5 +18,18 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.85
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-timeout 500 python3 bench/gpu_train.py --batch 16 --seq 1024 --steps 20 --warmup 5 \
+# the fused attention kernels side by side: cuDNN (the "auto" choice on NVIDIA GPUs) and
+# tokamax where its wheel is present (add "tokamax" to the pip download above)
+ATTN="cudnn"
+python3 -c "import tokamax" 2>/dev/null && ATTN="cudnn tokamax"
+timeout 300 python3 bench/gpu_train.py --batch 16 --seq 1024 --steps 20 --warmup 5 --attention $ATTN \
   --json "${OUT:-/tmp}/gpu_bench.json"
+# greedy decoding with fp32 / bf16 / int8 weights (jaxformer on the GPU, HF's model on the host
+# CPU as the weights' source and reference; needs transformers on that machine)
+if timeout 240 python3 bench/generate.py --weights-dtype fp32 bf16 int8 --batches 1 8 --new 64 --repeats 2 \
+    --skip torch_ref > "${OUT:-/tmp}/gpu_generate.log" 2>&1; then
+  tail -n 1 "${OUT:-/tmp}/gpu_generate.log" > "${OUT:-/tmp}/gpu_generate.json"
+else
+  echo "bench/generate.py failed; see ${OUT:-/tmp}/gpu_generate.log"
+fi
+tail -n 12 "${OUT:-/tmp}/gpu_generate.log"

@@ -1,5 +1,6 @@
 """GPT-2 small (124M) bf16 training throughput and MFU on one GPU: jaxformer (jax.jit, cuDNN
-flash attention via jax.nn.dot_product_attention(implementation='cudnn')) side by side with
+flash attention via jax.nn.dot_product_attention(implementation='cudnn'); --attention adds rows
+for other fused kernels of jaxformer.lowering.fused_attention, e.g. tokamax) side by side with
 torch_ref under torch.compile (SDPA picks flash attention on its own).
 
 MFU by nanoGPT's formula: FLOPs per token = 6 N + 12 L H Q T (N params, L layers, H heads,
@@ -46,7 +47,7 @@ def timed(fn, steps, warmup):
     return statistics.median(ts)
 
 
-def bench_jax(cfg, seq, steps, warmup):
+def bench_jax(cfg, seq, steps, warmup, attention="cudnn"):
     import jax
     import numpy as np
     from flax import nnx
@@ -67,7 +68,7 @@ def bench_jax(cfg, seq, steps, warmup):
     def run():
         st["s"], out = step(st["s"], batch)
         out["loss"].block_until_ready()
-    with lowering.tracing(fused_attention="cudnn"):  # read when the first call traces the step
+    with lowering.tracing(fused_attention=attention):  # read when the first call traces the step
         return n, timed(run, steps, warmup)
 
 
@@ -105,10 +106,13 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--attention", nargs="+", default=["cudnn"], choices=["auto", "xla", "cudnn", "tokamax"],
+                    help="fused attention kernels of the jaxformer rows (jaxformer.lowering.fused_attention)")
     args = ap.parse_args()
     cfg = cfg_for(args.batch, args.seq)
     rows = []
-    impls = [("jaxformer_jit_cudnn", bench_jax)] + ([] if args.skip_torch else [("torch_ref_compile", bench_torch)])
+    impls = [(f"jaxformer_jit_{a}", lambda *x, a=a: bench_jax(*x, attention=a)) for a in args.attention]
+    impls += [] if args.skip_torch else [("torch_ref_compile", bench_torch)]
     for name, fn in impls:
         try:
             n, sec = fn(cfg, args.seq, args.steps, args.warmup)
@@ -119,8 +123,10 @@ def main():
         mfu = flops_per_token(n, args.seq) * tok_s / (args.peak_tflops * 1e12)
         rows.append({"impl": name, "params": n, "s_per_step": sec, "tokens_per_s": tok_s, "mfu": mfu})
         print(f"{name:22s} {sec * 1e3:8.1f} ms/step {tok_s:12,.0f} tok/s  MFU {mfu:6.1%}", flush=True)
-    if len(rows) == 2:
-        print(f"jaxformer / torch.compile throughput ratio: {rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.2f}")
+    torch_rows = [r for r in rows if r["impl"] == "torch_ref_compile"]
+    for r in rows:
+        if torch_rows and r is not torch_rows[0]:
+            print(f"{r['impl']} / torch.compile throughput ratio: {r['tokens_per_s'] / torch_rows[0]['tokens_per_s']:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

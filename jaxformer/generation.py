@@ -12,6 +12,10 @@ the generate functions take one `layout` argument (a lowering.DecodeLayout, or t
 its kernel layout; "auto" = transposed on the CPU backend) and trace their programs inside
 lowering.decoding. Measured figures: bench/README.md, "Decode layout on CPU".
 
+GenerationConfig.weights_dtype (bf16 | int8) decodes with reduced-precision copies of the matmul
+weights (jaxformer/layers/quant.py, docs/numerics.md §24), made and kept like the layout's
+copies; `decode_model` gives a model that computes what that program computes.
+
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
 the attention mask, so a left-padded row computes what the unpadded row would.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +32,7 @@ from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.config.models import GenerationConfig, check_lengths, eos_ids, pad_prompts  # noqa: F401 (re-exported)
-from jaxformer.layers import linear
+from jaxformer.layers import linear, quant
 from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens
 
@@ -166,34 +171,80 @@ def lm_step(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=Non
 
 
 # ----------------------------------------------------------------------------- decode layout
-def decode_kernels(model: nnx.Module, layout: DecodeLayout | str = "auto") -> list | None:
-    """The [out, in] copies of the model's Linear kernels that generate decodes with under
-    `layout` (None for the stored layout); kept or made per call as lowering.kernel_copies
-    says."""
+def decode_kernels(model: nnx.Module, layout: DecodeLayout | str = "auto", weights_dtype: str = "fp32"):
+    """The decode copies of the model's matmul weights that generate decodes with, or None to
+    decode with the stored kernels. fp32: [out, in] copies of the Linear kernels under the
+    transposed layout, else None. bf16 / int8 (weights_dtype): {"linear": [out, in]
+    quant.QuantizedWeight per Linear, "tied": the tied output table's, or None} under every
+    layout (the layout then picks the product's form). Kept or made per call as
+    lowering.kernel_copies says."""
     layout = DecodeLayout.of(layout)
-    if not layout.transposed():
+    if weights_dtype == "fp32" and not layout.transposed():
         return None
     source = [m.kernel.get_value() for m in linear.linear_modules(model)]
-    return lowering.kernel_copies(model, source, keep=layout.keep_weights)
+    if weights_dtype == "fp32":
+        return lowering.kernel_copies(model, source, keep=layout.keep_weights)
+    table = _tied_table(model)
+    if table is not None:
+        source.append(table.embedding.get_value())
+
+    def make(kernels):
+        return _reduce_jit(kernels[:len(kernels) - (table is not None)], None if table is None else kernels[-1],
+                           weights_dtype=weights_dtype)
+
+    return lowering.kernel_copies(model, source, keep=layout.keep_weights, make=make, tag=weights_dtype)
 
 
-def _merge_for_decoding(graphdef, state, kernels):
+@functools.partial(jax.jit, static_argnames=("weights_dtype",))
+def _reduce_jit(kernels, table, *, weights_dtype):
+    """[in, out] kernels (and a [V, D] table, already [out, in]) -> their reduced copies."""
+    return {"linear": [quant.reduce_weight(jnp.swapaxes(k, -1, -2), weights_dtype) for k in kernels],
+            "tied": None if table is None else quant.reduce_weight(table, weights_dtype)}
+
+
+def _tied_table(model):
+    """The Embedding whose table is also the output projection (lm_head None), else None."""
+    if getattr(model, "lm_head", True) is not None:
+        return None
+    embed = model.target_embedding() if hasattr(model, "target_embedding") else model.embed
+    return embed.embed_tokens
+
+
+def _merge_for_decoding(graphdef, state, kernels, copy: bool = False):
     """The model inside a generate jit, its Linear kernels replaced by the [out, in] copies
-    when given (the caller traces under lowering.decoding(True))."""
-    model = nnx.merge(graphdef, state)
-    if kernels is not None:
+    when given (the caller traces under lowering.decoding(True)), or by the reduced-precision
+    copies and tied table of decode_kernels. copy: new Variables (outside jit, merge would
+    hand back the model's own and set_value would change it)."""
+    model = nnx.merge(graphdef, state, copy=copy)
+    if isinstance(kernels, dict):
+        for module, kernel in zip(linear.linear_modules(model), kernels["linear"], strict=True):
+            module.kernel.set_value(kernel)
+        if kernels["tied"] is not None:
+            _tied_table(model).embedding.set_value(kernels["tied"])
+    elif kernels is not None:
         for module, kernel in zip(linear.linear_modules(model), kernels, strict=True):
             module.kernel.set_value(kernel)
     return model
 
 
+def decode_model(model: nnx.Module, weights_dtype: str = "fp32") -> nnx.Module:
+    """A copy of `model` whose matmul weights are the reduced-precision decode copies that
+    generate uses for weights_dtype (the model itself for fp32): it computes what generate's
+    program computes, for tests and step-by-step decoding (lm_step, seq2seq_step)."""
+    if weights_dtype == "fp32":
+        return model
+    graphdef, state = nnx.split(model)
+    return _merge_for_decoding(graphdef, state, decode_kernels(model, DecodeLayout("stored", False), weights_dtype),
+                               copy=True)
+
+
 _STEP_STATIC = ("elementwise",)
-_GENERATE_STATIC = ("graphdef", "gen", "cache_len", "eos_ids", "pad_id")
+_GENERATE_STATIC = ("graphdef", "gen", "cache_len", "eos_ids", "pad_id", "transposed")
 
 
-def _lm_generate(graphdef, state, kernels, ids, mask, key, *, gen, cache_len, eos_ids, pad_id):
+def _lm_generate(graphdef, state, kernels, ids, mask, key, *, gen, cache_len, eos_ids, pad_id, transposed):
     TRACES["lm_generate"] += 1
-    with lowering.decoding(kernels is not None):
+    with lowering.decoding(transposed):
         return _lm_generate_body(_merge_for_decoding(graphdef, state, kernels), ids, mask, key,
                                  gen, cache_len, eos_ids, pad_id)
 
@@ -253,9 +304,10 @@ def seq2seq_step(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elem
         graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=elementwise)
 
 
-def _seq2seq_generate(graphdef, state, kernels, src_ids, src_mask, key, *, gen, cache_len, eos_ids, pad_id):
+def _seq2seq_generate(graphdef, state, kernels, src_ids, src_mask, key, *, gen, cache_len, eos_ids, pad_id,
+                      transposed):
     TRACES["seq2seq_generate"] += 1
-    with lowering.decoding(kernels is not None):
+    with lowering.decoding(transposed):
         return _seq2seq_generate_body(_merge_for_decoding(graphdef, state, kernels), src_ids,
                                       src_mask, key, gen, cache_len, eos_ids, pad_id)
 
@@ -299,9 +351,9 @@ def _run(program, model, ids, mask, gen: GenerationConfig, cache_len: int, layou
     model.eval()
     graphdef, state = nnx.split(model)
     out = lowering.decode_jit(program, static_argnames=_GENERATE_STATIC)(
-        graphdef, state, decode_kernels(model, layout), jnp.asarray(ids, jnp.int32), jnp.asarray(mask),
-        jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_ids=_eos(gen, cfg),
-        pad_id=cfg.pad_id)
+        graphdef, state, decode_kernels(model, layout, gen.weights_dtype), jnp.asarray(ids, jnp.int32),
+        jnp.asarray(mask), jax.random.key(gen.seed), gen=_static(gen), cache_len=cache_len, eos_ids=_eos(gen, cfg),
+        pad_id=cfg.pad_id, transposed=layout.transposed())
     return jax.tree.map(np.asarray, out)
 
 

@@ -11,9 +11,9 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     its weighted sum as a broadcast multiply and a sum over the cache axis
     (jaxformer/layers/attention.py). As two dots, XLA:CPU copies and transposes the cache at
     every step; this form reads it in place.
-  * fused_attention: the backend of the fused attention path (jax.nn.dot_product_attention's
-    `implementation`): None lets XLA choose, "cudnn" selects cuDNN flash attention on NVIDIA
-    GPUs.
+  * fused_attention: the kernel of the fused attention path (`fused_attention` below): None =
+    "auto" (cuDNN flash attention on an NVIDIA GPU where it takes the inputs, else XLA's),
+    "xla", "cudnn" (jax.nn.dot_product_attention's implementations) or "tokamax".
 
 For decoding (jaxformer.generation): `DecodeLayout` (the kernel layout generate decodes with,
 "auto" = transposed on the CPU backend, and whether the [out, in] copies are kept with the
@@ -78,6 +78,56 @@ def decoding(transposed_kernels: bool, elementwise_attention: bool | None = None
                    elementwise_attention=on_cpu() if elementwise_attention is None else elementwise_attention)
 
 
+# ----------------------------------------------------------------------------- fused attention
+FUSED_ATTENTION = ("auto", "xla", "cudnn", "tokamax")
+
+
+def on_nvidia_gpu() -> bool:
+    if jax.default_backend() != "gpu":
+        return False
+    device = jax.devices()[0]
+    return "nvidia" in device.device_kind.lower() or "cuda" in device.client.platform_version.lower()
+
+
+def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str | None = None):
+    """softmax(q k^T * scale + bias, masked) v by the fused kernel `backend` picks.
+    q [B, T, H, K], k/v [B, S, G, K], as jax.nn.dot_product_attention takes them.
+
+    backend None or "auto": on an NVIDIA GPU, cuDNN flash attention
+        (jax.nn.dot_product_attention(implementation="cudnn")) where it takes the inputs; it
+        refuses at trace time what it cannot run (fp32, head dims it lacks kernels for, no
+        cuDNN), and XLA's form runs instead. Elsewhere (CPU, TPU) XLA's form, which is what
+        jax's own default (implementation=None) runs today.
+    "xla" / "cudnn": that implementation of jax.nn.dot_product_attention (cudnn raises where
+        it cannot run).
+    "tokamax": tokamax.dot_product_attention (pip tokamax; its Pallas Mosaic-GPU and Triton
+        flash kernels, falling back to XLA's on any platform).
+    Why cuDNN and not tokamax for "auto": cuDNN comes with jax[cuda12] (no new dependency)
+    and is the kernel jax itself selects by name; tokamax is a 0.0.x package and no GPU has
+    measured the two here. bench/gpu.sh times both (gpu_train.py --attention), so the default
+    can follow figures.
+    """
+    backend = backend or "auto"
+    if backend not in FUSED_ATTENTION:
+        raise ValueError(f"fused attention backend must be one of {FUSED_ATTENTION}, got {backend!r}")
+    kw = dict(bias=bias, mask=mask, scale=scale)
+    if backend == "tokamax":
+        try:
+            import tokamax
+        except ImportError as e:
+            raise ImportError("fused attention backend 'tokamax' needs the tokamax package "
+                              "(pip install tokamax)") from e
+        return tokamax.dot_product_attention(q, k, v, **kw)
+    if backend == "auto":
+        if on_nvidia_gpu():
+            try:
+                return jax.nn.dot_product_attention(q, k, v, **kw, implementation="cudnn")
+            except (ValueError, NotImplementedError, RuntimeError):
+                pass  # cuDNN refused these inputs at trace time
+        backend = "xla"
+    return jax.nn.dot_product_attention(q, k, v, **kw, implementation=backend)
+
+
 # ----------------------------------------------------------------------------- decode layout
 LAYOUTS = ("auto", "stored", "transposed")
 
@@ -112,23 +162,27 @@ class DecodeLayout:
         return self.kernels == "transposed"
 
 
-_KEPT_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, [out, in] copies)
+_KEPT_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (source refs, copies, tag)
 _swap_last = jax.jit(lambda kernels: [jnp.swapaxes(k, -1, -2) for k in kernels])
 
 
-def kernel_copies(model, kernels: list, keep: bool) -> list:
+def kernel_copies(model, kernels: list, keep: bool, make=None, tag: str = "fp32"):
     """[out, in] copies (last two axes swapped) of `kernels`, the model's linear kernels in a
-    fixed order. Kept copies of the model are reused while its kernels are the same arrays: a
-    training step or a weight load sets new arrays, and the next call transposes those. With
-    keep the copies stay with the model (a weak reference) until it dies or
-    `release_decode_weights`; without, any kept ones are dropped."""
+    fixed order; make(kernels) -> copies builds other ones (the reduced-precision decode
+    weights of jaxformer.generation, `tag` naming them). Kept copies of the model are reused
+    while its kernels are the same arrays and the tag is the same: a training step or a weight
+    load sets new arrays, and the next call makes copies of those. With keep the copies stay
+    with the model (a weak reference) until it dies or `release_decode_weights`; without, any
+    kept ones are dropped."""
     hit = _KEPT_KERNELS.pop(model, None)
-    if hit is not None and len(hit[0]) == len(kernels) and all(r() is a for r, a in zip(hit[0], kernels)):
+    if (hit is not None and hit[2] == tag and len(hit[0]) == len(kernels)
+            and all(r() is a for r, a in zip(hit[0], kernels))):
         copies = hit[1]
     else:
-        copies = _swap_last(kernels)
+        hit = None  # free the old copies before making new ones
+        copies = (make or _swap_last)(kernels)
     if keep:
-        _KEPT_KERNELS[model] = ([weakref.ref(a) for a in kernels], copies)
+        _KEPT_KERNELS[model] = ([weakref.ref(a) for a in kernels], copies, tag)
     return copies
 
 
@@ -138,6 +192,18 @@ def release_decode_weights(model=None) -> None:
         _KEPT_KERNELS.clear()
     else:
         _KEPT_KERNELS.pop(model, None)
+
+
+# ----------------------------------------------------------------------------- reduced-precision weights
+def widen_each_step() -> bool:
+    """Whether a bf16/int8 decode weight is widened to fp32 inside every decode step, next to
+    its product (jaxformer/layers/quant.py), or once per generate call (XLA hoists the
+    loop-invariant widening out of the decode loop). In the step wherever the compiler can
+    fuse the widening into the dot (GPU, TPU), so each token reads the reduced bytes. Once
+    per call on the CPU backend: XLA:CPU fuses no widening into a dot, so a step would write
+    and read back a full fp32 copy of every weight, 2-3x slower than reading fp32 weights
+    (bench/README.md, "Reduced-precision decode on CPU")."""
+    return not on_cpu()
 
 
 # ----------------------------------------------------------------------------- compiler options

@@ -8,10 +8,14 @@ streams differ, docs/numerics.md §9), but filter_logits is deterministic and ma
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
+from torch import nn
 
 from jaxformer.config.models import GenerationConfig, check_lengths, eos_ids, pad_prompts  # noqa: F401 (re-exported)
+from torch_ref.layers import quant
 from torch_ref.models.common import check_tokens
 
 
@@ -117,6 +121,37 @@ def _reorder_self(cache, rows):
     return [{**c, "self": {k: a[rows] for k, a in c["self"].items()}} for c in cache]
 
 
+# ----------------------------------------------------------------------------- decode weights
+def decode_model(model: nn.Module, weights_dtype: str = "fp32") -> nn.Module:
+    """A copy of `model` whose matmul weights are reduced to weights_dtype (bf16 | int8; fp32:
+    the model itself): every nn.Linear becomes a quant.QuantizedLinear and a tied output table
+    a quant.QuantizedWeight (torch_ref/layers/quant.py). Generation decodes with it, as the
+    JAX twin's decode_model / generate do."""
+    if weights_dtype == "fp32":
+        return model
+    if weights_dtype not in quant.WEIGHTS_DTYPES:
+        raise ValueError(f"weights dtype must be one of {quant.WEIGHTS_DTYPES}, got {weights_dtype!r}")
+    out = copy.deepcopy(model).eval()
+    for name, module in list(out.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, quant.QuantizedLinear(child, weights_dtype))
+    table = _tied_table(out)
+    if table is not None:
+        reduced = quant.reduce_weight(table.weight, weights_dtype)
+        del table.weight  # a QuantizedWeight is not a Parameter
+        table.weight = reduced
+    return out
+
+
+def _tied_table(model):
+    """The Embedding whose table is also the output projection (lm_head None), else None."""
+    if getattr(model, "lm_head", True) is not None:
+        return None
+    embed = model.target_embedding() if hasattr(model, "target_embedding") else model.embed
+    return embed.embed_tokens
+
+
 # ----------------------------------------------------------------------------- LM
 @torch.no_grad()
 def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_ids, pad_id):
@@ -155,7 +190,7 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     if bool((mask.sum(dim=1) == 0).any()):
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
-    model.eval()
+    model = decode_model(model.eval(), gen.weights_dtype)
     out = _lm_generate(model, ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
                        cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)
     return _to_numpy(out)
@@ -191,7 +226,7 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
     mask = (src_ids != cfg.pad_id) if src_mask is None else torch.as_tensor(np.asarray(src_mask)).bool()
     cache_len = check_lengths(0, gen, cfg.max_len, start=1)
-    model.eval()
+    model = decode_model(model.eval(), gen.weights_dtype)
     out = _seq2seq_generate(model, src_ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
                             cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)
     return _to_numpy(out)

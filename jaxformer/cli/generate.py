@@ -5,6 +5,7 @@ weights on disk.
         [--tokenizer SPEC | --ids] [--config configs/lm.yaml] [--framework jax|torch]
         [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
         [--num-beams W] [--length-penalty A] [--eos-id ID ...] [--seed S] [--json]
+        [--weights-dtype fp32|bf16|int8]
 
 --weights is a safetensors file in torch or flax layout (as `jaxformer convert` and `jaxformer
 export --to torch` write it; the layout comes from its `format` metadata), or a directory that
@@ -51,6 +52,10 @@ def add_arguments(p) -> None:
                    help="stop at this token id; repeat for several (default: the model's eos ids)")
     p.add_argument("--no-eos-stop", action="store_true", help="always generate max-new-tokens")
     p.add_argument("--seed", type=int, default=0)
+    from jaxformer.config.models import WEIGHTS_DTYPES
+    p.add_argument("--weights-dtype", choices=WEIGHTS_DTYPES, default="fp32",
+                   help="matmul weights to decode with: fp32 (as stored), bf16, or int8 (weight-only, "
+                        "per output channel; docs/numerics.md §24)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of lines")
 
 
@@ -143,7 +148,8 @@ def generation_config(args, weights: str):
                  length_penalty=args.length_penalty,
                  eos_id=None if args.eos_id is None else tuple(args.eos_id))
     fields.update({k: v for k, v in flags.items() if v is not None})
-    return GenerationConfig(**fields, stop_at_eos=not args.no_eos_stop, seed=args.seed)
+    return GenerationConfig(**fields, stop_at_eos=not args.no_eos_stop, seed=args.seed,
+                            weights_dtype=args.weights_dtype)
 
 
 def _own_tokenizer(args, cfg):
@@ -205,8 +211,8 @@ def run(args) -> int:
         texts = [_text(tok, p if name == "lm" else [], [t for t in row if t not in stop])
                  for p, row in zip(prompts, rows)]
     if args.json:
-        print(json.dumps({"model": name, "framework": args.framework, "tokens": rows,
-                          **({"texts": texts} if texts is not None else {}),
+        print(json.dumps({"model": name, "framework": args.framework, "weights_dtype": gen.weights_dtype,
+                          "tokens": rows, **({"texts": texts} if texts is not None else {}),
                           **({"scores": [float(s) for s in scores]} if scores is not None else {})}))
     elif texts is not None:
         print("\n\n".join(texts))

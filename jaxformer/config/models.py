@@ -236,6 +236,7 @@ class LMConfig(TransformerConfig):
 
 
 STRATEGIES = ("greedy", "sample", "beam")
+WEIGHTS_DTYPES = ("fp32", "bf16", "int8")  # generation's matmul weights (jaxformer/layers/quant.py)
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,10 @@ class GenerationConfig:
         1 + max_new_tokens (seq2seq decoder). A fixed value keeps one compilation for
         prompts of different lengths.
     seed: sampling RNG seed (streams differ between the frameworks, docs/numerics.md §9).
+    weights_dtype: the matmul weights decoding reads: fp32 (as stored), bf16, or int8
+        (weight-only, symmetric, per output channel; fp32 activations and accumulation).
+        Linear kernels and a tied output table are reduced (jaxformer/layers/quant.py,
+        docs/numerics.md §24).
     """
 
     max_new_tokens: int = 32
@@ -266,10 +271,12 @@ class GenerationConfig:
     stop_at_eos: bool = True
     cache_len: int | None = None
     seed: int = 0
+    weights_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_beams")
         check_choice(self, "strategy", STRATEGIES)
+        check_choice(self, "weights_dtype", WEIGHTS_DTYPES)
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
         check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an int >= 0, got {self.top_k!r}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")

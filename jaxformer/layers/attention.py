@@ -74,8 +74,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         dropout: applied to the weights; an active dropout forces the explicit path.
         kv_head_major: k, v are [B, G, S, K] (the KV cache layout); takes the explicit path,
             which then needs no transpose of the cache (one step reads it in place).
-        implementation: backend of the fused path (jax.nn.dot_product_attention's); None =
-            `lowering.active().fused_attention` (itself None by default: XLA chooses).
+        implementation: kernel of the fused path (lowering.fused_attention's backend); None =
+            `lowering.active().fused_attention` (itself None by default: "auto", cuDNN on an
+            NVIDIA GPU where it runs, else XLA).
         softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask
             (Gemma2's attention logit soft-capping, docs/numerics.md §21); explicit path.
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
@@ -100,7 +101,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
         backend = switches.fused_attention if implementation is None else implementation
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, implementation=backend)
+        out = lowering.fused_attention(q, k, v, bias=bias, mask=mask, scale=scale, backend=backend)
         if visible is not None:
             out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
                                      1, 2).astype(out.dtype)  # [B, T, H?, 1]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.layers import linear, partitioning
+from jaxformer.layers import linear, partitioning, quant
 
 
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
@@ -52,13 +52,16 @@ class Embedding(nnx.Module):
 
     def __call__(self, ids: jax.Array) -> jax.Array:
         check_ids(ids, self.num_embeddings)
-        table = self.embedding[...]
-        # the residual stream is float32 whatever the table's storage dtype (a bfloat16 table,
-        # models.cast_params): a bfloat16 stream would make every later matmul bfloat16
-        x = jnp.take(table, ids, axis=0).astype(jnp.float32)  # [B, T, D]
+        table = self.embedding.get_value()
+        if isinstance(table, quant.QuantizedWeight):  # a tied table's bf16/int8 decode copy
+            x, stored = table.lookup(ids), jnp.float32  # [B, T, D]
+        else:
+            # the residual stream is float32 whatever the table's storage dtype (a bfloat16
+            # table, models.cast_params): a bfloat16 stream would make every later matmul bfloat16
+            x, stored = jnp.take(table, ids, axis=0).astype(jnp.float32), table.dtype  # [B, T, D]
         if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
-            x = x * jnp.asarray(self.multiplier, table.dtype).astype(jnp.float32)
+            x = x * jnp.asarray(self.multiplier, stored).astype(jnp.float32)
         return x
 
     def attend(self, x: jax.Array) -> jax.Array:
-        return linear.attend(self.embedding[...], x)  # [B, T, V]
+        return linear.attend(self.embedding.get_value(), x)  # [B, T, V]

@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.layers import partitioning
+from jaxformer.layers import quant
 
 
 def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> jax.Array:
@@ -80,6 +81,8 @@ class Linear(nnx.Linear):
     def __call__(self, x: jax.Array, stop_bias_gradient: bool = False) -> jax.Array:
         """x [..., in] -> [..., out]. stop_bias_gradient: use the bias value but cut its
         gradient (the attention key bias; see attention.key_projection)."""
+        if isinstance(self.kernel.get_value(), quant.QuantizedWeight):  # a bf16/int8 decode copy [out, in]
+            return self._reduced(x, stop_bias_gradient)
         kernel = self.kernel[...]
         bias = self.bias[...] if self.bias is not None else None
         x, kernel, bias = self.promote_dtype((x, kernel, bias), dtype=self.dtype)
@@ -91,6 +94,17 @@ class Linear(nnx.Linear):
             return y
         bias = jax.lax.stop_gradient(bias) if stop_bias_gradient else bias
         return y + bias.astype(y.dtype)
+
+
+    def _reduced(self, x: jax.Array, stop_bias_gradient: bool) -> jax.Array:
+        """The product with a reduced-precision decode weight (jaxformer/layers/quant.py), in
+        fp32, cast back to x's dtype."""
+        y = quant.matmul(x, self.kernel.get_value(), functools.partial(weight_stationary_matmul, precision=self.precision),
+                         self.precision)
+        if self.bias is not None:
+            bias = self.bias[...].astype(jnp.float32)
+            y = y + (jax.lax.stop_gradient(bias) if stop_bias_gradient else bias)
+        return y.astype(x.dtype)
 
 
 def linear_modules(model: nnx.Module) -> list[Linear]:
@@ -106,9 +120,12 @@ def transpose_kernels(model: nnx.Module) -> None:
         module.kernel.set_value(jnp.swapaxes(module.kernel.get_value(), -1, -2))
 
 
-def attend(table: jax.Array, x: jax.Array) -> jax.Array:
+def attend(table, x: jax.Array) -> jax.Array:
     """Tied output projection x [..., D] @ table[V, D]^T -> [..., V]. The table is already
-    [out, in], so with transposed kernels it takes the weight-stationary form directly."""
+    [out, in], so with transposed kernels it takes the weight-stationary form directly; a
+    quant.QuantizedWeight table (reduced-precision decoding) goes through quant.matmul."""
+    if isinstance(table, quant.QuantizedWeight):  # a bf16/int8 decode copy of the tied table
+        return quant.matmul(x, table, weight_stationary_matmul).astype(x.dtype)
     table = table.astype(x.dtype)
     if lowering.active().transposed_kernels:
         return weight_stationary_matmul(x, table)

@@ -116,7 +116,7 @@ def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False)
     so its true gradient is 0 and Adam would turn its rounding noise into lr-sized steps.
     rotated: the keys are rotated per position afterwards (RoPE), q . R_s b_k varies across
     keys and the bias keeps its gradient (docs/numerics.md §15). See the JAX twin."""
-    if linear.bias is None or rotated:
+    if linear.bias is None or rotated or not isinstance(linear, nn.Linear):  # or a decode-only QuantizedLinear
         return linear(x)
     return F.linear(x, linear.weight) + linear.bias.detach()
 

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from torch_ref.layers import quant
+
 
 def check_ids(ids: torch.Tensor, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
     """Raise ValueError if an entry of `ids` lies outside [0, upper) (same message as JAX)."""
@@ -35,10 +37,15 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.num_embeddings)
-        x = self.weight[ids]  # [B, T, D]
+        if isinstance(self.weight, quant.QuantizedWeight):  # a tied table's bf16/int8 decode copy
+            x = self.weight.lookup(ids)  # [B, T, D]
+        else:
+            x = self.weight[ids]  # [B, T, D]
         if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
             x = x * torch.tensor(self.multiplier, dtype=x.dtype)
         return x
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, quant.QuantizedWeight):  # a bf16/int8 decode copy of the tied table
+            return quant.matmul(x, self.weight).to(x.dtype)
         return torch.einsum("btd,vd->btv", x, self.weight.to(x.dtype))
