@@ -1,4 +1,5 @@
-"""Embedded datasets: every config trains with no network.
+"""Embedded datasets (every packaged config trains with no network) and your own
+(`image_folder`: a folder of class folders, a `datasets` folder or Parquet files).
 
 A dataset module defines a frozen `Config` dataclass (the YAML `data:` keys besides `name`,
 validated strictly) and `load(cfg, seed) -> (train, eval)`: two dicts of numpy arrays with
@@ -20,6 +21,7 @@ DATASETS: dict[str, str] = {
     "dates": "jaxformer.train.data.dates",
     "digits": "jaxformer.train.data.digits",
     "series": "jaxformer.train.data.series",
+    "image_folder": "jaxformer.train.data.image_folder",
 }
 
 
