@@ -101,7 +101,7 @@ class ImageSource:
             raise IndexError(f"image index {i} out of range [0, {len(self)})")
         i %= len(self)
         data, name = self._read(i)
-        return {"images": decode(data, name, self.cfg), "labels": self.labels[i]}
+        return {"images": decode(data, name, self.cfg), "labels": np.asarray(self.labels[i])}
 
 
 # ----------------------------------------------------------------------------- formats
