@@ -11,7 +11,7 @@
 
 Every image is decoded with Pillow, converted to grey (num_channels 1) or RGB (3), resized to
 image_size x image_size (bilinear, aspect ratio not kept), scaled to [0, 1], then normalised per
-channel: (x - mean) / std. Channels-last float32 [H, W, C], as the digits dataset, so the vit
+channel: (x - mean) / std (unless normalize is false). Channels-last float32 [H, W, C], as the digits dataset, so the vit
 and swin tasks read {"images", "labels"} unchanged.
 
 Without given splits, the split is seeded and stratified: round(eval_fraction * n) images of
@@ -43,6 +43,7 @@ class Config:
     num_channels: int = 3  # 1 = grey, 3 = RGB; must equal model.num_channels
     mean: tuple[float, ...] = (0.5,)  # one value for every channel, or one per channel
     std: tuple[float, ...] = (0.5,)
+    normalize: bool = True  # false: pixels stay in [0, 1] (mean and std unused)
     eval_fraction: float = 0.1  # when the data has no eval split of its own
     image_column: str = "image"  # hf_disk and parquet
     label_column: str = "label"
@@ -80,6 +81,8 @@ def decode(data: bytes | str, name: str, cfg: Config) -> np.ndarray:
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise ValueError(f"{name}: cannot decode the image ({type(e).__name__}: {e})") from None
     x = x.reshape(cfg.image_size, cfg.image_size, cfg.num_channels)
+    if not cfg.normalize:
+        return x
     mean, std = np.asarray(cfg.mean, np.float32), np.asarray(cfg.std, np.float32)
     return ((x - mean) / std).astype(np.float32)
 
