@@ -45,7 +45,7 @@ def run_dir(tmp_path_factory):
     code, out = train(wd, *TINY, "model.scan_layers=true", "train.steps=4", "train.checkpoint_every=2",
                       "train.eval_every=2", "train.keep_checkpoints=2", "train.sample_tokens=4")
     assert code == 0, out
-    assert "sample (greedy):" in out, out  # the scanned stack decodes with its KV cache
+    assert "  greedy:  " in out and "  sampled: " in out, out  # the scanned stack decodes with its KV cache
     name, cfg, model = checkpoint_io.load_run(wd, 4)
     checkpoint_io.save_model(model, name, cfg, os.path.join(wd, "model", "last"))
     return wd

@@ -39,6 +39,12 @@ def test_wheel_ships_every_config(wheel):
     assert in_repo and shipped == in_repo
 
 
+def test_wheel_ships_the_pinned_corpus(wheel):
+    from jaxformer.train.data import pinned
+    shipped = {os.path.basename(n) for n in wheel.namelist() if n.startswith("jaxformer/train/data/embedded/")}
+    assert shipped == {pinned.file_name(k) for k in pinned.PINNED}
+
+
 def test_wheel_entry_point(wheel):
     (ep,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
     assert "jaxformer = jaxformer.cli:main" in wheel.read(ep).decode()

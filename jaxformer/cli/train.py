@@ -74,7 +74,7 @@ def run(args) -> int:
         print("memory per device: " + ", ".join(f"{k} {v:,}" for k, v in trainer.memory_report().items()))
     print(f"final eval ({args.framework}): " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
     print(f"workdir: {os.path.abspath(workdir)} (metrics.jsonl, tb/, checkpoints)")
-    sample = _sample(cfg, model, args.framework)
+    sample = _sample(cfg, model, args.framework, getattr(trainer, "eval_data", None))
     if sample:
         print(sample)
         from jaxformer.train.logging_utils import write_tb_text
@@ -82,11 +82,11 @@ def run(args) -> int:
     return 0
 
 
-def _sample(cfg, model, framework: str) -> str | None:
-    """A short generated sample for lm / seq2seq runs."""
+def _sample(cfg, model, framework: str, eval_data=None) -> str | None:
+    """A short generated sample for lm / seq2seq runs (an lm's prompt comes from eval_data)."""
     from jaxformer.train.samples import sample_text
     if framework == "jax":
         from jaxformer.generation import generate
     else:
         from torch_ref.generation import generate
-    return sample_text(cfg, model, generate)
+    return sample_text(cfg, model, generate, eval_data)

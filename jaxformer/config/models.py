@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from jaxformer.config.base import check, check_choice, check_positive
+from jaxformer.config.base import check, check_choice, check_positive, check_prob
 from jaxformer.config.transformer import TransformerConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -96,10 +96,13 @@ class ClassifierConfig(TransformerConfig):
     num_classes: int = 2
     pooling: str = "cls"
     dtype: str = "float32"
+    classifier_dropout: float | None = None  # before the head; None = dropout (HF BERT's rule)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, "num_classes")
+        if self.classifier_dropout is not None:
+            check_prob(self, "classifier_dropout")
         check_choice(self, "pooling", POOLINGS)
         check_choice(self, "dtype", COMPUTE_DTYPES)
 

@@ -37,7 +37,8 @@ class ViTConfig:
     num_layers: int = 2
     ffn: str = "gelu"
     norm_eps: float = 1e-6  # big_vision / the paper's code; HF ViT uses 1e-12
-    bias: bool = True  # biases on q/k/v/o and the FFN (HF: qkv_bias=True)
+    bias: bool = True  # biases on o_proj and the FFN, and on q/k/v unless qkv_bias says otherwise
+    qkv_bias: bool | None = None  # biases on q/k/v; None = bias (HF ViT's qkv_bias)
     class_token: bool = True
     pool: str = "cls"  # "cls": the [CLS] output; "mean": mean of the patch outputs
     scan_layers: bool = False  # JAX: run the encoder layers with lax.scan over stacked params
@@ -76,7 +77,8 @@ class ViTConfig:
         return TransformerConfig(
             vocab_size=1, d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff,
             num_layers=self.num_layers, ffn=self.ffn, norm="layernorm", norm_eps=self.norm_eps,
-            norm_position="pre", final_norm=True, bias=self.bias, dropout=self.dropout,
+            norm_position="pre", final_norm=True, bias=self.bias, attn_qkv_bias=self.qkv_bias,
+            dropout=self.dropout,
             attn_dropout=self.attn_dropout, position="none", max_len=self.num_tokens,
             scale_embedding=False, scan_layers=self.scan_layers)
 
@@ -102,9 +104,12 @@ class SwinConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True  # o_proj and the MLP always have biases (HF, reference code)
     ffn: str = "gelu"  # HF hidden_act="gelu" is exact GELU
-    norm_eps: float = 1e-5  # every LayerNorm; HF hard-codes 1e-5 for the patch and merge norms
+    norm_eps: float = 1e-5  # the blocks' and the final LayerNorm (HF layer_norm_eps)
+    patch_norm_eps: float = 1e-5  # the patch-embedding and patch-merging norms: HF builds them
+    # with torch's default eps whatever layer_norm_eps says
     dropout: float = 0.0  # on attention and MLP outputs (HF hidden_dropout_prob)
     attn_dropout: float = 0.0
+    embed_dropout: float = 0.0  # after the patch embedding (HF hidden_dropout_prob too)
     drop_path_rate: float = 0.0  # stochastic depth, linear in block index (HF, timm)
 
     def __post_init__(self) -> None:
@@ -123,8 +128,9 @@ class SwinConfig:
         check_choice(self, "ffn", FFN_KINDS)
         check(self.ffn not in ("swiglu", "geglu", "geglu_tanh"), "ffn",
               f"Swin's MLP is not gated; use relu, gelu or gelu_tanh, got {self.ffn!r}")
-        check_prob(self, "dropout", "attn_dropout", "drop_path_rate")
+        check_prob(self, "dropout", "attn_dropout", "embed_dropout", "drop_path_rate")
         _check_eps(self)
+        _check_eps(self, "patch_norm_eps")
 
     def stage_dim(self, i: int) -> int:
         return self.embed_dim * 2 ** i

@@ -8,13 +8,14 @@ Mapping and its deliberate details:
   * One layer_norm_eps (HF default 1e-12) for every LayerNorm -> norm_eps.
   * hidden_act "gelu" is exact GELU -> ffn="gelu" ("gelu_new"/... -> "gelu_tanh", "relu").
   * Dropouts: hidden_dropout_prob -> dropout and embed_dropout, attention_probs_dropout_prob
-    -> attn_dropout; classifier_dropout must be null or equal hidden_dropout_prob (jaxformer's
-    classifier uses `dropout` before the head).
+    -> attn_dropout; classifier_dropout (the dropout before the head; null = hidden_dropout_prob)
+    -> ClassifierConfig.classifier_dropout.
+  * problem_type picks HF's training loss only (the logits do not depend on it): any of HF's
+    values is accepted, with a note that jaxformer trains with single-label cross-entropy.
   * The pooler is there iff the checkpoint has pooler weights (BertModel(add_pooling_layer=
     False) has none); BertForSequenceClassification always has it.
   * Unsupported (an error naming the option): position_embedding_type other than "absolute",
-    is_decoder / add_cross_attention, problem_type other than single-label classification,
-    pruned heads.
+    is_decoder / add_cross_attention, pruned heads.
   * Legacy names (`LayerNorm.gamma/beta`) are read; `embeddings.position_ids` buffers are
     skipped. Export writes HF's current names.
   * HF BERT attends to every token when attention_mask is None; jaxformer's classifier masks
@@ -39,6 +40,7 @@ DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_att
                 classifier_dropout=None, is_decoder=False, add_cross_attention=False,
                 problem_type=None, pruned_heads={}, tie_word_embeddings=True,
                 bos_token_id=None, eos_token_id=None)
+PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
 IGNORED = {"tie_word_embeddings": "ties BertForMaskedLM's prediction head, which neither class has",
            "bos_token_id": "no generation", "eos_token_id": "no generation"}
 LAYER = "encoder.layer.{i}."
@@ -96,11 +98,14 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
         fields["pooler"] = any((_strip(k, arch) or "").startswith("pooler.") for k in keys)
         o["classifier_dropout"], o["problem_type"]  # BertModel has no head: they do not apply
         return "encoder", build_config(TransformerConfig, fields, o), o.notes
-    o.require("classifier_dropout", lambda v: v is None or float(v) == drop,
-              f"jaxformer's classifier uses one dropout (hidden_dropout_prob={drop}) before the head")
-    o.require("problem_type", (None, "single_label_classification"),
-              "jaxformer trains classifiers with single-label cross-entropy")
-    fields.update(pooler=True, pooling="cls", num_classes=o.num_labels(), dtype="float32")
+    head_drop = o.require("classifier_dropout", lambda v: v is None or (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1), "must be null or in [0, 1]")
+    problem = o.require("problem_type", PROBLEM_TYPES, f"HF's problem types are {PROBLEM_TYPES}")
+    if problem not in (None, "single_label_classification") and problem in PROBLEM_TYPES:
+        o.notes.append(f"problem_type={problem!r} selects HF's training loss only (the logits are "
+                       "the same); `jaxformer train` trains with single-label cross-entropy")
+    fields.update(pooler=True, pooling="cls", num_classes=o.num_labels(), dtype="float32",
+                  classifier_dropout=None if not isinstance(head_drop, (int, float)) else float(head_drop))
     return "classifier", build_config(ClassifierConfig, fields, o), o.notes
 
 
@@ -151,7 +156,8 @@ def config_to_hf(name: str, cfg) -> dict:
            "attention_probs_dropout_prob": cfg.attn_dropout, "max_position_embeddings": cfg.max_len,
            "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.norm_eps,
            "pad_token_id": cfg.pad_id, "position_embedding_type": "absolute",
-           "classifier_dropout": None, "is_decoder": False, "add_cross_attention": False,
+           "classifier_dropout": getattr(cfg, "classifier_dropout", None), "is_decoder": False,
+           "add_cross_attention": False,
            "initializer_range": 0.02, "dtype": "float32"}
     if name == "classifier":
         out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}

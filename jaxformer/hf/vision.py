@@ -21,8 +21,8 @@ ViT (ViTForImageClassification)
   * position_embeddings [1, N, D] -> embed_positions.weight [N, D]; cls_token kept [1, 1, D].
   * layer_norm_eps (HF default 1e-12, not torch's 1e-5 nor flax's 1e-6) -> norm_eps, carried over.
   * hidden_act "gelu" is exact GELU -> ffn="gelu"; "gelu_new"/"gelu_pytorch_tanh" -> "gelu_tanh".
-  * HF always has an o_proj bias and a q/k/v bias iff qkv_bias; our MultiHeadAttention has
-    one `bias` flag for all four, so only qkv_bias=True (HF's default) maps.
+  * HF always has an o_proj bias and a q/k/v bias iff qkv_bias -> ViTConfig.qkv_bias (the
+    encoder's attn_qkv_bias), bias=True for o_proj and the MLP.
   * layers.i.{layernorm_before, attention, layernorm_after, mlp.fc1, mlp.fc2} ->
     encoder.layers.i.{attn_norm, self_attn, ffn_norm, ffn.up_proj, ffn.down_proj};
     vit.layernorm -> encoder.final_norm. Pooling: HF takes the [CLS] output (pool="cls").
@@ -32,16 +32,17 @@ ViT (ViTForImageClassification)
 Swin (SwinForImageClassification)
   * same NCHW / NHWC difference; blocks keep HF's structure and order, renamed only.
   * HF builds the patch-embedding norm and the patch-merging norms with torch's default eps
-    1e-5 whatever layer_norm_eps says; we use norm_eps everywhere, so layer_norm_eps must be 1e-5.
+    1e-5 whatever layer_norm_eps says: layer_norm_eps -> norm_eps (blocks, final norm), and
+    patch_norm_eps=1e-5.
   * HF's shift mask adds -100 to masked scores; we mask with booleans (exactly 0 weight). The
     two agree to fp32 rounding unless scores differ by ~100.
   * HF crashes (bias [49, 49] vs scores [16, 16]) when a stage is smaller than window_size,
     because its bias table is never clamped; we clamp (see models/swin.py). Only
     use_absolute_embeddings=False (HF's default) maps.
   * config.json: attention_probs_dropout_prob -> attn_dropout, drop_path_rate ->
-    drop_path_rate. hidden_dropout_prob must be 0 (HF's default): HF also applies it after
-    the patch embedding, where jaxformer's Swin has no dropout. hidden_size and num_layers are
-    derived (checked), out_features/out_indices/stage_names are the backbone API.
+    drop_path_rate, hidden_dropout_prob -> dropout (attention and MLP outputs) and
+    embed_dropout (after the patch embedding), where HF applies it. hidden_size and num_layers
+    are derived (checked), out_features/out_indices/stage_names are the backbone API.
 Both: class names (id2label) are not kept: jaxformer keeps num_classes only; export writes
 LABEL_i names. `relative_position_index` buffers some checkpoints carry are recomputed.
 """
@@ -173,12 +174,11 @@ def vit_config_from_hf(hf: Any, **overrides) -> ViTConfig:
     image, patch = hf.image_size, hf.patch_size
     image = image if isinstance(image, int) else _square(image, "image_size")
     patch = patch if isinstance(patch, int) else _square(patch, "patch_size")
-    if not hf.qkv_bias:
-        raise ValueError("HF ViT qkv_bias=False has no jaxformer equivalent (one bias flag for q/k/v/o)")
     kw = dict(image_size=image, patch_size=patch, num_channels=hf.num_channels,
               num_classes=hf.num_labels, d_model=hf.hidden_size, num_heads=hf.num_attention_heads,
               d_ff=hf.intermediate_size, num_layers=hf.num_hidden_layers, ffn=_act(hf.hidden_act),
-              norm_eps=float(hf.layer_norm_eps), bias=True, class_token=True, pool="cls")
+              norm_eps=float(hf.layer_norm_eps), bias=True, qkv_bias=None if hf.qkv_bias else False,
+              class_token=True, pool="cls")
     kw.update(overrides)
     return ViTConfig(**kw)
 
@@ -198,16 +198,13 @@ def swin_config_from_hf(hf: Any, **overrides) -> SwinConfig:
     """SwinConfig from a transformers SwinConfig for SwinForImageClassification."""
     if getattr(hf, "use_absolute_embeddings", False):
         raise ValueError("HF Swin use_absolute_embeddings=True is not supported")
-    if float(hf.layer_norm_eps) != 1e-5:
-        raise ValueError(f"HF Swin layer_norm_eps={hf.layer_norm_eps}: HF keeps 1e-5 in the patch "
-                         "and merge norms, jaxformer has one norm_eps; only 1e-5 maps exactly")
     image, patch = hf.image_size, hf.patch_size
     kw = dict(image_size=image if isinstance(image, int) else _square(image, "image_size"),
               patch_size=patch if isinstance(patch, int) else _square(patch, "patch_size"),
               num_channels=hf.num_channels, num_classes=hf.num_labels, embed_dim=hf.embed_dim,
               depths=tuple(hf.depths), num_heads=tuple(hf.num_heads), window_size=hf.window_size,
               mlp_ratio=float(hf.mlp_ratio), qkv_bias=bool(hf.qkv_bias), ffn=_act(hf.hidden_act),
-              norm_eps=1e-5)
+              norm_eps=float(hf.layer_norm_eps), patch_norm_eps=1e-5)  # HF: torch's default there
     kw.update(overrides)
     return SwinConfig(**kw)
 
@@ -254,16 +251,16 @@ def config_from_hf(raw: dict, arch: str, keys=()):
         return "vit", cfg, o.notes
     o = Options(raw, SWIN_DEFAULTS, family="swin SwinForImageClassification", ignored=SWIN_IGNORED)
     ns = SimpleNamespace(**{k: o[k] for k in SWIN_DEFAULTS}, num_labels=o.num_labels())
-    o.require("hidden_dropout_prob", (0, 0.0), "HF applies it after the patch embedding too, where "
-              "jaxformer's Swin has no dropout")
     n = len(ns.depths)
     if "hidden_size" in raw:
         o.require("hidden_size", lambda v: v == ns.embed_dim * 2 ** (n - 1),
                   f"must be embed_dim * 2**(len(depths)-1) = {ns.embed_dim * 2 ** (n - 1)}")
     if "num_layers" in raw:
         o.require("num_layers", lambda v: v == n, f"must equal len(depths) = {n}")
+    drop = float(ns.hidden_dropout_prob)
     cfg = _wrap(lambda: swin_config_from_hf(
-        ns, attn_dropout=float(ns.attention_probs_dropout_prob), drop_path_rate=float(ns.drop_path_rate)), o)
+        ns, dropout=drop, embed_dropout=drop, attn_dropout=float(ns.attention_probs_dropout_prob),
+        drop_path_rate=float(ns.drop_path_rate)), o)
     return "swin", cfg, o.notes
 
 
@@ -293,11 +290,11 @@ def export_problems(name: str, cfg) -> list[str]:
             out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (HF ViT has one "
                        "hidden_dropout_prob)")
     else:
-        if cfg.norm_eps != 1e-5:
-            out.append(f"norm_eps={cfg.norm_eps} (HF Swin keeps 1e-5 in its patch and merge norms)")
-        if cfg.dropout != 0.0:
-            out.append(f"dropout={cfg.dropout} (HF Swin's hidden_dropout_prob also drops the patch "
-                       "embedding)")
+        if cfg.patch_norm_eps != 1e-5:
+            out.append(f"patch_norm_eps={cfg.patch_norm_eps} (HF Swin keeps 1e-5 in its patch and merge norms)")
+        if cfg.embed_dropout != cfg.dropout:
+            out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (HF Swin has one "
+                       "hidden_dropout_prob for both)")
     return out
 
 
@@ -316,15 +313,16 @@ def config_to_hf(name: str, cfg) -> dict:
                 "hidden_act": act, "hidden_dropout_prob": c.dropout,
                 "attention_probs_dropout_prob": c.attn_dropout, "layer_norm_eps": c.norm_eps,
                 "image_size": c.image_size, "patch_size": c.patch_size, "num_channels": c.num_channels,
-                "qkv_bias": True, "initializer_range": 0.02, "dtype": "float32", **_labels(c.num_classes)}
+                "qkv_bias": c.qkv_bias is not False, "initializer_range": 0.02, "dtype": "float32",
+                **_labels(c.num_classes)}
     s: SwinConfig = cfg
     return {"architectures": ["SwinForImageClassification"], "model_type": "swin",
             "image_size": s.image_size, "patch_size": s.patch_size, "num_channels": s.num_channels,
             "embed_dim": s.embed_dim, "depths": list(s.depths), "num_heads": list(s.num_heads),
             "window_size": s.window_size, "mlp_ratio": s.mlp_ratio, "qkv_bias": s.qkv_bias,
-            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": s.attn_dropout,
+            "hidden_dropout_prob": s.dropout, "attention_probs_dropout_prob": s.attn_dropout,
             "drop_path_rate": s.drop_path_rate, "hidden_act": act,
-            "use_absolute_embeddings": False, "layer_norm_eps": 1e-5, "initializer_range": 0.02,
+            "use_absolute_embeddings": False, "layer_norm_eps": s.norm_eps, "initializer_range": 0.02,
             "dtype": "float32", **_labels(s.num_classes)}
 
 

@@ -34,7 +34,8 @@ class Classifier(nnx.Module):
         self.embed = TextEmbedding(stack, rngs=rngs)
         self.encoder = Encoder(stack, rngs=rngs)
         self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, axes=("embed", None), rngs=rngs) if cfg.pooler else None
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+        head_dropout = cfg.dropout if cfg.classifier_dropout is None else cfg.classifier_dropout
+        self.dropout = nnx.Dropout(head_dropout, rngs=rngs)
         self.classifier = Linear(cfg.d_model, cfg.num_classes, use_bias=True, axes=("embed", None), rngs=rngs)
         set_compute_dtype(self, cfg.dtype)
 

@@ -168,7 +168,7 @@ class SwinStage(nnx.Module):
             SwinBlock(cfg, dim, cfg.num_heads[index], shift=0 if i % 2 == 0 else cfg.window_size // 2,
                       drop_path=drop_paths[i], rngs=rngs) for i in range(cfg.depths[index])])
         last = index == len(cfg.depths) - 1
-        self.downsample = None if last else PatchMerging(dim, eps=cfg.norm_eps, rngs=rngs)
+        self.downsample = None if last else PatchMerging(dim, eps=cfg.patch_norm_eps, rngs=rngs)
 
 
 class SwinTransformer(nnx.Module):
@@ -183,18 +183,21 @@ class SwinTransformer(nnx.Module):
     def __init__(self, cfg: SwinConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.patch_embed = PatchEmbedding(cfg.num_channels, cfg.embed_dim, cfg.patch_size,
-                                          norm_eps=cfg.norm_eps, pad=True, rngs=rngs)
+                                          norm_eps=cfg.patch_norm_eps, pad=True, rngs=rngs)
         rates, starts = cfg.drop_path_rates(), np.cumsum((0,) + tuple(cfg.depths))
         self.stages = nnx.List([SwinStage(cfg, i, rates[starts[i]:starts[i + 1]], rngs=rngs)
                                 for i in range(len(cfg.depths))])
         self.final_norm = LayerNorm(cfg.num_features, eps=cfg.norm_eps)
         self.classifier = Linear(cfg.num_features, cfg.num_classes, axes=("embed", None), rngs=rngs)
+        # made last, so that its RNG stream leaves the other layers' streams as they were
+        self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False):
         check_images(images.shape, self.cfg.num_channels)
         inter = {}
         x = self.patch_embed(images)  # [B, H/p, W/p, C]
         inter["patch_embed"] = x
+        x = self.embed_dropout(x)
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage.blocks):
                 record = {} if return_intermediates else None

@@ -50,6 +50,8 @@ case("vit_mean_pool_no_cls_gray", "vit",
      _images(8, 8, 1))
 case("vit_mean_pool_with_cls_eps1e-12", "vit",
      model_pair("vit", _vit(image_size=12, pool="mean", norm_eps=1e-12)), _images(12, 12))
+# HF ViT qkv_bias=False: no q/k/v biases, o_proj and FFN biases kept
+case("vit_no_qkv_bias", "vit", model_pair("vit", _vit(qkv_bias=False)), _images(8, 8))
 
 # ---------------------------------------------------------------- Swin
 # 16/2 = 8x8 map, window 4: stage 0 = W-MSA + SW-MSA (shift 2); stage 1 is 4x4 = window: no shift
@@ -63,6 +65,9 @@ case("swin_padded_input", "swin", model_pair("swin", _swin()), _images(17, 13))
 case("swin_window3_noqkvbias_relu", "swin",
      model_pair("swin", _swin(num_channels=1, window_size=3, qkv_bias=False, ffn="relu",
                               depths=(2, 1), num_heads=(1, 2))), _images(12, 12, 1))
+# HF layer_norm_eps=1e-6: the blocks' and final norms use it, the patch and merge norms 1e-5
+case("swin_block_eps1e-6_patch_eps1e-5", "swin",
+     model_pair("swin", _swin(norm_eps=1e-6, patch_norm_eps=1e-5)), _images(16, 16))
 
 # ---------------------------------------------------------------- TCN-Transformer
 def _series(length, c=3):

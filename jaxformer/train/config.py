@@ -60,6 +60,8 @@ class TrainConfig:
     on_nonfinite: str = "stop"  # NaN/inf loss or grad norm: stop (exit 2, keep the last good
     # checkpoint) or skip (that step leaves params and optimizer state unchanged; counted)
     sample_tokens: int = 48  # length of the sample printed at the end (lm, seq2seq)
+    sample_temperature: float = 0.8  # lm: the sampled continuation's settings (train/samples.py)
+    sample_top_p: float = 0.9
 
     def __post_init__(self) -> None:
         check_positive(self, "steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches",
@@ -80,6 +82,9 @@ class TrainConfig:
         check(self.batch_size % self.grad_accum_steps == 0, "grad_accum_steps",
               f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
         check(self.sample_tokens >= 0, "sample_tokens", "must be >= 0")
+        check(self.sample_temperature > 0 and math.isfinite(self.sample_temperature), "sample_temperature",
+              f"must be a finite number > 0, got {self.sample_temperature}")
+        check(0 < self.sample_top_p <= 1, "sample_top_p", f"must be in (0, 1], got {self.sample_top_p}")
         if self.dropout is not None:
             check_prob(self, "dropout")
 
@@ -194,7 +199,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
 
 BYTE_VOCAB = 259  # the embedded text datasets' byte-level ids (train/data/tokenizer.py)
 DATA_FOR_MODEL = {"lm": ("stdlib_docs", "tokens"), "classifier": ("text_source",), "seq2seq": ("dates",),
-                  "vit": ("digits",), "swin": ("digits",), "timeseries": ("series",)}
+                  "vit": ("digits", "image_folder"), "swin": ("digits", "image_folder"),
+                  "timeseries": ("series",)}
 
 
 def check_sections(cfg: RunConfig) -> None:
@@ -238,6 +244,8 @@ def check_sections(cfg: RunConfig) -> None:
         if cfg.model_name == "vit":
             need(m.image_size == d.image_size,
                  f"model.image_size={m.image_size} differs from data.image_size={d.image_size}")
+    if cfg.data_name == "image_folder" and cfg.model_name in ("vit", "swin"):
+        problems += _image_folder_problems(cfg)
     if cfg.data_name == "series" and cfg.model_name == "timeseries":
         for k in ("input_len", "horizon", "num_channels", "target_channels"):
             need(tuple(_seq(getattr(m, k))) == tuple(_seq(getattr(d, k))),
@@ -253,6 +261,24 @@ def check_sections(cfg: RunConfig) -> None:
              f"does not divide by parallel.mesh data x fsdp = {shards}")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _image_folder_problems(cfg: RunConfig) -> list[str]:
+    """Your images against the vision model: channels, vit's image size, the class count."""
+    from jaxformer.train.data import image_folder
+    m, d = cfg.model, cfg.data
+    out = []
+    if m.num_channels != d.num_channels:
+        out.append(f"model.num_channels={m.num_channels} differs from data.num_channels={d.num_channels}")
+    if cfg.model_name == "vit" and m.image_size != d.image_size:
+        out.append(f"model.image_size={m.image_size} differs from data.image_size={d.image_size}")
+    try:
+        n = image_folder.num_classes(d)
+    except ValueError as e:
+        return out + [str(e)]
+    if n != m.num_classes:
+        out.append(f"model.num_classes={m.num_classes} differs from the {n} classes in data.path {d.path}")
+    return out
 
 
 def _seq(v):

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -412,6 +413,12 @@ class JaxTrainer:
         otherwise leaves the metrics on the device, so steps are dispatched without a sync."""
         return jax.device_get([self._unreplicate(o) for o in outs])
 
+    def _compilations(self) -> int:
+        """How many programs the train step has compiled (jit's cache size; pmap keeps no
+        count, so there only the first step is known to compile)."""
+        size = getattr(self.train_step, "_cache_size", None)
+        return size() if size is not None else 0
+
     def _records(self, first_step: int, outs: list[dict]) -> list[dict]:
         """Host metrics -> metrics.jsonl records (one per step). Stops the run at the first
         non-finite step unless train.on_nonfinite is skip."""
@@ -479,6 +486,13 @@ class JaxTrainer:
         pending: list = []  # device metrics of the steps not fetched yet
         items = 0
         saved = -1
+        # Throughput counts only the time steps run: a block of steps is timed from the end of
+        # the previous block's host work (eval, checkpoints, logs) to its metrics fetch, which
+        # waits for the device. The first step (compilation) and any block in which the step
+        # compiled again are left out (self.timing holds what was counted).
+        self.timing = {"steps": 0, "seconds": 0.0, "items": 0}
+        compiled = self._compilations()
+        t_block = None  # start of the current timed block; None until the first step finished
         on_mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
         stop = workdir_lib.StopSignal()  # SIGTERM: save at the current step and end cleanly
         try:
@@ -489,7 +503,11 @@ class JaxTrainer:
                     state, out = self.train_step(state, batch)
                     step += 1
                     pending.append(out)
-                    items += batch_items
+                    if t_block is None:  # the first step compiles: wait for it, time from its end
+                        jax.block_until_ready(out)
+                        t_block, compiled, untimed = time.perf_counter(), self._compilations(), len(pending)
+                    else:
+                        items += batch_items
                     # multi-host preemption goes through orbax/JAX's sync point so every process
                     # stops at the same step; one host needs only the signal flag
                     stopping = stop.requested or (jax.process_count() > 1
@@ -498,7 +516,11 @@ class JaxTrainer:
                     is_ckpt = step % tc.checkpoint_every == 0 or step == tc.steps or stopping
                     if not (is_eval or is_ckpt or step % tc.log_every == 0):
                         continue
-                    records = self._records(step - len(pending) + 1, self._fetch(pending))
+                    fetched = self._fetch(pending)
+                    t_fetched, timed = time.perf_counter(), len(pending) - untimed
+                    recompiled = self._compilations() != compiled
+                    compiled, untimed = self._compilations(), 0
+                    records = self._records(step - len(pending) + 1, fetched)
                     pending = []
                     if is_eval or is_ckpt:  # every checkpoint carries its eval loss (BestN ranks by it)
                         self.last_eval = self.evaluate(state)
@@ -508,10 +530,15 @@ class JaxTrainer:
                                       + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
                     self.history.extend(records)
                     self.metrics.write_many(records)
+                    if timed and not recompiled:
+                        seconds = t_fetched - t_block
+                        self.timing["steps"] += timed
+                        self.timing["seconds"] += seconds
+                        self.timing["items"] += items
+                        bar.timed(items, seconds)
+                        self.metrics.write_throughput(step, items // timed, unit, step_time=seconds / timed)
                     for r in records:
-                        bar.update(r["loss"] if r["loss"] is not None else float("nan"), r["lr"],
-                                   items // len(records))
-                    self.metrics.write_throughput(step, items // len(records), unit)  # TensorBoard
+                        bar.update(r["loss"] if r["loss"] is not None else float("nan"), r["lr"])
                     items = 0
                     eval_loss = self.last_eval.get("eval_loss") if (is_eval or is_ckpt) else None
                     host_state = None
@@ -530,6 +557,7 @@ class JaxTrainer:
                     if stopping:
                         self.stopped_by = stop.name or "preemption"
                         break
+                    t_block = time.perf_counter()  # the next block starts after this host work
                 self.metrics.write_hparams(self.cfg.to_dict(), self.last_eval, step)  # TensorBoard
         finally:
             bar.close()

@@ -45,14 +45,21 @@ class MetricsWriter:
                     self.tb.add_scalar(tb_tag(k), v, clean["step"])
 
     # ---- TensorBoard only (tensorboardX): throughput, text, hparams
-    def write_throughput(self, step: int, items: int, unit: str = "tokens") -> None:
-        """perf/step_time_s and perf/<unit>_per_s from the wall time since the previous call
-        (the first call only starts the clock, so compilation is not counted)."""
+    def write_throughput(self, step: int, items: int, unit: str = "tokens",
+                         step_time: float | None = None) -> None:
+        """perf/step_time_s and perf/<unit>_per_s (`items` per step). step_time: the measured
+        seconds per step (the JAX trainer's, compilation excluded); None: the wall time since
+        the previous call (the first call only starts the clock, so compilation is not counted)."""
         now = time.perf_counter()
         last, self._last_tick = self._last_tick, (step, now)
-        if self.tb is None or last is None or step <= last[0]:
+        if step_time is not None:
+            dt = step_time
+        elif last is None or step <= last[0]:
             return
-        dt = (now - last[1]) / (step - last[0])
+        else:
+            dt = (now - last[1]) / (step - last[0])
+        if self.tb is None:
+            return
         self.tb.add_scalar("perf/step_time_s", dt, step)
         self.tb.add_scalar(f"perf/{_UNITS.get(unit, unit)}_per_s", items / max(dt, 1e-9), step)
 
@@ -139,23 +146,31 @@ def write_tb_text(workdir: str, tag: str, text: str, step: int) -> None:
 
 
 class Progress:
-    """tqdm bar with loss, learning rate and items (tokens or samples) per second."""
+    """tqdm bar with loss, learning rate and items (tokens or samples) per second: the items
+    and seconds given to `timed` (the JAX trainer's, compilation excluded), or else the items
+    given to `update` over the wall time since the bar started."""
 
     def __init__(self, total: int, initial: int, unit: str, enabled: bool = True):
         self.unit = unit
         self.bar = None
         self.t0 = time.perf_counter()
         self.items = 0
+        self.seconds: float | None = None  # set by timed()
         if enabled:
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, file=sys.stderr,
                             mininterval=0.5, desc="train")
 
-    def update(self, loss: float, lr: float, items: int) -> None:
+    def timed(self, items: int, seconds: float) -> None:
+        self.items += items
+        self.seconds = (self.seconds or 0.0) + seconds
+
+    def update(self, loss: float, lr: float, items: int = 0) -> None:
         self.items += items
         if self.bar is None:
             return
-        rate = self.items / max(time.perf_counter() - self.t0, 1e-9)
+        seconds = self.seconds if self.seconds is not None else time.perf_counter() - self.t0
+        rate = self.items / max(seconds, 1e-9)
         self.bar.set_postfix_str(f"loss {loss:.4f} lr {lr:.2e} {rate:,.0f} {self.unit}/s", refresh=False)
         self.bar.update(1)
 

@@ -32,7 +32,8 @@ class Classifier(nn.Module):
         self.embed = TextEmbedding(stack)
         self.encoder = Encoder(stack)
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=True) if cfg.pooler else None
-        self.dropout = nn.Dropout(cfg.dropout)
+        head_dropout = cfg.dropout if cfg.classifier_dropout is None else cfg.classifier_dropout
+        self.dropout = nn.Dropout(head_dropout)
         self.classifier = nn.Linear(cfg.d_model, cfg.num_classes, bias=True)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,

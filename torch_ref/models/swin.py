@@ -163,7 +163,7 @@ class SwinStage(nn.Module):
             SwinBlock(cfg, dim, cfg.num_heads[index], shift=0 if i % 2 == 0 else cfg.window_size // 2,
                       drop_path=drop_paths[i]) for i in range(cfg.depths[index])])
         last = index == len(cfg.depths) - 1
-        self.downsample = None if last else PatchMerging(dim, eps=cfg.norm_eps)
+        self.downsample = None if last else PatchMerging(dim, eps=cfg.patch_norm_eps)
 
 
 class SwinTransformer(nn.Module):
@@ -174,18 +174,21 @@ class SwinTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbedding(cfg.num_channels, cfg.embed_dim, cfg.patch_size,
-                                          norm_eps=cfg.norm_eps, pad=True)
+                                          norm_eps=cfg.patch_norm_eps, pad=True)
         rates, starts = cfg.drop_path_rates(), np.cumsum((0,) + tuple(cfg.depths))
         self.stages = nn.ModuleList([SwinStage(cfg, i, rates[starts[i]:starts[i + 1]])
                                      for i in range(len(cfg.depths))])
         self.final_norm = LayerNorm(cfg.num_features, eps=cfg.norm_eps)
         self.classifier = nn.Linear(cfg.num_features, cfg.num_classes)
+        # made last, so that its RNG stream leaves the other layers' streams as they were
+        self.embed_dropout = nn.Dropout(cfg.embed_dropout)
 
     def forward(self, images: torch.Tensor, *, return_intermediates: bool = False):
         check_images(images.shape, self.cfg.num_channels)
         inter = {}
         x = self.patch_embed(images)  # [B, H/p, W/p, C]
         inter["patch_embed"] = x
+        x = self.embed_dropout(x)
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage.blocks):
                 record = {} if return_intermediates else None

@@ -1,5 +1,6 @@
-"""Datasets: the embedded ones (every config trains with no network) and `tokens` (a
-directory written by `jaxformer data prepare`).
+"""Datasets: the embedded ones (every packaged config trains with no network) and your own:
+`tokens` (a directory written by `jaxformer data prepare`) and `image_folder` (a folder of
+class folders, a `datasets` folder or Parquet files).
 
 A dataset module defines a frozen `Config` dataclass (the YAML `data:` keys besides `name`,
 validated strictly) and either `load(cfg, seed) -> (train, eval)`, two dicts of numpy arrays
@@ -26,6 +27,7 @@ DATASETS: dict[str, str] = {
     "digits": "jaxformer.train.data.digits",
     "series": "jaxformer.train.data.series",
     "tokens": "jaxformer.train.data.tokens_data",
+    "image_folder": "jaxformer.train.data.image_folder",
 }
 
 

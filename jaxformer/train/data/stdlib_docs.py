@@ -1,5 +1,7 @@
-"""Byte-level language-modelling corpus that ships with Python itself: the language reference
-text in the stdlib module `pydoc_data.topics` (~465 KB on CPython 3.11; what `help()` shows).
+"""Byte-level language-modelling corpus from Python itself: the language reference text of the
+stdlib module `pydoc_data.topics` (what `help()` shows), as CPython 3.11.7 has it (466,273
+bytes), pinned in the package (train/data/pinned.py) so that every Python trains on the same
+bytes.
 
 Examples are windows of seq_len + 1 byte tokens (inputs are the first seq_len, targets the
 last seq_len). The first (1 - eval_fraction) of the corpus is train, the rest eval, so no
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxformer.config.base import check, check_positive
-from jaxformer.train.data import tokenizer
+from jaxformer.train.data import pinned, tokenizer
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,7 @@ class Config:
 
 
 def corpus() -> str:
-    from pydoc_data.topics import topics
-    return "\n\n".join(topics[k] for k in sorted(topics))
+    return pinned.text("pydoc_topics")
 
 
 def windows(ids: np.ndarray, length: int, stride: int) -> np.ndarray:

@@ -6,24 +6,19 @@ where it comes from.
     class 2  docstrings of the same stdlib modules, their classes and functions
 
 Each class's text is split by position (first 90% train, last 10% eval); snippets are random
-windows of seq_len - 1 bytes, prefixed by [CLS] (id 1) for first-token pooling. The text is
-CPython's own, so it can differ slightly between Python versions; on one version it is fixed.
+windows of seq_len - 1 bytes, prefixed by [CLS] (id 1) for first-token pooling. The texts are
+CPython 3.11.7's, pinned in the package (train/data/pinned.py): the same on every Python.
 """
 from __future__ import annotations
 
-import ast
-import importlib
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
 
 from jaxformer.config.base import check, check_positive
-from jaxformer.train.data import tokenizer
+from jaxformer.train.data import pinned, tokenizer
 
-MODULES = ("argparse", "textwrap", "json.decoder", "json.encoder", "dataclasses", "functools",
-           "pathlib", "collections", "calendar", "configparser", "difflib", "fractions", "heapq",
-           "ipaddress", "shlex", "statistics", "string", "tarfile", "zipfile", "logging")
+MODULES = pinned.MODULES
 CLASSES = ("reference prose", "python code", "docstrings")
 
 
@@ -39,28 +34,9 @@ class Config:
         check(0 < self.eval_fraction < 0.5, "eval_fraction", f"must be in (0, 0.5), got {self.eval_fraction}")
 
 
-def _code_and_docstrings() -> tuple[str, str]:
-    code, docs = [], []
-    for name in MODULES:
-        src = inspect.getsource(importlib.import_module(name))
-        tree = ast.parse(src)
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                d = ast.get_docstring(node)
-                if d:
-                    docs.append(d)
-                    body = node.body
-                    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                        node.body = body[1:] or [ast.Pass()]
-        code.append(ast.unparse(tree))  # no comments, no docstrings
-    return "\n\n".join(code), "\n\n".join(docs)
-
-
 def texts() -> list[str]:
-    from pydoc_data.topics import topics
-    prose = "\n\n".join(topics[k] for k in sorted(topics))
-    code, docs = _code_and_docstrings()
-    return [prose, code, docs]
+    """The three classes' texts, pinned (train/data/pinned.py)."""
+    return [pinned.text("pydoc_topics"), pinned.text("stdlib_code"), pinned.text("stdlib_docstrings")]
 
 
 def _snippets(ids: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
