@@ -154,14 +154,14 @@ def test_cli_weights_dtype(tmp_path, capsys):
                               {"format": "pt", **convert.model_metadata("lm", cfg)})
     ids, mask = jgen.pad_prompts([[5, 6, 7, 8, 9], [3, 4]], 0)
     rc = cli.main(["generate", "--weights", str(path), "--prompt", "5 6 7 8 9", "--prompt", "3 4",
-                   "--max-new-tokens", "10", "--no-eos-stop", "--weights-dtype", "int8", "--json"])
+                   "--max-new-tokens", "10", "--no-eos-stop", "--weights-dtype", "int8", "--json", "--ids"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     expected = jgen.lm_generate(j, ids, mask, GenerationConfig(max_new_tokens=10, stop_at_eos=False,
                                                                weights_dtype="int8"))
     assert out["tokens"] == expected.tolist() and out["weights_dtype"] == "int8"
     with pytest.raises(SystemExit) as e:
-        cli.main(["generate", "--weights", str(path), "--prompt", "5", "--weights-dtype", "int4"])
+        cli.main(["generate", "--weights", str(path), "--prompt", "5", "--weights-dtype", "int4", "--ids"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--weights-dtype" in err and "int4" in err and "int8" in err
 
