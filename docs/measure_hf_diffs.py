@@ -1,0 +1,81 @@
+"""The worst fp32 logit difference against transformers per HF family (README, "Supported
+models"), over two random seeds of a few odd tiny configurations each; the tests check the same
+bound on their own configurations. Not a test: it prints one JSON object.
+
+    python docs/measure_hf_diffs.py
+"""
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers as T  # noqa: E402
+from helpers import randomize  # noqa: E402
+
+from jaxformer import hf  # noqa: E402
+from jaxformer.parity import setup_precision  # noqa: E402
+
+setup_precision()
+rng = np.random.RandomState(0)
+out: dict[str, list] = {}  # family -> [(max |diff|, max |logit|)]
+
+
+def lm_check(fam, cls, kw, seeds=(0, 1)):
+    """Causal LMs: a left-padded batch, positions counting real tokens (as HF generate)."""
+    for s in seeds:
+        torch.manual_seed(s)
+        m = randomize(cls(cls.config_class(**kw)), seed=s)
+        d = tempfile.mkdtemp(); m.save_pretrained(d)
+        j, name, cfg = hf.from_pretrained(d)
+        V = kw["vocab_size"]
+        ids = rng.randint(3, V, size=(2, 9)); mask = np.ones_like(ids); mask[1, :3] = 0
+        mt = torch.from_numpy(mask)
+        with torch.no_grad():
+            ref = m(torch.from_numpy(ids), attention_mask=mt, position_ids=(mt.cumsum(-1) - 1).clamp(min=0)).logits.numpy()
+        ours = np.asarray(j(jnp.asarray(ids), jnp.asarray(mask)))
+        real = mask.astype(bool)
+        diff = float(np.abs(ref[real] - ours[real]).max()); mx = float(np.abs(ref[real]).max())
+        out.setdefault(fam, []).append((diff, mx))
+
+
+SMALL = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=64)
+lm_check("gpt2", T.GPT2LMHeadModel, dict(vocab_size=97, n_embd=48, n_layer=3, n_head=6, n_positions=64, bos_token_id=1, eos_token_id=2))
+lm_check("gpt2", T.GPT2LMHeadModel, dict(vocab_size=131, n_embd=36, n_layer=2, n_head=3, n_inner=50, n_positions=40, activation_function="gelu", bos_token_id=1, eos_token_id=2))
+lm_check("llama", T.LlamaForCausalLM, SMALL)
+lm_check("llama", T.LlamaForCausalLM, dict(SMALL, head_dim=10, tie_word_embeddings=True, rope_parameters=dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8)))
+lm_check("qwen2", T.Qwen2ForCausalLM, SMALL)
+lm_check("qwen3", T.Qwen3ForCausalLM, dict(SMALL, head_dim=12, attention_bias=True))
+lm_check("mistral", T.MistralForCausalLM, dict(SMALL, sliding_window=4))
+lm_check("gemma2", T.Gemma2ForCausalLM, dict(SMALL, head_dim=16, sliding_window=4, query_pre_attn_scalar=20, attn_logit_softcapping=5.0, final_logit_softcapping=3.0))
+
+
+def enc_check(fam, cls, kw, inputs):
+    """Encoders and image classifiers (jaxformer's images are NHWC)."""
+    for s in (0, 1):
+        m = randomize(cls(cls.config_class(**kw)), seed=s)
+        d = tempfile.mkdtemp(); m.save_pretrained(d)
+        j, name, cfg = hf.from_pretrained(d)
+        with torch.no_grad():
+            o = m(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+        ref = (o.logits if hasattr(o, "logits") else o.last_hidden_state).numpy()
+        if name in ("vit", "swin"):
+            ours = np.asarray(j(jnp.asarray(inputs["pixel_values"].transpose(0, 2, 3, 1))))
+        else:
+            ours = np.asarray(j(jnp.asarray(inputs["input_ids"]), jnp.asarray(inputs["attention_mask"]).astype(bool)))
+        if ref.ndim == 3:
+            real = inputs["attention_mask"].astype(bool); ref, ours = ref[real], ours[real]
+        out.setdefault(fam, []).append((float(np.abs(ref - ours).max()), float(np.abs(ref).max())))
+
+
+ids = rng.randint(3, 97, size=(2, 9)); am = np.ones_like(ids); am[1, 6:] = 0
+bert = dict(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72, max_position_embeddings=32)
+enc_check("bert_cls", T.BertForSequenceClassification, dict(bert, num_labels=3), {"input_ids": ids, "attention_mask": am})
+px = rng.randn(2, 3, 32, 32).astype(np.float32)
+enc_check("vit", T.ViTForImageClassification, dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72, num_labels=5, qkv_bias=False), {"pixel_values": px})
+enc_check("swin", T.SwinForImageClassification, dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=5, layer_norm_eps=1e-6), {"pixel_values": px})
+print(json.dumps({k: {"worst_diff": max(d for d, _ in v), "tol_share": max(d / (1e-5 * max(1, m)) for d, m in v), "max_logit": max(m for _, m in v), "runs": len(v)} for k, v in out.items()}, indent=0))
