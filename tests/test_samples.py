@@ -44,3 +44,29 @@ def test_sample_settings_are_validated():
         with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):
             load_config("lm", [bad])
     assert np.isfinite(load_config("lm").train.sample_temperature)
+
+
+def test_sample_of_a_tokens_run_uses_its_tokenizer(tmp_path):
+    """A run on a prepared tokens directory: the prompt comes from its eval source (the trainer's
+    random-access windows, not arrays) and is encoded and printed with the directory's BPE."""
+    from jaxformer.train.data import prepare, tokens_data
+    text = stdlib_docs.corpus()[:60000]
+    src = tmp_path / "in.txt"
+    src.write_text(text)
+    bpe = tokenizer.train_bpe([p for p in text.split("\n\n") if p.strip()], 400)
+    prepare.prepare([str(src)], bpe, str(tmp_path / "tok"), eval_fraction=0.3, progress=False)
+    cfg = load_config("lm", ["data.name=tokens", f"data.path={tmp_path / 'tok'}", "data.seq_len=32",
+                             "model.vocab_size=400", "train.sample_tokens=3"])
+    tok = tokenizer.load_tokenizer(str(tmp_path / "tok"))
+    prompts = []
+
+    def fake_generate(model, prompt, gen):
+        prompts.append(prompt)
+        return tok.encode(" the end")[None, : gen.max_new_tokens]
+    _, evaluation = tokens_data.sources(cfg.data, 0)
+    out = sample_text(cfg, None, fake_generate, evaluation)
+    assert tok.vocab_size == 400 and int(prompts[0].max()) > tokenizer.VOCAB_SIZE  # BPE ids, not bytes
+    prompt_line = out.splitlines()[1]
+    assert prompt_line == "  prompt:  " + tok.decode(prompts[0][0]).replace("\n", "\\n"), out
+    cont = tok.decode(tok.encode(" the end")[:3])
+    assert f"sampled: {cont}    [" in out and out.endswith(f"greedy:  {cont}"), out
