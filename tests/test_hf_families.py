@@ -47,6 +47,8 @@ CASES = {
                                                 tie_word_embeddings=True, sliding_window=4), None),
     "qwen3_bias_head_dim": (T.Qwen3ForCausalLM, dict(SMALL, head_dim=12, attention_bias=True,
                                                      max_position_embeddings=32), None),
+    "gpt2_tanh_gelu": (T.GPT2LMHeadModel, dict(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_inner=56,
+                                                n_positions=32, bos_token_id=1, eos_token_id=2, pad_token_id=0), None),
     "qwen3_linear_rope": (T.Qwen3ForCausalLM, dict(SMALL, head_dim=8, max_position_embeddings=32,
         rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)), None),
 }
@@ -124,6 +126,36 @@ def test_greedy_with_eos_list_and_export_match_hf(tag, saved, tmp_path):
     back = T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
     assert type(back) is type(hf_model)
     np.testing.assert_array_equal(_hf_logits(back), before)
+
+
+@pytest.mark.parametrize("tag", ["gpt2_tanh_gelu", "llama_llama3", "qwen2_tied_mqa", "qwen3_linear_rope"])
+def test_beam_matches_hf(tag, saved):
+    """Beam ids equal HF generate's (3 beams, a left-padded row), with an eos that row 0's best
+    beam produces mid-way (HF's rules for finishing hypotheses, generation.beam_loop) and with
+    no eos at all."""
+    from jaxformer.config.models import GenerationConfig
+    from jaxformer.generation import generate
+    hf_model, path, max_len = saved[tag]
+    model, _, _ = hf.from_pretrained(path, max_len=max_len)
+    n = 8
+    hf_model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        def hf_beam(eos):
+            hf_model.generation_config.eos_token_id = eos
+            return hf_model.generate(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
+                                     max_new_tokens=n, do_sample=False, num_beams=3,
+                                     length_penalty=1.0)[:, IDS.shape[1]:].numpy()
+        free = hf_beam(None)
+        eos = int(free[0, 3])
+        ref = hf_beam(eos)
+    ours, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=n, strategy="beam", num_beams=3,
+                                                             eos_id=V + 7, length_penalty=1.0))
+    np.testing.assert_array_equal(ours, free)
+    ours, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=n, strategy="beam", num_beams=3,
+                                                             eos_id=eos, length_penalty=1.0))
+    for row, want in zip(ours, ref):  # compared up to and including the eos; HF pads after it
+        stop = list(want).index(eos) + 1 if eos in want else len(want)
+        np.testing.assert_array_equal(row[:stop], want[:stop])
 
 
 def test_tied_heads_load_as_transformers_does(saved, tmp_path):
