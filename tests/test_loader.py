@@ -137,7 +137,20 @@ def test_vocab_and_shard_errors_at_config_load(tmp_path, capsys):
 # ------------------------------------------------------------------ training
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    return write_tokens(tmp_path_factory.mktemp("data") / "tok")
+    """What `jaxformer data prepare` makes of a text with a byte-level BPE of VOCAB ids trained
+    on it (the issue's prepare -> train -> SIGKILL -> resume runs on this directory)."""
+    from jaxformer.train.data import prepare, stdlib_docs, tokenizer
+    d = tmp_path_factory.mktemp("data")
+    text = stdlib_docs.corpus()[:80000]
+    (d / "in.txt").write_text(text)
+    bpe = tokenizer.train_bpe([p for p in text.split("\n\n") if p.strip()], VOCAB)
+    meta = prepare.prepare([str(d / "in.txt")], bpe, str(d / "tok"), eval_fraction=0.15, progress=False)
+    assert meta["vocab_size"] == VOCAB and meta["tokenizer"]["file"] == "tokenizer.json"
+    return str(d / "tok")
+
+
+def _sha(data_dir) -> str:
+    return json.load(open(os.path.join(data_dir, "meta.json")))["tokenizer"]["sha256"]
 
 
 def _checkpoint_steps(wd) -> list[int]:
@@ -190,7 +203,7 @@ def test_tokens_train_eval_tokenizer_and_refused_resume(data_dir, reference, tmp
     for kind in ("last", "best"):
         d = os.path.join(wd, "model", kind)
         rec = tokenizer_entry(d)
-        assert rec["sha256"] == "a" * 64 and rec["vocab_size"] == VOCAB and rec["eos_id"] == 2
+        assert rec["sha256"] == _sha(data_dir) and rec["vocab_size"] == VOCAB and rec["eos_id"] == 2
         assert open(os.path.join(d, "tokenizer.json")).read() == open(os.path.join(data_dir, "tokenizer.json")).read()
     # the same run, trained on a directory that now holds data of another tokenizer
     import shutil
@@ -203,7 +216,7 @@ def test_tokens_train_eval_tokenizer_and_refused_resume(data_dir, reference, tmp
         yaml.safe_dump(stored, f)
     before = sorted(os.listdir(moved))
     with pytest.raises(ValueError, match="tokenizer .*'test' sha256 bbbbbbbbbbbb.* differs from the one the "
-                                         "checkpoint .* trained with .*sha256 aaaaaaaaaaaa"):
+                                         f"checkpoint .* trained with .*sha256 {_sha(data_dir)[:12]}"):
         JaxTrainer(tokens_cfg(other, steps=len(history) + 2), moved, resume=True, progress=False)
     assert sorted(os.listdir(moved)) == before
 
@@ -257,4 +270,4 @@ def test_torch_trainer_reads_the_same_batches(data_dir, reference, tmp_path):
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(history, reference[0])]
     print("torch vs jax on tokens data, per-step loss diffs:", ["%.1e" % d for d in diffs])
     assert len(diffs) == 2 and max(diffs) <= RTOL * max(1.0, reference[0][0]["loss"])
-    assert tokenizer_entry(str(tmp_path / "model" / "last"))["sha256"] == "a" * 64
+    assert tokenizer_entry(str(tmp_path / "model" / "last"))["sha256"] == _sha(data_dir)
