@@ -89,8 +89,7 @@ def load_param_dtype(directory: str) -> str:
     """The params' storage dtype recorded in DIR/model.yaml ("float32" when absent)."""
     from jaxformer.models import PARAM_DTYPES
     path = os.path.join(directory, "model.yaml")
-    with open(path) as f:
-        data = yaml.safe_load(f)
+    data = _read_yaml(path)
     dtype = data.get("param_dtype", "float32") if isinstance(data, dict) else "float32"
     if dtype not in PARAM_DTYPES:
         raise ValueError(f"{path}: param_dtype {dtype!r}, expected one of {', '.join(PARAM_DTYPES)}")
@@ -121,27 +120,27 @@ def _tokenizer_section(tokenizer: dict, tokenizer_file: str | None) -> dict:
 def tokenizer_entry(directory: str) -> dict | None:
     """The `tokenizer:` section of DIR/model.yaml (a describe() dict), or None when it has none."""
     path = os.path.join(directory, "model.yaml")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path} is corrupted (not YAML: {first})") from None
+    data = _read_yaml(path)
     entry = data.get("tokenizer") if isinstance(data, dict) else None
     if entry is not None and not (isinstance(entry, dict) and "kind" in entry):
         raise ValueError(f"{path} is corrupted: its `tokenizer:` section is not a describe() dict")
     return entry
 
 
-def _model_section(path: str, what: str):
-    """(name, cfg) of the `model:` section of a YAML file (model.yaml, or a run's config.yaml)."""
-    from jaxformer.config import ConfigError, model_config_from_dict
+def _read_yaml(path: str):
+    """A YAML file's data (yaml.safe_load: plain data only); not YAML is a ValueError naming it."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            return yaml.safe_load(f)
     except yaml.YAMLError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path} is corrupted (not YAML: {first})") from None
+
+
+def _model_section(path: str, what: str):
+    """(name, cfg) of the `model:` section of a YAML file (model.yaml, or a run's config.yaml)."""
+    from jaxformer.config import ConfigError, model_config_from_dict
+    data = _read_yaml(path)
     section = None
     if isinstance(data, dict):  # model.yaml may also hold the bare section
         section = data.get("model", data if what == "model" else None)

@@ -29,3 +29,25 @@ def randomize(module, seed: int = 0):
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * (0.5 if p.ndim == 1 else 0.2))
     return module.eval()
+
+
+def hf_lm_logits(model, ids, mask):
+    """An HF causal LM's fp32 logits for a (left-padded) batch, with positions counting real
+    tokens, as HF generate (and jaxformer) do."""
+    import torch
+    mask_t = torch.from_numpy(mask)
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), attention_mask=mask_t,
+                     position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0)).logits.numpy()
+
+
+def check_hf_logits(tag: str, ref, ours, mask) -> float:
+    """Max |logit diff| on real tokens (pad rows see no real token in HF's causal mask), within
+    1e-5 x max(1, max |logit|) (docs/numerics.md §19); printed, so -s shows the figures."""
+    import numpy as np
+    real = mask.astype(bool)
+    d = float(np.abs(ref[real] - ours[real]).max())
+    scale = max(1.0, float(np.abs(ref).max()))
+    print(f"[hf logits] {tag}: max |diff| {d:.2e}, max |logit| {scale:.2f}")
+    assert d <= 1e-5 * scale, f"{tag}: max |logits diff| vs HF {d:.2e}"
+    return d

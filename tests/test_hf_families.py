@@ -21,6 +21,7 @@ from flax import nnx
 from jaxformer import hf
 from jaxformer.config import ConfigError
 from jaxformer.parity import setup_precision
+from helpers import check_hf_logits, hf_lm_logits
 from helpers import randomize as _randomize
 
 T = pytest.importorskip("transformers")
@@ -60,10 +61,7 @@ def _precision():
 
 
 def _hf_logits(model, ids=IDS, mask=MASK) -> np.ndarray:
-    mask_t = torch.from_numpy(mask)
-    with torch.no_grad():  # positions count real tokens, as HF generate (and jaxformer) do
-        return model(torch.from_numpy(ids), attention_mask=mask_t,
-                     position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0)).logits.numpy()
+    return hf_lm_logits(model, ids, mask)
 
 
 @nnx.jit
@@ -72,10 +70,7 @@ def _call(model, ids, mask):
 
 
 def _check(tag: str, ref: np.ndarray, ours: np.ndarray) -> float:
-    real = MASK.astype(bool)  # pad rows see no real token in HF's causal mask
-    d = float(np.abs(ref[real] - ours[real]).max())
-    assert d <= 1e-5 * max(1.0, float(np.abs(ref).max())), f"{tag}: max |logits diff| vs HF {d:.2e}"
-    return d
+    return check_hf_logits(tag, ref, ours, MASK)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ import pytest
 import torch
 from flax import nnx
 
-from helpers import converted_pair, randomize
+from helpers import check_hf_logits, converted_pair, hf_lm_logits, randomize
 from jaxformer import convert, hf
 from jaxformer import generation as jgen
 from jaxformer.config import ConfigError
@@ -69,10 +69,7 @@ def _precision():
 
 
 def _hf_logits(model, ids=IDS, mask=MASK) -> np.ndarray:
-    mask_t = torch.from_numpy(mask)
-    with torch.no_grad():  # positions count real tokens, as HF generate (and jaxformer) do
-        return model(torch.from_numpy(ids), attention_mask=mask_t,
-                     position_ids=(mask_t.cumsum(-1) - 1).clamp(min=0)).logits.numpy()
+    return hf_lm_logits(model, ids, mask)
 
 
 @nnx.jit
@@ -81,12 +78,7 @@ def _call(model, ids, mask):
 
 
 def _check(tag: str, ref: np.ndarray, ours: np.ndarray) -> float:
-    real = MASK.astype(bool)  # pad rows see no real token in HF's causal mask
-    d = float(np.abs(ref[real] - ours[real]).max())
-    scale = max(1.0, float(np.abs(ref).max()))
-    print(f"[hf logits] {tag}: max |diff| {d:.2e}, max |logit| {scale:.2f}")
-    assert d <= 1e-5 * scale, f"{tag}: max |logits diff| vs HF {d:.2e}"
-    return d
+    return check_hf_logits(tag, ref, ours, MASK)
 
 
 @pytest.fixture(scope="module")
