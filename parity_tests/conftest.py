@@ -10,6 +10,18 @@ from jaxformer.parity import setup_precision  # noqa: E402
 setup_precision()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """The suite's shared JAX compilation cache (tests/conftest.py says why and where)."""
+    root = tmp_path_factory.getbasetemp()
+    path = str((root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "jax-cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def strict_dtype_promotion():
     """Strict promotion for the parity cases only (a context, not a global flag: optax and the

@@ -8,3 +8,22 @@ from jaxformer.parity import setup_precision  # noqa: E402
 setup_precision()
 # Strict dtype promotion is on in parity_tests/ only: optax itself mixes int32 step counts
 # with float decay rates (adam bias correction), which strict mode rejects.
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """One JAX persistent compilation cache for the whole test run, shared by the xdist workers
+    and the CLI subprocesses they start (through the environment): the suite compiles the same
+    small programs in many tests. It lives in this run's pytest temp folder (pytest keeps the
+    last three), so it never outlives the code it was compiled from."""
+    import jax
+    root = tmp_path_factory.getbasetemp()
+    path = str((root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "jax-cache")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    yield
