@@ -185,8 +185,11 @@ def test_full_disk_at_a_checkpoint_leaves_nothing_partial(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(tiny_run_config(steps=2).to_dict()))
     wd = tmp_path / "w"
+    # without the suite's compilation cache: its entries would hit the same file-size limit
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     r = subprocess.run([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir", str(wd),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=600)
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=600,
+                       env=env)
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
