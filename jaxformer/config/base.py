@@ -113,6 +113,11 @@ def from_dict(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         raise ConfigError(
             f"unknown config key(s) {', '.join(prefix + k for k in unknown)} for {cls.__name__}; "
             f"valid keys: {', '.join(sorted(fields))}")
+    missing = sorted(name for name, f in fields.items() if name not in data
+                     and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    if missing:
+        raise ConfigError(f"missing config key(s) {', '.join(prefix + k for k in missing)} for "
+                          f"{cls.__name__} (they have no default)")
     kwargs = {k: _coerce(hints[k], v, prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
+from jaxformer.config.moe import MLAConfig, MoEConfig
 
 FFN_KINDS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 NORM_KINDS = ("layernorm", "rmsnorm", "rmsnorm_offset")
@@ -118,6 +119,10 @@ class TransformerConfig:
     type_vocab_size: int = 0  # token type (segment) embeddings added to the tokens; 0 = none
     embed_norm: bool = False  # a norm (`norm`, `norm_eps`) on the summed embeddings
     pooler: bool = False  # encoder / classifier: dense + tanh on the pooled ([CLS]) vector
+    # Mixture of experts and DeepSeek / gpt-oss attention (jaxformer/config/moe.py)
+    moe: MoEConfig | None = None  # the sparse layers' FFN is a mixture of experts; None = dense
+    mla: MLAConfig | None = None  # multi-head latent attention in place of q/k/v projections
+    attn_sinks: bool = False  # a learned per-head logit in every softmax denominator (gpt-oss)
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len",
@@ -174,6 +179,14 @@ class TransformerConfig:
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
               f"must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+        if self.moe is not None:
+            self.moe.sparse_layers(self.num_layers)  # checks dense_layers against num_layers
+        if self.mla is not None:
+            check(self.position == "rope", "mla", f"uses decoupled RoPE; position is {self.position!r}")
+
+    def sparse_layers(self) -> tuple[bool, ...]:
+        """Per layer: is its FFN the mixture of experts (moe), else the dense FFN?"""
+        return (False,) * self.num_layers if self.moe is None else self.moe.sparse_layers(self.num_layers)
 
     @property
     def resolved_head_dim(self) -> int:
