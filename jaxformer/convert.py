@@ -144,8 +144,8 @@ def param_leaves(model) -> dict[tuple, Any]:
     -> Variable."""
     from flax import nnx
 
-    from jaxformer.layers.moe import Buffer
-    flat = nnx.to_flat_state(nnx.state(model, nnx.Any(nnx.Param, Buffer)))
+    from jaxformer.layers.moe import SAVED
+    flat = nnx.to_flat_state(nnx.state(model, SAVED))
     return {tuple(path): var for path, var in flat}
 
 

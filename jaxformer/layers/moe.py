@@ -84,6 +84,9 @@ class Buffer(nnx.Variable):
     nnx.Params, outside the gradient and the optimiser state (which take nnx.Param only)."""
 
 
+SAVED = nnx.Any(nnx.Param, Buffer)  # the state that checkpoints and the converter keep
+
+
 class Router(nnx.Module):
     """Router logits x @ weight^T (+ bias) in float32, then cfg.router's rule.
 
