@@ -177,3 +177,11 @@ class MLAConfig:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def latent_values_per_token(self) -> int:
+        """Numbers one layer's KV cache holds per token: the latent and the rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def expanded_values_per_token(self, num_heads: int) -> int:
+        """What a cache of the expanded per-head keys and values would hold (docs/numerics.md §27)."""
+        return num_heads * (self.qk_head_dim + self.v_head_dim)
