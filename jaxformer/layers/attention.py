@@ -66,7 +66,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
-        q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention).
+        q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention);
+            v may have a width of its own (MLA's v_head_dim), and so then has the output.
         mask: bool, broadcastable to [B, H, T, S], True = attend.
         bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).
         scale: default 1/sqrt(K).
@@ -101,7 +102,13 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
         backend = switches.fused_attention if implementation is None else implementation
-        out = lowering.fused_attention(q, k, v, bias=bias, mask=mask, scale=scale, backend=backend)
+        # the fused kernels take one head width: zero columns pad the narrower of q/k and v
+        # (they add 0 to every score and sum; MLA's v_head_dim differs from its qk width)
+        d_qk, d_v = q.shape[-1], v.shape[-1]
+        width = max(d_qk, d_v)
+        pad = lambda a: a if a.shape[-1] == width else jnp.pad(a, ((0, 0),) * 3 + ((0, width - a.shape[-1]),))
+        out = lowering.fused_attention(pad(q), pad(k), pad(v), bias=bias, mask=mask, scale=scale,
+                                       backend=backend)[..., :d_v]
         if visible is not None:
             out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
                                      1, 2).astype(out.dtype)  # [B, T, H?, 1]
@@ -141,7 +148,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         out = jnp.moveaxis(out, 3, 1)  # [B, 1, G, R, K]
     else:
         out = jnp.einsum("bgrts,bgsk->btgrk", weights.reshape(b, num_kv, r, t, s), v)  # [B, T, G, R, K]
-    out = out.reshape(b, t, num_heads, d)  # [B, T, H, K]
+    out = out.reshape(b, t, num_heads, v.shape[-1])  # [B, T, H, K] (K of v)
     return (out, weights) if return_weights else out
 
 

@@ -33,6 +33,7 @@ from jaxformer.layers.attention import (MultiHeadAttention, combine_masks, make_
 from jaxformer.config import ConfigError
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.moe import MoE
+from jaxformer.layers.mla import MultiHeadLatentAttention
 from jaxformer.layers import partitioning
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.embedding import Embedding
@@ -40,6 +41,14 @@ from jaxformer.layers.positional import T5RelativePositionBias, absolute_positio
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -> MultiHeadAttention:
+    if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
+        if not self_attn:
+            raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
+        return MultiHeadLatentAttention(
+            cfg.d_model, cfg.num_heads, cfg.mla, max_len=cfg.max_len, rope_base=cfg.rope_base,
+            rope_scaling=cfg.rope_scaling, bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
+            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
+            softcap=cfg.attn_logit_softcap, rngs=rngs)
     use_rope = self_attn and cfg.position == "rope"
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
@@ -68,6 +77,12 @@ AUX = ("router_logits", "expert_load")
 
 def _norm(cfg: TransformerConfig, rngs: nnx.Rngs):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias, rngs=rngs)
+
+
+def cache_slots(self_cache: dict) -> int:
+    """The slots L of a self-attention cache: {"k", "v"} [.., G, L, K] or MLA's {"latent",
+    "k_rope"} [.., 1, L, .]."""
+    return next(iter(self_cache.values())).shape[-2]
 
 
 # the sub-layer intermediates of one layer, in depth order (module docstring)
@@ -206,6 +221,8 @@ class DecoderLayer(nnx.Module):
         """An empty self-attention cache of `length` slots, plus the cross-attention keys and
         values of memory [B, S, D] (projected once)."""
         attn = self.self_attn
+        if isinstance(attn, MultiHeadLatentAttention):  # the compressed latent cache
+            return {"self": attn.init_cache(batch, length, dtype)}
         shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
         cache = {"self": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}}
         if self.cross_attn is not None:
@@ -486,8 +503,8 @@ class Decoder(_Stack):
         is a ring (then L is the caller's mask length)."""
         rolling = self.rolling_layers(cache)
         if self.scan_layers:
-            return None if rolling[0] else cache["self"]["k"].shape[-2]
-        full = [c["self"]["k"].shape[-2] for c, ring in zip(cache, rolling) if not ring]
+            return None if rolling[0] else cache_slots(cache["self"])
+        full = [cache_slots(c["self"]) for c, ring in zip(cache, rolling) if not ring]
         return full[0] if full else None
 
     def rolling_inputs(self, mask, t: int, cache_index):

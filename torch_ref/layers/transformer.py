@@ -31,12 +31,21 @@ from torch_ref.layers.attention import (MultiHeadAttention, combine_masks, make_
                                         make_sliding_window_mask)
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.moe import MoE
+from torch_ref.layers.mla import MultiHeadLatentAttention
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.embedding import Embedding
 from torch_ref.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
+    if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
+        if not self_attn:
+            raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
+        return MultiHeadLatentAttention(
+            cfg.d_model, cfg.num_heads, cfg.mla, max_len=cfg.max_len, rope_base=cfg.rope_base,
+            rope_scaling=cfg.rope_scaling, bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
+            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
+            softcap=cfg.attn_logit_softcap)
     use_rope = self_attn and cfg.position == "rope"
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
@@ -65,6 +74,12 @@ AUX = ("router_logits", "expert_load")
 
 def _norm(cfg: TransformerConfig):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+
+def cache_slots(self_cache: dict) -> int:
+    """The slots L of a self-attention cache: {"k", "v"} [.., G, L, K] or MLA's {"latent",
+    "k_rope"} [.., 1, L, .]."""
+    return next(iter(self_cache.values())).shape[-2]
 
 
 # the sub-layer intermediates of one layer, in depth order (module docstring)
@@ -201,6 +216,8 @@ class DecoderLayer(nn.Module):
         """An empty self-attention cache of `length` slots, plus the cross-attention keys and
         values of memory [B, S, D] (projected once)."""
         attn = self.self_attn
+        if isinstance(attn, MultiHeadLatentAttention):  # the compressed latent cache
+            return {"self": attn.init_cache(batch, length, dtype)}
         shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
         device = attn.q_proj.weight.device
         cache = {"self": {"k": torch.zeros(shape, dtype=dtype, device=device),
@@ -395,7 +412,7 @@ class Decoder(_Stack):
     def cache_length(self, cache: list) -> int | None:
         """L, the slots of the cache's full (not ring) layers; None when every layer's cache
         is a ring (then L is the caller's mask length)."""
-        full = [c["self"]["k"].shape[-2] for c, ring in zip(cache, self.rolling_layers(cache)) if not ring]
+        full = [cache_slots(c["self"]) for c, ring in zip(cache, self.rolling_layers(cache)) if not ring]
         return full[0] if full else None
 
     def rolling_inputs(self, mask, t: int, cache_index, device=None):
