@@ -135,10 +135,11 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
+    from jaxformer.hf import mxfp4
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model, cast_params
-    ckpt = HFCheckpoint(path)
+    ckpt = mxfp4.unpacked(HFCheckpoint(path))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
     # in eager JAX compiles one initializer per parameter shape (seconds on a small Swin).
@@ -188,11 +189,12 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
 
     from jaxformer.checkpoint_io import model_yaml
     from jaxformer.config import to_dict
+    from jaxformer.hf import mxfp4
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ParamsWriter, convert_stream
     from jaxformer.models import abstract_model, cast_params
     _refuse_same(src, out)
-    ckpt = HFCheckpoint(src)
+    ckpt = mxfp4.unpacked(HFCheckpoint(src))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     abstract = abstract_model(name, cfg)
     dtype, downcast = resolve_param_dtype(ckpt, param_dtype)
