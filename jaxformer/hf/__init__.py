@@ -40,7 +40,8 @@ from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
-                  "jaxformer.hf.gemma2", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5")
+                  "jaxformer.hf.gemma2", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5",
+                  "jaxformer.hf.gpt_oss")
 
 
 def _families():
@@ -293,8 +294,10 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import bert, gemma2, gpt2, llama, mistral, qwen, t5, vision
-    if name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
+    from jaxformer.hf import bert, gemma2, gpt2, gpt_oss, llama, mistral, qwen, t5, vision
+    if name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
+        fam = gpt_oss
+    elif name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
         fam = gemma2
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
