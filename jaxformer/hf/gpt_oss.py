@@ -162,7 +162,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
             "head_dim": cfg.resolved_head_dim, "hidden_act": "silu", "max_position_embeddings": hf_max_positions(cfg),
             "rms_norm_eps": cfg.norm_eps, **rope_to_hf(cfg), "attention_bias": cfg.resolved_qkv_bias,
-            "attention_dropout": cfg.attn_dropout, "sliding_window": cfg.sliding_window, "layer_types": types,
+            "attention_dropout": cfg.attn_dropout, "layer_types": types,
+            # HF builds the sliding mask even when no layer uses it: a window as long as the context
+            "sliding_window": cfg.sliding_window if cfg.sliding_window is not None else cfg.max_len,
             "num_local_experts": m.num_experts, "num_experts_per_tok": m.top_k, "swiglu_alpha": m.swiglu_alpha,
             "swiglu_limit": m.swiglu_limit, "router_aux_loss_coef": m.aux_loss_coef,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
