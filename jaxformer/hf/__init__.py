@@ -9,7 +9,8 @@
 
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
-<-> `lm`), Gemma2 (`Gemma2ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
+<-> `lm`), Gemma2 (`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4
+experts dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
