@@ -106,6 +106,8 @@ def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str |
     and is the kernel jax itself selects by name; tokamax is a 0.0.x package and no GPU has
     measured the two here. bench/gpu.sh times both (gpu_train.py --attention), so the default
     can follow figures.
+    No backend takes attention sinks (gpt-oss): layers with sinks never call this and run
+    jaxformer/layers/attention.py's explicit path instead (docs/numerics.md §28).
     """
     backend = backend or "auto"
     if backend not in FUSED_ATTENTION:

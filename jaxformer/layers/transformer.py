@@ -55,7 +55,7 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
         dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
-        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, rngs=rngs)
+        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn, rngs=rngs)
 
 
 def make_ffn(cfg: TransformerConfig, *, sparse: bool = False, rngs: nnx.Rngs) -> FeedForward | MoE:

@@ -235,6 +235,18 @@ def _masked_rows_mean_v():
     return _sdpa_wrapper(f)
 
 
+def _sinks_per_kv_head():
+    import jax.numpy as jnp
+
+    def f(orig, q, k, v, sinks=None, kv_head_major=False, **kw):
+        if sinks is not None:  # each query group shares its first head's sink (a [G] sink layout)
+            g = k.shape[1 if kv_head_major else 2]
+            r = sinks.shape[0] // g
+            sinks = jnp.repeat(sinks.reshape(g, r)[:, 0], r)
+        return orig(q, k, v, sinks=sinks, kv_head_major=kv_head_major, **kw)
+    return _sdpa_wrapper(f)
+
+
 def _embedding_unscaled():
     from jaxformer.layers import embedding
     return _wrap_init(embedding.Embedding, scale=lambda s: False)
@@ -310,6 +322,8 @@ for _m in [
              ("text_encoder_preln_padding",)),
     Mutation("masked_rows_mean_v", "a query with no visible key returns mean(V), not 0", _masked_rows_mean_v,
              ("sdpa_fused_fully_masked_rows",)),
+    Mutation("attention_sinks_per_kv_head", "gpt-oss sinks shared per key/value group, not one per query head",
+             _sinks_per_kv_head, ("sdpa_sinks_sliding_gqa", "mha_sinks_rope_gqa_sliding"), grads_too=True),
     Mutation("embedding_not_scaled", "token embedding without its sqrt(D) factor", _embedding_unscaled,
              ("embedding_scaled",)),
     Mutation("sinusoid_positions_from_1", "sinusoidal positions counted from 1", _sinusoid_offset,
