@@ -114,7 +114,7 @@ LOGICAL_AXIS_RULES: dict[str, Any] = {
     "vocab": "tensor",          # embedding rows, LM head outputs
     "norm": None,               # norm scales and biases: small, replicated
     "layers": None,             # the stacked layer axis of scanned layers
-    "expert": "expert",         # the routed experts of an MoE layer (stacked [E, ...] weights)
+    "expert": "expert",         # the expert axis E of MoE weights (layers/moe.py): expert parallelism
 }
 
 
