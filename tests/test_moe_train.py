@@ -58,7 +58,7 @@ def test_aux_terms_compose_per_micro_batch():
     """The step's objective is CE + coefs x aux, with load_balance the token-weighted mean of
     the micro-batches' values and z_loss that of the whole batch; eval is CE alone."""
     from jaxformer.layers.moe import moe_aux_losses
-    cfg = moe_cfg(grad_accum_steps=2, batch_size=8)
+    cfg = moe_cfg(grad_accum_steps=2, batch_size=8, label_smoothing=0.0)
     model = build_jax_model(cfg)
     tx, schedule = make_optax(cfg.train, nnx.split(model, nnx.Param, ...)[1])
     fns = StepFns(cfg, model, tx, schedule)
@@ -67,17 +67,18 @@ def test_aux_terms_compose_per_micro_batch():
     _, out = jax.jit(fns.train_step)(state, shape_batch({"tokens": tokens}, 2))
     ev = jax.jit(fns.eval_step)(state["params"], state["rest"], {"tokens": tokens})
     model.eval()
-    lbs, zs, ces = [], [], []
-    for half in (tokens[:4], tokens[4:]):
-        logits, aux = model(jnp.asarray(half[:, :-1]), return_aux=True)
+
+    @nnx.jit
+    def reference(model, toks):  # one program: CE, load balance, z-loss of a batch
+        logits, aux = model(toks[:, :-1], return_aux=True)
         losses = moe_aux_losses(aux["router_logits"], None, cfg.model.moe)
-        lbs.append(float(losses["load_balance"]))
-        zs.append(float(losses["z_loss"]))
         logp = jax.nn.log_softmax(logits, -1)
-        ces.append(float(-jnp.mean(jnp.take_along_axis(logp, jnp.asarray(half[:, 1:, None]), -1))))
-    _, aux_all = model(jnp.asarray(tokens[:, :-1]), return_aux=True)
-    z_all = float(moe_aux_losses(aux_all["router_logits"], None, cfg.model.moe)["z_loss"])
-    lb_all = float(moe_aux_losses(aux_all["router_logits"], None, cfg.model.moe)["load_balance"])
+        ce = -jnp.mean(jnp.take_along_axis(logp, toks[:, 1:, None], -1))
+        return ce, losses["load_balance"], losses["z_loss"]
+
+    halves = [reference(model, jnp.asarray(h)) for h in (tokens[:4], tokens[4:])]
+    ces, lbs = [float(h[0]) for h in halves], [float(h[1]) for h in halves]
+    _, lb_all, z_all = map(float, reference(model, jnp.asarray(tokens)))
     m = cfg.model.moe
     np.testing.assert_allclose(float(out["moe_load_balance"]), np.mean(lbs), rtol=1e-6)
     np.testing.assert_allclose(float(out["moe_z_loss"]), z_all, rtol=1e-6)
