@@ -111,6 +111,8 @@ def init_params(model, scheme: str, seed: int, shardings=None) -> dict:
         sh = {tuple(p): v.get_value() for p, v in nnx.to_flat_state(shardings)}
     out = {}
     for path, var in convert.param_leaves(model).items():
+        if sh is not None and path not in sh:  # a Buffer (score_bias): it lives in `rest`
+            continue
         leaf = str(path[-1])
         shape = tuple(var.shape)
         torch_shape = convert.torch_shape_of(path, shape, prefixes)

@@ -15,7 +15,8 @@ devices first, so each device adds 1/D of the same micro-batch value), and enter
 weighted by its token count: the step's aux term is the token-weighted mean of its micro-batch
 values. z_loss is a mean over tokens, so it does not depend on the split at all; load_balance
 (HF's batch statistic, a product of two means) is a per-micro-batch value, as in HF's Trainer
-with gradient accumulation. Eval reports the LM loss alone (no aux terms).
+with gradient accumulation (pmap's micro-batch a holds rows a of every device's slice, other
+rows than on one device or a mesh when grad_accum_steps > 1). Eval reports the LM loss alone.
 """
 from __future__ import annotations
 
