@@ -1,7 +1,13 @@
 """Mesh sharding for `parallel.mode: mesh`: data, FSDP, expert and tensor parallelism on one
 `jax.sharding.Mesh` with axes ("data", "fsdp", "expert", "tensor"), driven by `jax.jit` +
-NamedSharding and XLA's SPMD partitioner (no hand-written collectives outside the MoE
-layers' dispatch, jaxformer/train/expert_parallel.py).
+NamedSharding and XLA's SPMD partitioner (no hand-written collectives).
+
+Expert parallelism is GSPMD's partitioning of the MoE layers' ragged dispatch (layers/moe.py),
+not a shard_map all-to-all: the stacked expert weights stay split over `expert` (never
+all-gathered), the routing and the sorted assignments are all-gathered (every device sees all
+N*k rows), each device computes its own experts' rows, and an all-reduce of the [N*k, D]
+expert outputs sums them (forward and backward). Correct and memory-sharded; its traffic is an
+all-reduce of the activations where a real all-to-all dispatch would move 1/S of them.
 
 Every parameter carries *logical* axes from its definition (flax NNX partitioning metadata,
 jaxformer/layers/partitioning.py), and one table maps logical axes to mesh axes
