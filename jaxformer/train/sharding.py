@@ -1,6 +1,13 @@
-"""Mesh sharding for `parallel.mode: mesh`: data, FSDP and tensor parallelism on one
-`jax.sharding.Mesh` with axes ("data", "fsdp", "tensor"), driven by `jax.jit` + NamedSharding
-and XLA's SPMD partitioner (no hand-written collectives).
+"""Mesh sharding for `parallel.mode: mesh`: data, FSDP, expert and tensor parallelism on one
+`jax.sharding.Mesh` with axes ("data", "fsdp", "expert", "tensor"), driven by `jax.jit` +
+NamedSharding and XLA's SPMD partitioner (no hand-written collectives).
+
+Expert parallelism is GSPMD's partitioning of the MoE layers' ragged dispatch (layers/moe.py),
+not a shard_map all-to-all: the stacked expert weights stay split over `expert` (never
+all-gathered), the routing and the sorted assignments are all-gathered (every device sees all
+N*k rows), each device computes its own experts' rows, and an all-reduce of the [N*k, D]
+expert outputs sums them (forward and backward). Correct and memory-sharded; its traffic is an
+all-reduce of the activations where a real all-to-all dispatch would move 1/S of them.
 
 Every parameter carries *logical* axes from its definition (flax NNX partitioning metadata,
 jaxformer/layers/partitioning.py), and one table maps logical axes to mesh axes
@@ -29,9 +36,9 @@ DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(
                  for k, v in LOGICAL_AXIS_RULES.items()}
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None) -> Mesh:
     devices = list(devices if devices is not None else jax.devices())
-    sizes = [data, fsdp, tensor]
+    sizes = [data, fsdp, expert, tensor]  # MESH_AXES order
     if sizes.count(-1) > 1:
         raise ValueError("parallel.mesh: at most one axis may be -1")
     known = math.prod(s for s in sizes if s != -1)
@@ -40,7 +47,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
             raise ValueError(f"parallel.mesh: {len(devices)} devices do not divide by {known}")
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
-        raise ValueError(f"parallel.mesh: data x fsdp x tensor = {math.prod(sizes)} but there are "
+        raise ValueError(f"parallel.mesh: data x fsdp x expert x tensor = {math.prod(sizes)} but there are "
                          f"{len(devices)} devices")
     # Auto axes: XLA's SPMD partitioner propagates shardings from the annotated params/batch
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
@@ -125,9 +132,9 @@ def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None):
             "rest": jax.tree.map(lambda _: replicated, state["rest"]), "step": replicated}
 
 
-def batch_sharding(mesh: Mesh, accum_axis: bool = True, axes: tuple = ("data", "fsdp")) -> NamedSharding:
+def batch_sharding(mesh: Mesh, accum_axis: bool = True, axes: tuple = ("data", "fsdp", "expert")) -> NamedSharding:
     """Batch arrays are [A, micro, ...]: the micro-batch dim is split over `axes` (the "batch"
-    rule: data x fsdp by default)."""
+    rule: data x fsdp x expert by default)."""
     return NamedSharding(mesh, P(None, tuple(axes) or None) if accum_axis else P(tuple(axes) or None))
 
 
