@@ -57,7 +57,8 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     from flax import nnx
 
     from jaxformer.config import to_dict
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    from jaxformer.layers.moe import SAVED
+    params = nnx.to_pure_dict(nnx.state(model, SAVED))  # params and saved buffers (MoE score_bias)
     dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params) if np.dtype(x.dtype).kind == "f"
               or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
@@ -178,7 +179,8 @@ def load_params_into(model, directory: str) -> None:
     import jax
     from flax import nnx
 
-    state = nnx.state(model, nnx.Param)
+    from jaxformer.layers.moe import SAVED
+    state = nnx.state(model, SAVED)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(state, restore_params(directory, abstract))
     nnx.update(model, state)

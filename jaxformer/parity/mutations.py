@@ -251,6 +251,37 @@ def _sinusoid_offset():
     return patched(positional.SinusoidalPositionalEncoding, "__call__", call)
 
 
+def _moe():
+    from jaxformer.layers import moe
+    return moe
+
+
+def _moe_no_renormalise():
+    return patched(_moe(), "renormalise", lambda w, eps=0.0: w)  # the top-k weights left unnormalised
+
+
+def _moe_aux_on_topk_weights():
+    import jax
+    import jax.numpy as jnp
+    moe = _moe()
+    original = moe.load_balance_probs
+
+    def probs(logits):  # the renormalised top-k weights (zeros elsewhere) instead of the full softmax
+        p = original(logits)
+        w, idx = moe.topk(p, 2)
+        return jnp.sum(jax.nn.one_hot(idx, p.shape[-1]) * moe.renormalise(w)[..., None], axis=-2)
+    return patched(moe, "load_balance_probs", probs)
+
+
+def _moe_experts_reversed():
+    moe = _moe()
+    original = moe.Experts.__call__
+
+    def call(self, x, indices, weights):  # expert e's tokens go to expert E-1-e
+        return original(self, x, self.cfg.num_experts - 1 - indices, weights)
+    return patched(moe.Experts, "__call__", call)
+
+
 for _m in [
     Mutation("layernorm_eps_10x", "LayerNorm eps 1e-4 instead of 1e-5", _layernorm_eps,
              ("norm_layernorm_eps_small_std",)),
@@ -283,6 +314,12 @@ for _m in [
              ("embedding_scaled",)),
     Mutation("sinusoid_positions_from_1", "sinusoidal positions counted from 1", _sinusoid_offset,
              ("pos_sinusoidal", "text_embedding_sinusoidal_scaled")),
+    Mutation("moe_topk_not_renormalised", "MoE top-k weights not renormalised to sum to 1",
+             _moe_no_renormalise, ("router_softmax_topk", "router_sigmoid_grouped", "moe_softmax_topk")),
+    Mutation("moe_aux_on_topk_weights", "load-balancing loss on the renormalised top-k weights, not the full softmax",
+             _moe_aux_on_topk_weights, ("moe_aux_losses", "moe_aux_losses_padding"), grads_too=True),
+    Mutation("moe_experts_reversed", "tokens sent to expert E-1-e instead of e", _moe_experts_reversed,
+             ("moe_softmax_topk", "lm_moe_llama"), grads_too=True),
 ]:
     register(_m)
 

@@ -110,6 +110,7 @@ LOGICAL_AXIS_RULES: dict[str, Any] = {
     "vocab": "tensor",          # embedding rows, LM head outputs
     "norm": None,               # norm scales and biases: small, replicated
     "layers": None,             # the stacked layer axis of scanned layers
+    "expert": None,             # the expert axis E of MoE weights (layers/moe.py)
 }
 
 
