@@ -199,18 +199,17 @@ def _hf_generate(hf_model, n, **kw):
                                  do_sample=False, **kw)[:, IDS.shape[1]:].numpy()
 
 
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_greedy_and_beam_match_hf(tag, saved):
-    """Greedy ids equal HF generate's (the latent cache, a left-padded row); beam ids too on
-    the q_lora case (eos never produced, so both stopping rules agree)."""
+def test_greedy_and_beam_match_hf(saved):
+    """Greedy ids equal HF generate's (the latent cache with its absorbed one-token steps, a
+    left-padded row, a dense and a sparse layer); beam ids too (eos never produced, so both
+    stopping rules agree). One case: each search compiles for over 10 s, and the plain-q
+    decode step is checked against full recompute in tests/test_mla.py."""
     from jaxformer import generation as jgen
     from jaxformer.config.models import GenerationConfig
-    hf_model, _, (model, _, _) = saved[tag]
+    hf_model, _, (model, _, _) = saved["qlora_yarn_e8_g4_dense0"]
     ref = _hf_generate(hf_model, 8)
     ours = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=8))
     np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
-    if not tag.startswith("qlora"):
-        return
     eos = hf_model.generation_config.eos_token_id
     hf_model.generation_config.eos_token_id = None
     try:
