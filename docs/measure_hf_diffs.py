@@ -55,6 +55,13 @@ lm_check("qwen2", T.Qwen2ForCausalLM, SMALL)
 lm_check("qwen3", T.Qwen3ForCausalLM, dict(SMALL, head_dim=12, attention_bias=True))
 lm_check("mistral", T.MistralForCausalLM, dict(SMALL, sliding_window=4))
 lm_check("gemma2", T.Gemma2ForCausalLM, dict(SMALL, head_dim=16, sliding_window=4, query_pre_attn_scalar=20, attn_logit_softcapping=5.0, final_logit_softcapping=3.0))
+# mixtures of experts: odd expert counts and top_k, a dense layer, the shared expert, norm_topk_prob
+lm_check("mixtral", T.MixtralForCausalLM, dict(SMALL, num_local_experts=5, num_experts_per_tok=2, sliding_window=4))
+lm_check("mixtral", T.MixtralForCausalLM, dict(SMALL, num_local_experts=7, num_experts_per_tok=3, num_key_value_heads=1, head_dim=12, tie_word_embeddings=True))
+lm_check("qwen2_moe", T.Qwen2MoeForCausalLM, dict(SMALL, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=24, shared_expert_intermediate_size=40, mlp_only_layers=[1]))
+lm_check("qwen2_moe", T.Qwen2MoeForCausalLM, dict(SMALL, num_experts=7, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20, norm_topk_prob=True, qkv_bias=False, decoder_sparse_step=2))
+lm_check("qwen3_moe", T.Qwen3MoeForCausalLM, dict(SMALL, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=24, head_dim=12))
+lm_check("qwen3_moe", T.Qwen3MoeForCausalLM, dict(SMALL, num_experts=9, num_experts_per_tok=1, moe_intermediate_size=16, head_dim=8, norm_topk_prob=True, attention_bias=True, mlp_only_layers=[0]))
 
 
 def enc_check(fam, cls, kw, inputs):

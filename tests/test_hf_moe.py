@@ -433,3 +433,20 @@ def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path
                 "qkv_bias", "attention_bias", "shared_expert_intermediate_size", "moe_intermediate_size"):
         assert getattr(back.config, key, None) == getattr(hf_model.config, key, None), key
     np.testing.assert_array_equal(hf_lm_logits(back.eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
+
+
+def test_streaming_to_a_checkpoint_in_small_batches(saved, tmp_path):
+    """convert_hf_to_flax (orbax partial saves of about one expert param each) restores the
+    params from_pretrained gives."""
+    from jaxformer import hf
+    import jax
+    from flax import nnx
+
+    from jaxformer.checkpoint_io import load_model_config, restore_params
+    _, path, (model, _, cfg) = saved["qwen2_moe_e5_k3_dense1"]
+    report = hf.convert_hf_to_flax(path, str(tmp_path / "ckpt"), flush_bytes=5 * 16 * 32 * 4)
+    assert report["batches"] > 3
+    assert load_model_config(str(tmp_path / "ckpt")) == ("lm", cfg)
+    want = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    got = restore_params(str(tmp_path / "ckpt"), jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), want))
+    jax.tree.map(np.testing.assert_array_equal, got, want)
