@@ -124,7 +124,7 @@ def _mla(o: Options, heads: int) -> MLAConfig | None:
 def _mtp_layers(o: Options, num_layers: int, keys) -> int:
     """num_nextn_predict_layers (alias num_mtp_layers); every stored layer index must be a
     decoder layer or one of these MTP modules."""
-    n = mixtral.num_experts(o, "num_nextn_predict_layers", "num_mtp_layers")
+    n = mixtral.num_experts(o, "num_nextn_predict_layers", "num_mtp_layers")  # the attribute_map alias reader
     if not (isinstance(n, int) and n >= 0):
         o.problem("num_nextn_predict_layers", "must be an integer >= 0")
         n = 0
