@@ -36,6 +36,13 @@ def update_score_bias(module, load, rate: float) -> None:
             moe.router.score_bias.add_(rate * torch.sign(row.mean() - row))
 
 
+def lm_weights(batch: dict, tokens):
+    """tasks.lm_weights: the batch's loss_mask at the target positions, else all ones."""
+    if "loss_mask" not in batch:
+        return torch.ones(tokens[:, 1:].shape)
+    return batch["loss_mask"][:, 1:].float()
+
+
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
     if name in CLASSIFICATION:
         x = batch["ids"] if name == "classifier" else batch["images"]
@@ -47,7 +54,7 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         tokens, moe = batch["tokens"], moe_of(model.cfg)
         out = model(tokens[:, :-1], return_aux=True) if moe else model(tokens[:, :-1])
         logits = out[0] if moe else out  # [B, T, V]
-        w = torch.ones(tokens[:, 1:].shape)
+        w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out[1], moe, w.sum()) if moe else {}
         return loss, w.sum(), {"correct": correct, **extra}

@@ -159,7 +159,7 @@ class TorchTrainer:
                 v = v.detach()
                 metric_sums[k] = metric_sums.get(k, 0.0) + (v if k == tasks.EXPERT_LOAD else float(v))
         load = metric_sums.pop(tasks.EXPERT_LOAD, None)  # [n_sparse, E] summed over the micro-batches
-        count_sum = sum(counts)
+        count_sum = max(sum(counts), 1.0)  # a loss-masked step may hold no target: loss 0, not NaN
         params = [p for p in self.module.parameters() if p.grad is not None]
         for p in params:
             p.grad.div_(count_sum)
