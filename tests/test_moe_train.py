@@ -141,6 +141,27 @@ def test_expert_parallel_matches_single_device(parallel, moe_single_device, tmp_
     if parallel["mode"] == "mesh":
         up = tr.state["params"]["decoder"]["layers"][1]["ffn"]["experts"]["up_proj"].get_value()  # [E, F, D]
         assert up.sharding.spec[0] == "expert" and up.addressable_shards[0].data.shape[0] == 1
+        ops = _collectives(tr)
+        print("compiled train step collectives:", {k: len(v) for k, v in ops.items()}, ops["all-gather"])
+        # the MoE layer's dispatch and return (forward, and their transposes in the backward)
+        assert len(ops["all-to-all"]) >= 4
+        n = cfg.train.batch_size * cfg.data.seq_len  # the micro-batch's tokens
+        moved = [shape for shape in ops["all-gather"] if {n, n * cfg.model.moe.top_k} & set(shape)]
+        assert not moved, f"routed activations all-gathered: {moved}"
+
+
+def _collectives(tr) -> dict:
+    """{op: [result shape, ...]} of the cross-device ops of the trainer's compiled train step."""
+    import re
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tr.state)
+    tokens = jax.ShapeDtypeStruct((1, tr.cfg.train.batch_size, tr.cfg.data.seq_len + 1), jnp.int32,
+                                  sharding=tr.batch_sharding)
+    with jax.set_mesh(tr.mesh):
+        text = tr.train_step.lower(abstract, {"tokens": tokens}).compile().as_text()
+    ops = {op: [] for op in ("all-to-all", "all-gather", "all-reduce", "reduce-scatter")}
+    for m in re.finditer(r"= \(?\w+\[([\d,]*)\][^=]*? (all-to-all|all-gather|all-reduce|reduce-scatter)\(", text):
+        ops[m.group(2)].append(tuple(int(d) for d in m.group(1).split(",") if d))
+    return ops
 
 
 def test_sharded_init_covers_moe_params():
