@@ -44,10 +44,13 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, w.sum(), {"correct": correct}
     if name == "lm":
-        tokens, moe = batch["tokens"], moe_of(model.cfg)
-        out = model(tokens[:, :-1], return_aux=True) if moe else model(tokens[:, :-1])
+        tokens, moe, seg = batch["tokens"], moe_of(model.cfg), batch.get("segment_ids")
+        kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
+        out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
         logits = out[0] if moe else out  # [B, T, V]
         w = torch.ones(tokens[:, 1:].shape)
+        if seg is not None:  # no target across a document boundary, none in padding
+            w = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out[1], moe, w.sum()) if moe else {}
         return loss, w.sum(), {"correct": correct, **extra}
