@@ -4,6 +4,11 @@ GPT-2 (learned positions), LLaMA (RoPE, GQA), gpt-oss (attention sinks, sliding 
 layers), MLA and MoE LMs. Outputs and every gradient; a one-token segment and a padding token
 (segment 0, whose query row sees no key) are in the batch.
 
+Restarted positions matter to absolute positions (learned, sinusoidal): RoPE scores depend on
+i - j only, so under the segment mask a RoPE model gives the same outputs (to rounding) with or
+without the restart; lm_gpt2_segments is the case that sees it (mutation
+segment_positions_not_restarted).
+
 Segments are the windows data.packing: segments trains on (jaxformer/train/data/tokens_data.py);
 tests/test_packing.py checks that a packed row gives each document the logits and loss it gets
 alone.
