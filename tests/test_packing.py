@@ -141,3 +141,13 @@ def test_trainers_agree_on_packed_windows_and_pmap_matches(tmp_path):
     dp = max(abs(a["loss"] - b["loss"]) for a, b in zip(jh, ph))
     print(f"packed trajectory: jax vs torch max rel dloss {d:.2e}, pmap vs single {dp:.2e}")
     assert d <= 1e-4 and dp <= 1e-5
+
+
+def test_bad_segment_ids_are_refused_in_both_trees():
+    tmod, jmod = converted_pair("lm", LMConfig.tiny("gpt2"))
+    ids = np.ones((2, 5), np.int32)
+    for call, arr in ((jmod, jnp.asarray), (tmod, torch.from_numpy)):
+        with pytest.raises(ValueError, match=r"segment_ids must be \[batch, 5\]"):
+            call(arr(ids), segment_ids=arr(np.ones((2, 4), np.int32)))
+        with pytest.raises(ValueError, match="without a cache"):
+            call(arr(ids[:, :1]), segment_ids=arr(ids[:, :1]), cache=call.init_cache(2, 8), cache_index=0)
