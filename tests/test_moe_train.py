@@ -141,6 +141,27 @@ def test_expert_parallel_matches_single_device(parallel, moe_single_device, tmp_
     if parallel["mode"] == "mesh":
         up = tr.state["params"]["decoder"]["layers"][1]["ffn"]["experts"]["up_proj"].get_value()  # [E, F, D]
         assert up.sharding.spec[0] == "expert" and up.addressable_shards[0].data.shape[0] == 1
+        ops = _collectives(tr)
+        print("compiled train step collectives:", {k: len(v) for k, v in ops.items()}, ops["all-gather"])
+        # the MoE layer's dispatch and return (forward, and their transposes in the backward)
+        assert len(ops["all-to-all"]) >= 4
+        n = cfg.train.batch_size * cfg.data.seq_len  # the micro-batch's tokens
+        moved = [shape for shape in ops["all-gather"] if {n, n * cfg.model.moe.top_k} & set(shape)]
+        assert not moved, f"routed activations all-gathered: {moved}"
+
+
+def _collectives(tr) -> dict:
+    """{op: [result shape, ...]} of the cross-device ops of the trainer's compiled train step."""
+    import re
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tr.state)
+    tokens = jax.ShapeDtypeStruct((1, tr.cfg.train.batch_size, tr.cfg.data.seq_len + 1), jnp.int32,
+                                  sharding=tr.batch_sharding)
+    with jax.set_mesh(tr.mesh):
+        text = tr.train_step.lower(abstract, {"tokens": tokens}).compile().as_text()
+    ops = {op: [] for op in ("all-to-all", "all-gather", "all-reduce", "reduce-scatter")}
+    for m in re.finditer(r"= \(?\w+\[([\d,]*)\][^=]*? (all-to-all|all-gather|all-reduce|reduce-scatter)\(", text):
+        ops[m.group(2)].append(tuple(int(d) for d in m.group(1).split(",") if d))
+    return ops
 
 
 def test_sharded_init_covers_moe_params():
@@ -174,3 +195,50 @@ def test_packaged_moe_config_trains(tmp_path):
     assert all(np.isfinite(r["loss"]) for r in hist)
     with open(tmp_path / "metrics.jsonl") as f:
         assert "moe_z_loss" in f.read()
+
+
+def _torch_score_biases(module) -> np.ndarray:
+    return np.stack([m.router.score_bias.numpy() for m in module.modules() if type(m).__name__ == "MoE"])
+
+
+def test_init_from_loads_score_bias_in_both_trainers(tmp_path):
+    """Fine-tuning from a model checkpoint starts from its DeepSeek score_bias (a saved buffer,
+    outside the params), not from zeros: the JAX trainer (both its state paths) and the torch one."""
+    from jaxformer.checkpoint_io import save_model
+    from jaxformer.train.jax_trainer import build_jax_model
+    from jaxformer.train.torch_trainer import build_torch_model
+    cfg = moe_cfg(DEEPSEEK)
+    src = build_jax_model(cfg)
+    saved = []
+    for _, m in nnx.iter_graph(src):
+        if type(m).__name__ == "Router":
+            m.score_bias[...] = jax.random.normal(jax.random.key(len(saved)), m.score_bias.shape)
+            saved.append(np.asarray(m.score_bias[...]))
+    save_model(src, cfg.model_name, cfg.model, str(tmp_path / "ckpt"))
+    ft = moe_cfg(DEEPSEEK, init_from=str(tmp_path / "ckpt"), steps=2, eval_every=2, checkpoint_every=2)
+    np.testing.assert_array_equal(_score_biases(nnx.split(build_jax_model(ft), nnx.Param, ...)[2]), saved)
+    np.testing.assert_array_equal(_score_biases(JaxTrainer(ft, str(tmp_path / "j"), progress=False).state["rest"]),
+                                  saved)
+    np.testing.assert_array_equal(_torch_score_biases(build_torch_model(ft)), np.stack(saved))
+
+
+def test_resume_restores_score_bias_in_both_trainers(tmp_path):
+    """After steps that move score_bias (bias_update_rate > 0), resuming the run directory
+    restores it exactly, in both trainers."""
+    cfg = moe_cfg({**DEEPSEEK, "bias_update_rate": 1e-3}, steps=2, eval_every=2, checkpoint_every=2)
+    more = moe_cfg({**DEEPSEEK, "bias_update_rate": 1e-3}, steps=4, eval_every=2, checkpoint_every=2)
+    tmod, jmod = _pair(cfg)
+    jt = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False)
+    jt.run()
+    moved = _score_biases(jt.state["rest"])
+    assert np.abs(moved).max() > 0
+    back = JaxTrainer(more, str(tmp_path / "jax"), resume=True, progress=False)
+    assert back.start_step == 2
+    np.testing.assert_array_equal(_score_biases(back.state["rest"]), moved)
+    tt = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False)
+    tt.run()
+    torch_moved = _torch_score_biases(tt.module)
+    np.testing.assert_array_equal(torch_moved, moved)
+    tback = TorchTrainer(more, str(tmp_path / "torch"), resume=True, progress=False)
+    tback._restore()
+    np.testing.assert_array_equal(_torch_score_biases(tback.module), torch_moved)

@@ -140,7 +140,7 @@ class TransformerConfig:
         check(self.attn_scale is None or self.query_pre_attn_scalar is None, "attn_scale",
               "set attn_scale or query_pre_attn_scalar, not both (both set the score scale)")
         if self.head_dim is None:
-            check(self.d_model % self.num_heads == 0, "d_model",
+            check(self.d_model % self.num_heads == 0 or self.mla is not None, "d_model",  # mla: its own widths
                   f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         else:
             check_positive(self, "head_dim")

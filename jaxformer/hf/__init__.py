@@ -9,8 +9,11 @@
 
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
-<-> `lm`), Gemma2 (`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4
-experts dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
+<-> `lm`), Mixtral (`MixtralForCausalLM` <-> `lm`), Qwen-MoE (`Qwen2MoeForCausalLM`,
+`Qwen3MoeForCausalLM` <-> `lm`), DeepSeek-V3 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
+(`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
+dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
+`classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
@@ -41,8 +44,8 @@ from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
-                  "jaxformer.hf.gemma2", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5",
-                  "jaxformer.hf.gpt_oss")
+                  "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
+                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss")
 
 
 def _families():
@@ -295,9 +298,15 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import bert, gemma2, gpt2, gpt_oss, llama, mistral, qwen, t5, vision
+    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, qwen, qwen_moe,
+                              t5, vision)
     if name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
         fam = gpt_oss
+    elif name == "lm" and getattr(cfg, "mla", None) is not None:  # multi-head latent attention
+        fam = deepseek
+    elif name == "lm" and getattr(cfg, "moe", None) is not None:  # Qwen's q/k norm or gated shared expert
+        moe_qwen = cfg.qk_norm or cfg.moe.shared_expert_gate or cfg.resolved_qkv_bias != cfg.resolved_out_bias
+        fam = qwen_moe if moe_qwen else mixtral
     elif name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
         fam = gemma2
     elif name == "lm" and cfg.position == "rope":

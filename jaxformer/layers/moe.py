@@ -13,8 +13,9 @@ so token order within an expert), the experts run as grouped matmuls (jax.lax.ra
 over the [E, out, in] weights), and the outputs are scattered back to their tokens, each times
 its routing weight. capacity_factor drops, per expert, the assignments beyond
 ceil(capacity_factor * N * k / E) in token order (Switch Transformer); a dropped assignment
-contributes 0. `dense_experts` computes every expert for every token (an einsum), the
-reference the ragged path is tested against (tests/test_moe.py) and benchmarked against.
+contributes 0. On a mesh with an `expert` axis the tokens go to their experts' devices with
+all-to-alls instead (jaxformer/layers/moe_parallel.py, the same maths). `dense_experts`
+computes every expert for every token (an einsum), the reference the ragged path is tested against (tests/test_moe.py) and benchmarked against.
 
 Shapes: x [B, T, D] -> [B, T, D]; N = B*T tokens, E experts, k = top_k, F = d_expert.
 """
@@ -28,7 +29,7 @@ from flax import nnx
 
 from jaxformer.config import ConfigError
 from jaxformer.config.moe import MoEConfig
-from jaxformer.layers import partitioning
+from jaxformer.layers import moe_parallel, partitioning
 from jaxformer.layers.ffn import GATED, FeedForward, activation
 from jaxformer.layers.linear import Linear
 
@@ -192,13 +193,21 @@ class Experts(nnx.Module):
             starts = jnp.cumsum(group_sizes) - group_sizes
             w_sorted = jnp.where(jnp.arange(n * k) - starts[expert_sorted] < cap, w_sorted, 0)
 
+        y = self.grouped_ffn(x[token_sorted], expert_sorted, group_sizes)  # [N*k, D]
+        return jnp.zeros_like(x).at[token_sorted].add(y * w_sorted[:, None])  # [N, D]
+
+    def grouped_ffn(self, rows: jax.Array, expert_sorted: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        """The FFN of rows [M, D] sorted by expert (expert_sorted [M], group_sizes [E] of this
+        module's E, which is E/S on one device of an expert-parallel mesh) -> [M, D]. Rows past
+        sum(group_sizes) are padding: ragged_dot gives them 0 and their bias is 0."""
         def project(name, h):
             y = grouped_matmul(h, getattr(self, name)[...], group_sizes)
             b = getattr(self, f"{name}_bias")
-            return y if b is None else y + b[...].astype(y.dtype)[expert_sorted]
+            if b is None:
+                return y
+            return y + jnp.take(b[...].astype(y.dtype), expert_sorted, axis=0, mode="fill", fill_value=0)
 
-        y = self.ffn(x[token_sorted], project)  # [N*k, D]
-        return jnp.zeros_like(x).at[token_sorted].add(y * w_sorted[:, None])  # [N, D]
+        return self.ffn(rows, project)
 
 
 def dense_experts(experts: Experts, x: jax.Array, indices: jax.Array, weights: jax.Array) -> jax.Array:
@@ -245,8 +254,13 @@ class MoE(nnx.Module):
     def __call__(self, x: jax.Array, record: dict | None = None) -> jax.Array:
         b, t, d = x.shape
         h = x.reshape(b * t, d)  # [N, D]
-        logits, weights, idx = self.router(h)
-        out = self.experts(h, idx, weights)  # [N, D]
+        on_mesh = moe_parallel.expert_mesh(b * t)
+        if on_mesh is not None:  # expert parallelism: tokens move to their experts' devices
+            logits, out, load = moe_parallel.routed(self.router, self.experts, h, *on_mesh)
+        else:
+            logits, weights, idx = self.router(h)
+            out = self.experts(h, idx, weights)  # [N, D]
+            load = None
         if self.shared_experts is not None:
             shared = self.shared_experts(h)
             if self.shared_expert_gate is not None:
@@ -254,7 +268,8 @@ class MoE(nnx.Module):
             out = out + shared
         if record is not None:
             record["router_logits"] = logits.reshape(b, t, -1)
-            record["expert_load"] = jnp.bincount(idx.reshape(-1), length=self.cfg.num_experts).astype(jnp.float32)
+            record["expert_load"] = load if load is not None else \
+                jnp.bincount(idx.reshape(-1), length=self.cfg.num_experts).astype(jnp.float32)
         return self.dropout(out.reshape(b, t, d))
 
 

@@ -58,12 +58,13 @@ def build_jax_model(cfg: RunConfig):
     name, mcfg, tc = cfg.model_name, model_config_for_training(cfg), cfg.train
     abstract = init_lib.abstract_model(name, mcfg, tc.seed)
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-    if tc.init_from:  # fine-tune: start from a converted / imported checkpoint
+    rest = init_lib.create_rest(name, mcfg, tc.seed)
+    if tc.init_from:  # fine-tune: start from a converted / imported checkpoint (its buffers too)
         from jaxformer.checkpoint_io import load_params_sharded
-        params = load_params_sharded(tc.init_from, params, init_lib.single_device(params))
+        params, rest = load_params_sharded(tc.init_from, params, init_lib.single_device(params), rest)
     else:
         params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params)
-    model = nnx.merge(graphdef, params, init_lib.create_rest(name, mcfg, tc.seed))
+    model = nnx.merge(graphdef, params, rest)
     set_remat(model, tc.remat_policy if tc.remat else None)
     return model
 
@@ -247,12 +248,14 @@ class JaxTrainer:
             mesh_sh = self.shardings or {"rest": None, "step": None}
             return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"]),
                     "step": init_lib.zero_step(mesh_sh["step"])}
-        params = None
-        if tc.init_from:  # fine-tune: each param restored into its sharding
-            from jaxformer.checkpoint_io import load_params_sharded
-            shardings = self.shardings or init_lib.single_device(self.abstract_state)
-            params = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"])
-        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params)
+        if not tc.init_from:
+            return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings)
+        # fine-tune: each param restored into its sharding, and the saved buffers (MoE score_bias)
+        from jaxformer.checkpoint_io import load_params_sharded
+        shardings = self.shardings or init_lib.single_device(self.abstract_state)
+        rest = init_lib.create_rest(name, mcfg, tc.seed, shardings["rest"])
+        params, rest = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"], rest)
+        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params) | {"rest": rest}
 
     def _global(self, local_batch: dict, sharding, axis: int) -> dict:
         """Global arrays from each process's own slice of the global batch (dim `axis`, split

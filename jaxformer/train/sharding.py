@@ -1,13 +1,18 @@
 """Mesh sharding for `parallel.mode: mesh`: data, FSDP, expert and tensor parallelism on one
 `jax.sharding.Mesh` with axes ("data", "fsdp", "expert", "tensor"), driven by `jax.jit` +
-NamedSharding and XLA's SPMD partitioner (no hand-written collectives).
+NamedSharding and XLA's SPMD partitioner; the one hand-written exchange is the MoE dispatch.
 
-Expert parallelism is GSPMD's partitioning of the MoE layers' ragged dispatch (layers/moe.py),
-not a shard_map all-to-all: the stacked expert weights stay split over `expert` (never
-all-gathered), the routing and the sorted assignments are all-gathered (every device sees all
-N*k rows), each device computes its own experts' rows, and an all-reduce of the [N*k, D]
-expert outputs sums them (forward and backward). Correct and memory-sharded; its traffic is an
-all-reduce of the activations where a real all-to-all dispatch would move 1/S of them.
+Expert parallelism: the stacked expert weights are split over `expert`, and the batch over
+data x fsdp x expert. Under the trainer's mesh (jax.set_mesh) each MoE layer runs its routing
+and dispatch in a jax.shard_map (jaxformer/layers/moe_parallel.py): every device routes its
+own tokens, all_to_all over `expert` sends each assignment to the device holding its expert,
+that device runs its experts (ragged_dot), and the reverse all_to_all brings the rows back.
+Compiled train step of the tiny MoE LM on data 2 x expert 4 (tests/test_moe_train.py): 6
+all-to-alls per sparse layer (counts, rows, expert ids and results forward; rows and results
+backward), no all-gather of token activations (only the [E, D] router weight, and the [B, T, E]
+router logits for the aux loss). The buffers are fixed-size on CPU (the worst case, dropless)
+and ragged_all_to_all elsewhere (jaxformer/lowering.py). The maths equals one device's
+(docs/numerics.md §26).
 
 Every parameter carries *logical* axes from its definition (flax NNX partitioning metadata,
 jaxformer/layers/partitioning.py), and one table maps logical axes to mesh axes

@@ -83,6 +83,7 @@ class StepFns:
             init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), m0, state["rest"])
             (g_sum, l_sum, c_sum, m_sum, rest), _ = jax.lax.scan(micro, init, batch)
         g_sum, l_sum, c_sum, m_sum = self._psum((g_sum, l_sum, c_sum, m_sum))
+        c_sum = jnp.maximum(c_sum, 1.0)  # a loss-masked step may hold no target: loss 0, not NaN
         load = m_sum.pop(tasks.EXPERT_LOAD, None)  # [n_sparse, E] over the step's micro-batches and devices
         grads = jax.tree.map(lambda g: g / c_sum, g_sum)
         updates, opt_state = self.tx.update(grads, state["opt_state"], params)

@@ -26,6 +26,11 @@ values. z_loss is a mean over tokens, so it does not depend on the split at all;
 (HF's batch statistic, a product of two means) is a per-micro-batch value, as in HF's Trainer
 with gradient accumulation (pmap's micro-batch a holds rows a of every device's slice, other
 rows than on one device or a mesh when grad_accum_steps > 1). Eval reports the LM loss alone.
+
+An `lm` batch may carry `loss_mask` [B, T + 1] beside `tokens` (instruction/chat data, written
+by `data prepare --format prompt_completion|chat`): the target tokens[:, i] counts only where
+loss_mask[:, i] is 1, so the count, and with it the step's divisor, is the number of answer tokens in the global
+batch (train and eval alike).
 """
 from __future__ import annotations
 
@@ -99,6 +104,17 @@ def update_score_bias(rest, load, rate):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def lm_weights(batch: dict, tokens):
+    """The `lm` targets' weights: the batch's loss_mask at the target positions (else ones),
+    and with segment_ids none across a document boundary and none in padding (segment 0)."""
+    w = (jnp.ones(tokens[:, 1:].shape, jnp.float32) if "loss_mask" not in batch
+         else batch["loss_mask"][:, 1:].astype(jnp.float32))
+    seg = batch.get("segment_ids")
+    if seg is not None:
+        w = w * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(jnp.float32)
+    return w
+
+
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0,
                  axis_name: str | None = None):
     """-> (loss_sum, count, {metric_sum}) for one (micro-)batch. An MoE LM adds moe_terms to
@@ -114,9 +130,7 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
         out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
         logits = out[0] if moe else out  # [B, T, V]
-        w = jnp.ones(tokens[:, 1:].shape, jnp.float32)
-        if seg is not None:  # no target across a document boundary, none in padding
-            w = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(jnp.float32)
+        w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out[1], moe, jnp.sum(w), axis_name) if moe else {}
         return loss, jnp.sum(w), {"correct": correct, **extra}

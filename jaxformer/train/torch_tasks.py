@@ -36,6 +36,16 @@ def update_score_bias(module, load, rate: float) -> None:
             moe.router.score_bias.add_(rate * torch.sign(row.mean() - row))
 
 
+def lm_weights(batch: dict, tokens):
+    """tasks.lm_weights: the batch's loss_mask at the target positions (else ones), and with
+    segment_ids none across a document boundary and none in padding (segment 0)."""
+    w = torch.ones(tokens[:, 1:].shape) if "loss_mask" not in batch else batch["loss_mask"][:, 1:].float()
+    seg = batch.get("segment_ids")
+    if seg is not None:
+        w = w * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
+    return w
+
+
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
     if name in CLASSIFICATION:
         x = batch["ids"] if name == "classifier" else batch["images"]
@@ -48,9 +58,7 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
         out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
         logits = out[0] if moe else out  # [B, T, V]
-        w = torch.ones(tokens[:, 1:].shape)
-        if seg is not None:  # no target across a document boundary, none in padding
-            w = ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
+        w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out[1], moe, w.sum()) if moe else {}
         return loss, w.sum(), {"correct": correct, **extra}

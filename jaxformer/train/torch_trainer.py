@@ -33,6 +33,11 @@ from jaxformer.train.optim import make_torch_optimizer
 def build_torch_model(cfg: RunConfig):
     from torch_ref.models import build_model
     module = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
+    if cfg.train.init_from:  # fine-tune: the checkpoint's params and saved buffers (MoE score_bias)
+        from jaxformer.checkpoint_io import load_model
+        from jaxformer.convert import to_torch_state_dict
+        module.load_state_dict(to_torch_state_dict(load_model(cfg.train.init_from)[2]), strict=True)
+        return module
     torch_init.init_torch(module, cfg.train.init, cfg.train.seed)
     return module
 
@@ -159,7 +164,7 @@ class TorchTrainer:
                 v = v.detach()
                 metric_sums[k] = metric_sums.get(k, 0.0) + (v if k == tasks.EXPERT_LOAD else float(v))
         load = metric_sums.pop(tasks.EXPERT_LOAD, None)  # [n_sparse, E] summed over the micro-batches
-        count_sum = sum(counts)
+        count_sum = max(sum(counts), 1.0)  # a loss-masked step may hold no target: loss 0, not NaN
         params = [p for p in self.module.parameters() if p.grad is not None]
         for p in params:
             p.grad.div_(count_sum)

@@ -12,9 +12,12 @@ data.packing says what a window's documents see of each other:
       then masks attention across documents, restarts positions at each one, and drops the
       target that crosses a boundary (an eos input predicting the next document's first id):
       jaxformer/train/tasks.py forward_loss.
-  concat: `tokens` only; every token attends to the whole window, documents included. Train windows start every seq_len ids (each id
-is a target once); eval windows every seq_len + 1 (disjoint). The shards are memory-mapped and
-a window is read when its batch is, so the data need not fit in memory.
+  concat: no segment ids; every token attends to the whole window, documents included.
+Train windows start every seq_len ids (each id is a target once); eval windows every
+seq_len + 1 (disjoint). The shards are memory-mapped and
+a window is read when its batch is, so the data need not fit in memory. A directory with a loss
+mask (instruction/chat data) adds its key `loss_mask` (uint8, [seq_len + 1], aligned with
+`tokens`): the `lm` task counts target i + 1 only where loss_mask[i + 1] is 1 (train/tasks.py).
 """
 from __future__ import annotations
 
@@ -63,10 +66,12 @@ class Windows:
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         if not 0 <= i < self.n:  # numpy would wrap a negative index, the reader not at all
             raise IndexError(f"window {i} outside [0, {self.n}) of the {self.split.name} split")
-        tokens = self.split.read(i * self.stride, self.length)
-        if self.eos_id is None:
-            return {"tokens": tokens}
-        return {"tokens": tokens, "segment_ids": segment_ids(tokens, self.eos_id)}
+        out = {"tokens": self.split.read(i * self.stride, self.length)}
+        if self.eos_id is not None:
+            out["segment_ids"] = segment_ids(out["tokens"], self.eos_id)
+        if self.split.masks is not None:
+            out["loss_mask"] = self.split.read_mask(i * self.stride, self.length)
+        return out
 
 
 def open_dir(cfg: Config) -> TokensDir:
