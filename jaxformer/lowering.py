@@ -112,6 +112,11 @@ def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str |
     can follow figures.
     No backend takes attention sinks (gpt-oss): layers with sinks never call this and run
     jaxformer/layers/attention.py's explicit path instead (docs/numerics.md §28).
+    Packed documents (LM segment_ids) reach every backend as part of the boolean `mask`
+    ([B, 1, T, S], layers/attention.py make_segment_mask): cuDNN takes it as the additive bias
+    jax.nn.dot_product_attention makes of any mask (combine_bias_and_mask), tokamax and XLA as
+    a mask. cuDNN's own packed layout (q_offsets / kv_offsets, no dense mask) is not reachable
+    through jax.nn.dot_product_attention's arguments, so it is not used.
     """
     backend = backend or "auto"
     if backend not in FUSED_ATTENTION:

@@ -28,6 +28,17 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
 
 
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+    """segment_ids [B, T] (packed documents) -> positions [B, T] int32 that restart at 0 where
+    the id changes, so each document gets the positions it would have alone (RoPE, learned
+    and sinusoidal positions alike)."""
+    t = segment_ids.shape[1]
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)  # [B, T]
+    starts = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                              segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)  # [B, T]
+    return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+
+
 def compute_dtype(name: str):
     return COMPUTE_DTYPES[name]
 

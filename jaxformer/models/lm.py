@@ -11,12 +11,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config.models import LMConfig
-from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.attention import combine_masks, make_padding_mask, make_segment_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.transformer import Decoder, TextEmbedding
 from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
-                                     set_compute_dtype)
+                                     positions_from_segments, set_compute_dtype)
 
 
 class LM(nnx.Module):
@@ -25,6 +25,10 @@ class LM(nnx.Module):
     Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; left padding is allowed, the
     positions then count real tokens only; position_ids [B, T] overrides them, as HF's) ->
     logits [B, T, V] float32.
+    Packed documents: segment_ids [B, T] int (contiguous runs, one id per document, 0 =
+    padding): a token attends only to earlier tokens of its own segment, and positions
+    restart at each segment (unless position_ids are given), so each document gets the
+    logits it would get alone (layers/attention.py make_segment_mask). No cache.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
     return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
@@ -45,7 +49,7 @@ class LM(nnx.Module):
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
                  return_attention: bool = False, position_ids: jax.Array | None = None,
-                 return_aux: bool = False):
+                 return_aux: bool = False, segment_ids: jax.Array | None = None):
         b, t = ids.shape
         if return_aux and self.cfg.moe is None:
             raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
@@ -61,6 +65,11 @@ class LM(nnx.Module):
                                  f"got {tuple(attention_mask.shape)}")
             positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(attention_mask), start, t, 1)  # [B, T]
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
+        if segment_ids is not None:  # packed documents: no attention across them, positions restart
+            if cache is not None or tuple(segment_ids.shape) != (b, t):
+                raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
+                                 f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
+            positions, mask = positions_from_segments(segment_ids), combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")

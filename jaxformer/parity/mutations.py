@@ -294,6 +294,20 @@ def _moe_experts_reversed():
     return patched(moe.Experts, "__call__", call)
 
 
+def _segment_positions_not_restarted():
+    from jaxformer.models import common
+    import jax.numpy as jnp
+    # packed documents keep the window's positions 0 .. T-1
+    return patched(common, "positions_from_segments",
+                   lambda seg: jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape))
+
+
+def _segment_mask_dropped():
+    from jaxformer.layers import attention
+    # only the padding part of the segment mask: documents see the ones before them
+    return patched(attention, "make_segment_mask", lambda seg: (seg != 0)[:, None, None, :])
+
+
 for _m in [
     Mutation("layernorm_eps_10x", "LayerNorm eps 1e-4 instead of 1e-5", _layernorm_eps,
              ("norm_layernorm_eps_small_std",)),
@@ -334,6 +348,10 @@ for _m in [
              _moe_aux_on_topk_weights, ("moe_aux_losses", "moe_aux_losses_padding"), grads_too=True),
     Mutation("moe_experts_reversed", "tokens sent to expert E-1-e instead of e", _moe_experts_reversed,
              ("moe_softmax_topk", "lm_moe_llama"), grads_too=True),
+    Mutation("segment_positions_not_restarted", "packed documents keep the window's positions",
+             _segment_positions_not_restarted, ("lm_gpt2_segments",), grads_too=True),
+    Mutation("segment_mask_dropped", "packed documents attend to the ones before them",
+             _segment_mask_dropped, ("lm_gpt2_segments", "lm_mla_segments"), grads_too=True),
 ]:
     register(_m)
 

@@ -6,6 +6,15 @@ divide by the *global* count: the loss of a step is the same however the batch i
 Cross-entropy with label smoothing eps is torch's:
     (1 - eps) * nll(target) + eps * mean_over_classes(-log p).
 
+Packed documents (data.packing: segments; the batch has `segment_ids` beside `tokens`): the
+LM attends within each document only and restarts positions at each (models/lm.py), and the
+target that crosses a boundary (a document's eos predicting the next document's first id) has
+weight 0: the model saw nothing of the next document, so that target would train the unigram
+distribution of document starts, conditioned on an unrelated text; the documents run one by one
+have no such target either, so the packed loss is the sum of their losses (tests/test_packing.py).
+transformers' DataCollatorWithFlattening drops the same label (its separator_id -100 on each
+sequence's first label).
+
 Mixture-of-experts LMs (model.moe) add auxiliary losses to the training objective, as HF's
 MixtralForCausalLM adds router_aux_loss_coef * aux_loss to its loss:
     objective = CE + aux_loss_coef * load_balance + z_loss_coef * z_loss
@@ -96,10 +105,14 @@ def update_score_bias(rest, load, rate):
 
 
 def lm_weights(batch: dict, tokens):
-    """The `lm` targets' weights: the batch's loss_mask at the target positions, else all ones."""
-    if "loss_mask" not in batch:
-        return jnp.ones(tokens[:, 1:].shape, jnp.float32)
-    return batch["loss_mask"][:, 1:].astype(jnp.float32)
+    """The `lm` targets' weights: the batch's loss_mask at the target positions (else ones),
+    and with segment_ids none across a document boundary and none in padding (segment 0)."""
+    w = (jnp.ones(tokens[:, 1:].shape, jnp.float32) if "loss_mask" not in batch
+         else batch["loss_mask"][:, 1:].astype(jnp.float32))
+    seg = batch.get("segment_ids")
+    if seg is not None:
+        w = w * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(jnp.float32)
+    return w
 
 
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0,
@@ -113,8 +126,9 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, jnp.sum(w), {"correct": correct}
     if name == "lm":
-        tokens, moe = batch["tokens"], moe_of(model.cfg)
-        out = model(tokens[:, :-1], return_aux=True) if moe else model(tokens[:, :-1])
+        tokens, moe, seg = batch["tokens"], moe_of(model.cfg), batch.get("segment_ids")
+        kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
+        out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
         logits = out[0] if moe else out  # [B, T, V]
         w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)

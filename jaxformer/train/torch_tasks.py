@@ -37,10 +37,13 @@ def update_score_bias(module, load, rate: float) -> None:
 
 
 def lm_weights(batch: dict, tokens):
-    """tasks.lm_weights: the batch's loss_mask at the target positions, else all ones."""
-    if "loss_mask" not in batch:
-        return torch.ones(tokens[:, 1:].shape)
-    return batch["loss_mask"][:, 1:].float()
+    """tasks.lm_weights: the batch's loss_mask at the target positions (else ones), and with
+    segment_ids none across a document boundary and none in padding (segment 0)."""
+    w = torch.ones(tokens[:, 1:].shape) if "loss_mask" not in batch else batch["loss_mask"][:, 1:].float()
+    seg = batch.get("segment_ids")
+    if seg is not None:
+        w = w * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
+    return w
 
 
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
@@ -51,8 +54,9 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, w.sum(), {"correct": correct}
     if name == "lm":
-        tokens, moe = batch["tokens"], moe_of(model.cfg)
-        out = model(tokens[:, :-1], return_aux=True) if moe else model(tokens[:, :-1])
+        tokens, moe, seg = batch["tokens"], moe_of(model.cfg), batch.get("segment_ids")
+        kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
+        out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
         logits = out[0] if moe else out  # [B, T, V]
         w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)

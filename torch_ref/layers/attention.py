@@ -34,6 +34,15 @@ def make_sliding_window_mask(q_len: int, k_len: int | None, window: int, offset=
     return ((dist >= 0) & (dist < window))[None, None]
 
 
+def make_segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Packed documents: segment_ids [B, T] int (which document each token belongs to, 0 =
+    padding) -> [B, 1, T, T] bool: query i sees key j iff both are in the same segment and
+    that segment is not 0. Causality is the caller's causal mask, combined as a boolean; a
+    padding query row sees nothing and outputs 0."""
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, T]
+    return (same & (segment_ids != 0)[:, None, :])[:, None]
+
+
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     """Logical AND of the masks that are not None (None if all are)."""
     out = None

@@ -26,6 +26,17 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (torch.cumsum(mask.long(), dim=1) - 1).clamp(min=0)
 
 
+def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """segment_ids [B, T] (packed documents) -> positions [B, T] that restart at 0 where
+    the id changes, so each document gets the positions it would have alone (RoPE, learned
+    and sinusoidal positions alike)."""
+    t = segment_ids.shape[1]
+    idx = torch.arange(t, device=segment_ids.device).expand(segment_ids.shape)  # [B, T]
+    starts = torch.cat([torch.ones_like(segment_ids[:, :1], dtype=torch.bool),
+                        segment_ids[:, 1:] != segment_ids[:, :-1]], dim=1)  # [B, T]
+    return idx - torch.cummax(torch.where(starts, idx, 0), dim=1).values
+
+
 def compute_dtype(name: str):
     return COMPUTE_DTYPES[name]
 

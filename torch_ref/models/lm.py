@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from jaxformer.config.models import LMConfig
-from torch_ref.layers.attention import make_padding_mask
+from torch_ref.layers.attention import combine_masks, make_padding_mask, make_segment_mask
 from torch_ref.layers.positional import default_positions
 from torch_ref.layers.transformer import Decoder, TextEmbedding
-from torch_ref.models.common import autocast, check_tokens, compute_dtype, positions_from_mask
+from torch_ref.models.common import (autocast, check_tokens, compute_dtype, positions_from_mask,
+                                    positions_from_segments)
 
 
 class LM(nn.Module):
@@ -22,6 +23,10 @@ class LM(nn.Module):
     Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; left padding is allowed, the
     positions then count real tokens only; position_ids [B, T] overrides them, as HF's) ->
     logits [B, T, V] float32.
+    Packed documents: segment_ids [B, T] int (contiguous runs, one id per document, 0 =
+    padding): a token attends only to earlier tokens of its own segment, and positions
+    restart at each segment (unless position_ids are given), so each document gets the
+    logits it would get alone (layers/attention.py make_segment_mask). No cache.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
     return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
@@ -41,13 +46,13 @@ class LM(nn.Module):
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
                 return_attention: bool = False, position_ids: torch.Tensor | None = None,
-                return_aux: bool = False):
+                return_aux: bool = False, segment_ids: torch.Tensor | None = None):
         with autocast(self.cfg.dtype, ids.device):
             return self._forward(ids, attention_mask, return_intermediates, cache, cache_index, return_attention,
-                                 position_ids, return_aux)
+                                 position_ids, return_aux, segment_ids)
 
     def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index, return_attention=False,
-                 position_ids=None, return_aux=False):
+                 position_ids=None, return_aux=False, segment_ids=None):
         b, t = ids.shape
         if return_aux and self.cfg.moe is None:
             raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
@@ -63,6 +68,11 @@ class LM(nn.Module):
                                  f"got {tuple(attention_mask.shape)}")
             positions = positions_from_mask(attention_mask)[:, start:start + t]  # [B, T]
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
+        if segment_ids is not None:  # packed documents: no attention across them, positions restart
+            if cache is not None or tuple(segment_ids.shape) != (b, t):
+                raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
+                                 f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
+            positions, mask = positions_from_segments(segment_ids), combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
