@@ -46,3 +46,20 @@ case("lm_mla_segments", "lm_model",
      model_pair("lm", LMConfig.tiny("llama", num_kv_heads=None, mla=MLA_Q_LORA)), packed())
 case("lm_moe_segments", "moe", model_pair("lm", dataclasses.replace(LM_MOE, num_layers=2)),
      packed(return_aux=np.array(True)))
+
+# The LM loss over weighted targets (layers/loss.py): an answers-only loss mask (chat data) with
+# packed segments, and label smoothing; gradients with respect to the logits.
+LOSS_MASK = np.array([[0, 0, 1, 1, 1, 0, 1, 1], [1, 1, 0, 0, 1, 1, 1, 0]], np.int32)
+LOSS_SEGMENTS = np.concatenate([SEGMENTS, SEGMENTS[:, -1:]], axis=1)  # [B, T + 1]
+
+
+def loss_inputs(r):
+    return {"logits": r.randn(B, T, V).astype(np.float32), "tokens": token_ids(B, T + 1, V)(r),
+            "loss_mask": LOSS_MASK, "segment_ids": LOSS_SEGMENTS}
+
+
+case("loss_mask_segments_smoothed", "loss", mirror_fn("layers.loss.masked_token_loss", label_smoothing=0.1),
+     loss_inputs)
+case("loss_mask_plain", "loss", mirror_fn("layers.loss.masked_token_loss"),
+     lambda r: {"logits": r.randn(B, T, V).astype(np.float32), "tokens": token_ids(B, T + 1, V)(r),
+                "loss_mask": LOSS_MASK})

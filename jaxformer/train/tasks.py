@@ -37,19 +37,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxformer.layers.loss import cross_entropy_sum, target_weights
+
 CLASSIFICATION = ("classifier", "vit", "swin")
 TOKEN_MODELS = ("lm", "seq2seq")
-
-
-def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
-    """Summed smoothed cross-entropy over positions with weight 1; -> (loss_sum, correct)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    loss = nll
-    if label_smoothing:
-        loss = (1.0 - label_smoothing) * nll + label_smoothing * -jnp.mean(logp, axis=-1)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    return jnp.sum(loss * weights), jnp.sum(correct * weights)
 
 
 MOE_METRICS = ("moe_load_balance", "moe_z_loss")  # summed x tokens; reported per token
@@ -105,14 +96,10 @@ def update_score_bias(rest, load, rate):
 
 
 def lm_weights(batch: dict, tokens):
-    """The `lm` targets' weights: the batch's loss_mask at the target positions (else ones),
-    and with segment_ids none across a document boundary and none in padding (segment 0)."""
-    w = (jnp.ones(tokens[:, 1:].shape, jnp.float32) if "loss_mask" not in batch
-         else batch["loss_mask"][:, 1:].astype(jnp.float32))
-    seg = batch.get("segment_ids")
-    if seg is not None:
-        w = w * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(jnp.float32)
-    return w
+    """The `lm` targets' weights (layers/loss.py target_weights): the batch's loss_mask at the
+    target positions (else ones), and with segment_ids none across a document boundary and
+    none in padding (segment 0)."""
+    return target_weights(tokens, batch.get("loss_mask"), batch.get("segment_ids"))
 
 
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0,

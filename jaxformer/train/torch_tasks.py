@@ -2,19 +2,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from torch_ref.layers.loss import cross_entropy_sum, target_weights
 from jaxformer.train.tasks import CLASSIFICATION, EXPERT_LOAD, moe_of, objective  # noqa: F401 (objective: the twin's)
-
-
-def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
-    """torch's CrossEntropyLoss(label_smoothing, reduction='sum') over positions with weight 1."""
-    flat_logits = logits.float().reshape(-1, logits.shape[-1])
-    flat_labels = labels.reshape(-1).long().masked_fill(weights.reshape(-1) == 0, -100)
-    loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum",
-                           label_smoothing=label_smoothing)
-    correct = ((logits.argmax(-1) == labels).float() * weights).sum()
-    return loss, correct
 
 
 def moe_terms(aux: dict, moe, count) -> dict:
@@ -37,13 +27,8 @@ def update_score_bias(module, load, rate: float) -> None:
 
 
 def lm_weights(batch: dict, tokens):
-    """tasks.lm_weights: the batch's loss_mask at the target positions (else ones), and with
-    segment_ids none across a document boundary and none in padding (segment 0)."""
-    w = torch.ones(tokens[:, 1:].shape) if "loss_mask" not in batch else batch["loss_mask"][:, 1:].float()
-    seg = batch.get("segment_ids")
-    if seg is not None:
-        w = w * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).float()
-    return w
+    """tasks.lm_weights (layers/loss.py target_weights)."""
+    return target_weights(tokens, batch.get("loss_mask"), batch.get("segment_ids"))
 
 
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
