@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models",
-                "jaxformer.parity.cases_vision")
+                "jaxformer.parity.cases_vision", "jaxformer.parity.cases_lora")
 
 from jaxformer.parity.harness import GRAD_TOL, OUT_TOL, Tolerance
 
