@@ -33,7 +33,7 @@ _PEFT_OFF: dict[str, Any] = {
     "rank_pattern": {}, "alpha_pattern": {}, "bias": "none", "fan_in_fan_out": False,
     "exclude_modules": None, "lora_bias": False, "target_parameters": None, "use_qalora": False,
     "layer_replication": None, "trainable_token_indices": None, "megatron_config": None,
-    "alora_invocation_tokens": None, "use_bdlora": None,
+    "alora_invocation_tokens": None, "use_bdlora": None, "arrow_config": None, "kasa_config": None,
 }
 # PEFT keys that carry no maths (bookkeeping, or options of inits we refuse through
 # init_lora_weights)
@@ -41,6 +41,7 @@ _PEFT_IGNORED = {
     "peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping",
     "peft_version", "megatron_core", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
     "velora_config", "monteclora_config", "runtime_config", "qalora_group_size",
+    "ensure_weight_tying",  # ties adapters of tied embeddings; embedding adapters are refused by key
 }
 _PEFT_INITS = {True: "kaiming", "gaussian": "gaussian"}
 

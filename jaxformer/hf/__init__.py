@@ -145,6 +145,10 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model, cast_params
+    peft = None
+    if adapter is not None:  # its options and keys are checked before the base is read
+        from jaxformer.hf.adapters import load_adapter, read_adapter
+        peft = read_adapter(adapter)
     ckpt = mxfp4.unpacked(HFCheckpoint(path))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
@@ -158,8 +162,7 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
     model.eval()
     report.update(architecture=arch, model=name, notes=notes, lora=None)
     if adapter is not None:
-        from jaxformer.hf.adapters import load_adapter
-        report["lora"] = load_adapter(model, name, cfg, adapter, seed=seed)
+        report["lora"] = load_adapter(model, name, cfg, adapter, seed=seed, adapter=peft)
     return (model, name, cfg, report) if return_report else (model, name, cfg)
 
 

@@ -142,15 +142,16 @@ def read_adapter(directory: str) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
     return lora, tensors
 
 
-def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0) -> LoRAConfig:
+def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapter=None) -> LoRAConfig:
     """Apply the PEFT adapter in `directory` to `model` (a jaxformer model of the adapter's HF
     base, e.g. hf.from_pretrained's), in place, in eval mode. -> the LoRAConfig applied (its
-    target_modules name our module paths). Every key problem is listed in one ConversionError."""
+    target_modules name our module paths). Every key problem is listed in one ConversionError.
+    adapter: read_adapter(directory)'s result, when already read."""
     import jax.numpy as jnp
     from flax import nnx
 
     from jaxformer.layers.lora import apply_lora, lora_modules
-    lora, tensors = read_adapter(directory)
+    lora, tensors = read_adapter(directory) if adapter is None else adapter
     _, names = hf_module_names(model, name, cfg)
     ours = {hf: p for p, hf in names.items()}
     pairs: dict[str, dict[str, np.ndarray]] = {}
