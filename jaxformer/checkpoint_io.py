@@ -62,7 +62,7 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     from jaxformer.config import to_dict
     from jaxformer.layers.lora import LoRAParam, lora_modules
     from jaxformer.layers.moe import SAVED
-    _check_lora(model, lora)
+    check_lora(model, lora)
     params = nnx.to_pure_dict(nnx.state(model, SAVED))  # params and saved buffers (MoE score_bias)
     base = nnx.to_pure_dict(nnx.state(model, nnx.All(SAVED, nnx.Not(LoRAParam))))  # adapters stay fp32
     dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(base) if np.dtype(x.dtype).kind == "f"
@@ -85,7 +85,7 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
         ckptr.wait_until_finished()
 
 
-def _check_lora(model, lora) -> None:
+def check_lora(model, lora) -> None:
     """The LoRAConfig given to save_model must be the one the model's adapters carry."""
     import math
 

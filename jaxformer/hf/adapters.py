@@ -87,12 +87,12 @@ def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite
     from safetensors.numpy import save_file
 
     from jaxformer.layers.lora import lora_modules
-    from jaxformer.checkpoint_io import _check_lora
+    from jaxformer.checkpoint_io import check_lora
     adapted = lora_modules(model)
     if not adapted:
         raise ValueError("the model has no LoRA adapters: nothing to export --to peft (export the "
                          "model itself with --to hf|flax|torch)")
-    _check_lora(model, lora)
+    check_lora(model, lora)
     fam, names = hf_module_names(model, name, cfg)
     family = fam.__name__.rsplit(".", 1)[-1]
     missing = [p for p in adapted if p not in names]
