@@ -168,7 +168,7 @@ def merge_lora(model: nnx.Module) -> list[str]:
         for name in _LINEAR_ATTRS:
             setattr(plain, name, getattr(m, name))
         _set_child(model, path, plain)
-    return list(merged)
+    return sorted(merged)
 
 
 def quantize_base(model: nnx.Module, weights_dtype: str) -> None:

@@ -30,7 +30,7 @@ def _adapter_values(path: str, r: int, d_in: int, d_out: int):
     """(A [r, in], B [out, r]) in torch's layout, a function of the module path alone."""
     rng = np.random.RandomState(zlib.crc32(path.encode()))
     a = rng.uniform(-1, 1, (r, d_in)) / np.sqrt(d_in)
-    return a.astype(np.float32), (rng.standard_normal((d_out, r)) * 0.5).astype(np.float32)
+    return a.astype(np.float32), (rng.standard_normal((d_out, r)) * 0.1).astype(np.float32)
 
 
 def fill_adapters(torch_model=None, flax_model=None) -> None:

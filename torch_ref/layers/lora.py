@@ -132,7 +132,7 @@ def merge_lora(model: nn.Module) -> list[str]:
                                    device="meta")
         plain.weight, plain.bias = m.weight, m.bias
         _set_child(model, dotted, plain)
-    return list(merged)
+    return sorted(merged)
 
 
 def quantize_base(model: nn.Module, weights_dtype: str) -> None:
