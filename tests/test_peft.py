@@ -193,6 +193,8 @@ def _peft_adapter(fam: str, base: str, out: str, seed: int = 0, **options):
 def test_peft_adapter_loads(fam, bases, tmp_path):
     out = str(tmp_path / "adapter")
     ref = hf_lm_logits(_peft_adapter(fam, bases[fam], out), IDS, MASK)
+    real = MASK.astype(bool)
+    assert np.abs(ref[real] - hf_lm_logits(_hf(fam, bases[fam]), IDS, MASK)[real]).max() > 0.1  # it matters
     model, name, cfg, report = hf.from_pretrained(bases[fam], adapter=out, return_report=True)
     check_hf_logits(f"hf.from_pretrained(adapter=) {fam}", ref, _ours(model), MASK)
     kw = LORAS[fam][1]
