@@ -6,7 +6,9 @@ and `jaxformer generate` read):
 
     DIR/model.yaml      the model section: {name: ..., fields...}; optionally a `tokenizer:`
                         section, the describe() dict of the tokenizer the model was trained
-                        with ({spec, kind, file, sha256}, jaxformer/train/data/tokenizer.py)
+                        with ({spec, kind, file, sha256}, jaxformer/train/data/tokenizer.py);
+                        a `lora:` section (LoRAConfig's fields) when the params hold LoRA
+                        adapters: loading applies it (layers/lora.apply_lora) before restoring
     DIR/params/         an orbax checkpoint of the params as a pure dict (flax layout)
     DIR/tokenizer.json  that tokenizer's file, when it has one (the entry's `file`)
 
@@ -43,7 +45,7 @@ STEPS = ("last", "best")
 
 # ----------------------------------------------------------------------------- model checkpoints
 def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
-               tokenizer: dict | None = None, tokenizer_file: str | None = None) -> None:
+               tokenizer: dict | None = None, tokenizer_file: str | None = None, lora=None) -> None:
     """Write DIR/model.yaml + DIR/params atomically; an existing DIR is an error unless
     overwrite (then replaced only once the new one is complete). The calling process writes
     alone, also in a multi-process job (give it host copies of the params).
@@ -51,18 +53,24 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     tokenizer: the record of the model's tokenizer (its describe() dict, as a tokens dataset's
     meta["tokenizer"], optionally with the ids' vocab_size, eos_id and bos_id), written as
     model.yaml's `tokenizer:` section; tokenizer_file: the file it names (e.g. the dataset's
-    tokenizer.json), copied in as DIR/<tokenizer["file"]>."""
+    tokenizer.json), copied in as DIR/<tokenizer["file"]>. lora: the LoRAConfig the model's
+    adapters were applied with (required when it has any; written as model.yaml's `lora:`)."""
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
 
     from jaxformer.config import to_dict
+    from jaxformer.layers.lora import LoRAParam, lora_modules
     from jaxformer.layers.moe import SAVED
+    check_lora(model, lora)
     params = nnx.to_pure_dict(nnx.state(model, SAVED))  # params and saved buffers (MoE score_bias)
-    dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params) if np.dtype(x.dtype).kind == "f"
+    base = nnx.to_pure_dict(nnx.state(model, nnx.All(SAVED, nnx.Not(LoRAParam))))  # adapters stay fp32
+    dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(base) if np.dtype(x.dtype).kind == "f"
               or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
         doc = model_yaml(name, to_dict(cfg), "bfloat16" if dtypes == {"bfloat16"} else "float32")
+        if lora_modules(model):
+            doc["lora"] = to_dict(lora)
         if tokenizer is not None:
             doc["tokenizer"] = _tokenizer_section(tokenizer, tokenizer_file)
             if tokenizer_file is not None:
@@ -75,6 +83,57 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
             primary_host=me, active_processes={me}))
         ckptr.save(os.path.join(tmp, "params"), params)
         ckptr.wait_until_finished()
+
+
+def check_lora(model, lora) -> None:
+    """The LoRAConfig given to save_model must be the one the model's adapters carry."""
+    import math
+
+    from jaxformer.layers.lora import lora_modules
+    adapted = lora_modules(model)
+    if adapted and lora is None:
+        raise ValueError("the model has LoRA adapters: pass lora= (their LoRAConfig) to record them, or "
+                         "merge them first (layers/lora.merge_lora)")
+    if lora is not None and not adapted:
+        raise ValueError("lora= given, but the model has no LoRA adapters")
+    bad = [p for p, m in adapted.items() if m.r != lora.r or not math.isclose(m.scaling, lora.scaling)] if lora else []
+    if bad:
+        raise ValueError(f"lora= (r={lora.r}, scaling {lora.scaling}) does not match the adapters of {bad}")
+
+
+def lora_section(directory: str):
+    """The LoRAConfig recorded in DIR/model.yaml's `lora:` section, or None."""
+    from jaxformer.config import ConfigError
+    from jaxformer.config.lora import lora_config_from_dict
+    path = os.path.join(directory, "model.yaml")
+    data = _read_yaml(path)
+    section = data.get("lora") if isinstance(data, dict) else None
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ValueError(f"{path} is corrupted: its `lora:` section is not a mapping")
+    try:
+        return lora_config_from_dict(section)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def lora_config(path: str, step: str | int | None = None):
+    """The LoRAConfig of the weights `load(path, step=step)` reads (None: no adapters): a model
+    checkpoint's `lora:` section; a run's model/last|best one, or its config.yaml `train.lora`
+    for a checkpoint step."""
+    step = parse_step(step)
+    if path_kind(path) == "model":
+        return lora_section(path)
+    if path_kind(path) != "run":
+        return None
+    if step in (None, *STEPS) and os.path.isdir(os.path.join(path, "model", step or "last")):
+        return lora_section(os.path.join(path, "model", step or "last"))
+    from jaxformer.config.lora import lora_config_from_dict
+    data = _read_yaml(os.path.join(path, "config.yaml"))
+    train = data.get("train") if isinstance(data, dict) else None
+    section = train.get("lora") if isinstance(train, dict) else None
+    return lora_config_from_dict(section, prefix="train.lora.") if isinstance(section, dict) else None
 
 
 def model_yaml(name: str, fields: dict, param_dtype: str = "float32") -> dict:
@@ -233,6 +292,12 @@ def load_model(directory: str, seed: int = 0):
     name, cfg = load_model_config(directory)
     model = build_model(name, cfg, seed=seed)
     cast_params(model, load_param_dtype(directory))
+    lora = lora_section(directory)
+    if lora is not None:  # after the cast: the adapters stay fp32
+        from flax import nnx
+
+        from jaxformer.layers.lora import apply_lora
+        apply_lora(model, lora, nnx.Rngs(seed))
     load_params_into(model, directory)
     return name, cfg, model
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from typing import Callable
 
+import numpy as np
 import pytest
 
 
@@ -278,6 +279,118 @@ DATA_ROWS = [
 ]
 
 
+# ------------------------------------------------------------------------ LoRA / PEFT inputs
+_BUILT: dict[str, str] = {}  # what each kind of setup built once, copied into each row's dir
+
+
+def _built(tmp: str, kind: str, rel: str) -> None:
+    """{tmp}/rel: a copy of a tiny `kind` ("plain" / "lora" llama checkpoints, a "gpt2_lora"
+    one with an adapter on q_proj, an "hf" Llama dir), built once per process."""
+    import contextlib
+    import io
+    import shutil
+    import tempfile
+    if kind not in _BUILT:
+        path = os.path.join(tempfile.mkdtemp(prefix="bad_input_lora_"), kind)
+        if kind == "hf":
+            import transformers
+            cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
+            with contextlib.redirect_stderr(io.StringIO()):  # its progress bar is no row's output
+                transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+        else:
+            from flax import nnx
+
+            from jaxformer.checkpoint_io import save_model
+            from jaxformer.config.lora import LoRAConfig
+            from jaxformer.config.models import LMConfig
+            from jaxformer.layers.lora import apply_lora
+            from jaxformer.models import build_model
+            cfg = LMConfig.tiny("gpt2" if kind == "gpt2_lora" else "llama", num_layers=1)
+            model = build_model("lm", cfg)
+            lora = None if kind == "plain" else LoRAConfig(r=2, target_modules=["q_proj"])
+            if lora is not None:
+                apply_lora(model, lora, nnx.Rngs(0))
+            save_model(model, "lm", cfg, path, lora=lora)
+        _BUILT[kind] = path
+    shutil.copytree(_BUILT[kind], os.path.join(tmp, rel))
+
+
+def _adapter(tmp: str, config: dict | None = None, tensors: dict | None = None, bin_payload: bool = False,
+             base: bool = False) -> None:
+    """{tmp}/a, a PEFT adapter dir: adapter_config.json (a valid r=2 one updated with `config`;
+    None in it: no config file) and adapter_model.safetensors of `tensors` (default: q_proj's
+    pair), or an adapter_model.bin whose pickle would run code; {tmp}/hf is the HF base (a real
+    one with base=True, else the stub of _hf_dir)."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+    _built(tmp, "hf", "hf") if base else _hf_dir(tmp)
+    os.makedirs(os.path.join(tmp, "a"))
+    full = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], **(config or {})}
+    if (config or {}).get("peft_type", "LORA") is not None:
+        _put_bytes(tmp, "a/adapter_config.json", json.dumps(full).encode())
+    q = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {f"{q}.lora_A.weight": np.zeros((2, 32), np.float32),
+               f"{q}.lora_B.weight": np.zeros((32, 2), np.float32)} if tensors is None else tensors
+    if bin_payload:
+        _evil_bin(tmp, "a/adapter_model.bin")
+    elif tensors:
+        save_file(tensors, os.path.join(tmp, "a", "adapter_model.safetensors"))
+
+
+ADAPTER_ARGV = [*HF_ARGV, "--adapter", "{tmp}/a"]
+PEFT_ROWS = [
+    Row("export_peft_without_adapters", ["export", "{tmp}/plain", "--to", "peft", "{tmp}/out"],
+        "has no LoRA adapters (train with train.lora", setup=lambda t: _built(t, "plain", "plain"),
+        protect=("plain",), absent=("out",)),
+    Row("export_hf_with_adapters_without_merge", ["export", "{tmp}/lora", "--to", "hf", "{tmp}/out"],
+        "pass --merge to fold them into the base", setup=lambda t: _built(t, "lora", "lora"),
+        protect=("lora",), absent=("out",)),
+    Row("export_merge_without_adapters", ["export", "{tmp}/plain", "--to", "torch", "{tmp}/out.safetensors",
+                                          "--merge"], "has no LoRA adapters to merge",
+        setup=lambda t: _built(t, "plain", "plain"), protect=("plain",), absent=("out.safetensors",)),
+    Row("export_merge_to_peft", ["export", "{tmp}/run", "--to", "peft", "{tmp}/out", "--merge"],
+        "not --to peft", setup=_fake_run, protect=("run",), absent=("out",)),
+    Row("export_base_model_not_peft", ["export", "{tmp}/run", "--to", "hf", "{tmp}/out", "--base-model", "x"],
+        "--base-model applies to --to peft only", setup=_fake_run, protect=("run",), absent=("out",)),
+    Row("export_peft_fused_module", ["export", "{tmp}/gpt2", "--to", "peft", "{tmp}/out"],
+        "fuses, transposes or splits its weight", setup=lambda t: _built(t, "gpt2_lora", "gpt2"),
+        protect=("gpt2",), absent=("out",)),
+    Row("convert_adapter_not_from_hf", ["convert", "--from", "flax", "{tmp}/run", "--to", "hf", "{tmp}/out",
+                                        "--adapter", "{tmp}/a"], "--adapter applies to --from hf imports only",
+        setup=_fake_run, protect=("run",), absent=("out",)),
+    Row("convert_merge_without_adapter", [*HF_ARGV, "--merge"], "--merge applies with --adapter only",
+        setup=_hf_dir, protect=("hf",), absent=("out",)),
+    Row("adapter_dora", ADAPTER_ARGV, "use_dora=True is not supported",
+        setup=lambda t: _adapter(t, {"use_dora": True}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_modules_to_save", ADAPTER_ARGV, "modules_to_save=['lm_head'] is not supported",
+        setup=lambda t: _adapter(t, {"modules_to_save": ["lm_head"]}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_rank_pattern", ADAPTER_ARGV, "rank_pattern={'q_proj': 4} is not supported",
+        setup=lambda t: _adapter(t, {"rank_pattern": {"q_proj": 4}}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_bias", ADAPTER_ARGV, "bias='all' is not supported",
+        setup=lambda t: _adapter(t, {"bias": "all"}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_other_peft_type", ADAPTER_ARGV, "peft_type='PREFIX_TUNING' is not supported",
+        setup=lambda t: _adapter(t, {"peft_type": "PREFIX_TUNING"}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_without_config", ADAPTER_ARGV, "is not a PEFT adapter directory (no adapter_config.json)",
+        setup=lambda t: _adapter(t, {"peft_type": None}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_without_weights", ADAPTER_ARGV, "no adapter_model.safetensors (or adapter_model.bin)",
+        setup=lambda t: _adapter(t, tensors={}), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_bin_runs_code", ADAPTER_ARGV, "refused: not a plain tensor file",
+        setup=lambda t: _adapter(t, bin_payload=True), protect=("hf", "a"), absent=("out", "pwned")),
+    Row("adapter_unmapped_module", ADAPTER_ARGV, "qkv_proj has no jaxformer Linear equivalent",
+        setup=lambda t: _adapter(t, tensors={
+            "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight": np.zeros((2, 32), np.float32),
+            "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight": np.zeros((96, 2), np.float32)},
+            base=True), protect=("hf", "a"), absent=("out",)),
+    Row("adapter_wrong_rank", ADAPTER_ARGV, "is (3, 32), expected (2, 32)",
+        setup=lambda t: _adapter(t, tensors={
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((3, 32), np.float32),
+            "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": np.zeros((32, 3), np.float32)},
+            base=True), protect=("hf", "a"), absent=("out",)),
+]
+
+
 ROWS: list[Row] = [
     # ---------------------------------------------------------------- plot and parity report
     Row("plot_dir_without_metrics", ["plot", "{tmp}/empty", "--out", "{tmp}/keep.png"], "no metrics.jsonl",
@@ -376,6 +489,7 @@ ROWS: list[Row] = [
                          _put_bytes(t, "evil.yaml", f"model: !!python/object/apply:os.system ['touch "
                                                 f"{t}/pwned']\n".encode())),
         protect=("w.safetensors",), absent=("out.safetensors", "pwned")),
+    *PEFT_ROWS,
 ]
 
 

@@ -5,6 +5,9 @@ and export Hugging Face model directories.
     jaxformer convert --to torch flax.safetensors model.safetensors   # config from metadata
     jaxformer convert --from hf HF_DIR --to flax OUT    # OUT/model.yaml, OUT/params, OUT/train.yaml
     jaxformer convert --from flax CKPT --to hf OUT      # OUT/config.json, OUT/model.safetensors
+    jaxformer convert --from hf HF_DIR --adapter PEFT_DIR --to flax OUT [--merge]
+                                  # the base with a PEFT LoRA adapter applied (hf/adapters.py):
+                                  # OUT/model.yaml records it (`lora:`), or --merge folds it in
 
 File mode: input and output are safetensors (`.pt`/`.bin` inputs are read with
 weights_only=True). HF mode: see jaxformer/hf/ (config.json plus model.safetensors, sharded
@@ -30,6 +33,11 @@ def add_arguments(p) -> None:
                         "unless the input carries jaxformer metadata")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (never the input itself)")
+    p.add_argument("--adapter", default=None,
+                   help="--from hf: a PEFT LoRA adapter dir (adapter_config.json + adapter_model."
+                        "safetensors) to apply on the base")
+    p.add_argument("--merge", action="store_true",
+                   help="with --adapter: fold the adapter into the base weights")
     p.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16", "auto"],
                    help="--from hf: the params' storage dtype (auto: bfloat16 for a bfloat16 "
                         "checkpoint, else float32); bfloat16 halves memory, and the model still "
@@ -69,8 +77,12 @@ def run(args) -> int:
     if args.to not in MODES[args.source]:
         src = f"--from {args.source}" if args.source else "file mode (no --from)"
         raise ValueError(f"{src} converts --to {' or '.join(MODES[args.source])}, not --to {args.to}")
+    if args.adapter is not None and args.source != "hf":
+        raise ValueError("--adapter applies to --from hf imports only (a PEFT adapter on its HF base)")
+    if args.merge and args.adapter is None:
+        raise ValueError("--merge applies with --adapter only")
     if args.source == "hf":
-        return _import_hf(args)
+        return _import_hf_adapter(args) if args.adapter is not None else _import_hf(args)
     if args.source == "flax":
         return _export_hf(args)
     return _convert_file(args)
@@ -133,6 +145,34 @@ def _import_hf(args) -> int:
     elif tok_note:
         print(f"  note: {tok_note}")
     print(f"  fine-tune: jaxformer train --config {r['out']}/train.yaml")
+    return 0
+
+
+def _import_hf_adapter(args) -> int:
+    """The HF base with a PEFT adapter on it, built in memory (hf.from_pretrained(adapter=)),
+    written as a model checkpoint with the adapter (or merged into the base with --merge)."""
+    import os
+    import tempfile
+
+    from jaxformer.checkpoint_io import save_model
+    from jaxformer.hf import _refuse_same, from_pretrained
+    from jaxformer.layers.lora import merge_lora
+    from jaxformer.train.data import tokenizer as tk
+    _refuse_same(args.src, args.dst)
+    if os.path.lexists(args.dst) and not args.overwrite:
+        raise FileExistsError(f"{args.dst} exists; choose another output or pass --overwrite")
+    model, name, cfg, r = from_pretrained(args.src, adapter=args.adapter, param_dtype=args.param_dtype,
+                                          return_report=True)
+    lora = r["lora"]
+    merged = merge_lora(model) if args.merge else []
+    tok = tk.hf_dir_tokenizer(args.src) if tk.has_hf_tokenizer(args.src) else None
+    with tempfile.TemporaryDirectory() as d:
+        save_model(model, name, cfg, args.dst, overwrite=args.overwrite, lora=None if merged else lora,
+                   tokenizer=tok.describe() if tok is not None else None,
+                   tokenizer_file=tok.save(d) if tok is not None else None)
+    how = f"merged into {len(merged)} base weights" if merged else "kept as adapters (model.yaml `lora:`)"
+    print(f"wrote {os.path.abspath(args.dst)}: {r['architecture']} -> jaxformer {name} with the PEFT adapter "
+          f"{args.adapter} (r={lora.r}, alpha={lora.alpha}, {len(lora.target_modules)} target names), {how}")
     return 0
 
 

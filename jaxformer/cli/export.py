@@ -1,7 +1,7 @@
 """`jaxformer export`: write a training run's weights (or any weights `jaxformer.load` reads)
 as a product others can use.
 
-    jaxformer export RUN_DIR [--step last|best|N] --to flax|torch|hf OUT [--overwrite]
+    jaxformer export RUN_DIR [--step last|best|N] --to flax|torch|hf|peft OUT [--merge] [--overwrite]
 
 --to flax   OUT/ is a jaxformer model checkpoint (model.yaml + orbax params/, flax layout):
             what `generate --weights`, `train.init_from` and `jaxformer.load` read
@@ -9,6 +9,13 @@ as a product others can use.
             (format pt, model name and config), so `jaxformer convert` reads it back
 --to hf     OUT/ is a Hugging Face dir (config.json + model.safetensors) for transformers'
             AutoModel*.from_pretrained (jaxformer.hf.save_pretrained)
+--to peft   OUT/ is the weights' LoRA adapter alone as a PEFT adapter dir (adapter_config.json +
+            adapter_model.safetensors, HF module names) for peft.PeftModel.from_pretrained on
+            the HF base (jaxformer/hf/adapters.py); --base-model records the base's name or path
+
+Weights with LoRA adapters (a `lora:` section in model.yaml): --to flax keeps them as they are;
+--to hf and --to torch need --merge, which folds each adapter into its base weight (W + scaling
+B A, layers/lora.merge_lora) and writes a plain model; --to peft writes the adapter only.
 
 --step: "last" (default) is RUN_DIR/model/last, the latest checkpoint's weights; "best" the
 best eval's; N the params of checkpoint step N. RUN_DIR may also be a model checkpoint dir or
@@ -25,7 +32,11 @@ def add_arguments(p) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="a training run dir (or a model checkpoint dir or a Hugging Face dir)")
     p.add_argument("out", metavar="OUT", help="output: a directory (flax, hf) or a .safetensors file (torch)")
-    p.add_argument("--to", required=True, choices=["flax", "torch", "hf"], help="what to write")
+    p.add_argument("--to", required=True, choices=["flax", "torch", "hf", "peft"], help="what to write")
+    p.add_argument("--merge", action="store_true",
+                   help="fold LoRA adapters into the base weights (--to flax|torch|hf)")
+    p.add_argument("--base-model", default=None,
+                   help="--to peft: adapter_config.json's base_model_name_or_path (hub id or path)")
     p.add_argument("--step", default=None, help="last (default), best, or a checkpoint step number")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
 
@@ -49,15 +60,30 @@ def run(args) -> int:
     out = check_destination(args.run_dir, args.out, args.overwrite)
     if args.to == "torch" and not out.endswith(".safetensors"):
         raise ValueError(f"--to torch writes one .safetensors file; OUT {args.out} has another suffix")
+    if args.to == "peft" and args.merge:
+        raise ValueError("--merge folds the adapter into the base: it applies to --to flax|torch|hf, "
+                         "not --to peft (which writes the adapter alone)")
+    if args.base_model is not None and args.to != "peft":
+        raise ValueError("--base-model applies to --to peft only")
     step = checkpoint_io.parse_step(args.step)
     model, cfg = jaxformer.load(args.run_dir, step=step)
     name = checkpoint_io.model_name(model)
+    lora = checkpoint_io.lora_config(args.run_dir, step) if checkpoint_io.path_kind(args.run_dir) != "hf" else None
+    merged = _merge_or_refuse(model, lora, args)
     tok = _tokenizer(args.run_dir, step)
+    if args.to == "peft":
+        from jaxformer.hf.adapters import save_adapter
+        r = save_adapter(model, name, cfg, lora, out, overwrite=args.overwrite, base_model=args.base_model)
+        print(f"wrote {out}: PEFT LoRA adapter (r={lora.r}, {r['modules']} modules, target_modules "
+              f"{r['target_modules']}, {r['family']} names), from {args.run_dir}"
+              + (f" (step {step})" if step is not None else ""))
+        return 0
     if args.to == "flax":
         with tempfile.TemporaryDirectory() as d:
             entry = tok.describe() if tok is not None else None
             checkpoint_io.save_model(model, name, cfg, out, overwrite=args.overwrite, tokenizer=entry,
-                                     tokenizer_file=tok.save(d) if tok is not None else None)
+                                     tokenizer_file=tok.save(d) if tok is not None else None,
+                                     lora=None if merged else lora)
         what = "model checkpoint (model.yaml + params/)"
     elif args.to == "torch":
         from jaxformer import convert
@@ -72,10 +98,32 @@ def run(args) -> int:
         what = f"Hugging Face {r['architecture']} dir ({r['tensors']} tensors)"
     print(f"wrote {out}: {name} {what}, from {args.run_dir}"
           + (f" (step {step})" if step is not None else ""))
+    if merged:
+        print(f"  merged {len(merged)} LoRA adapter(s) into their base weights (r={lora.r})")
     if tok is not None and args.to != "torch":
         copied = tok.content is not None or (args.to == "hf" and tok.kind == "bytes")
         print(f"  tokenizer: {tok.spec} ({tok.kind}" + (", tokenizer.json)" if copied else ", no file to copy)"))
     return 0
+
+
+def _merge_or_refuse(model, lora, args) -> list[str]:
+    """--merge: fold the adapters into the base (-> the merged paths). Without it, adapters go
+    only where they can be kept (--to flax, --to peft)."""
+    from jaxformer.layers.lora import lora_modules, merge_lora
+    adapted = lora_modules(model)
+    if args.merge:
+        if not adapted:
+            raise ValueError(f"--merge: {args.run_dir} has no LoRA adapters to merge")
+        return merge_lora(model)
+    if args.to == "peft" and not adapted:
+        raise ValueError(f"--to peft: {args.run_dir} has no LoRA adapters (train with train.lora, "
+                         "or export the whole model with --to hf)")
+    if adapted and args.to in ("hf", "torch"):
+        raise ValueError(f"{args.run_dir} has LoRA adapters: pass --merge to fold them into the base "
+                         f"for --to {args.to}, or write the adapter alone with --to peft")
+    if adapted and lora is None:
+        raise ValueError(f"{args.run_dir}: the model has LoRA adapters but no LoRA config is recorded")
+    return []
 
 
 def _tokenizer(src: str, step):

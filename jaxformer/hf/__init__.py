@@ -133,10 +133,12 @@ def tensor_fn(ckpt, fam, name: str, cfg, arch: str):
 
 # ----------------------------------------------------------------------------- import
 def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, max_len: int | None = None,
-                    param_dtype: str = "float32"):
+                    param_dtype: str = "float32", adapter: str | None = None):
     """Load a Hugging Face model directory as a built Flax NNX model. max_len: a RoPE model's
     context beyond max_position_embeddings (read_config). param_dtype: the params' storage
     dtype, "float32", "bfloat16" or "auto" (the checkpoint's own; resolve_param_dtype).
+    adapter: a PEFT LoRA adapter directory applied on top (hf/adapters.py; the report's
+    "lora" is the LoRAConfig to save the model with).
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
@@ -144,6 +146,10 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model, cast_params
+    peft = None
+    if adapter is not None:  # its options and keys are checked before the base is read
+        from jaxformer.hf.adapters import load_adapter, read_adapter
+        peft = read_adapter(adapter)
     ckpt = mxfp4.unpacked(HFCheckpoint(path))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
@@ -155,7 +161,9 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
                             allow_downcast=downcast)
     materialize_rng_state(model, seed)
     model.eval()
-    report.update(architecture=arch, model=name, notes=notes)
+    report.update(architecture=arch, model=name, notes=notes, lora=None)
+    if adapter is not None:
+        report["lora"] = load_adapter(model, name, cfg, adapter, seed=seed, adapter=peft)
     return (model, name, cfg, report) if return_report else (model, name, cfg)
 
 

@@ -1,0 +1,197 @@
+"""PEFT LoRA adapters in and out of jaxformer: the adapter directory `peft.PeftModel` saves and
+loads (adapter_config.json + adapter_model.safetensors), on top of a Hugging Face base model.
+
+    save_adapter(model, name, cfg, lora, "out")   # `jaxformer export RUN --to peft OUT`
+    lora = load_adapter(model, name, cfg, "dir")  # hf.from_pretrained(base, adapter=DIR)
+
+Key names. PEFT names an adapter weight after the module it wraps, inside the HF model, under
+PEFT's own two levels: base_model.model.<HF module path>.lora_A.weight [r, in] and .lora_B.weight
+[out, r] (torch_ref's layout, so no transpose beyond the converter's kernel rule). Our module
+paths become HF module paths through the family's own export (family.state_dict_to_hf, its
+Renamer's to_hf): a Linear whose weight the export writes unchanged under a new name is the same
+module in HF. One the export fuses (GPT-2's c_attn), transposes (GPT-2's Conv1D) or splits has no
+HF module of its own, so an adapter on it is refused by name, as is an adapter key on a module
+that has no jaxformer equivalent when loading.
+
+The maths: y = W x + b + B A dropout(x) * scaling with PEFT's scaling (alpha / r, or alpha /
+sqrt(r) with rslora): LoRAConfig.from_peft / to_peft map the options and refuse the ones jaxformer
+does not implement (DoRA, modules_to_save, rank/alpha patterns, bias, other peft_types...) by name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from jaxformer import fileio
+from jaxformer.config import ConfigError
+from jaxformer.config.lora import LoRAConfig
+from jaxformer.convert import ConversionError
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+BIN_FILE = "adapter_model.bin"
+PREFIX = "base_model.model."  # PeftModel.base_model (LoraModel) .model (the HF model)
+_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight")
+TASK_TYPES = {"lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
+
+
+def _is_adapter_key(torch_key: str) -> bool:
+    return ".lora_A." in torch_key or ".lora_B." in torch_key
+
+
+def hf_module_names(model, name: str, cfg):
+    """-> (family module, {our Linear module path: HF module path}) for every Linear whose weight
+    the family's HF export writes unchanged. Found by running the export on placeholder arrays
+    (broadcast views, no memory) and following each weight object through the renaming."""
+    from flax import nnx
+
+    from jaxformer import convert
+    from jaxformer.hf import exporter
+    from jaxformer.layers.linear import Linear
+    fam = exporter(name, cfg)
+    prefixes = convert.scan_prefixes(model)
+    base = {}
+    for path, var in convert.param_leaves(model).items():
+        value = var.get_value()
+        placeholder = np.broadcast_to(np.zeros((), np.dtype(value.dtype)), value.shape)
+        base.update(convert.flax_leaf_to_torch(path, placeholder, prefixes))
+    base = {k: v for k, v in base.items() if not _is_adapter_key(k)}
+    hf_sd = fam.state_dict_to_hf(base, name, cfg)
+    by_id = {id(v): k for k, v in hf_sd.items()}
+    out = {}
+    for path, module in nnx.iter_modules(model):
+        dotted = ".".join(map(str, path))
+        hf_key = by_id.get(id(base.get(dotted + ".weight")))
+        if isinstance(module, Linear) and hf_key is not None and hf_key.endswith(".weight"):
+            out[dotted] = hf_key[:-len(".weight")]
+    return fam, out
+
+
+def _targets(adapted: list[str], linears: list[str]) -> list[str]:
+    """PEFT-style target_modules naming exactly `adapted` among `linears` (module paths): the
+    last names ("q_proj", ...) when they select no other Linear, else the full paths."""
+    names = sorted({p.rsplit(".", 1)[-1] for p in adapted})
+    hit = {p for p in linears if p.rsplit(".", 1)[-1] in names}
+    return names if hit == set(adapted) else sorted(adapted)
+
+
+# ----------------------------------------------------------------------------- export
+def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite: bool = False,
+                 base_model: str | None = None) -> dict:
+    """Write the model's LoRA adapters as a PEFT adapter directory (atomic: nothing at `out` on
+    failure). base_model: adapter_config.json's base_model_name_or_path (a hub id or the HF
+    base's path). -> {"modules", "tensors", "target_modules", "family"}."""
+    from safetensors.numpy import save_file
+
+    from jaxformer.layers.lora import lora_modules
+    from jaxformer.checkpoint_io import check_lora
+    adapted = lora_modules(model)
+    if not adapted:
+        raise ValueError("the model has no LoRA adapters: nothing to export --to peft (export the "
+                         "model itself with --to hf|flax|torch)")
+    check_lora(model, lora)
+    fam, names = hf_module_names(model, name, cfg)
+    family = fam.__name__.rsplit(".", 1)[-1]
+    missing = [p for p in adapted if p not in names]
+    if missing:
+        raise ConversionError([f"{p}: adapted, but the {family} HF export fuses, transposes or splits its "
+                               "weight, so HF (and PEFT) has no module for it" for p in missing],
+                              header="LoRA adapter on a module with no Hugging Face equivalent")
+    tensors = {}
+    for p, m in sorted(adapted.items()):
+        tensors[f"{PREFIX}{names[p]}.lora_A.weight"] = np.asarray(m.lora_A.kernel[...], np.float32).T  # [r, in]
+        tensors[f"{PREFIX}{names[p]}.lora_B.weight"] = np.asarray(m.lora_B.kernel[...], np.float32).T  # [out, r]
+    targets = _targets([names[p] for p in adapted], list(names.values()))
+    alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha
+    config = {**lora.to_peft(), "lora_alpha": alpha, "target_modules": targets,
+              "task_type": TASK_TYPES.get(name), "base_model_name_or_path": base_model, "revision": None,
+              "inference_mode": True, "layers_to_transform": None, "layers_pattern": None,
+              "rank_pattern": {}, "alpha_pattern": {}, "lora_bias": False}
+    with fileio.atomic_dir(os.path.abspath(out), overwrite=overwrite) as tmp:
+        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(tmp, WEIGHTS_FILE),
+                  metadata={"format": "pt"})
+    return {"modules": len(adapted), "tensors": len(tensors), "target_modules": targets, "family": family}
+
+
+# ----------------------------------------------------------------------------- import
+def read_adapter(directory: str) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
+    """-> (LoRAConfig, {PEFT key: array}) of a PEFT adapter directory. adapter_model.bin is read
+    with torch.load(weights_only=True) only; unsupported options are refused by name."""
+    from jaxformer.hf.files import read_json_object, read_safetensors_header, read_tensor, torch_load_safely
+    config_path = os.path.join(directory, CONFIG_FILE)
+    if not os.path.isdir(directory) or not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{directory} is not a PEFT adapter directory (no {CONFIG_FILE})")
+    try:
+        lora = LoRAConfig.from_peft(read_json_object(config_path, "PEFT adapter config"))
+    except ConfigError as e:
+        raise ConfigError(f"{config_path}: {e}") from None
+    weights = os.path.join(directory, WEIGHTS_FILE)
+    if os.path.isfile(weights):
+        infos, _ = read_safetensors_header(weights)
+        tensors = {k: read_tensor(weights, info) for k, info in infos.items()}
+    elif os.path.isfile(os.path.join(directory, BIN_FILE)):
+        from jaxformer.convert import to_numpy
+        tensors = {k: to_numpy(v) for k, v in torch_load_safely(os.path.join(directory, BIN_FILE)).items()}
+    else:
+        raise FileNotFoundError(f"{directory}: no {WEIGHTS_FILE} (or {BIN_FILE}) beside {CONFIG_FILE}")
+    return lora, tensors
+
+
+def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapter=None) -> LoRAConfig:
+    """Apply the PEFT adapter in `directory` to `model` (a jaxformer model of the adapter's HF
+    base, e.g. hf.from_pretrained's), in place, in eval mode. -> the LoRAConfig applied (its
+    target_modules name our module paths). Every key problem is listed in one ConversionError.
+    adapter: read_adapter(directory)'s result, when already read."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxformer.layers.lora import apply_lora, lora_modules
+    lora, tensors = read_adapter(directory) if adapter is None else adapter
+    _, names = hf_module_names(model, name, cfg)
+    ours = {hf: p for p, hf in names.items()}
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    problems = []
+    for key, x in tensors.items():
+        m = _KEY.fullmatch(key)
+        if m is None:
+            problems.append(f"unexpected: {key} is not a LoRA A/B weight of a Linear module "
+                            "(base_model.model.<module>.lora_A|lora_B.weight)")
+        elif m["module"] not in ours:
+            problems.append(f"unmapped: {key}: HF module {m['module']} has no jaxformer Linear equivalent "
+                            f"(or its weight is fused or transposed in jaxformer's {name})")
+        else:
+            pairs.setdefault(ours[m["module"]], {})[m["ab"]] = x
+    from jaxformer.layers.linear import Linear
+    modules = {".".join(map(str, p)): mod for p, mod in nnx.iter_modules(model)}
+    for p, ab in pairs.items():
+        hf = names[p]
+        if set(ab) != {"A", "B"}:
+            problems.append(f"missing: {PREFIX}{hf}.lora_{'B' if 'A' in ab else 'A'}.weight")
+            continue
+        lin = modules[p]
+        want = {"A": (lora.r, lin.in_features), "B": (lin.out_features, lora.r)}
+        problems += [f"shape: {PREFIX}{hf}.lora_{k}.weight is {tuple(ab[k].shape)}, expected {want[k]} (r={lora.r})"
+                     for k in "AB" if tuple(ab[k].shape) != want[k]]
+    if not pairs and not problems:
+        problems.append(f"{directory}: the adapter holds no LoRA weights")
+    if problems:
+        raise ConversionError(problems, header=f"the PEFT adapter {directory} does not fit the {name} model")
+    import dataclasses
+    linears = [p for p, mod in modules.items() if isinstance(mod, Linear)]
+    lora = dataclasses.replace(lora, target_modules=tuple(_targets(sorted(pairs), linears)))
+    apply_lora(model, lora, nnx.Rngs(seed))
+    adapted = lora_modules(model)
+    assert set(adapted) == set(pairs), (sorted(adapted), sorted(pairs))
+    for p, ab in pairs.items():
+        adapted[p].lora_A.kernel.set_value(jnp.asarray(np.asarray(ab["A"], np.float32).T))  # [in, r]
+        adapted[p].lora_B.kernel.set_value(jnp.asarray(np.asarray(ab["B"], np.float32).T))  # [r, out]
+    model.eval()
+    return lora
+
+
+__all__ = ["save_adapter", "load_adapter", "read_adapter", "hf_module_names", "CONFIG_FILE", "WEIGHTS_FILE"]
