@@ -29,6 +29,9 @@ def lm_check(fam, cls, kw, seeds=(0, 1)):
     for s in seeds:
         torch.manual_seed(s)
         m = randomize(cls(cls.config_class(**kw)), seed=s)
+        for n, b in m.named_buffers():  # DeepSeek-V3's choosing-only router bias (HF: zeros)
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape) * 0.1)
         d = tempfile.mkdtemp(); m.save_pretrained(d)
         j, name, cfg = hf.from_pretrained(d)
         V = kw["vocab_size"]
@@ -52,6 +55,13 @@ lm_check("qwen2", T.Qwen2ForCausalLM, SMALL)
 lm_check("qwen3", T.Qwen3ForCausalLM, dict(SMALL, head_dim=12, attention_bias=True))
 lm_check("mistral", T.MistralForCausalLM, dict(SMALL, sliding_window=4))
 lm_check("gemma2", T.Gemma2ForCausalLM, dict(SMALL, head_dim=16, sliding_window=4, query_pre_attn_scalar=20, attn_logit_softcapping=5.0, final_logit_softcapping=3.0))
+# mixtures of experts: odd expert counts and top_k, a dense layer, the shared expert, norm_topk_prob
+lm_check("mixtral", T.MixtralForCausalLM, dict(SMALL, num_local_experts=5, num_experts_per_tok=2, sliding_window=4))
+lm_check("mixtral", T.MixtralForCausalLM, dict(SMALL, num_local_experts=7, num_experts_per_tok=3, num_key_value_heads=1, head_dim=12, tie_word_embeddings=True))
+lm_check("qwen2_moe", T.Qwen2MoeForCausalLM, dict(SMALL, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=24, shared_expert_intermediate_size=40, mlp_only_layers=[1]))
+lm_check("qwen2_moe", T.Qwen2MoeForCausalLM, dict(SMALL, num_experts=7, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=20, norm_topk_prob=True, qkv_bias=False, decoder_sparse_step=2))
+lm_check("qwen3_moe", T.Qwen3MoeForCausalLM, dict(SMALL, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=24, head_dim=12))
+lm_check("qwen3_moe", T.Qwen3MoeForCausalLM, dict(SMALL, num_experts=9, num_experts_per_tok=1, moe_intermediate_size=16, head_dim=8, norm_topk_prob=True, attention_bias=True, mlp_only_layers=[0]))
 
 
 def enc_check(fam, cls, kw, inputs):
@@ -78,4 +88,13 @@ enc_check("bert_cls", T.BertForSequenceClassification, dict(bert, num_labels=3),
 px = rng.randn(2, 3, 32, 32).astype(np.float32)
 enc_check("vit", T.ViTForImageClassification, dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72, num_labels=5, qkv_bias=False), {"pixel_values": px})
 enc_check("swin", T.SwinForImageClassification, dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=5, layer_norm_eps=1e-6), {"pixel_values": px})
+# DeepSeek-V3 last: its draws from `rng` leave the other families' inputs as before
+DS = dict(SMALL, num_key_value_heads=6, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=10,
+          n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, moe_intermediate_size=12,
+          first_k_dense_replace=1)
+lm_check("deepseek_v3", T.DeepseekV3ForCausalLM, dict(DS, q_lora_rank=10, attention_bias=True, rope_parameters=dict(
+    rope_type="yarn", rope_theta=500.0, factor=4.0, original_max_position_embeddings=16, mscale=0.9, mscale_all_dim=1.3)))
+lm_check("deepseek_v3", T.DeepseekV3ForCausalLM, dict(DS, num_attention_heads=5, num_key_value_heads=5, q_lora_rank=None,
+         n_routed_experts=6, n_group=3, topk_group=1, num_experts_per_tok=2, n_shared_experts=2,
+         first_k_dense_replace=0, norm_topk_prob=False, rope_interleave=False, tie_word_embeddings=True))
 print(json.dumps({k: {"worst_diff": max(d for d, _ in v), "tol_share": max(d / (1e-5 * max(1, m)) for d, m in v), "max_logit": max(m for _, m in v), "runs": len(v)} for k, v in out.items()}, indent=0))

@@ -57,7 +57,8 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     from flax import nnx
 
     from jaxformer.config import to_dict
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    from jaxformer.layers.moe import SAVED
+    params = nnx.to_pure_dict(nnx.state(model, SAVED))  # params and saved buffers (MoE score_bias)
     dtypes = {np.dtype(x.dtype).name for x in jax.tree.leaves(params) if np.dtype(x.dtype).kind == "f"
               or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
@@ -178,23 +179,52 @@ def load_params_into(model, directory: str) -> None:
     import jax
     from flax import nnx
 
-    state = nnx.state(model, nnx.Param)
+    from jaxformer.layers.moe import SAVED
+    state = nnx.state(model, SAVED)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(state, restore_params(directory, abstract))
     nnx.update(model, state)
 
 
-def load_params_sharded(directory: str, abstract_params, shardings):
+def load_params_sharded(directory: str, abstract_params, shardings, rest=None):
     """DIR/params as an nnx.State like `abstract_params` (an abstract model's Param state),
-    each leaf restored into its sharding from `shardings` (a tree like it)."""
+    each leaf restored into its sharding from `shardings` (a tree like it). With `rest` (the
+    model's concrete non-Param state, in its shardings): -> (params, rest with its saved
+    buffers, the MoE score_bias, restored from DIR/params too)."""
     import jax
     from flax import nnx
 
-    pure = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                        nnx.to_pure_dict(abstract_params), nnx.to_pure_dict(shardings))
+    from jaxformer.layers.moe import Buffer
+
+    def target(state, sh):
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            nnx.to_pure_dict(state), nnx.to_pure_dict(sh))
+
+    buffers = None if rest is None else nnx.filter_state(rest, Buffer)
+    pure = target(abstract_params, shardings)
+    if buffers is not None:  # params and buffers sit side by side in one saved tree
+        pure = _deep_merge(pure, target(buffers, jax.tree.map(lambda x: x.sharding, buffers)))
+    restored = restore_params(directory, pure)
     state = jax.tree.map(lambda x: x, abstract_params)  # fresh Variables, filled in below
-    nnx.replace_by_pure_dict(state, restore_params(directory, pure))
-    return state
+    nnx.replace_by_pure_dict(state, _subtree(restored, nnx.to_pure_dict(abstract_params)))
+    if rest is None:
+        return state
+    rest = jax.tree.map(lambda x: x, rest)
+    nnx.replace_by_pure_dict(buffers, _subtree(restored, nnx.to_pure_dict(buffers)))
+    nnx.update(rest, buffers)
+    return state, rest
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _subtree(tree: dict, like: dict) -> dict:
+    """The entries of `tree` at the keys of `like` (nested dicts)."""
+    return {k: _subtree(tree[k], v) if isinstance(v, dict) else tree[k] for k, v in like.items()}
 
 
 def load_model(directory: str, seed: int = 0):

@@ -139,9 +139,13 @@ def check_tensor(key: str, x: np.ndarray, expected_shape: tuple, expected_dtype,
 
 # ----------------------------------------------------------------------------- model state
 def param_leaves(model) -> dict[tuple, Any]:
-    """Flattened nnx.Param leaves of `model` (concrete or abstract): path tuple -> Variable."""
+    """Flattened nnx.Param leaves of `model` (concrete or abstract), and its saved untrained
+    arrays (layers/moe.py Buffer, torch buffers such as the router's score_bias): path tuple
+    -> Variable."""
     from flax import nnx
-    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+
+    from jaxformer.layers.moe import SAVED
+    flat = nnx.to_flat_state(nnx.state(model, SAVED))
     return {tuple(path): var for path, var in flat}
 
 

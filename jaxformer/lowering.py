@@ -15,6 +15,10 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     "auto" (cuDNN flash attention on an NVIDIA GPU where it takes the inputs, else XLA's),
     "xla", "cudnn" (jax.nn.dot_product_attention's implementations) or "tokamax".
 
+For expert parallelism (jaxformer/layers/moe_parallel.py): `expert_all_to_all`, the exchange
+of token rows between the devices of the `expert` mesh axis, as ragged_all_to_all or as
+all_to_all of fixed-size buffers by backend (`ragged_exchange`).
+
 For decoding (jaxformer.generation): `DecodeLayout` (the kernel layout generate decodes with,
 "auto" = transposed on the CPU backend, and whether the [out, in] copies are kept with the
 model), `kernel_copies` / `release_decode_weights` (the kept copies), `decoding(...)` (the
@@ -106,6 +110,8 @@ def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str |
     and is the kernel jax itself selects by name; tokamax is a 0.0.x package and no GPU has
     measured the two here. bench/gpu.sh times both (gpu_train.py --attention), so the default
     can follow figures.
+    No backend takes attention sinks (gpt-oss): layers with sinks never call this and run
+    jaxformer/layers/attention.py's explicit path instead (docs/numerics.md §28).
     """
     backend = backend or "auto"
     if backend not in FUSED_ATTENTION:
@@ -126,6 +132,34 @@ def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str |
                 pass  # cuDNN refused these inputs at trace time
         backend = "xla"
     return jax.nn.dot_product_attention(q, k, v, **kw, implementation=backend)
+
+
+# ----------------------------------------------------------------------------- expert all-to-all
+def ragged_exchange() -> bool:
+    """Whether expert parallelism moves its rows with ragged_all_to_all (only the filled rows
+    of each buffer travel) or with all_to_all of whole fixed-size buffers. Ragged on GPU and TPU
+    backends; fixed on the CPU backend, which has no ragged-all-to-all ("UNIMPLEMENTED: HLO
+    opcode ragged-all-to-all is not supported by XLA:CPU")."""
+    return not on_cpu()
+
+
+def expert_all_to_all(x: jax.Array, send_sizes: jax.Array, recv_sizes: jax.Array, axis_name: str) -> jax.Array:
+    """Inside shard_map over `axis_name` (size S): x [S, C, ...], x[j] the rows for device j
+    (the first send_sizes[j] of them filled, the rest zeros) -> [S, C, ...], out[i] the rows
+    device i sent here (recv_sizes[i] filled, the rest zeros). The same function either way
+    (ragged_exchange); its transpose is the exchange back. The ragged form is untested here
+    (no GPU/TPU mesh in CI): it sends send_sizes[j] rows of block j to block `me` of device
+    j's zero-filled output."""
+    if not ragged_exchange():
+        return jax.lax.all_to_all(x, axis_name, 0, 0)
+    s, c = x.shape[:2]
+    flat = x.reshape((s * c,) + x.shape[2:])
+    me = jax.lax.axis_index(axis_name)
+    offsets = jnp.arange(s, dtype=jnp.int32) * c
+    out = jax.lax.ragged_all_to_all(flat, jnp.zeros_like(flat), offsets, send_sizes.astype(jnp.int32),
+                                    jnp.full((s,), me * c, jnp.int32), recv_sizes.astype(jnp.int32),
+                                    axis_name=axis_name)
+    return out.reshape(x.shape)
 
 
 # ----------------------------------------------------------------------------- decode layout

@@ -70,6 +70,23 @@ def rope_inv_freq(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray,
     return inv_freq, attention_factor
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature 0.1 * mscale * ln(factor) + 1 (1 for factor <= 1)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_softmax_scale(qk_head_dim: int, scaling=None, scale: float | None = None) -> float:
+    """The score scale of multi-head latent attention (DeepSeek-V2/V3): `scale` (None =
+    qk_head_dim ** -0.5), times yarn_mscale(factor, mscale_all_dim) ** 2 when the RoPE scaling
+    has mscale_all_dim (HF's yarn_apply_mscale; docs/numerics.md §27). The rope tables carry
+    the separate attention factor mscale / mscale_all_dim (rope_inv_freq)."""
+    scale = qk_head_dim ** -0.5 if scale is None else float(scale)
+    if scaling is not None and scaling.mscale_all_dim:
+        m = yarn_mscale(float(scaling.factor), float(scaling.mscale_all_dim))
+        scale = scale * m * m
+    return scale
+
+
 def rope_exponents(head_dim: int) -> np.ndarray:
     """[K/2] float32 exponents 2i/K: inv_freq_i = base ** -exponent_i (dynamic scaling
     recomputes the base at run time; docs/numerics.md §20)."""

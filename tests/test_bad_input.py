@@ -237,6 +237,47 @@ def _hf_index(tmp: str, shard: str, link_to: str | None = None) -> None:
     _put_bytes(tmp, "hf/model.safetensors.index.json", json.dumps(index).encode())
 
 
+# ------------------------------------------------------------ data prepare --format prompt_completion|chat
+PREP = ["data", "prepare", "--out", "{tmp}/out", "--no-progress", "--eval-fraction", "0"]
+CHAT = [*PREP, "--format", "chat", "--input", "{tmp}/c.jsonl", "--tokenizer", "bytes"]
+GOOD_CHAT = '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}'
+DATA_ROWS = [
+    Row("data_chat_not_json", [*CHAT, "--chat-template", "chatml"], "c.jsonl:2: not a JSON object",
+        setup=_write("c.jsonl", GOOD_CHAT + "\n{oops\n"), protect=("c.jsonl",), absent=("out",)),
+    Row("data_chat_unknown_role", [*CHAT, "--chat-template", "chatml"], "c.jsonl:2: message 1 has the unknown role 'robot'",
+        setup=_write("c.jsonl", GOOD_CHAT + '\n{"messages": [{"role": "robot", "content": "x"}]}\n'),
+        absent=("out",)),
+    Row("data_chat_tool_role_unsupported", [*CHAT, "--chat-template", "chatml"],
+        "tool roles need a template that handles them",
+        setup=_write("c.jsonl", '{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]}\n'),
+        absent=("out",)),
+    Row("data_chat_empty_answer", [*CHAT, "--chat-template", "chatml"], "c.jsonl:1: message 2 is an empty answer",
+        setup=_write("c.jsonl", '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}\n'),
+        absent=("out",)),
+    Row("data_chat_template_fails", [*CHAT, "--chat-template", "{tmp}/t.jinja"], "c.jsonl:1: the chat template",
+        setup=lambda t: (_write("c.jsonl", GOOD_CHAT + "\n")(t),
+                         _write("t.jinja", "{{ raise_exception('no thanks') }}")(t)), absent=("out",)),
+    Row("data_chat_template_syntax", [*CHAT, "--chat-template", "{tmp}/t.jinja"], "Jinja syntax error at line 1",
+        setup=lambda t: (_write("c.jsonl", GOOD_CHAT + "\n")(t), _write("t.jinja", "{% for m in %}")(t)),
+        absent=("out",)),
+    Row("data_chat_no_template", CHAT, "tokenizer bytes has no chat template",
+        setup=_write("c.jsonl", GOOD_CHAT + "\n"), absent=("out",)),
+    Row("data_chat_unknown_template_name", [*CHAT, "--chat-template", "vicuna"],
+        "not a named template (chatml|llama3) nor a Jinja file", setup=_write("c.jsonl", GOOD_CHAT + "\n"),
+        absent=("out",)),
+    Row("data_chat_not_jsonl", [*PREP, "--format", "chat", "--input", "{tmp}/c.txt", "--tokenizer", "bytes"],
+        "--format chat reads JSON lines", setup=_write("c.txt", "hello\n"), absent=("out",)),
+    Row("data_chat_bpe_tokenizer", [*CHAT, "--tokenizer", "bpe:300", "--chat-template", "chatml"],
+        "needs an existing tokenizer", setup=_write("c.jsonl", GOOD_CHAT + "\n"), absent=("out",)),
+    Row("data_text_with_chat_option", [*PREP, "--input", "{tmp}/c.txt", "--tokenizer", "bytes", "--train-on-prompt"],
+        "--train-on-prompt does not apply to --format text", setup=_write("c.txt", "hello\n"), absent=("out",)),
+    Row("data_prompt_completion_missing_field",
+        [*PREP, "--format", "prompt_completion", "--input", "{tmp}/p.jsonl", "--tokenizer", "bytes"],
+        "p.jsonl:1: no field 'completion' (its fields: prompt); name it with --completion-field",
+        setup=_write("p.jsonl", '{"prompt": "x"}\n'), absent=("out",)),
+]
+
+
 ROWS: list[Row] = [
     # ---------------------------------------------------------------- plot and parity report
     Row("plot_dir_without_metrics", ["plot", "{tmp}/empty", "--out", "{tmp}/keep.png"], "no metrics.jsonl",
@@ -244,6 +285,7 @@ ROWS: list[Row] = [
     Row("plot_missing_dir", ["plot", "{tmp}/nowhere"], "no metrics.jsonl", absent=("nowhere",)),
     # ---------------------------------------------------------------- config and workdir (train)
     *TRAIN_ROWS,
+    *DATA_ROWS,
     # ---------------------------------------------------------------- export, load, generate
     Row("export_not_a_run", ["export", "{tmp}/notes", "--to", "flax", "{tmp}/out"],
         "not a run dir, model checkpoint or HF dir: no model.yaml, config.yaml or config.json",

@@ -96,3 +96,13 @@ def test_lm_flavour_presets_match_the_shipped_yaml():
     assert to_dict(load("lm.yaml")) == to_dict(LMConfig.gpt2(
         **sizes, d_ff=512, dropout=0.1, attn_dropout=0.1, embed_dropout=0.1))
     assert to_dict(load("llama.yaml")) == to_dict(LMConfig.llama(**sizes, d_ff=344))
+
+
+def test_every_packaged_config_parses():
+    from jaxformer.train.config import load_config, packaged_configs
+    names = packaged_configs()
+    assert {"lm", "llama", "moe"} <= set(names)
+    for name in names:
+        assert load_config(name).model_name
+    moe = load_config("moe").model.moe
+    assert moe.aux_loss_coef > 0 and moe.z_loss_coef > 0  # the aux losses are on

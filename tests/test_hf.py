@@ -380,8 +380,8 @@ def test_every_unsupported_option_in_one_error(hf_dirs, tmp_path):
 
 
 def test_wrong_architecture(hf_dirs, tmp_path):
-    src = _copy_with_config(hf_dirs["llama_gqa"][1], tmp_path / "src", architectures=["MixtralForCausalLM"])
-    _fails_cleanly(src, tmp_path, ConfigError, "architecture 'MixtralForCausalLM' is not supported")
+    src = _copy_with_config(hf_dirs["llama_gqa"][1], tmp_path / "src", architectures=["MambaForCausalLM"])
+    _fails_cleanly(src, tmp_path, ConfigError, "architecture 'MambaForCausalLM' is not supported")
 
 
 def test_weights_of_another_architecture(hf_dirs, tmp_path):

@@ -151,6 +151,11 @@ class MLAConfig:
         kv_a_proj_with_mqa; kv_a_layernorm on the latent part), expanded per head by kv_b_proj.
     qk_nope_head_dim / qk_rope_head_dim: each query/key head is [nope | rope]; the rope part of
         the key is one head shared by all heads (decoupled RoPE). v_head_dim: value head width.
+    rope_interleave: the rope parts of q and k hold their rotated pairs interleaved
+        (x0, x1), (x2, x3)... (HF DeepSeek-V3's rope_interleave, its default there); False =
+        the rotate-half layout of every other layer here (docs/numerics.md §6, §27).
+    latent_norm_eps: eps of q_a_layernorm and kv_a_layernorm (HF builds them with its RMSNorm's
+        default 1e-6, not rms_norm_eps).
     The KV cache holds the latent (kv_lora_rank) and the rope key (qk_rope_head_dim) per token.
     """
 
@@ -159,13 +164,24 @@ class MLAConfig:
     qk_rope_head_dim: int
     v_head_dim: int
     q_lora_rank: int | None = None
+    rope_interleave: bool = False
+    latent_norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
         check_positive(self, "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
         if self.q_lora_rank is not None:
             check_positive(self, "q_lora_rank")
         check(self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", "RoPE needs an even width")
+        check(self.latent_norm_eps > 0, "latent_norm_eps", f"must be > 0, got {self.latent_norm_eps}")
 
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def latent_values_per_token(self) -> int:
+        """Numbers one layer's KV cache holds per token: the latent and the rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def expanded_values_per_token(self, num_heads: int) -> int:
+        """What a cache of the expanded per-head keys and values would hold (docs/numerics.md §27)."""
+        return num_heads * (self.qk_head_dim + self.v_head_dim)

@@ -140,7 +140,7 @@ class TransformerConfig:
         check(self.attn_scale is None or self.query_pre_attn_scalar is None, "attn_scale",
               "set attn_scale or query_pre_attn_scalar, not both (both set the score scale)")
         if self.head_dim is None:
-            check(self.d_model % self.num_heads == 0, "d_model",
+            check(self.d_model % self.num_heads == 0 or self.mla is not None, "d_model",  # mla: its own widths
                   f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         else:
             check_positive(self, "head_dim")
@@ -149,7 +149,7 @@ class TransformerConfig:
             check(self.num_kv_heads <= self.num_heads and self.num_heads % self.num_kv_heads == 0,
                   "num_kv_heads", f"num_heads={self.num_heads} must be a multiple of "
                   f"num_kv_heads={self.num_kv_heads}")
-        if self.position == "rope":
+        if self.position == "rope" and self.mla is None:  # mla rotates qk_rope_head_dim
             check(self.resolved_head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
         if self.position == "t5":  # T5's log-spaced buckets divide by log(max_distance / max_exact)
             check(self.rel_num_buckets >= 4, "rel_num_buckets", f"T5 buckets need >= 4, got {self.rel_num_buckets}")
@@ -173,7 +173,7 @@ class TransformerConfig:
         if self.rope_scaling is not None:
             check(self.position == "rope", "rope_scaling",
                   f"scales RoPE; position is {self.position!r}")
-            check(self.rope_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2, "rope_scaling",
+            check(self.rope_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2 or self.mla, "rope_scaling",
                   "dynamic scaling needs head_dim > 2 (its exponent is K / (K - 2))")
         check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
@@ -183,6 +183,15 @@ class TransformerConfig:
             self.moe.sparse_layers(self.num_layers)  # checks dense_layers against num_layers
         if self.mla is not None:
             check(self.position == "rope", "mla", f"uses decoupled RoPE; position is {self.position!r}")
+            # every head reads its own keys, expanded from one shared latent: no key/value groups
+            check(self.num_kv_heads in (None, self.num_heads), "num_kv_heads",
+                  f"does not apply to mla (keys are per head from the latent); got {self.num_kv_heads}")
+            for name in ("head_dim", "sliding_window", "layer_types"):
+                check(getattr(self, name) is None, name, "is not supported with mla (head widths are "
+                      "mla's; no sliding-window ring cache holds a latent)")
+            check(not self.qk_norm, "qk_norm", "is not supported with mla")
+            check(self.rope_scaling is None or self.rope_scaling.rope_type != "dynamic" or
+                  self.mla.qk_rope_head_dim > 2, "rope_scaling", "dynamic scaling needs qk_rope_head_dim > 2")
 
     def sparse_layers(self) -> tuple[bool, ...]:
         """Per layer: is its FFN the mixture of experts (moe), else the dense FFN?"""

@@ -9,7 +9,11 @@
 
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
-<-> `lm`), Gemma2 (`Gemma2ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`),
+<-> `lm`), Mixtral (`MixtralForCausalLM` <-> `lm`), Qwen-MoE (`Qwen2MoeForCausalLM`,
+`Qwen3MoeForCausalLM` <-> `lm`), DeepSeek-V3 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
+(`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
+dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
+`classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
@@ -40,7 +44,8 @@ from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
-                  "jaxformer.hf.gemma2", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5")
+                  "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
+                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss")
 
 
 def _families():
@@ -135,10 +140,11 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
 
     -> (model, name, cfg), or (model, name, cfg, report) with return_report. Raises
     ConfigError (unsupported option, named) or ConversionError (every weight problem)."""
+    from jaxformer.hf import mxfp4
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ModelSink, convert_stream
     from jaxformer.models import abstract_model, cast_params
-    ckpt = HFCheckpoint(path)
+    ckpt = mxfp4.unpacked(HFCheckpoint(path))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     # The abstract model (nnx.eval_shape) gets the checkpoint's arrays: no random init, which
     # in eager JAX compiles one initializer per parameter shape (seconds on a small Swin).
@@ -188,11 +194,12 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
 
     from jaxformer.checkpoint_io import model_yaml
     from jaxformer.config import to_dict
+    from jaxformer.hf import mxfp4
     from jaxformer.hf.files import HFCheckpoint
     from jaxformer.hf.streaming import ParamsWriter, convert_stream
     from jaxformer.models import abstract_model, cast_params
     _refuse_same(src, out)
-    ckpt = HFCheckpoint(src)
+    ckpt = mxfp4.unpacked(HFCheckpoint(src))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
     abstract = abstract_model(name, cfg)
     dtype, downcast = resolve_param_dtype(ckpt, param_dtype)
@@ -291,8 +298,16 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import bert, gemma2, gpt2, llama, mistral, qwen, t5, vision
-    if name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
+    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, qwen, qwen_moe,
+                              t5, vision)
+    if name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
+        fam = gpt_oss
+    elif name == "lm" and getattr(cfg, "mla", None) is not None:  # multi-head latent attention
+        fam = deepseek
+    elif name == "lm" and getattr(cfg, "moe", None) is not None:  # Qwen's q/k norm or gated shared expert
+        moe_qwen = cfg.qk_norm or cfg.moe.shared_expert_gate or cfg.resolved_qkv_bias != cfg.resolved_out_bias
+        fam = qwen_moe if moe_qwen else mixtral
+    elif name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
         fam = gemma2
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias

@@ -312,6 +312,23 @@ class MappingError(ValueError):
     """A family cannot map a checkpoint key."""
 
 
+# A family's tensor_fn may send one HF tensor into slice `e` of axis 0 of a torch_ref key
+# (one expert of a stacked [E, ...] expert weight): it returns the key expert_slice(key, e).
+# streaming.convert_stream plans every slice from headers and assembles the param.
+_SLICE = re.compile(r"(?P<base>.+)\[(?P<e>\d+)\]$")
+
+
+def expert_slice(torch_key: str, e: int) -> str:
+    """The key of slice e (axis 0) of torch_key, e.g. "decoder.layers.0.ffn.experts.up_proj[3]"."""
+    return f"{torch_key}[{int(e)}]"
+
+
+def split_slice(key: str) -> tuple[str, int | None]:
+    """expert_slice's inverse: -> (torch key, slice index), or (key, None) for a whole key."""
+    m = _SLICE.match(key)
+    return (m["base"], int(m["e"])) if m else (key, None)
+
+
 PLACEHOLDERS = {"i": r"\d+", "j": r"\d+", "leaf": r"weight|bias",
                 "attn": r"q_proj|k_proj|v_proj|o_proj", "mlp": r"gate_proj|up_proj|down_proj"}
 

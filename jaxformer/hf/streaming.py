@@ -12,6 +12,11 @@ input tensor at a time, and converted arrays are handed to the sink in batches o
 is therefore about one batch or twice the largest tensor (read + re-laid-out copy), whatever
 the model's size (bench/hf_streaming.py measures it).
 
+A param may also come in axis-0 slices (one HF tensor per expert of a stacked [E, ...] expert
+weight, common.expert_slice): the plan checks that each slice comes exactly once with the
+slice's shape, and the slices of one param are read one after another into one buffer, so
+at most one such param is being assembled at a time (plus any a shard boundary splits).
+
 Sinks: `ModelSink` sets the values into a built nnx model; `ParamsWriter` writes an orbax
 checkpoint incrementally (orbax partial saves, one per batch) that
 `jaxformer.checkpoint_io.load_params_into` restores like one written by `save_model`.
@@ -28,7 +33,7 @@ import numpy as np
 from jaxformer.convert import (ConversionError, check_tensor, flax_key, param_leaves, scan_prefixes,
                                stacked_prefix, to_numpy, torch_keys_for, torch_shape_of,
                                torch_to_flax_layout)
-from jaxformer.hf.common import MappingError
+from jaxformer.hf.common import MappingError, expert_slice, split_slice
 from jaxformer.hf.files import HFCheckpoint
 
 
@@ -48,7 +53,9 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
     """Convert every tensor of `ckpt` into `model`'s params (model may be abstract) and hand
     them to `sink.write({flax path tuple: array})` in batches. `tensor_from_hf(key, x)` returns
     {torch_ref key: array in torch layout} (or None to skip a known non-parameter buffer); it
-    must only slice/transpose/reshape, so it also runs on fake_array inputs for planning.
+    must only slice/transpose/reshape, so it also runs on fake_array inputs for planning. A
+    key common.expert_slice(torch key, e) is slice e of axis 0 of that param (one expert of a
+    stacked [E, ...] weight): every slice must come exactly once, and never with the whole key.
     Returns a report {tensors, params, skipped, bytes_in}. check_only: stop after the plan
     (no data is read)."""
     leaves = param_leaves(model)
@@ -62,9 +69,11 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
 
     # 1) plan from headers only: every problem of the whole checkpoint in one error
     problems: list[str] = []
-    produced: dict[str, str] = {}
+    produced: dict[str, str] = {}  # whole torch key -> its HF key
+    sliced: dict[str, dict[int, str]] = {}  # torch key given in axis-0 slices -> {slice: HF key}
+    slice_base: dict[str, str] = {}  # HF key -> the sliced torch key it feeds (read order)
     skipped: set[str] = set()
-    out_bytes: dict[str, int] = {}  # HF key -> bytes of its converted arrays (batch budget)
+    out_bytes: dict[str, int] = {}  # HF key -> bytes it adds to a batch (a slice: its whole param)
     for key, info in ckpt.tensors.items():
         try:
             out = tensor_from_hf(key, fake_array(info.shape, info.dtype))
@@ -75,32 +84,54 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
             skipped.add(key)
             continue
         for tk, y in out.items():
-            if tk not in targets:
-                problems.append(f"unexpected: {tk} (from HF {key}, shape {tuple(y.shape)})")
+            base, e = split_slice(tk)
+            if base not in targets or (e is not None and not (targets[base][2] and e < targets[base][2][0])):
+                why = "" if base not in targets else f"; {base} has {targets[base][2][:1]} slices"
+                problems.append(f"unexpected: {tk} (from HF {key}, shape {tuple(y.shape)}{why})")
                 continue
-            if tk in produced:
-                problems.append(f"duplicate: {tk} comes from both HF {produced[tk]} and {key}")
-                continue
-            produced[tk] = key
-            path, _, want, dtype = targets[tk]
-            out_bytes[key] = out_bytes.get(key, 0) + math.prod(want) * dtype.itemsize
+            path, _, want, dtype = targets[base]
+            if e is None:
+                if tk in produced:
+                    problems.append(f"duplicate: {tk} comes from both HF {produced[tk]} and {key}")
+                    continue
+                produced[tk] = key
+            else:
+                if e in sliced.get(base, {}):
+                    problems.append(f"duplicate: {tk} comes from both HF {sliced[base][e]} and {key}")
+                    continue
+                sliced.setdefault(base, {})[e] = key
+                slice_base.setdefault(key, base)
+                want = want[1:]
+            out_bytes[key] = out_bytes.get(key, 0) + math.prod(targets[base][2]) * dtype.itemsize
             problems += check_tensor(f"{tk} (from HF {key})", y, want, dtype,
                                      allow_downcast=allow_downcast, values=False)
+    for base, parts in sliced.items():
+        if base in produced:
+            problems.append(f"duplicate: {base} comes whole from HF {produced[base]} and in slices "
+                            f"from HF {parts[min(parts)]}, ...")
+            continue
+        n = targets[base][2][0]
+        for e in range(n):
+            if e not in parts:
+                problems.append(f"missing: {expert_slice(base, e)} (slice {e} of {n}, shape "
+                                f"{targets[base][2][1:]}{_sibling_hint(parts, e)})")
     for tk, (path, _, want, _) in targets.items():
-        if tk not in produced:
+        if tk not in produced and tk not in sliced:
             problems.append(f"missing: {tk} (flax {flax_key(path)}, shape {want})")
     if problems:
         raise ConversionError(sorted(problems, key=lambda p: p.split(":")[0]))
     if check_only:
-        return {"tensors": len(ckpt.tensors), "params": len(produced), "skipped": sorted(skipped),
-                "bytes_in": 0}
+        return {"tensors": len(ckpt.tensors), "params": len(produced) + len(sliced),
+                "skipped": sorted(skipped), "bytes_in": 0}
 
-    # 2) convert, shard by shard, one tensor at a time
+    # 2) convert, shard by shard, one tensor at a time; a param given in slices is assembled
+    # in one buffer of its final dtype, its slices read one after another (_read_order)
     stacks: dict[tuple, dict[int, np.ndarray]] = {}
+    pending: dict[str, tuple[np.ndarray, set]] = {}  # sliced torch key -> (buffer, slices in)
     batch: dict[tuple, np.ndarray] = {}
     batch_bytes = bytes_in = n_params = 0
     for shard in ckpt.shards:
-        for key in ckpt.shard_keys(shard):
+        for key in _read_order(ckpt.shard_keys(shard), slice_base):
             if key in skipped:
                 continue
             if batch and batch_bytes + out_bytes.get(key, 0) > flush_bytes:
@@ -109,10 +140,19 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
             x = ckpt.read(key)
             bytes_in += x.nbytes
             for tk, y in tensor_from_hf(key, x).items():
-                path, idx, want, dtype = targets[tk]
+                base, e = split_slice(tk)
+                path, idx, want, dtype = targets[base]
                 y = to_numpy(y)
-                problems += check_tensor(f"{tk} (from HF {key})", y, want, dtype,
+                problems += check_tensor(f"{tk} (from HF {key})", y, want if e is None else want[1:], dtype,
                                          allow_downcast=allow_downcast)  # planned: only values left
+                if e is not None:  # one slice (expert) of a stacked param
+                    buf, have = pending.setdefault(base, (np.empty(want, dtype), set()))
+                    buf[e] = y.astype(dtype, copy=False)
+                    have.add(e)
+                    if len(have) < want[0]:
+                        continue
+                    del pending[base]
+                    y = buf
                 y = torch_to_flax_layout(str(path[-1]), y).astype(dtype, copy=False)
                 if idx is not None:  # a scanned stack: complete once every layer arrived
                     parts = stacks.setdefault(path, {})
@@ -134,6 +174,35 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
         raise ConversionError(problems)
     return {"tensors": len(ckpt.tensors), "params": n_params, "skipped": sorted(skipped),
             "bytes_in": bytes_in}
+
+
+def _read_order(keys: list[str], slice_base: Mapping[str, str]) -> list[str]:
+    """A shard's keys with the slices of one param next to each other (at its first slice's
+    place), so only one sliced param is assembled at a time: published MoE shards list
+    experts.0.w1, experts.0.w2, experts.0.w3, experts.1.w1, ... (three params interleaved)."""
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        if k in slice_base:
+            first.setdefault(slice_base[k], i)
+    order = sorted(enumerate(keys), key=lambda ik: first[slice_base[ik[1]]] if ik[1] in slice_base else ik[0])
+    return [k for _, k in order]
+
+
+def _sibling_hint(parts: Mapping[int, str], e: int) -> str:
+    """", expected from HF <key>": a present slice's HF key with its slice index replaced by e
+    (experts.2.w1 -> experts.3.w1). The index is the dotted part where two present slices'
+    keys differ, else the last part that equals the slice's index."""
+    (a, key_a), *rest = sorted(parts.items())
+    words = key_a.split(".")
+    if rest:
+        other = rest[0][1].split(".")
+        where = [j for j, w in enumerate(words) if len(other) == len(words) and other[j] != w]
+    else:
+        where = [j for j, w in enumerate(words) if w == str(a)][-1:]
+    if len(where) != 1 or words[where[0]] != str(a):
+        return ""
+    words[where[0]] = str(e)
+    return f", expected from HF {'.'.join(words)}"
 
 
 # ----------------------------------------------------------------------------- sinks

@@ -3,7 +3,8 @@ Twin: torch_ref/layers/attention.py.
 
 Masks are boolean, True = may attend, broadcastable to [B, H, T, S]. Masks are combined as
 booleans before they touch the scores (docs/numerics.md §4). A query row with no visible key
-outputs exactly 0 (never NaN, never the mean of V), in both frameworks.
+outputs exactly 0 (never NaN, never the mean of V), in both frameworks. With attention sinks
+(gpt-oss) such a row gives all its weight to the sink, so it outputs 0 too (docs/numerics.md §28).
 
 How the same maths is lowered is chosen at trace time by jaxformer/lowering.py: the backend
 of the fused path, and the one-token form over a KV cache that reads the cache in place on
@@ -62,11 +63,12 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
                           bias: jax.Array | None = None, scale: float | None = None,
                           return_weights: bool = False, dropout: nnx.Dropout | None = None,
                           kv_head_major: bool = False, implementation: str | None = None,
-                          softcap: float | None = None):
+                          softcap: float | None = None, sinks: jax.Array | None = None):
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
-        q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention).
+        q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention);
+            v may have a width of its own (MLA's v_head_dim), and so then has the output.
         mask: bool, broadcastable to [B, H, T, S], True = attend.
         bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).
         scale: default 1/sqrt(K).
@@ -79,6 +81,10 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
             NVIDIA GPU where it runs, else XLA).
         softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask
             (Gemma2's attention logit soft-capping, docs/numerics.md §21); explicit path.
+        sinks: [H] logits, one per query head, that join every row's softmax denominator as an
+            extra column with no value (gpt-oss's attention sinks, docs/numerics.md §28). The
+            explicit path: neither jax.nn.dot_product_attention nor cuDNN takes a sink, so any
+            `implementation` falls back to these XLA ops.
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     if mask is not None:
@@ -96,12 +102,21 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
 
-    if not return_weights and not dropout_active and not kv_head_major and softcap is None:
+    if sinks is not None and sinks.shape != (num_heads,):
+        raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {sinks.shape}")
+    fused = not return_weights and not dropout_active and not kv_head_major
+    if fused and softcap is None and sinks is None:
         # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
         if mask is not None:
             mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
         backend = switches.fused_attention if implementation is None else implementation
-        out = lowering.fused_attention(q, k, v, bias=bias, mask=mask, scale=scale, backend=backend)
+        # the fused kernels take one head width: zero columns pad the narrower of q/k and v
+        # (they add 0 to every score and sum; MLA's v_head_dim differs from its qk width)
+        d_qk, d_v = q.shape[-1], v.shape[-1]
+        width = max(d_qk, d_v)
+        pad = lambda a: a if a.shape[-1] == width else jnp.pad(a, ((0, 0),) * 3 + ((0, width - a.shape[-1]),))
+        out = lowering.fused_attention(pad(q), pad(k), pad(v), bias=bias, mask=mask, scale=scale,
+                                       backend=backend)[..., :d_v]
         if visible is not None:
             out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
                                      1, 2).astype(out.dtype)  # [B, T, H?, 1]
@@ -129,7 +144,11 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         scores = scores + bias.astype(jnp.float32)
     if mask is not None:
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1)
+    if sinks is None:
+        weights = jax.nn.softmax(scores, axis=-1)
+    else:  # the sink: one more column of each head's softmax (max-subtracted with it), then dropped
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, num_heads, 1, 1), (b, num_heads, t, 1))
+        weights = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]  # [B, H, T, S]
     if mask is not None:
         weights = jnp.where(mask, weights, 0.0)  # fully masked rows -> 0
     weights = weights.astype(v.dtype)
@@ -141,7 +160,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         out = jnp.moveaxis(out, 3, 1)  # [B, 1, G, R, K]
     else:
         out = jnp.einsum("bgrts,bgsk->btgrk", weights.reshape(b, num_kv, r, t, s), v)  # [B, T, G, R, K]
-    out = out.reshape(b, t, num_heads, d)  # [B, T, H, K]
+    out = out.reshape(b, t, num_heads, v.shape[-1])  # [B, T, H, K] (K of v)
     return (out, weights) if return_weights else out
 
 
@@ -181,6 +200,8 @@ class MultiHeadAttention(nnx.Module):
             the projected keys and values, always visible (nn.MultiheadAttention's add_bias_kv).
         add_zero_attn: then append one all-zero key and value slot, always visible (score 0).
         softcap: attention logit soft-capping (Gemma2), see dot_product_attention.
+        sinks: a learned per-head logit `sinks` [H] in every softmax denominator (gpt-oss's
+            attention sinks, HF `self_attn.sinks`), see dot_product_attention.
     Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
     kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
 
@@ -205,7 +226,7 @@ class MultiHeadAttention(nnx.Module):
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
                  qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
                  vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
-                 softcap: float | None = None,
+                 softcap: float | None = None, sinks: bool = False,
                  rngs: nnx.Rngs):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -230,6 +251,9 @@ class MultiHeadAttention(nnx.Module):
         self.bias_v = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,)),
                                          (None,)) if add_bias_kv else None
         self.add_zero_attn = add_zero_attn
+        # one learned logit per query head in every softmax denominator (gpt-oss), [H]
+        self.sinks = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_heads,)),
+                                        (None,)) if sinks else None
         self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
                              axes=("heads", "embed"), rngs=rngs)
         # per-head norms of q and k before RoPE (Qwen3), weights [K]
@@ -325,7 +349,8 @@ class MultiHeadAttention(nnx.Module):
         # 3) attend
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap)
+                                    dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap,
+                                    sinks=None if self.sinks is None else self.sinks[...])
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

@@ -17,6 +17,8 @@ never split.
     norm      norm scales and biases (1-D)
     layers    the stacked layer axis of scanned layers (added by nnx.vmap; see
               layers/transformer.py make_layers)
+    expert    the stacked expert axis E of a mixture of experts (layers/moe.py: router rows,
+              expert weights and biases)
 
 The metadata is kept lazy (`eager_sharding=False`): a model built outside a mesh (every
 single-device use, the parity suite) is unaffected, and the trainer places parameters itself.

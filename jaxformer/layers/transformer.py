@@ -30,7 +30,10 @@ from flax import nnx
 from jaxformer.config import TransformerConfig
 from jaxformer.layers.attention import (MultiHeadAttention, combine_masks, make_causal_mask,
                                         make_sliding_window_mask)
+from jaxformer.config import ConfigError
 from jaxformer.layers.ffn import FeedForward
+from jaxformer.layers.moe import MoE
+from jaxformer.layers.mla import MultiHeadLatentAttention
 from jaxformer.layers import partitioning
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.embedding import Embedding
@@ -38,22 +41,48 @@ from jaxformer.layers.positional import T5RelativePositionBias, absolute_positio
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -> MultiHeadAttention:
+    if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
+        if not self_attn:
+            raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
+        return MultiHeadLatentAttention(
+            cfg.d_model, cfg.num_heads, cfg.mla, max_len=cfg.max_len, rope_base=cfg.rope_base,
+            rope_scaling=cfg.rope_scaling, bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
+            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
+            softcap=cfg.attn_logit_softcap, rngs=rngs)
     use_rope = self_attn and cfg.position == "rope"
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
         dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
-        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, rngs=rngs)
+        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn, rngs=rngs)
 
 
-def make_ffn(cfg: TransformerConfig, *, rngs: nnx.Rngs) -> FeedForward:
+def make_ffn(cfg: TransformerConfig, *, sparse: bool = False, rngs: nnx.Rngs) -> FeedForward | MoE:
+    """The dense FFN, or for a sparse layer (cfg.sparse_layers()) the mixture of experts."""
+    if sparse:
+        return MoE(cfg.d_model, cfg.moe, dropout=cfg.dropout, rngs=rngs)
     return FeedForward(cfg.d_model, cfg.d_ff, kind=cfg.ffn, bias=cfg.resolved_ffn_bias,
                        inner_dropout=cfg.ffn_dropout, dropout=cfg.dropout, rngs=rngs)
 
 
+def ffn_sublayer(ffn, record: dict | None):
+    """The FFN as a sublayer; an MoE also puts its router logits and expert load in `record`."""
+    return (lambda h: ffn(h, record=record)) if isinstance(ffn, MoE) else ffn
+
+
+# what a sparse layer's MoE puts in its record (models/lm.py return_aux)
+AUX = ("router_logits", "expert_load")
+
+
 def _norm(cfg: TransformerConfig, rngs: nnx.Rngs):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias, rngs=rngs)
+
+
+def cache_slots(self_cache: dict) -> int:
+    """The slots L of a self-attention cache: {"k", "v"} [.., G, L, K] or MLA's {"latent",
+    "k_rope"} [.., 1, L, .]."""
+    return next(iter(self_cache.values())).shape[-2]
 
 
 # the sub-layer intermediates of one layer, in depth order (module docstring)
@@ -107,12 +136,12 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 class EncoderLayer(nnx.Module):
     """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs)
         self.post_attn_norm = _post_norm(cfg, rngs)
-        self.ffn = make_ffn(cfg, rngs=rngs)
+        self.ffn = make_ffn(cfg, sparse=sparse, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
         self.post_ffn_norm = _post_norm(cfg, rngs)
 
@@ -125,7 +154,8 @@ class EncoderLayer(nnx.Module):
                                        mask=mask, bias=bias, positions=positions), x, record, "attn",
                      self.post_attn_norm)
         put_record(record, "attn_residual", x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
+        return residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
+                        self.post_ffn_norm)
 
 
 class DecoderLayer(nnx.Module):
@@ -138,7 +168,8 @@ class DecoderLayer(nnx.Module):
     ring of sliding_window slots (MultiHeadAttention).
     """
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
+                 rngs: nnx.Rngs):
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs)
@@ -146,7 +177,7 @@ class DecoderLayer(nnx.Module):
         self.cross_attn = make_attention(cfg, self_attn=False, rngs=rngs) if cross_attention else None
         self.cross_attn_norm = _norm(cfg, rngs) if cross_attention else None
         self.post_cross_attn_norm = _post_norm(cfg, rngs) if cross_attention else None
-        self.ffn = make_ffn(cfg, rngs=rngs)
+        self.ffn = make_ffn(cfg, sparse=sparse, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
         self.post_ffn_norm = _post_norm(cfg, rngs)
 
@@ -181,7 +212,8 @@ class DecoderLayer(nnx.Module):
             x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
                          self.post_cross_attn_norm)
             put_record(record, "cross_attn_residual", x)
-        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
+        x = residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
+                     self.post_ffn_norm)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
@@ -189,6 +221,8 @@ class DecoderLayer(nnx.Module):
         """An empty self-attention cache of `length` slots, plus the cross-attention keys and
         values of memory [B, S, D] (projected once)."""
         attn = self.self_attn
+        if isinstance(attn, MultiHeadLatentAttention):  # the compressed latent cache
+            return {"self": attn.init_cache(batch, length, dtype)}
         shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
         cache = {"self": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}}
         if self.cross_attn is not None:
@@ -248,36 +282,50 @@ class _Stack(nnx.Module):
         return jnp.asarray(local)
 
     def make_layers(self, make, rngs: nnx.Rngs):
-        """num_layers layers from make(rngs): a list, or with scan_layers one module whose
-        params carry a leading layer axis [L, ...] (nnx.vmap over split RNG streams)."""
+        """num_layers layers from make(rngs, sparse) (sparse: the layer's FFN is the MoE,
+        cfg.sparse_layers()): a list, or with scan_layers one module whose params carry a
+        leading layer axis [L, ...] (nnx.vmap over split RNG streams; its layers must be alike)."""
         n = self.cfg.num_layers
+        sparse = self.cfg.sparse_layers()
         if not self.scan_layers:
-            return nnx.List([make(rngs) for _ in range(n)])
+            return nnx.List([make(rngs, sparse[i]) for i in range(n)])
+        if len(set(sparse)) > 1:
+            raise ConfigError("model.scan_layers: the scanned layers must be alike, but moe.dense_layers "
+                              f"{list(self.cfg.moe.dense_layers)} mixes dense and MoE layers; set "
+                              "scan_layers: false (or make every layer sparse)")
 
         @nnx.split_rngs(splits=n)
         @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n,
                   transform_metadata={nnx.PARTITION_NAME: partitioning.LAYERS_AXIS})
         def stacked(rngs):
-            return make(rngs)
+            return make(rngs, sparse[0])
         return stacked(rngs)
 
-    def run_layers(self, x, call, intermediates: dict | None):
+    def run_layers(self, x, call, intermediates: dict | None, aux: dict | None = None):
         """x -> call(layer, x, record, local) for every layer, as a Python loop or
         (scan_layers) one lax.scan over the stacked params; `local` says whether the layer is a
         sliding-window one (layer_flags). With remat_policy, each layer's activations are
         recomputed in the backward pass (jax.checkpoint with that policy), also inside the scan.
         With intermediates, call fills `record` (else None) with the layer's sub-layer outputs,
-        stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i"."""
+        stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i". With `aux` (a dict),
+        the sparse layers' AUX records go to it, stacked in layer order ([n_sparse, ...])."""
         policy = getattr(jax.checkpoint_policies, self.remat_policy) if self.remat_policy else None
         keep = intermediates is not None
+        want = keep or aux is not None
         flags = self.layer_flags()
         if not self.scan_layers:
+            records = []
             for i, layer in enumerate(self.layers):
-                record = {} if keep else None
+                record = {} if want else None
                 x = _remat_call(layer, x, call, policy, record, flags[i]) if policy else \
                     call(layer, x, record, flags[i])
                 if keep:
                     _store_layer(intermediates, i, record, x)
+                records.append(record)
+            for k in AUX if aux is not None else ():
+                found = [r[k] for r in records if k in r]
+                if found:
+                    aux[k] = jnp.stack(found)
             return x
         graphdef, state = nnx.split(self.layers)
         uniform = isinstance(flags, tuple)
@@ -285,16 +333,18 @@ class _Stack(nnx.Module):
         def body(h, xs):
             layer_state, local = (xs, flags[0]) if uniform else xs
             layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
-            record = {} if keep else None
+            record = {} if want else None
             h = call(layer, h, record, local)
-            return h, ((h, record) if keep else None, nnx.state(layer))
+            return h, ((h if keep else None, record), nnx.state(layer))
 
         if policy:
             body = jax.checkpoint(body, policy=policy)
         x, (ys, new_state) = jax.lax.scan(body, x, state if uniform else (state, flags))
         nnx.update(self.layers, new_state)  # advanced dropout RNG counts
+        hs, records = ys  # stacked along a leading layer axis
+        if aux is not None:
+            aux.update({k: records[k] for k in AUX if k in records})
         if keep:
-            hs, records = ys  # stacked along a leading layer axis
             for i in range(self.cfg.num_layers):
                 _store_layer(intermediates, i, {k: v[i] for k, v in records.items()}, hs[i])
         return x
@@ -355,7 +405,7 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.layers = self.make_layers(lambda r: EncoderLayer(cfg, rngs=r), rngs)
+        self.layers = self.make_layers(lambda r, sparse: EncoderLayer(cfg, sparse=sparse, rngs=r), rngs)
 
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                  return_attention: bool = False):
@@ -388,15 +438,20 @@ class Decoder(_Stack):
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True,
                  rngs: nnx.Rngs):
         super().__init__(cfg, causal=causal, rngs=rngs)
-        self.layers = self.make_layers(lambda r: DecoderLayer(cfg, cross_attention=cross_attention, rngs=r),
+        self.layers = self.make_layers(lambda r, sparse: DecoderLayer(cfg, cross_attention=cross_attention,
+                                                                       sparse=sparse, rngs=r),
                                        rngs)
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
-                 return_attention: bool = False):
+                 return_attention: bool = False, aux: dict | None = None):
+        """aux: a dict that receives the sparse layers' router logits and expert load (AUX,
+        stacked [n_sparse, ...]; run_layers); not with a cache."""
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
             raise ValueError("return_attention is not supported together with a KV cache")
+        if aux is not None and cache is not None:
+            raise ValueError("the MoE auxiliary outputs (return_aux) are not supported together with a KV cache")
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         cache_len = None if cache is None else self.cache_length(cache)
@@ -408,7 +463,7 @@ class Decoder(_Stack):
         if cache is None:
             x = self.run_layers(x, lambda layer, h, record, local: layer(
                 h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
-                positions=positions, record=record, return_attention=return_attention), inter)
+                positions=positions, record=record, return_attention=return_attention), inter, aux)
             return self.finish(x, inter)
         rolling = self.rolling_layers(cache)
         ring_mask, ring_bias = (self.rolling_inputs(mask, t, cache_index) if any(rolling) else (None, None))
@@ -448,8 +503,8 @@ class Decoder(_Stack):
         is a ring (then L is the caller's mask length)."""
         rolling = self.rolling_layers(cache)
         if self.scan_layers:
-            return None if rolling[0] else cache["self"]["k"].shape[-2]
-        full = [c["self"]["k"].shape[-2] for c, ring in zip(cache, rolling) if not ring]
+            return None if rolling[0] else cache_slots(cache["self"])
+        full = [cache_slots(c["self"]) for c, ring in zip(cache, rolling) if not ring]
         return full[0] if full else None
 
     def rolling_inputs(self, mask, t: int, cache_index):

@@ -29,6 +29,8 @@ class LM(nnx.Module):
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
     return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
     (before the cache); return_attention adds "layers.i.attn_weights" [B, H, T, T] to them.
+    return_aux (model.moe, no cache) adds, last, {"router_logits": [n_sparse, B, T, E] float32,
+    "expert_load": [n_sparse, E] float32} (layers/moe.py MoE; moe_aux_losses takes them).
     """
 
     def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
@@ -42,8 +44,11 @@ class LM(nnx.Module):
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
-                 return_attention: bool = False, position_ids: jax.Array | None = None):
+                 return_attention: bool = False, position_ids: jax.Array | None = None,
+                 return_aux: bool = False):
         b, t = ids.shape
+        if return_aux and self.cfg.moe is None:
+            raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
@@ -61,12 +66,15 @@ class LM(nnx.Module):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
             positions = position_ids
         x = self.embed(ids, positions)  # [B, T, D]
+        aux = {} if return_aux else None
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
-                           cache=cache, cache_index=cache_index, return_attention=return_attention)
+                           cache=cache, cache_index=cache_index, return_attention=return_attention, aux=aux)
         out = out if isinstance(out, tuple) else (out,)
         logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:
             out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
+        if return_aux:
+            out = (*out, aux)
         return logits if len(out) == 1 else (logits, *out[1:])
 
     def logits(self, h: jax.Array) -> jax.Array:

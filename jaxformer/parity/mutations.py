@@ -235,6 +235,18 @@ def _masked_rows_mean_v():
     return _sdpa_wrapper(f)
 
 
+def _sinks_per_kv_head():
+    import jax.numpy as jnp
+
+    def f(orig, q, k, v, sinks=None, kv_head_major=False, **kw):
+        if sinks is not None:  # each query group shares its first head's sink (a [G] sink layout)
+            g = k.shape[1 if kv_head_major else 2]
+            r = sinks.shape[0] // g
+            sinks = jnp.repeat(sinks.reshape(g, r)[:, 0], r)
+        return orig(q, k, v, sinks=sinks, kv_head_major=kv_head_major, **kw)
+    return _sdpa_wrapper(f)
+
+
 def _embedding_unscaled():
     from jaxformer.layers import embedding
     return _wrap_init(embedding.Embedding, scale=lambda s: False)
@@ -305,6 +317,35 @@ def _lora_wrong_module():
         swap = lambda p: p.replace("q_proj", "v_proj") if isinstance(p, str) else p  # noqa: E731
         return {swap(k): tuple(swap(p) for p in path) for k, path in original(model, cfg).items()}
     return patched(lora, "find_targets", find_targets)
+def _moe():
+    from jaxformer.layers import moe
+    return moe
+
+
+def _moe_no_renormalise():
+    return patched(_moe(), "renormalise", lambda w, eps=0.0: w)  # the top-k weights left unnormalised
+
+
+def _moe_aux_on_topk_weights():
+    import jax
+    import jax.numpy as jnp
+    moe = _moe()
+    original = moe.load_balance_probs
+
+    def probs(logits):  # the renormalised top-k weights (zeros elsewhere) instead of the full softmax
+        p = original(logits)
+        w, idx = moe.topk(p, 2)
+        return jnp.sum(jax.nn.one_hot(idx, p.shape[-1]) * moe.renormalise(w)[..., None], axis=-2)
+    return patched(moe, "load_balance_probs", probs)
+
+
+def _moe_experts_reversed():
+    moe = _moe()
+    original = moe.Experts.__call__
+
+    def call(self, x, indices, weights):  # expert e's tokens go to expert E-1-e
+        return original(self, x, self.cfg.num_experts - 1 - indices, weights)
+    return patched(moe.Experts, "__call__", call)
 
 
 for _m in [
@@ -335,6 +376,8 @@ for _m in [
              ("text_encoder_preln_padding",)),
     Mutation("masked_rows_mean_v", "a query with no visible key returns mean(V), not 0", _masked_rows_mean_v,
              ("sdpa_fused_fully_masked_rows",)),
+    Mutation("attention_sinks_per_kv_head", "gpt-oss sinks shared per key/value group, not one per query head",
+             _sinks_per_kv_head, ("sdpa_sinks_sliding_gqa", "mha_sinks_rope_gqa_sliding"), grads_too=True),
     Mutation("embedding_not_scaled", "token embedding without its sqrt(D) factor", _embedding_unscaled,
              ("embedding_scaled",)),
     Mutation("sinusoid_positions_from_1", "sinusoidal positions counted from 1", _sinusoid_offset,
@@ -349,6 +392,12 @@ for _m in [
              ("lora_llama_targets_q_only",)),
     Mutation("lora_base_not_frozen", "LoRA base weights get a gradient (no stop_gradient)", _lora_base_not_frozen,
              ("lora_linear",), grads_too=True),
+    Mutation("moe_topk_not_renormalised", "MoE top-k weights not renormalised to sum to 1",
+             _moe_no_renormalise, ("router_softmax_topk", "router_sigmoid_grouped", "moe_softmax_topk")),
+    Mutation("moe_aux_on_topk_weights", "load-balancing loss on the renormalised top-k weights, not the full softmax",
+             _moe_aux_on_topk_weights, ("moe_aux_losses", "moe_aux_losses_padding"), grads_too=True),
+    Mutation("moe_experts_reversed", "tokens sent to expert E-1-e instead of e", _moe_experts_reversed,
+             ("moe_softmax_topk", "lm_moe_llama"), grads_too=True),
 ]:
     register(_m)
 

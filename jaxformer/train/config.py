@@ -98,18 +98,23 @@ class MeshConfig:
     data: int = -1  # -1: the rest of the devices
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1  # expert parallelism: MoE experts split over it; it also splits the batch
 
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# expert sits outside tensor: tensor is the innermost (fastest-linked) axis
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 # logical axis (jaxformer/layers/partitioning.py) -> mesh axis, several, or None (never split)
 LOGICAL_AXIS_RULES: dict[str, Any] = {
-    "batch": ("data", "fsdp"),  # the global batch is split over data x fsdp
+    # the global batch is split over data x fsdp x expert (the expert axis is data parallel
+    # outside the MoE layers, so every device holds distinct tokens to send to the experts)
+    "batch": ("data", "fsdp", "expert"),
     "embed": "fsdp",            # the model width of every weight: FSDP shards params + optimiser state
     "heads": "tensor",          # attention heads (q/k/v out, o in): Megatron column/row split
     "mlp": "tensor",            # FFN hidden width (gate/up out, down in)
     "vocab": "tensor",          # embedding rows, LM head outputs
     "norm": None,               # norm scales and biases: small, replicated
     "layers": None,             # the stacked layer axis of scanned layers
+    "expert": "expert",         # the expert axis E of MoE weights (layers/moe.py): expert parallelism
 }
 
 
@@ -256,9 +261,9 @@ def check_sections(cfg: RunConfig) -> None:
              f"train.batch_size={t.batch_size} does not divide into grad_accum_steps="
              f"{t.grad_accum_steps} x parallel.num_devices={n}")
     if p.mode == "mesh" and p.mesh.data > 0:
-        shards = p.mesh.data * p.mesh.fsdp
+        shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert
         need(t.micro_batch % shards == 0, f"train.batch_size / grad_accum_steps = {t.micro_batch} "
-             f"does not divide by parallel.mesh data x fsdp = {shards}")
+             f"does not divide by parallel.mesh data x fsdp x expert = {shards}")
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -13,8 +13,9 @@ the values do not depend on the mesh.
     kernel     U(+-sqrt(6 / (fan_in + fan_out)))       N(0, 0.02)
     embedding  N(0, D^-0.5)                            N(0, 0.02)
     scale      1                                       1
-    bias       0                                       0
-    other      N(0, 0.02)  (cls tokens, bias tables)   N(0, 0.02)
+    bias       0  (also the MoE experts' *_bias)        0
+    other      N(0, 0.02)  (cls tokens, bias tables,   N(0, 0.02)
+               stacked MoE experts [E, out, in], as HF)
 `default` keeps each framework's own constructor init (which differ).
 
 `create_state` builds nothing on the host: the model is abstract (nnx.eval_shape), and jitted
@@ -95,7 +96,7 @@ def _kind_from_flax_leaf(leaf: str, ndim: int) -> str:
         return "embedding"
     if leaf == "scale":
         return "scale"
-    if leaf == "bias" and ndim == 1:
+    if (leaf == "bias" and ndim == 1) or leaf.endswith("_bias"):  # MoE experts' [E, F] biases too
         return "bias"
     return "other"
 
@@ -110,6 +111,8 @@ def init_params(model, scheme: str, seed: int, shardings=None) -> dict:
         sh = {tuple(p): v.get_value() for p, v in nnx.to_flat_state(shardings)}
     out = {}
     for path, var in convert.param_leaves(model).items():
+        if sh is not None and path not in sh:  # a Buffer (score_bias): it lives in `rest`
+            continue
         leaf = str(path[-1])
         shape = tuple(var.shape)
         torch_shape = convert.torch_shape_of(path, shape, prefixes)

@@ -1,6 +1,7 @@
-"""JAX training: one pair of pure step functions (StepFns), wrapped per `parallel.mode`:
-`jax.jit` on one device (none), `jax.jit` over a sharded mesh (mesh), or `jax.pmap` over the
-local devices (pmap), where the steps' one reduction becomes a psum over the data axis.
+"""JAX training: one pair of pure step functions (StepFns, jaxformer/train/steps.py), wrapped
+per `parallel.mode`: `jax.jit` on one device (none), `jax.jit` over a sharded mesh (mesh), or
+`jax.pmap` over the local devices (pmap), where the steps' one reduction becomes a psum over
+the data axis.
 
 Why it is built this way:
 - The NNX model is split once into (graphdef, params, rest). The step is a pure function of
@@ -24,7 +25,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from jaxformer.train import data as data_lib
@@ -36,6 +36,7 @@ from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_optax
+from jaxformer.train.steps import StepFns  # noqa: F401 (cli/eval.py and the benches import it from here)
 
 DATA_AXIS = "data"  # pmap's device axis: the one the steps' psum reduces over
 
@@ -57,12 +58,13 @@ def build_jax_model(cfg: RunConfig):
     name, mcfg, tc = cfg.model_name, model_config_for_training(cfg), cfg.train
     abstract = init_lib.abstract_model(name, mcfg, tc.seed)
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-    if tc.init_from:  # fine-tune: start from a converted / imported checkpoint
+    rest = init_lib.create_rest(name, mcfg, tc.seed)
+    if tc.init_from:  # fine-tune: start from a converted / imported checkpoint (its buffers too)
         from jaxformer.checkpoint_io import load_params_sharded
-        params = load_params_sharded(tc.init_from, params, init_lib.single_device(params))
+        params, rest = load_params_sharded(tc.init_from, params, init_lib.single_device(params), rest)
     else:
         params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params)
-    model = nnx.merge(graphdef, params, init_lib.create_rest(name, mcfg, tc.seed))
+    model = nnx.merge(graphdef, params, rest)
     set_remat(model, tc.remat_policy if tc.remat else None)
     return model
 
@@ -72,89 +74,6 @@ def set_remat(model, policy: str | None) -> None:
     for _, m in nnx.iter_graph(model):
         if isinstance(m, nnx.Module) and hasattr(m, "remat_policy"):
             m.remat_policy = policy
-
-
-def _cast_floats(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
-
-
-class StepFns:
-    """The pure train and eval steps for one model/config, shared by every parallel mode.
-
-    `axis_name`: under pmap, the mapped device axis; the per-device sums are then psummed over
-    it in `_psum`, the one place where the steps reduce across devices. Without it (jit, on one
-    device or a mesh) `_psum` is the identity and XLA inserts any cross-device reductions."""
-
-    def __init__(self, cfg: RunConfig, model, tx, schedule, axis_name: str | None = None):
-        self.cfg, self.tx, self.schedule, self.axis_name = cfg, tx, schedule, axis_name
-        model.train()
-        self.graphdef_train, _, _ = nnx.split(model, nnx.Param, ...)
-        model.eval()
-        self.graphdef_eval, _, _ = nnx.split(model, nnx.Param, ...)
-        model.train()
-        self.compute_dtype = jnp.bfloat16 if cfg.train.precision == "bf16" else jnp.float32
-        self.pad_id = getattr(cfg.model, "pad_id", 0)
-
-    def _psum(self, x):
-        return jax.lax.psum(x, self.axis_name) if self.axis_name else x
-
-    def loss_terms(self, graphdef, params, rest, batch):
-        if self.compute_dtype != jnp.float32:
-            params = _cast_floats(params, self.compute_dtype)
-            batch = {k: (v.astype(self.compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v)
-                     for k, v in batch.items()}
-        # fresh Variable objects at this trace level: NNX refuses to mutate (advance the dropout
-        # RNG count of) Variables that were unflattened at an outer level (jit vs grad)
-        rest = jax.tree.map(lambda x: x, rest)
-        model = nnx.merge(graphdef, params, rest)
-        loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
-                                                  self.cfg.train.label_smoothing, self.pad_id)
-        _, _, new_rest = nnx.split(model, nnx.Param, ...)
-        return loss.astype(jnp.float32), (count, metrics, new_rest)
-
-    def train_step(self, state, batch):
-        """state: {params, opt_state, rest, step}; batch: arrays [A, micro, ...]."""
-        params = state["params"]
-        grad_fn = jax.value_and_grad(lambda p, r, b: self.loss_terms(self.graphdef_train, p, r, b),
-                                     has_aux=True)
-
-        def terms(rest, mb):  # one micro-batch -> (grads, loss, count, metrics, rest)
-            (loss, (count, metrics, rest)), g = grad_fn(params, rest, mb)
-            return g, loss, count, metrics, rest
-
-        def micro(carry, mb):
-            *new, rest = terms(carry[-1], mb)
-            return (*jax.tree.map(jnp.add, carry[:-1], tuple(new)), rest), None
-
-        if jax.tree.leaves(batch)[0].shape[0] == 1:
-            # one micro-batch: no accumulation loop, whose zero-filled gradient sums and adds
-            # cost time and whose boundary stops XLA fusing across it.
-            g_sum, l_sum, c_sum, m_sum, rest = terms(state["rest"], jax.tree.map(lambda x: x[0], batch))
-        else:
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            m0 = {k: jnp.zeros((), jnp.float32) for k in tasks.metric_keys(self.cfg.model_name)}
-            init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), m0, state["rest"])
-            (g_sum, l_sum, c_sum, m_sum, rest), _ = jax.lax.scan(micro, init, batch)
-        g_sum, l_sum, c_sum, m_sum = self._psum((g_sum, l_sum, c_sum, m_sum))
-        grads = jax.tree.map(lambda g: g / c_sum, g_sum)
-        updates, opt_state = self.tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        loss, grad_norm = l_sum / c_sum, optax.tree.norm(grads)
-        # A NaN/inf loss or gradient norm: this step leaves params and optimiser state as they
-        # were (a select inside the jitted step, no host round trip), and says which quantity.
-        # train.on_nonfinite decides on the host whether the run stops or goes on.
-        bad = (~jnp.isfinite(loss)).astype(jnp.int32) + 2 * (~jnp.isfinite(grad_norm)).astype(jnp.int32)
-        keep = bad == 0
-        new_params = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new_params, params)
-        opt_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), opt_state, state["opt_state"])
-        out = {"loss": loss, "grad_norm": grad_norm, "lr": self.schedule(state["step"]),
-               "nonfinite": bad, **{k: v / c_sum for k, v in m_sum.items()}}
-        return {"params": new_params, "opt_state": opt_state, "rest": rest,
-                "step": state["step"] + 1}, out
-
-    def eval_step(self, params, rest, batch):
-        loss, (count, metrics, _) = self.loss_terms(self.graphdef_eval, params, rest, batch)
-        return self._psum({"loss": loss, "count": count, **metrics})
 
 
 def init_state(cfg: RunConfig, model, tx):
@@ -292,13 +211,13 @@ class JaxTrainer:
 
     # ------------------------------------------------------------------ mesh
     def _setup_mesh(self) -> None:
-        """A (data, fsdp, tensor) mesh and the state's shardings, from each param's logical
+        """A (data, fsdp, expert, tensor) mesh and the state's shardings, from each param's logical
         axes and the parallel config's axis rules; see train/sharding.py."""
         from jaxformer.train import sharding
         m = self.cfg.parallel.mesh
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
-        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices)
         rules = self.cfg.parallel.logical_axis_rules()
         batch_axes = rules["batch"]
         shards = math.prod(self.mesh.shape[a] for a in batch_axes)
@@ -329,12 +248,14 @@ class JaxTrainer:
             mesh_sh = self.shardings or {"rest": None, "step": None}
             return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"]),
                     "step": init_lib.zero_step(mesh_sh["step"])}
-        params = None
-        if tc.init_from:  # fine-tune: each param restored into its sharding
-            from jaxformer.checkpoint_io import load_params_sharded
-            shardings = self.shardings or init_lib.single_device(self.abstract_state)
-            params = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"])
-        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params)
+        if not tc.init_from:
+            return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings)
+        # fine-tune: each param restored into its sharding, and the saved buffers (MoE score_bias)
+        from jaxformer.checkpoint_io import load_params_sharded
+        shardings = self.shardings or init_lib.single_device(self.abstract_state)
+        rest = init_lib.create_rest(name, mcfg, tc.seed, shardings["rest"])
+        params, rest = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"], rest)
+        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params) | {"rest": rest}
 
     def _global(self, local_batch: dict, sharding, axis: int) -> dict:
         """Global arrays from each process's own slice of the global batch (dim `axis`, split

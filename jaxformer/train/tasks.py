@@ -5,6 +5,23 @@ Losses are returned as (sum, count) so that gradient accumulation, pmap and mesh
 divide by the *global* count: the loss of a step is the same however the batch is split.
 Cross-entropy with label smoothing eps is torch's:
     (1 - eps) * nll(target) + eps * mean_over_classes(-log p).
+
+Mixture-of-experts LMs (model.moe) add auxiliary losses to the training objective, as HF's
+MixtralForCausalLM adds router_aux_loss_coef * aux_loss to its loss:
+    objective = CE + aux_loss_coef * load_balance + z_loss_coef * z_loss
+Each micro-batch computes layers/moe.py's moe_aux_losses over all its rows (on a mesh the whole
+global micro-batch, as on one device; under pmap the router logits are all-gathered over the
+devices first, so each device adds 1/D of the same micro-batch value), and enters the sums
+weighted by its token count: the step's aux term is the token-weighted mean of its micro-batch
+values. z_loss is a mean over tokens, so it does not depend on the split at all; load_balance
+(HF's batch statistic, a product of two means) is a per-micro-batch value, as in HF's Trainer
+with gradient accumulation (pmap's micro-batch a holds rows a of every device's slice, other
+rows than on one device or a mesh when grad_accum_steps > 1). Eval reports the LM loss alone.
+
+An `lm` batch may carry `loss_mask` [B, T + 1] beside `tokens` (instruction/chat data, written
+by `data prepare --format prompt_completion|chat`): the target tokens[:, i] counts only where
+loss_mask[:, i] is 1, so the count, and with it the step's divisor, is the number of answer tokens in the global
+batch (train and eval alike).
 """
 from __future__ import annotations
 
@@ -26,8 +43,69 @@ def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
     return jnp.sum(loss * weights), jnp.sum(correct * weights)
 
 
-def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
-    """-> (loss_sum, count, {metric_sum}) for one (micro-)batch."""
+MOE_METRICS = ("moe_load_balance", "moe_z_loss")  # summed x tokens; reported per token
+EXPERT_LOAD = "moe_expert_load"  # [n_sparse_layers, E] routed assignments, summed over the step
+
+
+def moe_of(model_cfg):
+    """The model's MoEConfig, or None (dense, or a family without MoE)."""
+    return getattr(model_cfg, "moe", None)
+
+
+def moe_terms(aux: dict, moe, count, axis_name: str | None = None) -> dict:
+    """One micro-batch's aux-loss sums {moe_load_balance, moe_z_loss: value x tokens} and its
+    expert load, from LM(..., return_aux=True)'s aux. axis_name (pmap): the values are those of
+    the micro-batch over all devices, each device holding 1/D of the sum; all_gather's transpose
+    (a reduce-scatter) returns each device exactly its rows' share of the gradient."""
+    from jaxformer.layers.moe import moe_aux_losses
+    logits, n, share = aux["router_logits"], count, 1.0  # [n_sparse, B, T, E]
+    if axis_name:
+        logits = jax.lax.all_gather(logits, axis_name, axis=1, tiled=True)
+        n, share = jax.lax.psum(count, axis_name), 1.0 / jax.lax.psum(1, axis_name)
+    losses = moe_aux_losses(logits, None, moe)
+    return {"moe_load_balance": losses["load_balance"] * n * share, "moe_z_loss": losses["z_loss"] * n * share,
+            EXPERT_LOAD: aux["expert_load"]}
+
+
+def objective(loss_sum, metrics: dict, moe):
+    """The training loss sum: the task's loss plus the coefficient-weighted aux sums (MoE)."""
+    if moe is None:
+        return loss_sum
+    return loss_sum + moe.aux_loss_coef * metrics["moe_load_balance"] + moe.z_loss_coef * metrics["moe_z_loss"]
+
+
+def update_score_bias(rest, load, rate):
+    """DeepSeek-V3's aux-loss-free balancing, after an optimiser step: per sparse layer (depth
+    order), score_bias += rate * sign(mean load - load), load [n_sparse, E] the step's routed
+    assignments over all micro-batches and devices. score_bias is a layers/moe.py Buffer: it
+    lives in the non-parameter state `rest`, so no gradient, optimiser, clipping or weight
+    decay ever touches it; only this rule moves it. rate may be a traced 0 (a skipped step)."""
+    from jaxformer.train.sharding import _key_of
+    delta = rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)  # [n_sparse, E]
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(rest)
+    row, out = 0, []
+    for path, x in leaves:
+        if _key_of(path).endswith("router.score_bias"):
+            n = x.shape[0] if x.ndim == 2 else 1  # a scanned stack holds [L, E]
+            x = x + delta[row:row + n].reshape(x.shape).astype(x.dtype)
+            row += n
+        out.append(x)
+    if row != load.shape[0]:
+        raise ValueError(f"bias_update_rate: {row} score_bias rows for {load.shape[0]} sparse layers")
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def lm_weights(batch: dict, tokens):
+    """The `lm` targets' weights: the batch's loss_mask at the target positions, else all ones."""
+    if "loss_mask" not in batch:
+        return jnp.ones(tokens[:, 1:].shape, jnp.float32)
+    return batch["loss_mask"][:, 1:].astype(jnp.float32)
+
+
+def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0,
+                 axis_name: str | None = None):
+    """-> (loss_sum, count, {metric_sum}) for one (micro-)batch. An MoE LM adds moe_terms to
+    the metrics (`objective` turns them into the training loss)."""
     if name in CLASSIFICATION:
         x = batch["ids"] if name == "classifier" else batch["images"]
         logits = model(x)  # [B, C]
@@ -35,11 +113,13 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, jnp.sum(w), {"correct": correct}
     if name == "lm":
-        tokens = batch["tokens"]
-        logits = model(tokens[:, :-1])  # [B, T, V]
-        w = jnp.ones(tokens[:, 1:].shape, jnp.float32)
+        tokens, moe = batch["tokens"], moe_of(model.cfg)
+        out = model(tokens[:, :-1], return_aux=True) if moe else model(tokens[:, :-1])
+        logits = out[0] if moe else out  # [B, T, V]
+        w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
-        return loss, jnp.sum(w), {"correct": correct}
+        extra = moe_terms(out[1], moe, jnp.sum(w), axis_name) if moe else {}
+        return loss, jnp.sum(w), {"correct": correct, **extra}
     if name == "seq2seq":
         logits = model(batch["src"], batch["tgt_in"])  # [B, T, V]
         w = (batch["tgt_out"] != pad_id).astype(jnp.float32)
@@ -52,9 +132,16 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
     raise ValueError(f"no training task for model {name!r}")
 
 
-def metric_keys(name: str) -> tuple[str, ...]:
-    """The keys of forward_loss's metric sums, known without tracing the model."""
-    return ("abs_err",) if name == "timeseries" else ("correct",)
+def metric_zeros(name: str, model_cfg=None) -> dict:
+    """forward_loss's metric sums, zero, known without tracing the model."""
+    if name == "timeseries":
+        return {"abs_err": jnp.zeros((), jnp.float32)}
+    out = {"correct": jnp.zeros((), jnp.float32)}
+    moe = moe_of(model_cfg) if name == "lm" else None
+    if moe:
+        out.update({k: jnp.zeros((), jnp.float32) for k in MOE_METRICS})
+        out[EXPERT_LOAD] = jnp.zeros((sum(model_cfg.sparse_layers()), moe.num_experts), jnp.float32)
+    return out
 
 
 def eval_metrics(name: str, sums: dict) -> dict:

@@ -29,7 +29,7 @@ def init_torch(module, scheme: str, seed: int) -> None:
                 kind = "embedding"
             elif isinstance(m, (LayerNorm, RMSNorm, torch.nn.LayerNorm)) and pname == "weight":
                 kind = "scale"
-            elif pname == "bias" and p.dim() == 1:
+            elif (pname == "bias" and p.dim() == 1) or pname.endswith("_bias"):  # MoE experts' biases
                 kind = "bias"
             else:
                 kind = "other"

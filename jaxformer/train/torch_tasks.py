@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from jaxformer.train.tasks import CLASSIFICATION
+from jaxformer.train.tasks import CLASSIFICATION, EXPERT_LOAD, moe_of, objective  # noqa: F401 (objective: the twin's)
 
 
 def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
@@ -17,6 +17,32 @@ def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
     return loss, correct
 
 
+def moe_terms(aux: dict, moe, count) -> dict:
+    """tasks.moe_terms: one micro-batch's aux-loss sums (value x tokens) and expert load."""
+    from torch_ref.layers.moe import moe_aux_losses
+    losses = moe_aux_losses(aux["router_logits"], None, moe)  # router_logits [n_sparse, B, T, E]
+    return {"moe_load_balance": losses["load_balance"] * count, "moe_z_loss": losses["z_loss"] * count,
+            EXPERT_LOAD: aux["expert_load"]}
+
+
+def update_score_bias(module, load, rate: float) -> None:
+    """tasks.update_score_bias: score_bias += rate * sign(mean load - load), per sparse layer
+    in depth order; load [n_sparse, E]."""
+    from torch_ref.layers.moe import MoE
+    layers = [m for m in module.modules() if isinstance(m, MoE)]
+    assert len(layers) == load.shape[0], (len(layers), tuple(load.shape))
+    with torch.no_grad():
+        for moe, row in zip(layers, load):
+            moe.router.score_bias.add_(rate * torch.sign(row.mean() - row))
+
+
+def lm_weights(batch: dict, tokens):
+    """tasks.lm_weights: the batch's loss_mask at the target positions, else all ones."""
+    if "loss_mask" not in batch:
+        return torch.ones(tokens[:, 1:].shape)
+    return batch["loss_mask"][:, 1:].float()
+
+
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
     if name in CLASSIFICATION:
         x = batch["ids"] if name == "classifier" else batch["images"]
@@ -25,11 +51,13 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, w.sum(), {"correct": correct}
     if name == "lm":
-        tokens = batch["tokens"]
-        logits = model(tokens[:, :-1])  # [B, T, V]
-        w = torch.ones(tokens[:, 1:].shape)
+        tokens, moe = batch["tokens"], moe_of(model.cfg)
+        out = model(tokens[:, :-1], return_aux=True) if moe else model(tokens[:, :-1])
+        logits = out[0] if moe else out  # [B, T, V]
+        w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
-        return loss, w.sum(), {"correct": correct}
+        extra = moe_terms(out[1], moe, w.sum()) if moe else {}
+        return loss, w.sum(), {"correct": correct, **extra}
     if name == "seq2seq":
         logits = model(batch["src"], batch["tgt_in"])  # [B, T, V]
         w = (batch["tgt_out"] != pad_id).float()

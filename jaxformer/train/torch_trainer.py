@@ -33,6 +33,11 @@ from jaxformer.train.optim import make_torch_optimizer
 def build_torch_model(cfg: RunConfig):
     from torch_ref.models import build_model
     module = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
+    if cfg.train.init_from:  # fine-tune: the checkpoint's params and saved buffers (MoE score_bias)
+        from jaxformer.checkpoint_io import load_model
+        from jaxformer.convert import to_torch_state_dict
+        module.load_state_dict(to_torch_state_dict(load_model(cfg.train.init_from)[2]), strict=True)
+        return module
     torch_init.init_torch(module, cfg.train.init, cfg.train.seed)
     return module
 
@@ -84,6 +89,7 @@ class TorchTrainer:
         self.progress_enabled = progress
         self.autocast = tc.precision == "bf16"
         self.pad_id = getattr(cfg.model, "pad_id", 0)
+        self.moe = tasks.moe_of(cfg.model) if cfg.model_name == "lm" else None
         self.history: list[dict] = []
         self.last_eval: dict = {}
         self.stopped_by: str | None = None
@@ -150,12 +156,15 @@ class TorchTrainer:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, mb,
                                                                 tc.label_smoothing, self.pad_id)
+            loss = torch_tasks.objective(loss, metrics, self.moe)  # + MoE aux losses (tasks.py)
             loss.float().backward()
             loss_sum += float(loss.detach())
             counts.append(float(count))
             for k, v in metrics.items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v.detach())
-        count_sum = sum(counts)
+                v = v.detach()
+                metric_sums[k] = metric_sums.get(k, 0.0) + (v if k == tasks.EXPERT_LOAD else float(v))
+        load = metric_sums.pop(tasks.EXPERT_LOAD, None)  # [n_sparse, E] summed over the micro-batches
+        count_sum = max(sum(counts), 1.0)  # a loss-masked step may hold no target: loss 0, not NaN
         params = [p for p in self.module.parameters() if p.grad is not None]
         for p in params:
             p.grad.div_(count_sum)
@@ -170,6 +179,8 @@ class TorchTrainer:
         if not bad:
             self.opt.step()
             self.sched.step()
+            if self.moe is not None and self.moe.bias_update_rate:  # DeepSeek's aux-loss-free balancing
+                torch_tasks.update_score_bias(self.module, load, self.moe.bias_update_rate)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "nonfinite": bad,
                 **{k: v / count_sum for k, v in metric_sums.items()}}
 
@@ -181,6 +192,7 @@ class TorchTrainer:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, _to_torch(batch),
                                                                 self.cfg.train.label_smoothing, self.pad_id)
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("moe_")}  # eval: the LM loss alone
             for k, v in {"loss": loss, "count": count, **metrics}.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
         return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}

@@ -1,6 +1,6 @@
 """Scaled dot-product attention, masks and multi-head attention (self, cross, GQA).
 Twin: jaxformer/layers/attention.py. Masks are boolean, True = may attend; a row with no
-visible key outputs exactly 0."""
+visible key outputs exactly 0 (with attention sinks too: the sink takes all its weight)."""
 from __future__ import annotations
 
 import math
@@ -49,12 +49,15 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
 def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                           scale: float | None = None, return_weights: bool = False,
-                          dropout: nn.Dropout | None = None, softcap: float | None = None):
+                          dropout: nn.Dropout | None = None, softcap: float | None = None,
+                          sinks: torch.Tensor | None = None):
     """softmax(q k^T * scale + bias, masked) v.
 
     Args: q [B, T, H, K]; k, v [B, S, G, K]; mask bool / bias float broadcastable to [B, H, T, S].
     softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask (Gemma2,
     docs/numerics.md §21); explicit path.
+    sinks: [H] logits, one per query head, an extra softmax column with no value (gpt-oss,
+    docs/numerics.md §28); explicit path (SDPA takes no sink).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     if mask is not None:
@@ -71,8 +74,10 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     dropout_active = dropout is not None and dropout.p > 0 and dropout.training
     visible = None if mask is None else mask.any(dim=-1, keepdim=True)  # [B?, H?, T, 1]
     min_value = torch.finfo(torch.float32).min
+    if sinks is not None and tuple(sinks.shape) != (num_heads,):
+        raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {tuple(sinks.shape)}")
 
-    if not return_weights and softcap is None:
+    if not return_weights and softcap is None and sinks is None:
         # 1) fused path (SDPA); bias and mask merged by filling, never adding, min values
         attn_mask = None
         fill = torch.finfo(q.dtype).min  # in q's dtype: float32's min overflows bf16 (autocast)
@@ -101,7 +106,11 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         scores = scores + bias.float()
     if mask is not None:
         scores = scores.masked_fill(~mask, min_value)
-    weights = torch.softmax(scores, dim=-1)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:  # the sink: one more column of each head's softmax (max-subtracted with it), then dropped
+        sink = sinks.float().reshape(1, num_heads, 1, 1).expand(scores.shape[0], num_heads, scores.shape[2], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # [B, H, T, S]
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # fully masked rows -> 0
     weights = weights.to(v.dtype)
@@ -125,7 +134,8 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
     kdim, vdim: input widths of k_proj and v_proj (None = D); add_bias_kv: learned key/value
     slots `bias_k`, `bias_v` [G * K] appended after the projected keys/values; add_zero_attn:
-    then an all-zero slot (torch.nn.MultiheadAttention's options; see the JAX twin).
+    then an all-zero slot (torch.nn.MultiheadAttention's options; see the JAX twin); sinks: a
+    learned per-head logit `sinks` [H] in every softmax denominator (gpt-oss).
     Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
     kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
 
@@ -149,7 +159,7 @@ class MultiHeadAttention(nn.Module):
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
                  qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
                  vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
-                 softcap: float | None = None):
+                 softcap: float | None = None, sinks: bool = False):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -170,6 +180,8 @@ class MultiHeadAttention(nn.Module):
         self.bias_k = nn.Parameter(0.02 * torch.randn(num_kv_heads * head_dim)) if add_bias_kv else None
         self.bias_v = nn.Parameter(0.02 * torch.randn(num_kv_heads * head_dim)) if add_bias_kv else None
         self.add_zero_attn = add_zero_attn
+        # one learned logit per query head in every softmax denominator (gpt-oss), [H]
+        self.sinks = nn.Parameter(0.02 * torch.randn(num_heads)) if sinks else None
         self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias if out_bias is None else out_bias)
         # per-head norms of q and k before RoPE (Qwen3), weights [K]
         self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False) if qk_norm else None
@@ -261,7 +273,7 @@ class MultiHeadAttention(nn.Module):
         # 3) attend
         out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, softcap=self.softcap)
+                                    dropout=self.attn_dropout, softcap=self.softcap, sinks=self.sinks)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

@@ -30,28 +30,56 @@ from jaxformer.config import TransformerConfig
 from torch_ref.layers.attention import (MultiHeadAttention, combine_masks, make_causal_mask,
                                         make_sliding_window_mask)
 from torch_ref.layers.ffn import FeedForward
+from torch_ref.layers.moe import MoE
+from torch_ref.layers.mla import MultiHeadLatentAttention
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.embedding import Embedding
 from torch_ref.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
+    if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
+        if not self_attn:
+            raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
+        return MultiHeadLatentAttention(
+            cfg.d_model, cfg.num_heads, cfg.mla, max_len=cfg.max_len, rope_base=cfg.rope_base,
+            rope_scaling=cfg.rope_scaling, bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
+            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
+            softcap=cfg.attn_logit_softcap)
     use_rope = self_attn and cfg.position == "rope"
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
         dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
-        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap)
+        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn)
 
 
-def make_ffn(cfg: TransformerConfig) -> FeedForward:
+def make_ffn(cfg: TransformerConfig, *, sparse: bool = False) -> FeedForward | MoE:
+    """The dense FFN, or for a sparse layer (cfg.sparse_layers()) the mixture of experts."""
+    if sparse:
+        return MoE(cfg.d_model, cfg.moe, dropout=cfg.dropout)
     return FeedForward(cfg.d_model, cfg.d_ff, kind=cfg.ffn, bias=cfg.resolved_ffn_bias,
                        inner_dropout=cfg.ffn_dropout, dropout=cfg.dropout)
 
 
+def ffn_sublayer(ffn, record: dict | None):
+    """The FFN as a sublayer; an MoE also puts its router logits and expert load in `record`."""
+    return (lambda h: ffn(h, record=record)) if isinstance(ffn, MoE) else ffn
+
+
+# what a sparse layer's MoE puts in its record (models/lm.py return_aux)
+AUX = ("router_logits", "expert_load")
+
+
 def _norm(cfg: TransformerConfig):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
+
+
+def cache_slots(self_cache: dict) -> int:
+    """The slots L of a self-attention cache: {"k", "v"} [.., G, L, K] or MLA's {"latent",
+    "k_rope"} [.., 1, L, .]."""
+    return next(iter(self_cache.values())).shape[-2]
 
 
 # the sub-layer intermediates of one layer, in depth order (module docstring)
@@ -102,13 +130,13 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 class EncoderLayer(nn.Module):
     """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
 
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False):
         super().__init__()
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True)
         self.attn_norm = _norm(cfg)
         self.post_attn_norm = _post_norm(cfg)
-        self.ffn = make_ffn(cfg)
+        self.ffn = make_ffn(cfg, sparse=sparse)
         self.ffn_norm = _norm(cfg)
         self.post_ffn_norm = _post_norm(cfg)
 
@@ -121,7 +149,8 @@ class EncoderLayer(nn.Module):
                                        mask=mask, bias=bias, positions=positions), x, record, "attn",
                      self.post_attn_norm)
         put_record(record, "attn_residual", x)
-        return residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
+        return residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
+                        self.post_ffn_norm)
 
 
 class DecoderLayer(nn.Module):
@@ -134,7 +163,7 @@ class DecoderLayer(nn.Module):
     ring of sliding_window slots (MultiHeadAttention).
     """
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True):
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False):
         super().__init__()
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True)
@@ -143,7 +172,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
         self.cross_attn_norm = _norm(cfg) if cross_attention else None
         self.post_cross_attn_norm = _post_norm(cfg) if cross_attention else None
-        self.ffn = make_ffn(cfg)
+        self.ffn = make_ffn(cfg, sparse=sparse)
         self.ffn_norm = _norm(cfg)
         self.post_ffn_norm = _post_norm(cfg)
 
@@ -178,7 +207,8 @@ class DecoderLayer(nn.Module):
             x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
                          self.post_cross_attn_norm)
             put_record(record, "cross_attn_residual", x)
-        x = residual(self.cfg, self.ffn_norm, self.ffn, x, record, "ffn", self.post_ffn_norm)
+        x = residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
+                     self.post_ffn_norm)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
@@ -186,6 +216,8 @@ class DecoderLayer(nn.Module):
         """An empty self-attention cache of `length` slots, plus the cross-attention keys and
         values of memory [B, S, D] (projected once)."""
         attn = self.self_attn
+        if isinstance(attn, MultiHeadLatentAttention):  # the compressed latent cache
+            return {"self": attn.init_cache(batch, length, dtype)}
         shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
         device = attn.q_proj.weight.device
         cache = {"self": {"k": torch.zeros(shape, dtype=dtype, device=device),
@@ -241,17 +273,24 @@ class _Stack(nn.Module):
         """Per layer, is it a sliding-window layer."""
         return self.cfg.local_layers()
 
-    def run_layers(self, x, call, intermediates: dict | None):
+    def run_layers(self, x, call, intermediates: dict | None, aux: dict | None = None):
         """x -> call(layer, x, record, local) for every layer; `local` says whether the layer
         is a sliding-window one. With intermediates, call fills `record` (else None) with the
         layer's sub-layer outputs, stored as "layers.i.<name>" (SUBLAYERS order) before
-        "layers.i"."""
+        "layers.i". With `aux` (a dict), the sparse layers' AUX records go to it, stacked in
+        layer order ([n_sparse, ...])."""
         flags = self.layer_flags()
+        records = []
         for i, layer in enumerate(self.layers):
-            record = None if intermediates is None else {}
+            record = None if intermediates is None and aux is None else {}
             x = call(layer, x, record, flags[i])
             if intermediates is not None:
                 _store_layer(intermediates, i, record, x)
+            records.append(record)
+        for k in AUX if aux is not None else ():
+            found = [r[k] for r in records if k in r]
+            if found:
+                aux[k] = torch.stack(found)
         return x
 
     def finish(self, x, intermediates):
@@ -292,7 +331,7 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__(cfg)
-        self.layers = nn.ModuleList([EncoderLayer(cfg) for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([EncoderLayer(cfg, sparse=sparse) for sparse in cfg.sparse_layers()])
 
     def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                 return_attention: bool = False):
@@ -322,15 +361,19 @@ class Decoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True):
         super().__init__(cfg, causal=causal)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention)
-                                for _ in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention, sparse=sparse)
+                                     for sparse in cfg.sparse_layers()])
 
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
-                return_attention: bool = False):
+                return_attention: bool = False, aux: dict | None = None):
+        """aux: a dict that receives the sparse layers' router logits and expert load (AUX,
+        stacked [n_sparse, ...]; run_layers); not with a cache."""
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
             raise ValueError("return_attention is not supported together with a KV cache")
+        if aux is not None and cache is not None:
+            raise ValueError("the MoE auxiliary outputs (return_aux) are not supported together with a KV cache")
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
         cache_len = None if cache is None else self.cache_length(cache)
@@ -342,7 +385,7 @@ class Decoder(_Stack):
         if cache is None:
             x = self.run_layers(x, lambda layer, h, record, local: layer(
                 h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
-                positions=positions, record=record, return_attention=return_attention), inter)
+                positions=positions, record=record, return_attention=return_attention), inter, aux)
             return self.finish(x, inter)
         rolling = self.rolling_layers(cache)
         ring_mask, ring_bias = (self.rolling_inputs(mask, t, cache_index, x.device) if any(rolling)
@@ -369,7 +412,7 @@ class Decoder(_Stack):
     def cache_length(self, cache: list) -> int | None:
         """L, the slots of the cache's full (not ring) layers; None when every layer's cache
         is a ring (then L is the caller's mask length)."""
-        full = [c["self"]["k"].shape[-2] for c, ring in zip(cache, self.rolling_layers(cache)) if not ring]
+        full = [cache_slots(c["self"]) for c, ring in zip(cache, self.rolling_layers(cache)) if not ring]
         return full[0] if full else None
 
     def rolling_inputs(self, mask, t: int, cache_index, device=None):

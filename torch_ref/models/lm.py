@@ -26,6 +26,8 @@ class LM(nn.Module):
     attention_mask [B, L] over all cache slots; returns (logits, new_cache).
     return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
     (before the cache); return_attention adds "layers.i.attn_weights" [B, H, T, T] to them.
+    return_aux (model.moe, no cache) adds, last, {"router_logits": [n_sparse, B, T, E] float32,
+    "expert_load": [n_sparse, E] float32} (layers/moe.py MoE; moe_aux_losses takes them).
     """
 
     def __init__(self, cfg: LMConfig):
@@ -38,14 +40,17 @@ class LM(nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
-                return_attention: bool = False, position_ids: torch.Tensor | None = None):
+                return_attention: bool = False, position_ids: torch.Tensor | None = None,
+                return_aux: bool = False):
         with autocast(self.cfg.dtype, ids.device):
             return self._forward(ids, attention_mask, return_intermediates, cache, cache_index, return_attention,
-                                 position_ids)
+                                 position_ids, return_aux)
 
     def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index, return_attention=False,
-                 position_ids=None):
+                 position_ids=None, return_aux=False):
         b, t = ids.shape
+        if return_aux and self.cfg.moe is None:
+            raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
@@ -63,12 +68,15 @@ class LM(nn.Module):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
             positions = position_ids
         x = self.embed(ids, positions)  # [B, T, D]
+        aux = {} if return_aux else None
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
-                           cache=cache, cache_index=cache_index, return_attention=return_attention)
+                           cache=cache, cache_index=cache_index, return_attention=return_attention, aux=aux)
         out = out if isinstance(out, tuple) else (out,)
         logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:
             out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
+        if return_aux:
+            out = (*out, aux)
         return logits if len(out) == 1 else (logits, *out[1:])
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

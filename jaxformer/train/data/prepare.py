@@ -10,6 +10,10 @@ Inputs, by file name:
     anything else              UTF-8 text, split into documents by `text_docs`:
                                "paragraph" (default): blocks separated by blank lines;
                                "line": every non-blank line; "file": the whole file
+Instruction and chat data (fmt "prompt_completion" or "chat", JSON lines only) are read record
+by record by data/chat.py, which renders each, encodes it and marks its answer tokens: the
+directory then holds a loss mask beside the ids (tokens.py), unless train_on_prompt.
+
 Documents are encoded one by one with the tokenizer's own post-processor (e.g. Llama's leading
 <s>, as transformers' `tokenizer(text)` does; an eos it appends is not doubled) and written back
 to back, each followed by the eos id. Empty and blank documents are skipped.
@@ -339,7 +343,10 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
             text_docs: str = "paragraph", eval_fraction: float | None = None,
             eval_files: list[str] | None = None, dtype: str | None = None,
             eos_token: str | None = None, overwrite: bool = False, progress: bool = True,
-            shard_tokens: int = SHARD_TOKENS, batch_bytes: int = BATCH_BYTES) -> dict:
+            shard_tokens: int = SHARD_TOKENS, batch_bytes: int = BATCH_BYTES, fmt: str = "text",
+            chat_template: str | None = None, prompt_field: str | None = None,
+            completion_field: str | None = None, train_on_prompt: bool = False,
+            skip_bad: bool = False) -> dict:
     """Tokenize `inputs` into the tokens directory `out` (module docstring) and return its meta.
 
     tokenizer: a SPEC (tokenizer.load_tokenizer, or "bpe:VOCAB" to train one on the train
@@ -347,7 +354,10 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
     0.01; 0 = no eval split); eval_files: whole files for the eval split instead. dtype:
     "uint16"/"uint32" (default: the smallest that holds the vocab). eos_token: the document
     separator for a tokenizer that names none. shard_tokens, batch_bytes: the writer's shard
-    size and the text per tokenizer call (throughput; bench/data.py)."""
+    size and the text per tokenizer call (throughput; bench/data.py). fmt "prompt_completion" |
+    "chat" and the options after it: data/chat.py (chat_template: a TEMPLATES name or a Jinja
+    file, default the tokenizer's own; skip_bad: skip and count bad records, meta's
+    source.skipped_bad)."""
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     eval_files = list(eval_files or [])
     if not inputs:
@@ -361,6 +371,8 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
         raise ValueError(f"eval fraction must be in [0, 1), got {fraction}")
     for path in inputs + eval_files:
         check_input(path)
+    _check_format(fmt, inputs + eval_files, tokenizer, chat_template, prompt_field, completion_field,
+                  train_on_prompt, skip_bad)
     if field is not None and all(input_kind(p) == "text" for p in inputs + eval_files):
         raise ValueError(f"--field {field!r} applies to JSONL/Parquet/Arrow inputs; {inputs[0]} is read "
                          "as plain text (name JSON lines *.jsonl)")
@@ -371,6 +383,12 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
     if os.path.lexists(out) and not overwrite:
         raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
     tok = resolve_tokenizer(tokenizer, dtype, eos_token)
+    records = None
+    if fmt != "text":
+        from jaxformer.train.data.chat import Records
+        records = Records(fmt, tok, tokenizer, chat_template=chat_template, field=field,
+                          prompt_field=prompt_field, completion_field=completion_field,
+                          train_on_prompt=train_on_prompt, skip_bad=skip_bad)
     split = Split(fraction)
     total = sum(input_bytes(p) for p in inputs + eval_files)
     kw = dict(field=field, text_docs=text_docs)
@@ -383,22 +401,28 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
     source = {"inputs": [os.path.abspath(p) for p in inputs],
               "eval_files": [os.path.abspath(p) for p in eval_files],
               "eval_fraction": fraction, "text_docs": text_docs, "field": field,
-              "tokenizer_spec": tokenizer if isinstance(tokenizer, str) else tok.spec}
+              "tokenizer_spec": tokenizer if isinstance(tokenizer, str) else tok.spec, "format": fmt}
     bar = _progress(total, "prepare", progress)
     try:
         with TokensWriter(out, vocab_size=tok.vocab_size, eos_id=tok.eos_id, bos_id=tok.bos_id,
                           tokenizer=tok.describe(), dtype=dtype, source=source, overwrite=overwrite,
-                          shard_tokens=shard_tokens) as w:
+                          shard_tokens=shard_tokens, loss_mask=records is not None and not train_on_prompt) as w:
             feed = _Feeder(w, tok, bar)
-            batch: list[tuple[str, str, bool, bool]] = []
-            size = 0
-            for item in stream(inputs, eval_files, split, advance=_advance(bar), **kw):
-                batch.append(item)
-                size += len(item[1])
-                if size >= batch_bytes or len(batch) >= BATCH_DOCS:
-                    feed(batch)
-                    batch, size = [], 0
-            feed(batch)
+            if records is not None:
+                for path, fixed in [(p, None) for p in inputs] + [(p, "eval") for p in eval_files]:
+                    for text, *doc in records.read(path, _advance(bar)):
+                        feed.document(fixed or split.of(text), *doc)
+                source.update(records.describe(), first_bad=records.first_bad)
+            else:
+                batch: list[tuple[str, str, bool, bool]] = []
+                size = 0
+                for item in stream(inputs, eval_files, split, advance=_advance(bar), **kw):
+                    batch.append(item)
+                    size += len(item[1])
+                    if size >= batch_bytes or len(batch) >= BATCH_DOCS:
+                        feed(batch)
+                        batch, size = [], 0
+                feed(batch)
             feed.finish(fraction, inputs)
             source["eval_held_out_last"] = feed.held_out_last
             tok.save(w.tmp)
@@ -416,7 +440,7 @@ class _Feeder:
 
     def __init__(self, writer: TokensWriter, tok: tk.Tokenizer, bar):
         self.w, self.tok, self.bar = writer, tok, bar
-        self.held: np.ndarray | None = None
+        self.held: tuple | None = None  # (ids, mask, end_mask) of w.add
         self.held_out_last = False
         self.open_doc = False  # a multi-piece document is being written
 
@@ -438,7 +462,7 @@ class _Feeder:
                 e = e[:-1]  # a post-processor's own trailing eos (T5's </s>): the writer adds one
             if first and last and where == "train":
                 self._release()
-                self.held = e
+                self.held = (e, None, 0)
                 continue
             if first:
                 self._release()
@@ -446,6 +470,14 @@ class _Feeder:
         if self.bar is not None:
             t, d = self.w.count("train")
             self.bar.set_postfix(docs=d + (self.held is not None), tokens=t, refresh=False)
+
+    def document(self, where: str, ids: np.ndarray, mask: np.ndarray | None, end_mask: int) -> None:
+        """One whole encoded document with its loss mask (data/chat.py's records)."""
+        self._release()
+        if where == "train":
+            self.held = (ids, mask, end_mask)
+        else:
+            self.w.add(where, ids, mask=mask, end_mask=end_mask)
 
     def _plain(self, text: str) -> np.ndarray:
         if isinstance(self.tok, tk.JSONTokenizer):
@@ -456,7 +488,8 @@ class _Feeder:
 
     def _release(self) -> None:
         if self.held is not None:
-            self.w.add("train", self.held)
+            ids, mask, end_mask = self.held
+            self.w.add("train", ids, mask=mask, end_mask=end_mask)
             self.held = None
 
     def finish(self, fraction: float, inputs: list[str]) -> None:
@@ -470,12 +503,36 @@ class _Feeder:
                 raise ValueError(f"the eval fraction {fraction} picked none of the {train_docs} "
                                  "document(s); give --eval FILE, split the text into more documents "
                                  "(--text-docs line), or --eval-fraction 0 for no eval split")
-            self.w.add("eval", self.held)
+            ids, mask, end_mask = self.held
+            self.w.add("eval", ids, mask=mask, end_mask=end_mask)
             self.held, self.held_out_last = None, True
         self._release()
         if not self.w.count("train")[1]:
             raise ValueError(f"no train document: every document of {', '.join(inputs)} went to "
                              "the eval split; lower --eval-fraction")
+
+
+def _check_format(fmt, paths, tokenizer, chat_template, prompt_field, completion_field,
+                  train_on_prompt, skip_bad) -> None:
+    """The --format options, each refused by name where it does not apply."""
+    from jaxformer.train.data.chat import FORMATS
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    given = {"--chat-template": chat_template is not None and fmt != "chat",
+             "--prompt-field": prompt_field is not None and fmt != "prompt_completion",
+             "--completion-field": completion_field is not None and fmt != "prompt_completion",
+             "--train-on-prompt": train_on_prompt and fmt == "text", "--skip-bad": skip_bad and fmt == "text"}
+    for flag, wrong in given.items():
+        if wrong:
+            raise ValueError(f"{flag} does not apply to --format {fmt}")
+    if fmt == "text":
+        return
+    for path in paths:
+        if input_kind(path) != "jsonl":
+            raise ValueError(f"--format {fmt} reads JSON lines (*.jsonl, *.ndjson, *.json); {path} is not one")
+    if tk.parse_bpe_spec(tokenizer) is not None:
+        raise ValueError(f"--format {fmt} needs an existing tokenizer, not {tokenizer} (train one on "
+                         "plain text with --format text, then give its DIR/tokenizer.json)")
 
 
 def _train_bpe(inputs, split: Split, vocab: int, spec: str, total: int, progress: bool, kw):

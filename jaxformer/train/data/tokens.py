@@ -5,20 +5,25 @@
     DIR/train-00000.npy    1-D uint16/uint32 token shards: documents back to back, each
     DIR/eval-00000.npy     followed by the eos id (a memory map reads them, no unpickling)
     DIR/tokenizer.json     the tokenizer the ids came from, when it is a `tokenizers` one
+    DIR/train-00000.mask.npy   (version 2, "loss_mask": true) a uint8 loss mask per id, beside
+                           its shard: 1 where the id counts as a target (the answers of
+                           instruction/chat data, `data prepare --format chat`), 0 elsewhere
 
 meta.json:
 
-    {"format": "jaxformer.tokens", "version": 1, "dtype": "uint16", "vocab_size": 50257,
-     "eos_id": 50256, "bos_id": null,
+    {"format": "jaxformer.tokens", "version": 2, "dtype": "uint16", "vocab_size": 50257,
+     "eos_id": 50256, "bos_id": null, "loss_mask": false,
      "tokenizer": {"spec": "gpt2/", "kind": "tokenizers", "file": "tokenizer.json", "sha256": "..."},
      "splits": {"train": {"tokens": N, "documents": D,
-                          "shards": [{"file": "train-00000.npy", "tokens": n, "documents": d}]},
+                          "shards": [{"file": "train-00000.npy", "tokens": n, "documents": d,
+                                      "mask": "train-00000.mask.npy"}]},   # loss_mask only
                 "eval": {...}},
      "source": {...}}   # free-form: inputs, eval fraction, the command's options
 
 `TokensWriter` streams documents into shards of bounded size inside a temporary directory that
 replaces DIR only when the whole dataset is written (jaxformer/fileio.py), so a failed prepare
 leaves nothing behind. `TokensDir` opens and checks a directory: every error names the file.
+Version 1 directories (no loss mask) read as version 2 ones with "loss_mask": false.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ import numpy as np
 from jaxformer.config import ConfigError
 from jaxformer.fileio import atomic_dir, write_text
 
-FORMAT, VERSION = "jaxformer.tokens", 1
+FORMAT, VERSION = "jaxformer.tokens", 2
+READS = (1, 2)  # versions TokensDir opens
 SPLITS = ("train", "eval")
 SHARD_TOKENS = 1 << 26  # 64 Mi tokens per shard: 128 MiB as uint16, the writer's memory bound
 
@@ -51,13 +57,13 @@ class TokensWriter:
     """Write a tokens directory, streaming:
 
         with TokensWriter(out, vocab_size=V, eos_id=E, tokenizer={...}) as w:
-            for doc in docs: w.add("train", ids)
+            for doc in docs: w.add("train", ids)    # loss_mask=True: w.add("train", ids, mask=m)
             w.files["tokenizer.json"] = path_of_a_file_to_copy   # optional extras
     On an exception nothing is written at `out`. `dtype` defaults to the smallest that fits."""
 
     def __init__(self, out: str, *, vocab_size: int, eos_id: int, tokenizer: dict,
                  bos_id: int | None = None, dtype: str | None = None, source: dict | None = None,
-                 overwrite: bool = False, shard_tokens: int = SHARD_TOKENS):
+                 overwrite: bool = False, shard_tokens: int = SHARD_TOKENS, loss_mask: bool = False):
         need = storage_dtype(vocab_size)
         self.dtype = np.dtype(dtype) if dtype else need
         if self.dtype.kind != "u" or np.iinfo(self.dtype).max < vocab_size - 1:
@@ -68,11 +74,13 @@ class TokensWriter:
         self.out, self.overwrite, self.shard_tokens = out, overwrite, shard_tokens
         self.meta = {"format": FORMAT, "version": VERSION, "dtype": self.dtype.name,
                      "vocab_size": int(vocab_size), "eos_id": int(eos_id),
-                     "bos_id": None if bos_id is None else int(bos_id), "tokenizer": tokenizer,
+                     "bos_id": None if bos_id is None else int(bos_id), "loss_mask": bool(loss_mask),
+                     "tokenizer": tokenizer,
                      "splits": {s: {"tokens": 0, "documents": 0, "shards": []} for s in SPLITS},
                      "source": source or {}}
         self.files: dict[str, str] = {}  # extra files to copy in: name in DIR -> source path
         self._buf: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+        self._mask: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
         self._buf_tokens = {s: 0 for s in SPLITS}
         self._buf_docs = {s: 0 for s in SPLITS}
         self._eos = np.array([eos_id], self.dtype)
@@ -82,13 +90,23 @@ class TokensWriter:
         self.tmp = self._ctx.__enter__()
         return self
 
-    def add(self, split: str, ids: Iterable[int] | np.ndarray, *, end: bool = True) -> None:
+    def add(self, split: str, ids: Iterable[int] | np.ndarray, *, end: bool = True,
+            mask: np.ndarray | None = None, end_mask: int = 0) -> None:
         """Append one document (its ids; the eos separator is added here). end=False appends
-        a piece of a document whose remaining ids follow in the next calls (no eos yet)."""
+        a piece of a document whose remaining ids follow in the next calls (no eos yet).
+        loss_mask writers take each id's `mask` (0/1) and the separator's `end_mask`."""
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.meta["vocab_size"]):
             raise ValueError(f"token id {int(ids.max() if ids.max() >= 0 else ids.min())} is outside "
                              f"the vocab [0, {self.meta['vocab_size']})")
+        if self.meta["loss_mask"]:
+            if mask is None or np.shape(mask) != ids.shape:
+                raise ValueError(f"a loss-mask dataset needs a mask of shape {ids.shape} per document, "
+                                 f"got {None if mask is None else np.shape(mask)}")
+            m = np.asarray(mask).astype(np.uint8)
+            self._mask[split] += [m, np.array([end_mask], np.uint8)] if end else [m]
+        elif mask is not None:
+            raise ValueError("this tokens dataset has no loss mask (TokensWriter(loss_mask=True))")
         self._buf[split] += [ids.astype(self.dtype), self._eos] if end else [ids.astype(self.dtype)]
         self._buf_tokens[split] += ids.size + end
         self._buf_docs[split] += end
@@ -108,6 +126,12 @@ class TokensWriter:
         np.save(os.path.join(self.tmp, name), np.concatenate(self._buf[split]), allow_pickle=False)
         s["shards"].append({"file": name, "tokens": self._buf_tokens[split],
                             "documents": self._buf_docs[split]})
+        if self.meta["loss_mask"]:
+            s["shards"][-1]["mask"] = mask_name = name[:-len(".npy")] + ".mask.npy"
+            mask = np.concatenate(self._mask[split])
+            np.save(os.path.join(self.tmp, mask_name), mask, allow_pickle=False)
+            s["loss_tokens"] = s.get("loss_tokens", 0) + int(mask.sum())  # ids that count as targets
+            self._mask[split] = []
         s["tokens"] += self._buf_tokens[split]
         s["documents"] += self._buf_docs[split]
         self._buf[split], self._buf_tokens[split], self._buf_docs[split] = [], 0, 0
@@ -129,41 +153,58 @@ class TokensWriter:
 class TokenSplit:
     """One split's shards as memory maps, read as one long 1-D stream of ids."""
 
-    def __init__(self, root: str, name: str, info: dict, dtype: np.dtype):
+    def __init__(self, root: str, name: str, info: dict, dtype: np.dtype, loss_mask: bool = False):
         self.name = name
         self.shards: list[np.ndarray] = []
+        self.masks: list[np.ndarray] | None = [] if loss_mask else None  # uint8, one per shard
         for s in info["shards"]:
-            path = os.path.join(root, s["file"])
-            if not os.path.isfile(path):
-                raise ConfigError(f"tokens dataset {root}: shard {s['file']} is missing")
-            try:
-                arr = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (ValueError, OSError, EOFError) as e:  # truncated header or data
-                raise ConfigError(f"tokens dataset {root}: shard {s['file']} is unreadable or "
-                                  f"truncated ({e})") from None
-            if arr.ndim != 1 or arr.dtype != dtype or len(arr) != s["tokens"]:
-                raise ConfigError(f"tokens dataset {root}: shard {s['file']} holds {arr.shape} "
-                                  f"{arr.dtype}, meta.json says ({s['tokens']},) {dtype.name}")
-            self.shards.append(arr)
+            self.shards.append(_open_shard(root, s["file"], s["tokens"], dtype))
+            if loss_mask:
+                if "mask" not in s:
+                    raise ConfigError(f"tokens dataset {root}: shard {s['file']} names no loss mask "
+                                      "file, but meta.json says loss_mask: true")
+                self.masks.append(_open_shard(root, s["mask"], s["tokens"], np.dtype(np.uint8)))
         self.offsets = np.cumsum([0] + [len(a) for a in self.shards])
         self.num_tokens = int(self.offsets[-1])
         self.num_documents = int(info["documents"])
 
     def read(self, start: int, length: int) -> np.ndarray:
         """ids [start, start + length) of the stream, as int32, across shard boundaries."""
+        return self._read(self.shards, start, length, np.int32)
+
+    def read_mask(self, start: int, length: int) -> np.ndarray:
+        """The loss mask of the same ids (uint8 0/1); the split must have one (`masks`)."""
+        return self._read(self.masks, start, length, np.uint8)
+
+    def _read(self, arrays: list[np.ndarray], start: int, length: int, dtype) -> np.ndarray:
         if start < 0 or start + length > self.num_tokens:
             raise IndexError(f"{self.name} split: tokens [{start}, {start + length}) outside "
                              f"[0, {self.num_tokens})")
-        out = np.empty(length, np.int32)
+        out = np.empty(length, dtype)
         i = int(np.searchsorted(self.offsets, start, side="right")) - 1
         filled = 0
         while filled < length:
             lo = start + filled - self.offsets[i]
-            take = min(length - filled, len(self.shards[i]) - lo)
-            out[filled:filled + take] = self.shards[i][lo:lo + take]
+            take = min(length - filled, len(arrays[i]) - lo)
+            out[filled:filled + take] = arrays[i][lo:lo + take]
             filled += take
             i += 1
         return out
+
+
+def _open_shard(root: str, file: str, tokens: int, dtype: np.dtype) -> np.ndarray:
+    """One .npy shard as a memory map, checked against meta.json's length and dtype."""
+    path = os.path.join(root, file)
+    if not os.path.isfile(path):
+        raise ConfigError(f"tokens dataset {root}: shard {file} is missing")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:  # truncated header or data
+        raise ConfigError(f"tokens dataset {root}: shard {file} is unreadable or truncated ({e})") from None
+    if arr.ndim != 1 or arr.dtype != dtype or len(arr) != tokens:
+        raise ConfigError(f"tokens dataset {root}: shard {file} holds {arr.shape} "
+                          f"{arr.dtype}, meta.json says ({tokens},) {dtype.name}")
+    return arr
 
 
 class TokensDir:
@@ -183,10 +224,12 @@ class TokensDir:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
             raise ConfigError(f"tokens dataset {meta_path}: unreadable ({e})") from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        if meta.get("format") != FORMAT or meta.get("version") not in READS:
             raise ConfigError(f"tokens dataset {meta_path}: format {meta.get('format')!r} version "
-                              f"{meta.get('version')!r}; this jaxformer reads {FORMAT!r} version {VERSION}")
+                              f"{meta.get('version')!r}; this jaxformer reads {FORMAT!r} versions "
+                              f"{', '.join(map(str, READS))}")
         self.meta = meta
+        self.loss_mask = bool(meta.get("loss_mask", False))  # version 1: never
         self.vocab_size, self.eos_id = int(meta["vocab_size"]), int(meta["eos_id"])
         self.bos_id = meta.get("bos_id")
         self.tokenizer = meta["tokenizer"]
@@ -197,5 +240,6 @@ class TokensDir:
         if name not in self._splits:
             if name not in self.meta["splits"]:
                 raise ConfigError(f"tokens dataset {self.path}: no {name!r} split")
-            self._splits[name] = TokenSplit(self.path, name, self.meta["splits"][name], self.dtype)
+            self._splits[name] = TokenSplit(self.path, name, self.meta["splits"][name], self.dtype,
+                                            self.loss_mask)
         return self._splits[name]

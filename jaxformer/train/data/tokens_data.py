@@ -6,7 +6,9 @@ other with the eos id between them: sequences are packed across documents, and t
 where one ends. The key is `tokens` (inputs the first seq_len, targets the last seq_len), as in
 stdlib_docs, so the `lm` task trains on either. Train windows start every seq_len ids (each id
 is a target once); eval windows every seq_len + 1 (disjoint). The shards are memory-mapped and
-a window is read when its batch is, so the data need not fit in memory.
+a window is read when its batch is, so the data need not fit in memory. A directory with a loss
+mask (instruction/chat data) adds its key `loss_mask` (uint8, [seq_len + 1], aligned with
+`tokens`): the `lm` task counts target i + 1 only where loss_mask[i + 1] is 1 (train/tasks.py).
 """
 from __future__ import annotations
 
@@ -43,7 +45,10 @@ class Windows:
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         if not 0 <= i < self.n:  # numpy would wrap a negative index, the reader not at all
             raise IndexError(f"window {i} outside [0, {self.n}) of the {self.split.name} split")
-        return {"tokens": self.split.read(i * self.stride, self.length)}
+        out = {"tokens": self.split.read(i * self.stride, self.length)}
+        if self.split.masks is not None:
+            out["loss_mask"] = self.split.read_mask(i * self.stride, self.length)
+        return out
 
 
 def open_dir(cfg: Config) -> TokensDir:
