@@ -9,6 +9,7 @@ import importlib
 from typing import Any, Mapping
 
 from jaxformer.config.base import ConfigError, from_dict, replace, to_dict
+from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.moe import MLAConfig, MoEConfig
 from jaxformer.config.transformer import RopeScaling, TransformerConfig
 
@@ -64,6 +65,6 @@ def model_config_from_dict(data: Mapping[str, Any]) -> tuple[str, Any]:
     return name, from_dict(model_config_class(name), data, prefix="model.")
 
 
-__all__ = ["ConfigError", "TransformerConfig", "RopeScaling", "MoEConfig", "MLAConfig", "from_dict", "to_dict", "replace",
+__all__ = ["ConfigError", "TransformerConfig", "RopeScaling", "MoEConfig", "MLAConfig", "LoRAConfig", "from_dict", "to_dict", "replace",
            "MODELS", "register_model", "model_config_class", "model_module",
            "model_config_from_dict"]

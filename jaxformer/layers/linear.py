@@ -81,10 +81,14 @@ class Linear(nnx.Linear):
     def __call__(self, x: jax.Array, stop_bias_gradient: bool = False) -> jax.Array:
         """x [..., in] -> [..., out]. stop_bias_gradient: use the bias value but cut its
         gradient (the attention key bias; see attention.key_projection)."""
-        if isinstance(self.kernel.get_value(), quant.QuantizedWeight):  # a bf16/int8 decode copy [out, in]
-            return self._reduced(x, stop_bias_gradient)
-        kernel = self.kernel[...]
-        bias = self.bias[...] if self.bias is not None else None
+        return self.project(x, self.kernel.get_value(), None if self.bias is None else self.bias.get_value(),
+                            stop_bias_gradient)
+
+    def project(self, x: jax.Array, kernel, bias, stop_bias_gradient: bool = False) -> jax.Array:
+        """x @ kernel + bias with this layer's settings, for given values of its parameters (the
+        frozen base of layers/lora.py passes them through stop_gradient)."""
+        if isinstance(kernel, quant.QuantizedWeight):  # a bf16/int8 decode copy [out, in]
+            return self._reduced(x, kernel, bias, stop_bias_gradient)
         x, kernel, bias = self.promote_dtype((x, kernel, bias), dtype=self.dtype)
         if lowering.active().transposed_kernels:
             y = weight_stationary_matmul(x, kernel, self.precision)  # kernel [out, in]
@@ -96,13 +100,13 @@ class Linear(nnx.Linear):
         return y + bias.astype(y.dtype)
 
 
-    def _reduced(self, x: jax.Array, stop_bias_gradient: bool) -> jax.Array:
+    def _reduced(self, x: jax.Array, kernel, bias, stop_bias_gradient: bool) -> jax.Array:
         """The product with a reduced-precision decode weight (jaxformer/layers/quant.py), in
         fp32, cast back to x's dtype."""
-        y = quant.matmul(x, self.kernel.get_value(), functools.partial(weight_stationary_matmul, precision=self.precision),
+        y = quant.matmul(x, kernel, functools.partial(weight_stationary_matmul, precision=self.precision),
                          self.precision)
-        if self.bias is not None:
-            bias = self.bias[...].astype(jnp.float32)
+        if bias is not None:
+            bias = bias.astype(jnp.float32)
             y = y + (jax.lax.stop_gradient(bias) if stop_bias_gradient else bias)
         return y.astype(x.dtype)
 

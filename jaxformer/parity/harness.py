@@ -10,6 +10,8 @@ leaf by leaf, with torch's value as the reference (docs/numerics.md §19):
   2. the gradients of a scalar loss (a fixed random projection of every float output) with
      respect to every parameter and every float input, each leaf against its own scale:
                           max |g_jax - g_torch|     <= grad_atol + grad_rtol * max |g_torch|
+     A torch parameter with requires_grad False (frozen) counts with gradient zero: the JAX
+     twin's gradient for it must be zero within grad_atol.
 
 Torch names that differ from the flax twin's attribute paths are mapped with `name_map` (a
 callable, or regex rules applied in order) before the strict converter and the gradient match.
@@ -270,7 +272,12 @@ def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed:
             leaves.update({f"input {k}": t_kwargs[k] for k in float_kw})
             got = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
             got = {n: torch.zeros_like(leaf) if g is None else g for (n, leaf), g in zip(leaves.items(), got)}
-            param_grads = _map_state({n: got[n] for n in params}, rename, state_map)
+            grads_by_name = {n: got[n] for n in params}
+            # a frozen parameter (requires_grad False: LoRA's base) has gradient zero by
+            # definition; the JAX twin must give zero too (layers/lora.py's stop_gradient)
+            grads_by_name.update({n: torch.zeros_like(p) for n, p in module.named_parameters()
+                                  if not p.requires_grad} if is_mod else {})
+            param_grads = _map_state(grads_by_name, rename, state_map)
             grad_np = {n: g.detach().numpy() for n, g in param_grads.items()}
             grad_np.update({n: got[n].numpy() for n in leaves if n not in params})
     return out_np, grad_np, float_outs

@@ -294,6 +294,62 @@ def _moe_experts_reversed():
     return patched(moe.Experts, "__call__", call)
 
 
+def _lora():
+    from jaxformer.layers import lora
+    return lora
+
+
+def _lora_scaling_alpha():
+    lora = _lora()
+    original = lora.LoRALinear.__init__
+
+    @functools.wraps(original)
+    def init(self, *args, **kw):
+        original(self, *args, **kw)
+        self.scaling = self.scaling * self.r  # alpha instead of alpha / r
+    return patched(lora.LoRALinear, "__init__", init)
+
+
+def _lora_b_random():
+    from flax import nnx
+    lora = _lora()
+    original = lora.adapter_inits
+
+    def adapter_inits(init, r):  # B drawn like A instead of zeros: a fresh adapter changes the model
+        a, _ = original(init, r)
+        return a, nnx.initializers.normal(stddev=0.02)
+    return patched(lora, "adapter_inits", adapter_inits)
+
+
+def _lora_dropout_on_base():
+    lora = _lora()
+    original = lora.LoRALinear.__call__
+
+    def call(self, x, stop_bias_gradient=False):  # the base sees the dropped-out input too
+        return original(self, self.lora_dropout(x), stop_bias_gradient)
+    return patched(lora.LoRALinear, "__call__", call)
+
+
+def _lora_base_not_frozen():
+    lora = _lora()
+    from jaxformer.layers.linear import Linear
+
+    def call(self, x, stop_bias_gradient=False):  # the base without stop_gradient: it would train
+        return Linear.__call__(self, x, stop_bias_gradient) + \
+            self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+    return patched(lora.LoRALinear, "__call__", call)
+
+
+def _lora_wrong_module():
+    lora = _lora()
+    original = lora.find_targets
+
+    def find_targets(model, cfg):  # the adapter lands on v_proj where q_proj was asked for
+        swap = lambda p: p.replace("q_proj", "v_proj") if isinstance(p, str) else p  # noqa: E731
+        return {swap(k): tuple(swap(p) for p in path) for k, path in original(model, cfg).items()}
+    return patched(lora, "find_targets", find_targets)
+
+
 for _m in [
     Mutation("layernorm_eps_10x", "LayerNorm eps 1e-4 instead of 1e-5", _layernorm_eps,
              ("norm_layernorm_eps_small_std",)),
@@ -334,6 +390,16 @@ for _m in [
              _moe_aux_on_topk_weights, ("moe_aux_losses", "moe_aux_losses_padding"), grads_too=True),
     Mutation("moe_experts_reversed", "tokens sent to expert E-1-e instead of e", _moe_experts_reversed,
              ("moe_softmax_topk", "lm_moe_llama"), grads_too=True),
+    Mutation("lora_scaling_alpha", "LoRA scaling alpha instead of alpha / r", _lora_scaling_alpha,
+             ("lora_linear", "lora_llama_lm"), grads_too=True),
+    Mutation("lora_b_random_init", "LoRA B initialised random (a fresh adapter changes the output)",
+             _lora_b_random, ("lora_fresh_linear_kaiming", "lora_fresh_linear_gaussian", "lora_fresh_llama_is_base")),
+    Mutation("lora_dropout_on_base", "LoRA dropout applied to the base path's input too", _lora_dropout_on_base,
+             ("lora_linear_dropout_train",)),
+    Mutation("lora_wrong_module", "LoRA adapter on v_proj where target_modules asks for q_proj", _lora_wrong_module,
+             ("lora_llama_targets_q_only",)),
+    Mutation("lora_base_not_frozen", "LoRA base weights get a gradient (no stop_gradient)", _lora_base_not_frozen,
+             ("lora_linear",), grads_too=True),
 ]:
     register(_m)
 

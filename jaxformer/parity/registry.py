@@ -16,7 +16,7 @@ import numpy as np
 
 CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models",
                 "jaxformer.parity.cases_vision", "jaxformer.parity.cases_moe",
-                "jaxformer.parity.cases_mla", "jaxformer.parity.cases_sinks")
+                "jaxformer.parity.cases_mla", "jaxformer.parity.cases_sinks", "jaxformer.parity.cases_lora")
 
 from jaxformer.parity.harness import GRAD_TOL, OUT_TOL, Tolerance
 
