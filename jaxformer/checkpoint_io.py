@@ -10,6 +10,10 @@ and `jaxformer generate` read):
     DIR/params/         an orbax checkpoint of the params as a pure dict (flax layout)
     DIR/tokenizer.json  that tokenizer's file, when it has one (the entry's `file`)
 
+A model with LoRA adapters (a `train.lora` run's export) records its LoRAConfig as model.yaml's
+`lora:` section (jaxformer/config/lora.py fields); its params hold the base weights (fp32) and
+the adapters (`...q_proj.lora_A.kernel`), and loading applies the adapters before restoring.
+
 Loading builds the abstract model from model.yaml (nnx.eval_shape, no allocation), restores
 the arrays into it and checks every leaf's shape and dtype. Writes are atomic (a temp dir
 renamed into place), so a failed export leaves nothing behind.
@@ -43,7 +47,7 @@ STEPS = ("last", "best")
 
 # ----------------------------------------------------------------------------- model checkpoints
 def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
-               tokenizer: dict | None = None, tokenizer_file: str | None = None) -> None:
+               tokenizer: dict | None = None, tokenizer_file: str | None = None, lora=None) -> None:
     """Write DIR/model.yaml + DIR/params atomically; an existing DIR is an error unless
     overwrite (then replaced only once the new one is complete). The calling process writes
     alone, also in a multi-process job (give it host copies of the params).
@@ -51,7 +55,8 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     tokenizer: the record of the model's tokenizer (its describe() dict, as a tokens dataset's
     meta["tokenizer"], optionally with the ids' vocab_size, eos_id and bos_id), written as
     model.yaml's `tokenizer:` section; tokenizer_file: the file it names (e.g. the dataset's
-    tokenizer.json), copied in as DIR/<tokenizer["file"]>."""
+    tokenizer.json), copied in as DIR/<tokenizer["file"]>. lora: the LoRAConfig of the model's
+    adapters, written as model.yaml's `lora:` section."""
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
@@ -63,6 +68,8 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
               or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
         doc = model_yaml(name, to_dict(cfg), "bfloat16" if dtypes == {"bfloat16"} else "float32")
+        if lora is not None:
+            doc["lora"] = to_dict(lora)
         if tokenizer is not None:
             doc["tokenizer"] = _tokenizer_section(tokenizer, tokenizer_file)
             if tokenizer_file is not None:
@@ -199,12 +206,34 @@ def load_params_sharded(directory: str, abstract_params, shardings):
     return state
 
 
+def load_lora_config(directory: str):
+    """The LoRAConfig of DIR/model.yaml's `lora:` section, or None when it has none."""
+    from jaxformer.config import ConfigError
+    from jaxformer.config.lora import lora_config_from_dict
+    path = os.path.join(directory, "model.yaml")
+    data = _read_yaml(path)
+    section = data.get("lora") if isinstance(data, dict) else None
+    if section is None:
+        return None
+    try:
+        return lora_config_from_dict(section)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
 def load_model(directory: str, seed: int = 0):
-    """-> (name, cfg, model) from a model checkpoint directory."""
+    """-> (name, cfg, model) from a model checkpoint directory (with its LoRA adapters, unmerged,
+    when model.yaml has a `lora:` section)."""
     from jaxformer.models import build_model, cast_params
     name, cfg = load_model_config(directory)
     model = build_model(name, cfg, seed=seed)
     cast_params(model, load_param_dtype(directory))
+    lora = load_lora_config(directory)
+    if lora is not None:
+        from flax import nnx
+
+        from jaxformer.layers.lora import apply_lora
+        apply_lora(model, lora, nnx.Rngs(seed))
     load_params_into(model, directory)
     return name, cfg, model
 
