@@ -133,11 +133,8 @@ def lora_config(path: str, step: str | int | None = None):
         return None
     if step in (None, *STEPS) and os.path.isdir(os.path.join(path, "model", step or "last")):
         return lora_section(os.path.join(path, "model", step or "last"))
-    from jaxformer.config.lora import lora_config_from_dict
-    data = _read_yaml(os.path.join(path, "config.yaml"))
-    train = data.get("train") if isinstance(data, dict) else None
-    section = train.get("lora") if isinstance(train, dict) else None
-    return lora_config_from_dict(section, prefix="train.lora.") if isinstance(section, dict) else None
+    section = _run_lora(path)
+    return _run_adapter(section)[0] if isinstance(section, dict) else None
 
 
 def model_yaml(name: str, fields: dict, param_dtype: str = "float32") -> dict:
@@ -435,16 +432,23 @@ def _run_lora(run_dir: str):
     return train.get("lora") if isinstance(train, dict) else None
 
 
+def _run_adapter(lora: dict):
+    """A run's `train.lora` section -> (its LoRAConfig, base_dtype): the base's storage while
+    training is no part of the adapter."""
+    from jaxformer.config.lora import lora_config_from_dict
+    lora = dict(lora)
+    base_dtype = lora.pop("base_dtype", "fp32")
+    return lora_config_from_dict(lora, prefix="train.lora."), base_dtype
+
+
 def _adapt_for_step(model, lora: dict) -> None:
     """The adapters of a train.lora run's checkpoint, and its base in the stored precision:
     LoRALinear layers, kernels as layers/quant.py weights for a bf16/int8 base."""
     from flax import nnx
 
-    from jaxformer.config.lora import lora_config_from_dict
     from jaxformer.layers.lora import apply_lora, quantize_base
-    lora = dict(lora)
-    base_dtype = lora.pop("base_dtype", "fp32")
-    apply_lora(model, lora_config_from_dict(lora, prefix="train.lora."), nnx.Rngs(0))
+    adapter, base_dtype = _run_adapter(lora)
+    apply_lora(model, adapter, nnx.Rngs(0))
     if base_dtype != "fp32":
         quantize_base(model, base_dtype)
 
@@ -471,12 +475,13 @@ def _restore_train_params(model, state_dir: str) -> None:
     from jaxformer.convert import ConversionError, flax_key, param_leaves
     from etils import epath
     ckptr = ocp.PyTreeCheckpointer()
+    where = os.path.abspath(state_dir)  # orbax refuses relative paths
     try:  # the handler's metadata: the item's tree, without a step-metadata lookup that warns
-        tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir)).tree
+        tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(where)).tree
         # a LoRA run's base is the `frozen` subtree beside its adapters (jaxformer/train/lora.py)
         target = {part: jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree[part])
                   for part in ("params", "frozen") if part in tree}
-        restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+        restored = ckptr.restore(where, args=ocp.args.PyTreeRestore(
             item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
             partial_restore=True))
     except Exception as e:  # orbax raises many types for a missing or damaged step
