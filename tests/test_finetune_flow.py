@@ -53,13 +53,14 @@ def test_chat_lora_finetune_flow(tmp_path, monkeypatch, capsys):
 
     _cli("convert", "--from", "hf", "base", "--to", "flax", "ckpt")
     _cli("data", "prepare", "--format", "chat", "--input", "chat.jsonl", "--tokenizer", "base", "--out",
-         "data", "--eval-fraction", "0.1", "--no-progress")
+         "data", "--eval-fraction", "0.2", "--no-progress")
     _cli("train", "--config", "ckpt/train.yaml", "--workdir", "run", "--no-progress",
          "--set", "data.path=data", "--set", "data.seq_len=32", "--set", "train.lora.r=8",
          "--set", f"train.steps={STEPS}", "--set", "train.batch_size=4", "--set", "train.lr=3e-2",
          "--set", "train.warmup_steps=0", "--set", "train.schedule=constant",
          "--set", f"train.eval_every={STEPS}", "--set", "train.eval_batches=1",
          "--set", f"train.checkpoint_every={STEPS}", "--set", "train.sample_tokens=0")
+    assert "final eval (jax): eval_loss" in capsys.readouterr().out
 
     # the run: the imported base bit for bit, beside adapters that trained
     from jaxformer.layers.lora import lora_modules
@@ -107,3 +108,15 @@ def test_chat_lora_finetune_flow(tmp_path, monkeypatch, capsys):
     mask = np.ones_like(ids)
     theirs = hf_lm_logits(model, ids, mask)
     check_hf_logits("chat LoRA run vs PEFT", theirs, np.asarray(run_model(jnp.asarray(ids, jnp.int32))), mask)
+
+
+def test_train_says_when_eval_has_no_whole_batch():
+    """Eval reads whole batches: an eval split smaller than one batch gives no eval metrics,
+    which `jaxformer train` says (at the start, and in place of the final eval)."""
+    from types import SimpleNamespace
+
+    from jaxformer.cli.train import no_eval_reason
+    cfg = SimpleNamespace(train=SimpleNamespace(batch_size=4))
+    assert "holds 3 example(s), fewer than one batch (train.batch_size 4)" in \
+        no_eval_reason(SimpleNamespace(eval_data=range(3)), cfg)
+    assert no_eval_reason(SimpleNamespace(eval_data=range(4)), cfg) is None

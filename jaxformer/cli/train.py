@@ -45,6 +45,23 @@ def init_distributed(args) -> None:
 PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM with a checkpoint at the current step
 
 
+def no_eval_reason(trainer, cfg) -> str | None:
+    """Why the run will report no eval metrics (eval reads whole batches only), or None."""
+    data, b = getattr(trainer, "eval_data", None), cfg.train.batch_size
+    if data is not None and len(data) < b:
+        n = len(data)
+        return (f"the eval split holds {n} example(s), fewer than one batch (train.batch_size {b}): "
+                "no eval metrics; add eval data or lower train.batch_size")
+    return None
+
+
+def _warn_no_eval(trainer, cfg) -> None:
+    import jax
+    reason = no_eval_reason(trainer, cfg)
+    if reason and jax.process_index() == 0:
+        print(f"jaxformer train: warning: {reason}", file=sys.stderr)
+
+
 def run(args) -> int:
     from jaxformer.train.config import load_config
     init_distributed(args)
@@ -54,11 +71,13 @@ def run(args) -> int:
     if args.framework == "torch":
         from jaxformer.train.torch_trainer import TorchTrainer
         trainer = TorchTrainer(cfg, workdir, **kw)
+        _warn_no_eval(trainer, cfg)
         trainer.run()
         model = trainer.module
     else:
         from jaxformer.train.jax_trainer import JaxTrainer
         trainer = JaxTrainer(cfg, workdir, **kw)
+        _warn_no_eval(trainer, cfg)
         trainer.run()
         model = trainer.trained_model()
     import jax
@@ -72,7 +91,8 @@ def run(args) -> int:
     final = trainer.last_eval
     if getattr(trainer, "mesh", None) is not None:
         print("memory per device: " + ", ".join(f"{k} {v:,}" for k, v in trainer.memory_report().items()))
-    print(f"final eval ({args.framework}): " + ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
+    print(f"final eval ({args.framework}): " + (", ".join(f"{k} {v:.4f}" for k, v in final.items())
+                                                 or f"none ({no_eval_reason(trainer, cfg) or 'no eval batch'})"))
     print(f"workdir: {os.path.abspath(workdir)} (metrics.jsonl, tb/, checkpoints)")
     sample = _sample(cfg, model, args.framework, getattr(trainer, "eval_data", None))
     if sample:
