@@ -11,7 +11,8 @@ import yaml
 from jaxformer import models as jmodels
 from jaxformer.config import MODELS, TransformerConfig, model_config_class, model_module, to_dict
 from jaxformer.convert import (ConversionError, convert_file, flax_key, load_torch_state_dict,
-                               param_leaves, to_torch_state_dict, torch_key, write_safetensors)
+                               param_leaves, scan_prefixes, to_torch_state_dict, torch_keys_for,
+                               write_safetensors)
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity.registry import CASES, load_all
 from torch_ref import models as tmodels
@@ -50,7 +51,8 @@ def test_every_registered_model_is_mirrored_and_has_parity_cases():
 def test_same_key_set_and_exact_round_trip(name):
     t, j = CASES[name].build(0)
     sd = t.state_dict()
-    flax_keys = {torch_key(p) for p in param_leaves(j)}
+    prefixes = scan_prefixes(j)  # a scanned stack's [L, ...] leaves are one torch key per layer
+    flax_keys = {k for p, v in param_leaves(j).items() for k in torch_keys_for(p, tuple(v.shape), prefixes)}
     assert flax_keys == set(sd), (sorted(flax_keys ^ set(sd)))
     load_torch_state_dict(j, sd)
     back = to_torch_state_dict(j)
