@@ -228,22 +228,24 @@ class Experts(nnx.Module):
         if cap is not None:  # position within its expert = rank - first rank of that expert
             starts = jnp.cumsum(group_sizes) - group_sizes
             w_sorted = jnp.where(jnp.arange(n * k) - starts[expert_sorted] < cap, w_sorted, 0)
-        blocked = blocked_dispatch()
-        if blocked:  # padding rows: token 0 with weight 0 (they add 0 and get no gradient)
+        block_expert = None
+        if blocked_dispatch():  # padding rows: token 0 with weight 0 (they add 0 and get no gradient)
             block = min(64, max(8, 1 << (-(-n * k // e) - 1).bit_length()))  # ~ the mean group, 8..64
             source, real, block_expert = block_layout(group_sizes, n * k, block)
             token_sorted, expert_sorted = token_sorted[source], expert_sorted[source]
             w_sorted = jnp.where(real, w_sorted[source], 0)
 
-        y = self.grouped_ffn(x[token_sorted], expert_sorted, group_sizes)  # [N*k, D]
+        y = self.grouped_ffn(x[token_sorted], expert_sorted, group_sizes, block_expert)  # [N*k, D]
         return jnp.zeros_like(x).at[token_sorted].add(y * w_sorted[:, None])  # [N, D]
 
-    def grouped_ffn(self, rows: jax.Array, expert_sorted: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    def grouped_ffn(self, rows: jax.Array, expert_sorted: jax.Array, group_sizes: jax.Array,
+                    block_expert: jax.Array | None = None) -> jax.Array:
         """The FFN of rows [M, D] sorted by expert (expert_sorted [M], group_sizes [E] of this
         module's E, which is E/S on one device of an expert-parallel mesh) -> [M, D]. Rows past
-        sum(group_sizes) are padding: ragged_dot gives them 0 and their bias is 0."""
+        sum(group_sizes) are padding: ragged_dot gives them 0 and their bias is 0. block_expert:
+        the rows are in `block_layout` order, run as one batched matmul (blocked_dispatch)."""
         def project(name, h):
-            y = block_matmul(h, getattr(self, name)[...], block_expert) if blocked else \
+            y = block_matmul(h, getattr(self, name)[...], block_expert) if block_expert is not None else \
                 grouped_matmul(h, getattr(self, name)[...], group_sizes)
             b = getattr(self, f"{name}_bias")
             if b is None:
