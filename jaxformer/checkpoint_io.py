@@ -12,6 +12,10 @@ and `jaxformer generate` read):
     DIR/params/         an orbax checkpoint of the params as a pure dict (flax layout)
     DIR/tokenizer.json  that tokenizer's file, when it has one (the entry's `file`)
 
+A model with LoRA adapters (a `train.lora` run's export) records its LoRAConfig as model.yaml's
+`lora:` section (jaxformer/config/lora.py fields); its params hold the base weights (fp32) and
+the adapters (`...q_proj.lora_A.kernel`), and loading applies the adapters before restoring.
+
 Loading builds the abstract model from model.yaml (nnx.eval_shape, no allocation), restores
 the arrays into it and checks every leaf's shape and dtype. Writes are atomic (a temp dir
 renamed into place), so a failed export leaves nothing behind.
@@ -129,11 +133,8 @@ def lora_config(path: str, step: str | int | None = None):
         return None
     if step in (None, *STEPS) and os.path.isdir(os.path.join(path, "model", step or "last")):
         return lora_section(os.path.join(path, "model", step or "last"))
-    from jaxformer.config.lora import lora_config_from_dict
-    data = _read_yaml(os.path.join(path, "config.yaml"))
-    train = data.get("train") if isinstance(data, dict) else None
-    section = train.get("lora") if isinstance(train, dict) else None
-    return lora_config_from_dict(section, prefix="train.lora.") if isinstance(section, dict) else None
+    section = _run_lora(path)
+    return _run_adapter(section)[0] if isinstance(section, dict) else None
 
 
 def model_yaml(name: str, fields: dict, param_dtype: str = "float32") -> dict:
@@ -287,7 +288,8 @@ def _subtree(tree: dict, like: dict) -> dict:
 
 
 def load_model(directory: str, seed: int = 0):
-    """-> (name, cfg, model) from a model checkpoint directory."""
+    """-> (name, cfg, model) from a model checkpoint directory (with its LoRA adapters, unmerged,
+    when model.yaml has a `lora:` section)."""
     from jaxformer.models import build_model, cast_params
     name, cfg = load_model_config(directory)
     model = build_model(name, cfg, seed=seed)
@@ -411,6 +413,9 @@ def load_run(run_dir: str, step: str | int = "last"):
     name, cfg = _model_section(os.path.join(run_dir, "config.yaml"), "run")
     from jaxformer.models import build_model
     model = build_model(name, cfg)
+    lora = _run_lora(run_dir)
+    if lora is not None:  # a train.lora run: its adapters, and its base as it trained
+        _adapt_for_step(model, lora)
     if os.path.isdir(jax_dir):
         _restore_train_params(model, jax_dir)
     else:
@@ -418,6 +423,46 @@ def load_run(run_dir: str, step: str | int = "last"):
         tensors, _ = convert.read_safetensors(torch_file)
         convert.load_torch_state_dict(model, tensors)
     return name, cfg, model
+
+
+def _run_lora(run_dir: str):
+    """A run's `train.lora` section (config.yaml) as a plain dict, or None."""
+    data = _read_yaml(os.path.join(run_dir, "config.yaml"))
+    train = data.get("train") if isinstance(data, dict) else None
+    return train.get("lora") if isinstance(train, dict) else None
+
+
+def _run_adapter(lora: dict):
+    """A run's `train.lora` section -> (its LoRAConfig, base_dtype): the base's storage while
+    training is no part of the adapter."""
+    from jaxformer.config.lora import lora_config_from_dict
+    lora = dict(lora)
+    base_dtype = lora.pop("base_dtype", "fp32")
+    return lora_config_from_dict(lora, prefix="train.lora."), base_dtype
+
+
+def _adapt_for_step(model, lora: dict) -> None:
+    """The adapters of a train.lora run's checkpoint, and its base in the stored precision:
+    LoRALinear layers, kernels as layers/quant.py weights for a bf16/int8 base."""
+    from flax import nnx
+
+    from jaxformer.layers.lora import apply_lora, quantize_base
+    adapter, base_dtype = _run_adapter(lora)
+    apply_lora(model, adapter, nnx.Rngs(0))
+    if base_dtype != "fp32":
+        quantize_base(model, base_dtype)
+
+
+def _dequantize_lora_bases(model) -> None:
+    """Each reduced-precision LoRA base back to the fp32 [in, out] kernel it stands for."""
+    import jax.numpy as jnp
+
+    from jaxformer.layers.lora import lora_modules
+    from jaxformer.layers.quant import QuantizedWeight
+    for m in lora_modules(model).values():
+        k = m.kernel.get_value()
+        if isinstance(k, QuantizedWeight):
+            m.kernel.set_value(jnp.swapaxes(k.dequantized(), -1, -2))
 
 
 def _restore_train_params(model, state_dir: str) -> None:
@@ -430,27 +475,39 @@ def _restore_train_params(model, state_dir: str) -> None:
     from jaxformer.convert import ConversionError, flax_key, param_leaves
     from etils import epath
     ckptr = ocp.PyTreeCheckpointer()
+    where = os.path.abspath(state_dir)  # orbax refuses relative paths
     try:  # the handler's metadata: the item's tree, without a step-metadata lookup that warns
-        tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(state_dir)).tree
-        target = {"params": jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree["params"])}
-        restored = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+        tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(where)).tree
+        # a LoRA run's base is the `frozen` subtree beside its adapters (jaxformer/train/lora.py)
+        target = {part: jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree[part])
+                  for part in ("params", "frozen") if part in tree}
+        restored = ckptr.restore(where, args=ocp.args.PyTreeRestore(
             item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
-            partial_restore=True))["params"]
+            partial_restore=True))
     except Exception as e:  # orbax raises many types for a missing or damaged step
         first = (str(e).strip().splitlines() or [""])[0]
         raise ConversionError([f"cannot read the params of {state_dir}: {type(e).__name__}: {first}"]) from None
+    from jaxformer.layers.quant import QuantizedWeight
     got = {}
     for path, x in jax.tree_util.tree_flatten_with_path(restored)[0]:
-        keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path[1:]]
+        if keys[-1] in ("data", "scale") and keys[-2] == "value":  # a reduced-precision LoRA base
+            got.setdefault(".".join(keys[:-2]), {})[keys[-1]] = x
+            continue
         got[".".join(keys[:-1] if keys[-1] == "value" else keys)] = x
+    for k, v in got.items():
+        if isinstance(v, dict):
+            got[k] = QuantizedWeight(v["data"], v.get("scale"))
     leaves = {flax_key(p): var for p, var in param_leaves(model).items()}
     problems = [f"missing: {k}" for k in leaves if k not in got]
     problems += [f"unexpected: {k}" for k in got if k not in leaves]
+    def sig(x):  # shape and dtype of each array (a QuantizedWeight has two)
+        return [(tuple(a.shape), np.dtype(a.dtype).name) for a in jax.tree.leaves(x)]
     for k, var in leaves.items():
-        if k in got and (tuple(got[k].shape) != tuple(var.shape) or np.dtype(got[k].dtype) != np.dtype(var.dtype)):
-            problems.append(f"shape/dtype: {k} {got[k].shape}/{got[k].dtype}, expected {var.shape}/{var.dtype}")
+        if k in got and sig(got[k]) != sig(var.get_value()):
+            problems.append(f"shape/dtype: {k} {sig(got[k])}, expected {sig(var.get_value())}")
     if problems:
         raise ConversionError(problems, header=f"the params of {state_dir} do not fit the run's model")
-    import jax.numpy as jnp
     for k, var in leaves.items():
-        var.set_value(jnp.asarray(got[k]))
+        var.set_value(jax.tree.map(np.asarray, got[k]))
+    _dequantize_lora_bases(model)  # a run's model, as load gives it: fp32 bases under its adapters

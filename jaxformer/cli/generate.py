@@ -118,6 +118,8 @@ def _load_model_dir(directory: str, name, cfg, framework: str, step=None):
     import jaxformer
     from jaxformer import checkpoint_io, convert
     model, dir_cfg = jaxformer.load(directory, step=step)
+    from jaxformer.layers.lora import merge_lora
+    merge_lora(model)  # LoRA adapters (a train.lora run) folded into the base: a plain model to decode
     dir_name = checkpoint_io.model_name(model)
     if cfg is not None and (name, cfg) != (dir_name, dir_cfg):
         raise GenerateError(f"--config describes {name!r} {cfg}, but {directory} holds {dir_name!r} {dir_cfg}")

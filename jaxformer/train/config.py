@@ -15,6 +15,7 @@ import yaml
 
 from jaxformer.config import ConfigError, from_dict, model_config_from_dict, to_dict
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
+from jaxformer.config.lora import LoRAConfig, _PEFT_OFF
 
 SCHEDULES = ("warmup_cosine", "constant", "inverse_sqrt")
 INITS = ("default", "xavier_uniform", "normal_0.02")
@@ -23,6 +24,25 @@ REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_
                   "everything_saveable")
 PARALLEL_MODES = ("none", "pmap", "mesh")
 NONFINITE = ("stop", "skip")
+LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/quant.py's reduced weights
+
+
+@dataclass(frozen=True)
+class TrainLoRAConfig(LoRAConfig):
+    """`train.lora:` LoRA fine-tuning (jaxformer/config/lora.py's fields, PEFT's defaults; only
+    `r` is required, and target_modules defaults to every attention and MLP projection), plus
+    base_dtype: how the frozen base of each adapted layer is stored while training, fp32, or
+    bf16 / int8 (QLoRA style, layers/quant.py's weights; the adapters stay fp32)."""
+
+    base_dtype: str = "fp32"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self, "base_dtype", LORA_BASE_DTYPES)
+
+    def adapter(self) -> LoRAConfig:
+        """The LoRAConfig alone (what the model checkpoint's model.yaml records)."""
+        return LoRAConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(LoRAConfig)})
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,7 @@ class TrainConfig:
     # depth, a different regulariser). The saved model config keeps the model section's rates.
     dropout: float | None = None
     init_from: str | None = None  # a model checkpoint dir (jaxformer/checkpoint_io.py) to fine-tune
+    lora: TrainLoRAConfig | None = None  # set: train LoRA adapters only (jaxformer/train/lora.py)
     eval_every: int = 50
     eval_batches: int = 4
     checkpoint_every: int = 50
@@ -195,7 +216,12 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
     data_name = data_raw.pop("name")
     from jaxformer.train.data import dataset_config_class
     data = from_dict(dataset_config_class(data_name), data_raw, prefix="data.")
-    train = from_dict(TrainConfig, raw.get("train") or {}, prefix="train.")
+    train_raw = raw.get("train") or {}
+    refused = sorted(set(train_raw.get("lora") or {}) & set(_PEFT_OFF)) if isinstance(train_raw, Mapping) else []
+    if refused:  # PEFT options we do not implement, refused by name (config/lora.py)
+        raise ConfigError("; ".join(f"train.lora.{k}: PEFT's {k} is not supported by jaxformer's LoRA"
+                                    for k in refused))
+    train = from_dict(TrainConfig, train_raw, prefix="train.")
     parallel = from_dict(ParallelConfig, raw.get("parallel") or {}, prefix="parallel.")
     cfg = RunConfig(name, model, data_name, data, train, parallel)
     check_sections(cfg)
@@ -346,7 +372,7 @@ def flatten(d: Mapping, prefix: str = "") -> dict:
 def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
     """Compare a stored config (the dict of a run's config.yaml) with a new one, for --resume.
     -> (breaking, allowed): lines "key: old -> new". Breaking: the model and data sections
-    (they fix the checkpoint's shapes and the data it trains on). Allowed: the train section
+    (they fix the checkpoint's shapes and the data it trains on) and train.lora. Allowed: the train section
     (a longer schedule, another eval cadence, ...) and the parallel layout (the checkpoint
     holds unsharded arrays)."""
     try:  # the stored config with its defaults filled in, as the new one has them
@@ -359,7 +385,9 @@ def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
         va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
         if va != vb:
             line = f"{k}: {va!r} -> {vb!r}"
-            (breaking if k.split(".")[0] in ("model", "data") else allowed).append(line)
+            # train.lora fixes which params the checkpoint holds (adapters, frozen base)
+            (breaking if k.split(".")[0] in ("model", "data") or k.startswith("train.lora")
+             else allowed).append(line)
     return breaking, allowed
 
 

@@ -35,6 +35,7 @@ from flax import nnx
 
 from jaxformer import convert
 from jaxformer.models import build_model
+from jaxformer.train import lora
 
 
 def draw(scheme: str, kind: str, torch_shape: tuple, rng) -> jax.Array:
@@ -134,9 +135,15 @@ def init_flax(model, scheme: str, seed: int) -> None:
 
 
 # ----------------------------------------------------------------------------- the train state
-def abstract_model(name: str, model_cfg, seed: int = 0):
+def _build(name: str, model_cfg, seed: int, lora_cfg=None):
+    """The model, with LoRA adapters (train/lora.py) when `lora_cfg` (train.lora) is given."""
+    model = build_model(name, model_cfg, seed=seed)
+    return model if lora_cfg is None else lora.adapt(model, lora_cfg, seed)
+
+
+def abstract_model(name: str, model_cfg, seed: int = 0, lora_cfg=None):
     """The model with ShapeDtypeStruct values and its partitioning metadata: no allocation."""
-    return nnx.eval_shape(lambda: build_model(name, model_cfg, seed=seed))
+    return nnx.eval_shape(lambda: _build(name, model_cfg, seed, lora_cfg))
 
 
 def _split(name: str, model_cfg, seed: int):
@@ -145,15 +152,19 @@ def _split(name: str, model_cfg, seed: int):
 
 def abstract_state_of(model, tx) -> dict:
     """The train state {params, opt_state, rest, step} of a (concrete or abstract) model as
-    ShapeDtypeStructs; params keep their nnx.Param wrappers and partitioning metadata."""
-    _, params, rest = nnx.split(model, nnx.Param, ...)
-    return jax.eval_shape(lambda p, r: {"params": p, "opt_state": tx.init(p), "rest": r,
-                                        "step": jnp.zeros((), jnp.int32)}, params, rest)
+    ShapeDtypeStructs; params keep their nnx.Param wrappers and partitioning metadata. A LoRA
+    model's params are its adapters, and its base is `frozen` (train/lora.py)."""
+    _, params, frozen, rest = lora.split(model)
+
+    def f(p, fr, r):
+        out = {"params": p, "opt_state": tx.init(p), "rest": r, "step": jnp.zeros((), jnp.int32)}
+        return out if fr is None else {**out, "frozen": fr}
+    return jax.eval_shape(f, params, frozen, rest)
 
 
-def abstract_state(name: str, model_cfg, seed: int, tx) -> dict:
+def abstract_state(name: str, model_cfg, seed: int, tx, lora_cfg=None) -> dict:
     """abstract_state_of the registered model `name`: no allocation."""
-    return abstract_state_of(abstract_model(name, model_cfg, seed), tx)
+    return abstract_state_of(abstract_model(name, model_cfg, seed, lora_cfg), tx)
 
 
 def with_shardings(abstract, shardings):
@@ -173,10 +184,10 @@ def _jit(fn, shardings):
     return jax.jit(fn) if shardings is None else jax.jit(fn, out_shardings=shardings)
 
 
-def create_rest(name: str, model_cfg, seed: int, sharding=None):
+def create_rest(name: str, model_cfg, seed: int, sharding=None, lora_cfg=None):
     """The model's non-parameter state (dropout RNG streams), jitted into `sharding` (a tree);
     the constructor's parameter draws are dead code there and never computed."""
-    return _jit(lambda: _split(name, model_cfg, seed)[2], sharding)()
+    return _jit(lambda: lora.split(_build(name, model_cfg, seed, lora_cfg))[-1], sharding)()
 
 
 def create_params(name: str, model_cfg, scheme: str, seed: int, abstract_params, shardings=None):
@@ -195,14 +206,41 @@ def zero_step(sharding=None):
     return _jit(lambda: jnp.zeros((), jnp.int32), sharding)()
 
 
-def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=None, params=None) -> dict:
+def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=None, params=None,
+                 lora_cfg=None, base_shardings=None, rest=None) -> dict:
     """The train state {params, opt_state, rest, step} created directly in `shardings` (a tree
     like abstract_state's; None: the default device). No host ever holds a whole tensor of a
     sharded leaf, and the values do not depend on the shardings. `params` given (init_from,
-    already placed): the state starts from them."""
+    already placed): the state starts from them. `lora_cfg` (train.lora): `params` (or the
+    init) is the base, in `base_shardings`, and adapt_state turns it into the LoRA state. `rest`
+    given (init_from's saved buffers, placed): the state's rest."""
+    if lora_cfg is not None:
+        if params is None:
+            base = nnx.split(abstract_model(name, model_cfg, seed), nnx.Param, ...)[1]
+            params = create_params(name, model_cfg, scheme, seed, base, base_shardings)
+        return adapt_state(name, model_cfg, seed, tx, lora_cfg, params, shardings, rest)
     sh = shardings or {"params": None, "opt_state": None, "rest": None, "step": None}
     if params is None:
         abstract = abstract_state(name, model_cfg, seed, tx)
         params = create_params(name, model_cfg, scheme, seed, abstract["params"], sh["params"])
     return {"params": params, "opt_state": _jit(tx.init, sh["opt_state"])(params),
-            "rest": create_rest(name, model_cfg, seed, sh["rest"]), "step": zero_step(sh["step"])}
+            "rest": create_rest(name, model_cfg, seed, sh["rest"]) if rest is None else rest,
+            "step": zero_step(sh["step"])}
+
+
+def adapt_state(name: str, model_cfg, seed: int, tx, lora_cfg, base_params, shardings=None, rest=None) -> dict:
+    """A LoRA run's train state from the base params (placed, e.g. sharded): one jitted program
+    wraps the targets (train/lora.py adapt: the adapters drawn, the base reduced to
+    lora_cfg.base_dtype) and writes adapters, frozen base and RNG streams straight into
+    `shardings`. The base params are donated (an fp32 base is passed through, not copied)."""
+    sh = shardings or {"params": None, "frozen": None, "opt_state": None, "rest": None, "step": None}
+    graphdef = nnx.split(abstract_model(name, model_cfg, seed), nnx.Param, ...)[0]
+
+    def f(base, rest):
+        _, params, frozen, rest = lora.split(lora.adapt(nnx.merge(graphdef, base, rest), lora_cfg, seed))
+        return params, frozen, rest
+    out = None if shardings is None else (sh["params"], sh["frozen"], sh["rest"])
+    jitted = jax.jit(f, donate_argnums=0) if out is None else jax.jit(f, donate_argnums=0, out_shardings=out)
+    params, frozen, rest = jitted(base_params, create_rest(name, model_cfg, seed) if rest is None else rest)
+    return {"params": params, "frozen": frozen, "opt_state": _jit(tx.init, sh["opt_state"])(params),
+            "rest": rest, "step": zero_step(sh["step"])}

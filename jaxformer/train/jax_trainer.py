@@ -30,6 +30,7 @@ from flax import nnx
 from jaxformer.train import data as data_lib
 from jaxformer.train.data import pipeline
 from jaxformer.train import init as init_lib
+from jaxformer.train import lora as lora_lib
 from jaxformer.train import tasks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.checkpoint import Checkpointer
@@ -65,6 +66,8 @@ def build_jax_model(cfg: RunConfig):
     else:
         params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params)
     model = nnx.merge(graphdef, params, rest)
+    if tc.lora is not None:  # the adapters on the loaded/initialised base
+        lora_lib.adapt(model, tc.lora, tc.seed)
     set_remat(model, tc.remat_policy if tc.remat else None)
     return model
 
@@ -77,9 +80,9 @@ def set_remat(model, policy: str | None) -> None:
 
 
 def init_state(cfg: RunConfig, model, tx):
-    _, params, rest = nnx.split(model, nnx.Param, ...)
-    return {"params": params, "opt_state": tx.init(params), "rest": rest,
-            "step": jnp.zeros((), jnp.int32)}
+    _, params, frozen, rest = lora_lib.split(model)
+    state = {"params": params, "opt_state": tx.init(params), "rest": rest, "step": jnp.zeros((), jnp.int32)}
+    return state if frozen is None else {**state, "frozen": frozen}
 
 
 def shape_batch(batch: dict, accum: int, devices: int | None = None) -> dict:
@@ -134,10 +137,12 @@ class JaxTrainer:
         self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
         given = model is not None
         if not given:  # abstract: the state is created below, directly in its shardings
-            model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed)
+            model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed, tc.lora)
             set_remat(model, tc.remat_policy if tc.remat else None)
+        elif tc.lora is not None:  # a caller's model: adapters added unless it has them
+            lora_lib.adapt(model, tc.lora, tc.seed)
         self.model = model
-        _, params, _ = nnx.split(self.model, nnx.Param, ...)
+        _, params, _, _ = lora_lib.split(self.model)  # what trains: the adapters under train.lora
         from jaxformer.convert import scan_prefixes
         self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
         self.abstract_state = init_lib.abstract_state_of(self.model, self.tx)
@@ -246,16 +251,27 @@ class JaxTrainer:
             shardings = self.shardings or init_lib.single_device(self.abstract_state)
             target = init_lib.with_shardings(self.abstract_state, shardings)
             mesh_sh = self.shardings or {"rest": None, "step": None}
-            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"]),
+            return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"], tc.lora),
                     "step": init_lib.zero_step(mesh_sh["step"])}
-        if not tc.init_from:
+        if not tc.init_from and tc.lora is None:
             return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings)
-        # fine-tune: each param restored into its sharding, and the saved buffers (MoE score_bias)
-        from jaxformer.checkpoint_io import load_params_sharded
-        shardings = self.shardings or init_lib.single_device(self.abstract_state)
-        rest = init_lib.create_rest(name, mcfg, tc.seed, shardings["rest"])
-        params, rest = load_params_sharded(tc.init_from, self.abstract_state["params"], shardings["params"], rest)
-        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params) | {"rest": rest}
+        # the params init_from loads: the whole model's, or under train.lora the base's
+        abstract_params, params_sh = self.abstract_state["params"], (self.shardings or {}).get("params")
+        if tc.lora is not None:
+            abstract_params = nnx.split(init_lib.abstract_model(name, mcfg, tc.seed), nnx.Param, ...)[1]
+            if self.mesh is not None:
+                from jaxformer.train import sharding
+                params_sh = sharding.param_shardings(abstract_params, self.mesh, self.cfg.parallel.logical_axis_rules())
+        params = rest = None
+        if tc.init_from:  # fine-tune: each param restored into its sharding, and the saved buffers (MoE score_bias)
+            from jaxformer.checkpoint_io import load_params_sharded
+            # a LoRA run's rest is placed by adapt_state, so its buffers load onto the default device
+            rest_sh = None if tc.lora is not None else (self.shardings or init_lib.single_device(self.abstract_state))["rest"]
+            rest = init_lib.create_rest(name, mcfg, tc.seed, rest_sh)
+            params, rest = load_params_sharded(tc.init_from, abstract_params,
+                                               params_sh or init_lib.single_device(abstract_params), rest)
+        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params,
+                                     lora_cfg=tc.lora, base_shardings=params_sh, rest=rest)
 
     def _global(self, local_batch: dict, sharding, axis: int) -> dict:
         """Global arrays from each process's own slice of the global batch (dim `axis`, split
@@ -318,11 +334,11 @@ class JaxTrainer:
         return self._global(host_batch, self.eval_sharding, axis=0) if self.mesh is not None else host_batch
 
     def evaluate(self, state) -> dict:
-        params, rest = state["params"], state["rest"]
+        params, rest, frozen = state["params"], state["rest"], state.get("frozen")
         totals: dict[str, float] = {}
         for batch in pipeline.eval_batches(self.eval_data, self.cfg.train.batch_size,
                                            self.cfg.train.eval_batches, self.eval_rows):
-            sums = self._unreplicate(self.eval_step(params, rest, self._eval_batch(batch)))
+            sums = self._unreplicate(self.eval_step(params, rest, self._eval_batch(batch), frozen))
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
         return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
@@ -369,15 +385,21 @@ class JaxTrainer:
         Every process calls it: with several, the params are gathered to host copies first (a
         collective), then process 0 alone writes them."""
         from jaxformer.checkpoint_io import save_model
-        params = state["params"]
+        params, frozen = state["params"], state.get("frozen")
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
-            params = multihost_utils.process_allgather(params, tiled=True)  # numpy, full values
+            params, frozen = multihost_utils.process_allgather((params, frozen), tiled=True)  # numpy, full values
         if not self.primary:
             return
-        model = nnx.merge(self.fns.graphdef_eval, params, state["rest"])
+        # fresh Variables: the model below must not share (and change) the train state's
+        params, frozen, rest = jax.tree.map(lambda x: x, (params, frozen, state["rest"]))
+        model = lora_lib.merge(self.fns.graphdef_eval, params, frozen, rest)
+        lora = self.cfg.train.lora
+        if lora is not None:  # a bf16/int8 base is written as the fp32 values it stands for
+            lora_lib.dequantize_base(model)
         d = os.path.join(self.workdir, "model", kind)
-        save_model(model, self.cfg.model_name, self.cfg.model, d, **self._tokenizer_files())
+        save_model(model, self.cfg.model_name, self.cfg.model, d, **self._tokenizer_files(),
+                   lora=None if lora is None else lora.adapter())
         workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
 
     def _tokenizer_files(self) -> dict:
@@ -500,8 +522,8 @@ class JaxTrainer:
 
     def trained_model(self):
         """The model with the trained params (eval mode)."""
-        model = nnx.merge(self.fns.graphdef_eval, self.state["params"], self.state["rest"])
-        return model
+        return lora_lib.merge(self.fns.graphdef_eval, self.state["params"], self.state.get("frozen"),
+                              self.state["rest"])
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -517,6 +539,8 @@ def params_numpy(state, prefixes: tuple = ()) -> dict:
     `prefixes`: the model's scanned stacks (jaxformer.convert.scan_prefixes)."""
     from jaxformer import convert
     out = {}
-    for path, v in nnx.to_flat_state(state["params"]):
-        out.update(convert.flax_leaf_to_torch(tuple(path), np.asarray(v.get_value()), prefixes))
+    for part in ("params", "frozen"):  # a LoRA run's base is `frozen` (reduced-precision bases left out)
+        for path, v in nnx.to_flat_state(state.get(part) or nnx.State({})):
+            if not lora_lib.is_quantized(v.get_value()):
+                out.update(convert.flax_leaf_to_torch(tuple(path), np.asarray(v.get_value()), prefixes))
     return out

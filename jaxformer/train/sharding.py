@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.partitioning import logical_axes
+from jaxformer.layers.quant import QuantizedWeight
 from jaxformer.train.config import LOGICAL_AXIS_RULES, MESH_AXES
 
 DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(v))
@@ -107,6 +108,11 @@ def param_shardings(params, mesh: Mesh, rules: dict | None = None):
             problems.append(f"{_key_of(path)} {tuple(var.shape)}: " +
                             ("no logical axes" if axes is None else f"logical axes {axes}"))
             return var.replace(NamedSharding(mesh, P()))
+        value = var.get_value()
+        if isinstance(value, QuantizedWeight):  # a LoRA base [out, in] (+ scale [out]) of an [in, out] kernel
+            return var.replace(QuantizedWeight(
+                NamedSharding(mesh, spec_for(value.data.shape, axes[::-1], mesh, rules)),
+                None if value.scale is None else NamedSharding(mesh, spec_for(value.scale.shape, axes[1:], mesh, rules))))
         return var.replace(NamedSharding(mesh, spec_for(var.shape, axes, mesh, rules)))
     out = jax.tree_util.tree_map_with_path(f, params, is_leaf=_is_var)
     if problems:
@@ -116,8 +122,8 @@ def param_shardings(params, mesh: Mesh, rules: dict | None = None):
 
 
 def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None):
-    """Shardings for the whole train state (concrete or abstract): params by their logical
-    axes; optimiser leaves that mirror a param (Adam's mu/nu: their path ends with the param's
+    """Shardings for the whole train state (concrete or abstract): params (and a LoRA run's
+    frozen base) by their logical axes; optimiser leaves that mirror a param (Adam's mu/nu: their path ends with the param's
     path) like that param; everything else (counts, RNG, step) replicated."""
     p_sh = param_shardings(state["params"], mesh, rules)
     by_key = {}
@@ -133,8 +139,11 @@ def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None):
                 return sh if len(sh.spec) <= x.ndim else replicated
         return replicated
 
-    return {"params": p_sh, "opt_state": jax.tree_util.tree_map_with_path(opt, state["opt_state"]),
-            "rest": jax.tree.map(lambda _: replicated, state["rest"]), "step": replicated}
+    out = {"params": p_sh, "opt_state": jax.tree_util.tree_map_with_path(opt, state["opt_state"]),
+           "rest": jax.tree.map(lambda _: replicated, state["rest"]), "step": replicated}
+    if "frozen" in state:  # a LoRA run's base (train/lora.py): sharded like the params it is
+        out["frozen"] = param_shardings(state["frozen"], mesh, rules)
+    return out
 
 
 def batch_sharding(mesh: Mesh, accum_axis: bool = True, axes: tuple = ("data", "fsdp", "expert")) -> NamedSharding:

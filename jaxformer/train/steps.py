@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxformer.train import tasks
+from jaxformer.train import lora, tasks
 from jaxformer.train.config import RunConfig
 
 
@@ -31,9 +31,9 @@ class StepFns:
     def __init__(self, cfg: RunConfig, model, tx, schedule, axis_name: str | None = None):
         self.cfg, self.tx, self.schedule, self.axis_name = cfg, tx, schedule, axis_name
         model.train()
-        self.graphdef_train, _, _ = nnx.split(model, nnx.Param, ...)
+        self.graphdef_train = lora.split(model)[0]
         model.eval()
-        self.graphdef_eval, _, _ = nnx.split(model, nnx.Param, ...)
+        self.graphdef_eval = lora.split(model)[0]
         model.train()
         self.compute_dtype = jnp.bfloat16 if cfg.train.precision == "bf16" else jnp.float32
         self.pad_id = getattr(cfg.model, "pad_id", 0)
@@ -42,27 +42,29 @@ class StepFns:
     def _psum(self, x):
         return jax.lax.psum(x, self.axis_name) if self.axis_name else x
 
-    def loss_terms(self, graphdef, params, rest, batch, train: bool = False):
+    def loss_terms(self, graphdef, params, rest, batch, train: bool = False, frozen=None):
+        """`frozen`: a LoRA run's base params (train/lora.py), never differentiated."""
         if self.compute_dtype != jnp.float32:
             params = _cast_floats(params, self.compute_dtype)
+            frozen = None if frozen is None else lora.cast_frozen(frozen, self.compute_dtype)
             batch = {k: (v.astype(self.compute_dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v)
                      for k, v in batch.items()}
         # fresh Variable objects at this trace level: NNX refuses to mutate (advance the dropout
         # RNG count of) Variables that were unflattened at an outer level (jit vs grad)
         rest = jax.tree.map(lambda x: x, rest)
-        model = nnx.merge(graphdef, params, rest)
+        model = lora.merge(graphdef, params, frozen, rest)
         kw = {"axis_name": self.axis_name} if self.axis_name else {}  # pmap: MoE aux over all devices
         loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
                                                   self.cfg.train.label_smoothing, self.pad_id, **kw)
         if train:  # the objective adds the MoE aux losses; eval reports the task's loss alone
             loss = tasks.objective(loss, metrics, self.moe)
-        _, _, new_rest = nnx.split(model, nnx.Param, ...)
+        new_rest = lora.split(model)[-1]
         return loss.astype(jnp.float32), (count, metrics, new_rest)
 
     def train_step(self, state, batch):
         """state: {params, opt_state, rest, step}; batch: arrays [A, micro, ...]."""
-        params = state["params"]
-        grad_fn = jax.value_and_grad(lambda p, r, b: self.loss_terms(self.graphdef_train, p, r, b, True),
+        params, frozen = state["params"], state.get("frozen")
+        grad_fn = jax.value_and_grad(lambda p, r, b: self.loss_terms(self.graphdef_train, p, r, b, True, frozen),
                                      has_aux=True)
 
         def terms(rest, mb):  # one micro-batch -> (grads, loss, count, metrics, rest)
@@ -100,10 +102,12 @@ class StepFns:
         opt_state = jax.tree.map(lambda n, o: jnp.where(keep, n, o), opt_state, state["opt_state"])
         out = {"loss": loss, "grad_norm": grad_norm, "lr": self.schedule(state["step"]),
                "nonfinite": bad, **{k: v / c_sum for k, v in m_sum.items()}}
-        return {"params": new_params, "opt_state": opt_state, "rest": rest,
-                "step": state["step"] + 1}, out
+        new = {"params": new_params, "opt_state": opt_state, "rest": rest, "step": state["step"] + 1}
+        if frozen is not None:  # a LoRA base passes through unchanged (bit-identical)
+            new["frozen"] = frozen
+        return new, out
 
-    def eval_step(self, params, rest, batch):
-        loss, (count, metrics, _) = self.loss_terms(self.graphdef_eval, params, rest, batch)
+    def eval_step(self, params, rest, batch, frozen=None):
+        loss, (count, metrics, _) = self.loss_terms(self.graphdef_eval, params, rest, batch, frozen=frozen)
         metrics = {k: v for k, v in metrics.items() if not k.startswith("moe_")}
         return self._psum({"loss": loss, "count": count, **metrics})

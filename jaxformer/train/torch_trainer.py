@@ -5,7 +5,10 @@ Checkpoints are WORKDIR/torch_checkpoints/step_N/ (the last train.keep_checkpoin
 `model.safetensors` (a torch_ref state_dict, which `jaxformer convert --to flax` accepts) and
 `train_state.pt` (optimiser, scheduler and RNG state, loadable with torch.load(weights_only=True)).
 The weights for use go to WORKDIR/model/last and model/best in the flax layout, exactly as the
-JAX trainer writes them (converted with jaxformer.convert). The workdir rules, the lock,
+JAX trainer writes them (converted with jaxformer.convert). Under train.lora only the adapters
+require a gradient, so the optimiser, its state and the clipping hold the adapters alone; the
+checkpoint's model.safetensors holds no bf16/int8 base (rebuilt from the seed on resume, as
+it was built at the start). The workdir rules, the lock,
 non-finite handling and SIGTERM are the JAX trainer's (jaxformer/train/workdir.py).
 """
 from __future__ import annotations
@@ -39,7 +42,36 @@ def build_torch_model(cfg: RunConfig):
         module.load_state_dict(to_torch_state_dict(load_model(cfg.train.init_from)[2]), strict=True)
         return module
     torch_init.init_torch(module, cfg.train.init, cfg.train.seed)
+    if cfg.train.init_from:  # fine-tune: the model checkpoint's (flax layout) weights
+        from jaxformer import checkpoint_io, convert
+        _, _, source = checkpoint_io.load_model(cfg.train.init_from)
+        module.load_state_dict({k: convert.to_torch(v) for k, v in convert.flax_to_torch_arrays(source).items()},
+                               strict=True)
+    return adapt_torch(module, cfg.train.lora, cfg.train.seed)
+
+
+def adapt_torch(module, lcfg, seed: int):
+    """train.lora (twin of jaxformer/train/lora.py adapt): the targets wrapped in LoRALinear with
+    fresh adapters (every other parameter frozen, requires_grad False) and their base stored in
+    lcfg.base_dtype; a module that already has adapters, or lcfg None, is left as it is."""
+    from torch_ref.layers import lora as tl
+    if lcfg is not None and not tl.lora_modules(module):
+        tl.apply_lora(module, lcfg.adapter(), seed=seed)
+        if lcfg.base_dtype != "fp32":
+            tl.quantize_base(module, lcfg.base_dtype)
     return module
+
+
+def export_state_dict(module) -> dict:
+    """The module's state_dict with each reduced-precision LoRA base (not a Parameter, so not in
+    the state_dict) added back as the fp32 weight [out, in] it stands for."""
+    from torch_ref.layers import lora as tl
+    from torch_ref.layers.quant import QuantizedWeight
+    out = {k: v.detach() for k, v in module.state_dict().items()}
+    for path, m in tl.lora_modules(module).items():
+        if isinstance(m.weight, QuantizedWeight):
+            out[f"{path}.weight"] = m.weight.dequantized()
+    return out
 
 
 def _to_torch(batch: dict) -> dict:
@@ -70,6 +102,7 @@ class TorchTrainer:
             self.data_state: dict | None = None
             self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
             self.module = module if module is not None else build_torch_model(cfg)
+            adapt_torch(self.module, tc.lora, tc.seed)  # a caller's module gets adapters too
             self.opt, self.sched = make_torch_optimizer(tc, self.module)
             self.start_step = 0
             self.skipped_steps = 0
@@ -115,10 +148,16 @@ class TorchTrainer:
         from jaxformer.convert import load_torch_state_dict
         from jaxformer.models import build_model
         model = build_model(self.cfg.model_name, self.cfg.model, seed=0)
-        load_torch_state_dict(model, {k: v.detach() for k, v in self.module.state_dict().items()})
+        lora = self.cfg.train.lora
+        if lora is not None:  # the JAX twin's adapters, filled from the module's below
+            from flax import nnx
+
+            from jaxformer.layers.lora import apply_lora
+            apply_lora(model, lora.adapter(), nnx.Rngs(0))
+        load_torch_state_dict(model, export_state_dict(self.module))
         d = os.path.join(self.workdir, "model", kind)
         save_model(model, self.cfg.model_name, self.cfg.model, d, tokenizer=self.tokenizer,
-                   tokenizer_file=self.tokenizer_file)
+                   tokenizer_file=self.tokenizer_file, lora=None if lora is None else lora.adapter())
         workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
 
     def _restore(self) -> int:

@@ -1,0 +1,208 @@
+"""LoRA fine-tuning in both trainers (`train.lora`, jaxformer/train/lora.py): the config
+section from one --set, a 20-step JAX/torch trajectory, the frozen base bit-identical (fp32,
+bf16, int8), adapters alone in the optimiser, pmap and mesh, resume, load and generate."""
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from test_train import _pair, run_cfg
+from jaxformer.config import ConfigError, LoRAConfig
+from jaxformer.train.config import TrainLoRAConfig, apply_override, config_from_dict, load_config
+from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
+from jaxformer.train.torch_trainer import TorchTrainer
+
+LORA = {"r": 4, "alpha": 16}
+
+
+def lora_cfg(family="lm_llama_gqa", lora=LORA, **train):
+    d = run_cfg(family, **train).to_dict()
+    d["train"]["lora"] = dict(lora)
+    return config_from_dict(d)
+
+
+def _host(tree):
+    return [np.asarray(x).copy() for x in jax.tree.leaves(tree)]
+
+
+def _torch_frozen(module):
+    """Every frozen tensor of the module, reduced-precision LoRA bases included."""
+    from torch_ref.layers import lora as tl
+    out = {k: v.detach().clone() for k, v in module.named_parameters() if not v.requires_grad}
+    for path, m in tl.lora_modules(module).items():
+        if not isinstance(m.weight, torch.nn.Parameter):
+            out[path + ".weight"] = m.weight.data.clone()
+            out[path + ".scale"] = m.weight.scale
+    return out
+
+
+# ----------------------------------------------------------------------------- config
+def test_set_r_alone_creates_the_section_with_peft_defaults():
+    raw = {"model": {"name": "lm", "vocab_size": 259, "max_len": 32}, "data": {"name": "stdlib_docs", "seq_len": 16}}
+    apply_override(raw, "train.lora.r=8")  # no train section at all: --set creates both levels
+    lora = config_from_dict(raw).train.lora
+    assert lora == TrainLoRAConfig(r=8) and lora.base_dtype == "fp32"
+    assert lora.adapter() == LoRAConfig(r=8, alpha=8, dropout=0.0, use_rslora=False, init="kaiming", target_modules=None)
+    cfg = load_config("llama", ["train.lora.r=8", "train.lora.base_dtype=int8"])
+    assert cfg.train.lora.base_dtype == "int8" and config_from_dict(cfg.to_dict()) == cfg
+    for bad, msg in (("train.lora.use_dora=true", "use_dora: PEFT's use_dora is not supported"),
+                     ("train.lora.base_dtype=int4", "train.lora.base_dtype: must be one of"),
+                     ("train.lora.rank=4", "unknown config key.*train.lora.rank")):
+        with pytest.raises(ConfigError, match=msg):
+            load_config("llama", ["train.lora.r=8", bad])
+
+
+# ----------------------------------------------------------------------------- trajectory
+def test_lora_trajectory_parity_and_frozen_base(tmp_path):
+    """20 LoRA steps (every projection, r 4, grad accumulation, clipping, weight decay) in both
+    trainers from the same base and adapters: losses, rates, gradient norms (the adapters'
+    alone) and final params agree as full fine-tuning's do (tests/test_train.py); the base stays
+    bit-identical in both trees, and only the adapters carry optimiser state."""
+    cfg = lora_cfg()
+    tmod, jmod = _pair(cfg)
+    tt = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False)  # adds the adapters
+    from jaxformer.layers import lora as jl
+    jl.apply_lora(jmod, cfg.train.lora.adapter(), nnx.Rngs(0))
+    from jaxformer.convert import load_torch_state_dict
+    load_torch_state_dict(jmod, tmod.state_dict())  # torch's adapter init (A kaiming, B 0) in both
+    jt = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False)
+    base_t, base_j = _torch_frozen(tmod), _host(jt.state["frozen"])
+    n_adapter = sum(x.size for x in jax.tree.leaves(jt.state["params"]))
+    assert n_adapter == sum(p.numel() for p in tmod.parameters() if p.requires_grad)
+    assert sum(x.size for x in jax.tree.leaves(jt.state["opt_state"])) == 2 * n_adapter + 2  # mu, nu, counts
+    assert sum(len(g["params"]) for g in tt.opt.param_groups) == 2 * len(jl.lora_modules(jmod))
+    jh, th = jt.run(), tt.run()
+    assert len(jh) == len(th) == 20
+    worst = {k: max(abs(a[k] - b[k]) / max(1.0, abs(b[k])) for a, b in zip(jh, th)) for k in ("loss", "lr", "grad_norm")}
+    jp = params_numpy(jt.state)
+    tp = {k: v.detach().numpy() for k, v in tt.module.state_dict().items()}
+    assert set(jp) == set(tp)
+    worst["params"] = max(float(np.abs(jp[k] - tp[k]).max()) for k in tp)
+    print("LoRA trajectory JAX vs torch:", {k: f"{v:.2e}" for k, v in worst.items()})
+    assert max(worst.values()) <= 1e-4
+    assert all(np.array_equal(a, b) for a, b in zip(base_j, _host(jt.state["frozen"])))
+    assert all(torch.equal(v, _torch_frozen(tt.module)[k]) for k, v in base_t.items())
+    assert all(np.abs(jp[k]).max() > 0 for k in jp if ".lora_B." in k)  # the adapters trained
+    assert np.mean([r["loss"] for r in jh[-5:]]) < np.mean([r["loss"] for r in jh[:5]])
+
+
+@pytest.mark.parametrize("base_dtype", ["bf16", "int8"])
+def test_reduced_base_trains_and_stays_bit_identical(base_dtype, tmp_path):
+    """QLoRA style: the base stored as layers/quant.py's bf16/int8 weight, the adapters fp32;
+    steps run in both trees, only the adapters move, and the first step's loss is the fp32
+    base's within the weight rounding."""
+    cfg = lora_cfg(lora={**LORA, "base_dtype": base_dtype}, steps=3, eval_every=3, checkpoint_every=3)
+    jt = JaxTrainer(cfg, str(tmp_path / "jax"), progress=False)
+    from jaxformer.layers.quant import QuantizedWeight
+    kernel = jt.state["frozen"]["decoder"]["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
+    assert isinstance(kernel, QuantizedWeight) and kernel.data.dtype == (jnp.int8 if base_dtype == "int8" else jnp.uint16)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(jt.state["params"]))
+    before = _host(jt.state["frozen"])
+    adapters = _host(jt.state["params"])
+    jh = jt.run()
+    assert all(np.isfinite(r["loss"]) for r in jh)
+    assert all(np.array_equal(a, b) for a, b in zip(before, _host(jt.state["frozen"])))
+    assert not all(np.array_equal(a, b) for a, b in zip(adapters, _host(jt.state["params"])))
+    tt = TorchTrainer(cfg, str(tmp_path / "torch"), progress=False)
+    t_before = _torch_frozen(tt.module)
+    assert any(isinstance(v, torch.Tensor) and v.dtype == (torch.int8 if base_dtype == "int8" else torch.bfloat16)
+               for v in t_before.values())
+    th = tt.run()
+    assert all(np.isfinite(r["loss"]) for r in th)
+    assert all(torch.equal(v, _torch_frozen(tt.module)[k]) for k, v in t_before.items())
+    fp32 = JaxTrainer(lora_cfg(steps=1, eval_every=1, checkpoint_every=1), str(tmp_path / "fp32"), progress=False).run()
+    print(f"{base_dtype} base: step-1 loss {jh[0]['loss']:.6f} vs fp32 base {fp32[0]['loss']:.6f}")
+    assert abs(jh[0]["loss"] - fp32[0]["loss"]) < 0.05
+
+
+# ----------------------------------------------------------------------------- parallel modes
+def test_pmap_and_mesh_match_one_device(tmp_path):
+    """The same int8-base LoRA run on one device, pmapped over 8 and on a (data 2, fsdp 2,
+    tensor 2) mesh: the same losses; on the mesh the adapters and the base are sharded by their
+    logical axes (lora_A [embed, None] over fsdp, int8 data [out, in] over tensor and fsdp)."""
+    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=3, batch_size=16, eval_every=3, checkpoint_every=3)
+    single = JaxTrainer(cfg, str(tmp_path / "one"), progress=False).run()
+    d = cfg.to_dict()
+    pmap = JaxTrainer(config_from_dict({**d, "parallel": {"mode": "pmap"}}), str(tmp_path / "pmap"), progress=False).run()
+    mesh_cfg = config_from_dict({**d, "parallel": {"mode": "mesh", "mesh": {"data": 2, "fsdp": 2, "tensor": 2}}})
+    mt = JaxTrainer(mesh_cfg, str(tmp_path / "mesh"), progress=False)
+    q = mt.state["params"]["decoder"]["layers"][0]["self_attn"]["q_proj"]
+    assert q["lora_A"]["kernel"].get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
+    assert q["lora_B"]["kernel"].get_value().sharding.spec == jax.sharding.PartitionSpec(None, "tensor")
+    base = mt.state["frozen"]["decoder"]["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
+    assert base.data.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
+    assert base.scale.sharding.spec == jax.sharding.PartitionSpec("tensor")
+    mesh = mt.run()
+    diffs = {name: max(abs(a["loss"] - b["loss"]) for a, b in zip(single, other))
+             for name, other in (("pmap", pmap), ("mesh", mesh))}
+    print("LoRA int8 base, loss diffs vs one device:", {k: f"{v:.1e}" for k, v in diffs.items()})
+    assert max(diffs.values()) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- resume
+def test_resume_is_exact_in_both_trainers(tmp_path):
+    """An int8-base LoRA run stopped after its step-2 checkpoint and resumed ends exactly where
+    the uninterrupted run does (adapters, optimiser state, base), in both trainers."""
+    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=4, eval_every=2, checkpoint_every=2, keep_checkpoints=2)
+    full = JaxTrainer(cfg, str(tmp_path / "jax"), progress=False)
+    full_losses = [r["loss"] for r in full.run()]
+    shutil.copytree(tmp_path / "jax", tmp_path / "jax2")
+    shutil.rmtree(tmp_path / "jax2" / "checkpoints" / "4")  # as if killed before step 4's save
+    resumed = JaxTrainer(cfg, str(tmp_path / "jax2"), resume=True, progress=False)
+    assert resumed.start_step == 2
+    assert [r["loss"] for r in resumed.run()] == full_losses[2:]
+    assert all(np.array_equal(a, b) for a, b in zip(_host(full.state), _host(resumed.state)))
+
+    tfull = TorchTrainer(cfg, str(tmp_path / "torch"), progress=False)
+    t_losses = [r["loss"] for r in tfull.run()]
+    shutil.copytree(tmp_path / "torch", tmp_path / "torch2")
+    shutil.rmtree(tmp_path / "torch2" / "torch_checkpoints" / "step_4")
+    tres = TorchTrainer(cfg, str(tmp_path / "torch2"), resume=True, progress=False)
+    assert tres.start_step == 2 and [r["loss"] for r in tres.run()] == t_losses[2:]
+    for k, v in _torch_frozen(tfull.module).items():
+        assert torch.equal(v, _torch_frozen(tres.module)[k]), k
+    for (k, a), b in zip(tfull.module.state_dict().items(), tres.module.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+# ----------------------------------------------------------------------------- using the result
+def test_load_and_generate_give_the_adapted_model(tmp_path, capsys):
+    """jaxformer.load(RUN) is the trained model with its adapters (model.yaml's lora section,
+    an int8 base written as the fp32 values it stood for); generate --weights RUN decodes it
+    (the adapters merged into the base) from model/last and from checkpoint step 4 alike."""
+    import jaxformer
+    from jaxformer import cli
+    from jaxformer.layers import lora as jl
+    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=4, eval_every=4, checkpoint_every=4, lr=3e-2)
+    run = str(tmp_path / "run")
+    trainer = JaxTrainer(cfg, run, progress=False)
+    trainer.run()
+    model, _ = jaxformer.load(run)
+    assert set(jl.lora_modules(model)) == set(jl.lora_modules(trainer.trained_model()))
+    ids = jnp.asarray(np.random.RandomState(0).randint(3, 259, (2, 9)), jnp.int32)
+    trained = trainer.trained_model()
+    trained.eval()
+    a, b = np.asarray(model(ids)), np.asarray(trained(ids))
+    print(f"load(RUN) vs the trainer's model (int8 base dequantized): max |dlogit| {np.abs(a - b).max():.2e}")
+    assert np.abs(a - b).max() < 1e-4
+    merged, _ = jaxformer.load(run)
+    jl.merge_lora(merged)
+    assert np.abs(np.asarray(merged(ids)) - a).max() < 1e-4
+    base = np.asarray(model(ids))
+    for m in jl.lora_modules(model).values():
+        m.lora_B.kernel.set_value(jnp.zeros_like(m.lora_B.kernel.get_value()))
+    assert np.abs(np.asarray(model(ids)) - base).max() > 1e-3  # the adapters matter
+
+    capsys.readouterr()
+    texts = {}
+    for name, weights in (("run", run), ("step", run)):
+        extra = ["--step", "4"] if name == "step" else []
+        assert cli.main(["generate", "--weights", weights, "--prompt", "def ", "--max-new-tokens", "8",
+                         *extra]) == 0
+        texts[name] = capsys.readouterr().out
+    assert texts["run"] == texts["step"] and texts["run"].startswith("def ")
