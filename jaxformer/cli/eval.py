@@ -35,16 +35,24 @@ def run(args) -> int:
     from jaxformer.train.optim import make_optax
     # the model stays abstract: the weights are read straight into their arrays, never initialised
     mcfg = model_config_for_training(cfg)
-    model = init_lib.abstract_model(cfg.model_name, mcfg, cfg.train.seed)
-    graphdef, params, _ = nnx.split(model, nnx.Param, ...)
+    from jaxformer.train import lora as lora_lib
+    lora = cfg.train.lora
+    if lora is not None and args.step in ("last", "best"):  # model/ dirs hold an fp32 base
+        import dataclasses
+        lora = dataclasses.replace(lora, base_dtype="fp32")
+    model = init_lib.abstract_model(cfg.model_name, mcfg, cfg.train.seed, lora)
+    graphdef, params, frozen, _ = lora_lib.split(model)
     tx, schedule = make_optax(cfg.train, params, scan_prefixes(model))
-    rest = init_lib.create_rest(cfg.model_name, mcfg, cfg.train.seed)
+    rest = init_lib.create_rest(cfg.model_name, mcfg, cfg.train.seed, lora_cfg=lora)
     if args.step in ("last", "best"):
         from jaxformer.checkpoint_io import load_params_sharded
         d = os.path.join(run_dir, "model", args.step)
         if not os.path.isdir(d):
             raise FileNotFoundError(f"{run_dir} has no model/{args.step} (no checkpoint written yet)")
-        state = {"params": load_params_sharded(d, params, init_lib.single_device(params)), "rest": rest}
+        every = nnx.state(model, nnx.Param)  # a LoRA run's adapters and base alike
+        loaded = lora_lib.split(nnx.merge(graphdef, load_params_sharded(d, every, init_lib.single_device(every)),
+                                          rest))
+        state = {"params": loaded[1], "rest": rest, **({} if loaded[2] is None else {"frozen": loaded[2]})}
         with open(os.path.join(d, "metrics.json")) as f:
             step = json.load(f).get("step")
     else:
@@ -68,7 +76,7 @@ def run(args) -> int:
     totals: dict[str, float] = {}
     from jaxformer.train.data.pipeline import eval_batches
     for batch in eval_batches(eval_data, cfg.train.batch_size, cfg.train.eval_batches):
-        for k, v in jax.device_get(eval_step(state["params"], state["rest"], batch)).items():
+        for k, v in jax.device_get(eval_step(state["params"], state["rest"], batch, state.get("frozen"))).items():
             totals[k] = totals.get(k, 0.0) + float(v)
     if not totals:
         raise ValueError(f"the eval split has fewer than train.batch_size={cfg.train.batch_size} examples")
