@@ -2,10 +2,16 @@
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# One torch (OpenMP/MKL) thread per test process: the suite runs one xdist worker per core, and
+# two torch threads per worker on two cores contend with each other and with XLA's threads (a
+# tiny LM's eager forwards measured 6-30x slower on the loaded 2-core machine). Set before torch
+# loads; CLI subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from jaxformer.parity import setup_precision  # noqa: E402
 
 setup_precision()
+__import__("torch").set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # Strict dtype promotion is on in parity_tests/ only: optax itself mixes int32 step counts
 # with float decay rates (adam bias correction), which strict mode rejects.
 

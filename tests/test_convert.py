@@ -23,18 +23,6 @@ CFG = TransformerConfig(vocab_size=40, d_model=32, num_heads=4, d_ff=64, num_lay
                         norm_position="pre", position="learned")
 
 
-def _module_cases():
-    out = []
-    for name, c in sorted(CASES.items()):
-        t, j = c.build(0)
-        if isinstance(t, torch.nn.Module) and len(t.state_dict()):
-            out.append(name)
-    return out
-
-
-MODULE_CASES = _module_cases()
-
-
 def test_every_registered_model_is_mirrored_and_has_parity_cases():
     """The key-set and round-trip test below runs over the parity cases; this keeps those
     cases in step with the one model registry (jaxformer.config.MODELS): every buildable model
@@ -47,13 +35,21 @@ def test_every_registered_model_is_mirrored_and_has_parity_cases():
     assert buildable <= covered, f"no parity case builds {sorted(buildable - covered)}"
 
 
-@pytest.mark.parametrize("name", MODULE_CASES)
+# every case, chosen without building it: building all of them at collection time (to keep
+# only the modules with weights) cost each xdist worker minutes before its first test
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_same_key_set_and_exact_round_trip(name):
+    """Both trees name the same weights, and they round-trip bit-exactly; a function case or a
+    module without weights has none on either side."""
+    from flax import nnx
     t, j = CASES[name].build(0)
-    sd = t.state_dict()
-    prefixes = scan_prefixes(j)  # a scanned stack's [L, ...] leaves are one torch key per layer
-    flax_keys = {k for p, v in param_leaves(j).items() for k in torch_keys_for(p, tuple(v.shape), prefixes)}
+    sd = t.state_dict() if isinstance(t, torch.nn.Module) else {}
+    prefixes = scan_prefixes(j) if isinstance(j, nnx.Module) else ()  # a scanned stack: one torch key per layer
+    flax_keys = ({k for p, v in param_leaves(j).items() for k in torch_keys_for(p, tuple(v.shape), prefixes)}
+                 if isinstance(j, nnx.Module) else set())
     assert flax_keys == set(sd), (sorted(flax_keys ^ set(sd)))
+    if not sd:
+        return
     load_torch_state_dict(j, sd)
     back = to_torch_state_dict(j)
     assert set(back) == set(sd)
@@ -157,20 +153,32 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "jaxformer", "convert", *args], capture_output=True, text=True)
 
 
-def test_cli_failed_conversion_writes_nothing(tmp_path):
+def _cli_here(capsys, *args):
+    """`jaxformer convert ARGS` in this process (cli.main) -> (exit code, stderr): the error
+    paths need no fresh interpreter (test_cli_round_trip_and_truncated_file starts a real one)."""
+    from jaxformer import cli
+    capsys.readouterr()
+    try:
+        code = cli.main(["convert", *args])
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_cli_failed_conversion_writes_nothing(tmp_path, capsys):
     t, _ = _pair()
     sd = dict(t.state_dict())
     del sd["encoder.final_norm.bias"]
     src, dst = tmp_path / "bad.safetensors", tmp_path / "out.safetensors"
     _write_torch_file(src, sd)
-    r = _cli(str(src), str(dst), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))
-    assert r.returncode == 2
-    assert "missing: encoder.final_norm.bias" in r.stderr
+    code, err = _cli_here(capsys, str(src), str(dst), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))
+    assert code == 2
+    assert "missing: encoder.final_norm.bias" in err
     assert not dst.exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]
 
 
-def test_cli_round_trip_and_truncated_file(tmp_path):
+def test_cli_round_trip_and_truncated_file(tmp_path, capsys):
     t, _ = _pair()
     src, mid = tmp_path / "t.safetensors", tmp_path / "f.safetensors"
     _write_torch_file(src, t.state_dict())
@@ -179,12 +187,13 @@ def test_cli_round_trip_and_truncated_file(tmp_path):
     data = src.read_bytes()
     trunc = tmp_path / "trunc.safetensors"
     trunc.write_bytes(data[: len(data) // 2])
-    r = _cli(str(trunc), str(tmp_path / "x.safetensors"), "--to", "flax", "--config", str(tmp_path / "c.yaml"))
-    assert r.returncode == 2 and "unreadable safetensors" in r.stderr
+    code, err = _cli_here(capsys, str(trunc), str(tmp_path / "x.safetensors"), "--to", "flax", "--config",
+                          str(tmp_path / "c.yaml"))
+    assert code == 2 and "unreadable safetensors" in err
     assert not (tmp_path / "x.safetensors").exists()
 
 
-def test_pickle_bin_is_loaded_weights_only(tmp_path):
+def test_pickle_bin_is_loaded_weights_only(tmp_path, capsys):
     """A .bin whose pickle would run code is refused and the code does not run (docs/numerics.md §14)."""
     marker = tmp_path / "pwned"
 
@@ -194,10 +203,10 @@ def test_pickle_bin_is_loaded_weights_only(tmp_path):
 
     bad = tmp_path / "evil.bin"
     torch.save({"x": Evil()}, str(bad))
-    r = _cli(str(bad), str(tmp_path / "o.safetensors"), "--to", "flax", "--config",
-             _config_yaml(tmp_path / "c.yaml"))
-    assert r.returncode != 0
-    assert "Weights only load failed" in r.stderr or "weights_only" in r.stderr
+    code, err = _cli_here(capsys, str(bad), str(tmp_path / "o.safetensors"), "--to", "flax", "--config",
+                          _config_yaml(tmp_path / "c.yaml"))
+    assert code != 0
+    assert "Weights only load failed" in err or "weights_only" in err
     assert not marker.exists()
     assert not (tmp_path / "o.safetensors").exists()
 

@@ -105,7 +105,9 @@ def test_capacity_keeps_the_first_tokens_of_each_expert():
                                  _cfg(router="topk_softmax", router_bias=True, expert_bias=True,
                                       expert_ffn="swiglu_clamped", swiglu_limit=0.05),
                                  _cfg(expert_ffn="gelu", expert_bias=True)], ids=["swiglu", "clamped_bias", "gelu"])
-def test_ragged_dispatch_equals_dense_einsum_outputs_and_gradients(cfg):
+@pytest.mark.parametrize("blocked", [False, True], ids=["ragged_dot", "blocked"])
+def test_ragged_dispatch_equals_dense_einsum_outputs_and_gradients(cfg, blocked, monkeypatch):
+    monkeypatch.setattr(jmoe, "blocked_dispatch", lambda: blocked)  # both dispatches on any backend
     experts = jmoe.Experts(D, cfg, rngs=nnx.Rngs(0))
     if cfg.expert_bias:
         for name in ("gate_proj_bias", "up_proj_bias", "down_proj_bias"):

@@ -11,7 +11,9 @@ the lower expert index in both trees (`topk`; docs/numerics.md §26).
 Dispatch (dropless by default): the N*k token-expert assignments are sorted by expert (stable,
 so token order within an expert), the experts run as grouped matmuls (jax.lax.ragged_dot_general
 over the [E, out, in] weights), and the outputs are scattered back to their tokens, each times
-its routing weight. capacity_factor drops, per expert, the assignments beyond
+its routing weight. On CPU, where JAX computes ragged_dot densely, each expert's group is padded
+to a multiple of a block instead, and one batched matmul runs every block with its expert's
+weight (`blocked_dispatch`). capacity_factor drops, per expert, the assignments beyond
 ceil(capacity_factor * N * k / E) in token order (Switch Transformer); a dropped assignment
 contributes 0. On a mesh with an `expert` axis the tokens go to their experts' devices with
 all-to-alls instead (jaxformer/layers/moe_parallel.py, the same maths). `dense_experts`
@@ -27,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.config import ConfigError
 from jaxformer.config.moe import MoEConfig
 from jaxformer.layers import moe_parallel, partitioning
@@ -143,6 +146,39 @@ def grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Ar
     return jax.lax.ragged_dot_general(x, w.astype(x.dtype), group_sizes, _RAGGED)
 
 
+def blocked_dispatch() -> bool:
+    """Run the experts on the block-padded layout (`block_layout`) instead of ragged_dot? JAX
+    lowers ragged_dot on CPU to a dense product over a copy of the rows masked per group (E
+    times the rows' FLOPs, and E copies of them), slower than `dense_experts` (bench/README.md,
+    "MoE"); TPU and GPU lower it to XLA's ragged dot."""
+    return lowering.on_cpu()
+
+
+def block_layout(group_sizes: jax.Array, rows: int, block: int):
+    """The sorted rows with each expert's group padded to a multiple of `block`, so that every
+    block of `block` rows belongs to one expert. -> (source [S] the sorted row of each padded
+    row, real [S] bool (False for padding), block_expert [S / block]); S = (ceil(rows / block)
+    + E) * block, a static bound on the padded length (trailing blocks are padding)."""
+    e = group_sizes.shape[0]
+    ends = jnp.cumsum(group_sizes)
+    padded = -(-group_sizes // block) * block
+    padded_ends = jnp.cumsum(padded)
+    slot = jnp.arange((-(-rows // block) + e) * block)
+    expert = jnp.minimum(jnp.searchsorted(padded_ends, slot, side="right"), e - 1)  # [S]
+    source = slot - (padded_ends - padded)[expert] + (ends - group_sizes)[expert]
+    real = source < ends[expert]
+    return jnp.where(real, source, 0), real, expert[::block]
+
+
+def block_matmul(x: jax.Array, w: jax.Array, block_expert: jax.Array) -> jax.Array:
+    """x [S, in] in `block_layout` order @ w[expert of its block]^T -> [S, out]: one batched
+    matmul over the blocks, each with its expert's weight."""
+    nb = block_expert.shape[0]
+    xb = x.reshape(nb, -1, x.shape[-1])  # [blocks, block, in]
+    w_b = jnp.take(w, block_expert, axis=0, indices_are_sorted=True).astype(x.dtype)  # [blocks, out, in]
+    return jnp.einsum("jbi,joi->jbo", xb, w_b).reshape(x.shape[0], -1)
+
+
 class Experts(nnx.Module):
     """E expert FFNs with stacked weights, torch layout [E, out, in] (the converter copies them
     as they are), and their dispatch (module docstring).
@@ -192,16 +228,25 @@ class Experts(nnx.Module):
         if cap is not None:  # position within its expert = rank - first rank of that expert
             starts = jnp.cumsum(group_sizes) - group_sizes
             w_sorted = jnp.where(jnp.arange(n * k) - starts[expert_sorted] < cap, w_sorted, 0)
+        block_expert = None
+        if blocked_dispatch():  # padding rows: token 0 with weight 0 (they add 0 and get no gradient)
+            block = min(64, max(8, 1 << (-(-n * k // e) - 1).bit_length()))  # ~ the mean group, 8..64
+            source, real, block_expert = block_layout(group_sizes, n * k, block)
+            token_sorted, expert_sorted = token_sorted[source], expert_sorted[source]
+            w_sorted = jnp.where(real, w_sorted[source], 0)
 
-        y = self.grouped_ffn(x[token_sorted], expert_sorted, group_sizes)  # [N*k, D]
+        y = self.grouped_ffn(x[token_sorted], expert_sorted, group_sizes, block_expert)  # [N*k, D]
         return jnp.zeros_like(x).at[token_sorted].add(y * w_sorted[:, None])  # [N, D]
 
-    def grouped_ffn(self, rows: jax.Array, expert_sorted: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    def grouped_ffn(self, rows: jax.Array, expert_sorted: jax.Array, group_sizes: jax.Array,
+                    block_expert: jax.Array | None = None) -> jax.Array:
         """The FFN of rows [M, D] sorted by expert (expert_sorted [M], group_sizes [E] of this
         module's E, which is E/S on one device of an expert-parallel mesh) -> [M, D]. Rows past
-        sum(group_sizes) are padding: ragged_dot gives them 0 and their bias is 0."""
+        sum(group_sizes) are padding: ragged_dot gives them 0 and their bias is 0. block_expert:
+        the rows are in `block_layout` order, run as one batched matmul (blocked_dispatch)."""
         def project(name, h):
-            y = grouped_matmul(h, getattr(self, name)[...], group_sizes)
+            y = block_matmul(h, getattr(self, name)[...], block_expert) if block_expert is not None else \
+                grouped_matmul(h, getattr(self, name)[...], group_sizes)
             b = getattr(self, f"{name}_bias")
             if b is None:
                 return y

@@ -36,8 +36,7 @@ from jaxformer.layers.moe import MoE
 from jaxformer.layers.mla import MultiHeadLatentAttention
 from jaxformer.layers import partitioning
 from jaxformer.layers.norm import make_norm
-from jaxformer.layers.embedding import Embedding
-from jaxformer.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
+from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -> MultiHeadAttention:
@@ -576,43 +575,3 @@ class Decoder(_Stack):
         def one(layer_state):
             return nnx.merge(graphdef, layer_state).init_cache(batch, n, memory, dtype)
         return jax.vmap(one)(state)
-
-
-class TextEmbedding(nnx.Module):
-    """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
-    type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,
-    learned), then an optional norm (BERT, embed_norm) and dropout. RoPE/ALiBi/T5 act inside
-    attention instead. The sum's order (tokens + types + positions) is HF BERT's.
-
-    Shapes: ids [B, T] int, positions [B, T] int, token_type_ids [B, T] int (None = all 0)
-    -> [B, T, D].
-    """
-
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding, rngs=rngs)
-        self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model, rngs=rngs)
-        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02,
-                                           axes=(None, "embed"), rngs=rngs) \
-            if cfg.type_vocab_size else None
-        self.norm = _norm(cfg, rngs) if cfg.embed_norm else None
-        self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
-        self.max_len = cfg.max_len
-
-    def __call__(self, ids: jax.Array, positions: jax.Array | None = None,
-                 token_type_ids: jax.Array | None = None) -> jax.Array:
-        b, t = ids.shape
-        if positions is None:
-            if t > self.max_len:
-                raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
-            positions = default_positions(b, t)
-        x = self.embed_tokens(ids)  # [B, T, D]
-        if self.embed_token_types is not None:
-            types = jnp.zeros_like(ids) if token_type_ids is None else token_type_ids  # [B, T]
-            x = x + self.embed_token_types(types)
-        elif token_type_ids is not None:
-            raise ValueError("token_type_ids given, but the config has no token types (type_vocab_size=0)")
-        if self.embed_positions is not None:
-            x = x + self.embed_positions(positions)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self.dropout(x)

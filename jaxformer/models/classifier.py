@@ -13,7 +13,8 @@ from jaxformer.config.models import ClassifierConfig, stack_config
 from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
-from jaxformer.layers.transformer import Encoder, TextEmbedding
+from jaxformer.layers.text_embedding import TextEmbedding
+from jaxformer.layers.transformer import Encoder
 from jaxformer.models.common import check_tokens, set_compute_dtype
 
 

@@ -9,7 +9,8 @@ from flax import nnx
 from jaxformer.config import TransformerConfig
 from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
-from jaxformer.layers.transformer import Encoder, TextEmbedding
+from jaxformer.layers.text_embedding import TextEmbedding
+from jaxformer.layers.transformer import Encoder
 
 
 class TextEncoder(nnx.Module):

@@ -14,7 +14,8 @@ from jaxformer.config.models import Seq2SeqConfig
 from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
-from jaxformer.layers.transformer import Decoder, Encoder, TextEmbedding
+from jaxformer.layers.text_embedding import TextEmbedding
+from jaxformer.layers.transformer import Decoder, Encoder
 from jaxformer.models.common import check_tokens, compute_dtype, set_compute_dtype
 
 

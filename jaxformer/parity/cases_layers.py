@@ -244,7 +244,7 @@ case("decoder_stack_no_cross_attention", "decoder_stack",
 
 case("embedding_scaled", "embedding", mirror("layers.embedding.Embedding", 40, D, scale=True),
      lambda r: {"ids": ids(B, T, 40, low=0)(r)})
-case("text_embedding_sinusoidal_scaled", "embedding", mirror("layers.transformer.TextEmbedding", _cfg()),
+case("text_embedding_sinusoidal_scaled", "embedding", mirror("layers.text_embedding.TextEmbedding", _cfg()),
      lambda r: {"ids": ids(B, T, 40)(r)})
 for pos in ("post", "pre"):
     case(f"text_encoder_{pos}ln_padding", "encoder_model", model_pair("encoder", _cfg(norm_position=pos)),

@@ -33,8 +33,7 @@ from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.moe import MoE
 from torch_ref.layers.mla import MultiHeadLatentAttention
 from torch_ref.layers.norm import make_norm
-from torch_ref.layers.embedding import Embedding
-from torch_ref.layers.positional import T5RelativePositionBias, absolute_positions, alibi_bias, default_positions
+from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
@@ -448,43 +447,3 @@ class Decoder(_Stack):
         local = self.cfg.local_layers()
         return [layer.init_cache(batch, min(length, self.cfg.sliding_window) if is_local else length, memory, dtype)
                 for layer, is_local in zip(self.layers, local)]
-
-
-class TextEmbedding(nn.Module):
-    """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
-    type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,
-    learned), then an optional norm (BERT, embed_norm) and dropout. RoPE/ALiBi/T5 act inside
-    attention instead. The sum's order (tokens + types + positions) is HF BERT's.
-
-    Shapes: ids [B, T] int, positions [B, T] int, token_type_ids [B, T] int (None = all 0)
-    -> [B, T, D].
-    """
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding)
-        self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model)
-        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02) \
-            if cfg.type_vocab_size else None
-        self.norm = _norm(cfg) if cfg.embed_norm else None
-        self.dropout = nn.Dropout(cfg.embed_dropout)
-        self.max_len = cfg.max_len
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        b, t = ids.shape
-        if positions is None:
-            if t > self.max_len:
-                raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
-            positions = default_positions(b, t, device=ids.device)
-        x = self.embed_tokens(ids)  # [B, T, D]
-        if self.embed_token_types is not None:
-            types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids  # [B, T]
-            x = x + self.embed_token_types(types)
-        elif token_type_ids is not None:
-            raise ValueError("token_type_ids given, but the config has no token types (type_vocab_size=0)")
-        if self.embed_positions is not None:
-            x = x + self.embed_positions(positions)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self.dropout(x)

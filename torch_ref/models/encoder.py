@@ -7,7 +7,8 @@ from torch import nn
 
 from jaxformer.config import TransformerConfig
 from torch_ref.layers.attention import make_padding_mask
-from torch_ref.layers.transformer import Encoder, TextEmbedding
+from torch_ref.layers.text_embedding import TextEmbedding
+from torch_ref.layers.transformer import Encoder
 
 
 class TextEncoder(nn.Module):

@@ -12,7 +12,8 @@ from torch import nn
 from jaxformer.config.models import LMConfig
 from torch_ref.layers.attention import combine_masks, make_padding_mask, make_segment_mask
 from torch_ref.layers.positional import default_positions
-from torch_ref.layers.transformer import Decoder, TextEmbedding
+from torch_ref.layers.text_embedding import TextEmbedding
+from torch_ref.layers.transformer import Decoder
 from torch_ref.models.common import (autocast, check_tokens, compute_dtype, positions_from_mask,
                                     positions_from_segments)
 

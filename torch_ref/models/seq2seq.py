@@ -12,7 +12,8 @@ from torch import nn
 from jaxformer.config.models import Seq2SeqConfig
 from torch_ref.layers.attention import make_padding_mask
 from torch_ref.layers.positional import default_positions
-from torch_ref.layers.transformer import Decoder, Encoder, TextEmbedding
+from torch_ref.layers.text_embedding import TextEmbedding
+from torch_ref.layers.transformer import Decoder, Encoder
 from torch_ref.models.common import autocast, check_tokens, compute_dtype
 
 
