@@ -227,7 +227,7 @@ def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path
     the same values and JSON types (ints as ints), and loads with identical logits."""
     import transformers
 
-    from helpers import hf_lm_logits
+    from helpers import hf_lm_logits, realigned
     from jaxformer import hf
     hf_model, path, (model, name, cfg) = saved[tag]
     out = str(tmp_path / "out")
@@ -245,7 +245,7 @@ def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path
     back, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert type(back) is type(hf_model)
-    np.testing.assert_array_equal(hf_lm_logits(back.eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
+    np.testing.assert_array_equal(hf_lm_logits(realigned(back).eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
 
 
 def _copy_config(src: str, dst) -> None:
@@ -280,7 +280,7 @@ def test_mtp_layers_are_skipped_as_transformers_does(saved, tmp_path):
     without it; the import skips it with a note and gives the same params."""
     import transformers
 
-    from helpers import hf_lm_logits
+    from helpers import hf_lm_logits, realigned
     from jaxformer import hf
     hf_model, path, (model, _, _) = saved["plainq_e6_g3_shared2_tied"]
     sd = load_file(os.path.join(path, "model.safetensors"))
@@ -293,7 +293,7 @@ def test_mtp_layers_are_skipped_as_transformers_does(saved, tmp_path):
     save_file(sd, str(tmp_path / "mtp" / "model.safetensors"))
     back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "mtp"), output_loading_info=True)
     assert set(info["unexpected_keys"]) == set(mtp) and not info["missing_keys"]
-    np.testing.assert_array_equal(hf_lm_logits(back.eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
+    np.testing.assert_array_equal(hf_lm_logits(realigned(back).eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
     ours, _, _, report = hf.from_pretrained(str(tmp_path / "mtp"), return_report=True)
     assert any("model.layers.[2] skipped" in n for n in report["notes"])
     _same_params(ours, model)
