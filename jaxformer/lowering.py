@@ -14,6 +14,15 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
   * fused_attention: the kernel of the fused attention path (`fused_attention` below): None =
     "auto" (cuDNN flash attention on an NVIDIA GPU where it takes the inputs, else XLA's),
     "xla", "cudnn" (jax.nn.dot_product_attention's implementations) or "tokamax".
+  * attention: how self-attention without a cache is computed (ATTENTION). "plain": the
+    [B, H, T, S] scores and the fused path (as above), memory O(T^2). "blockwise": the online
+    softmax over key blocks in lax ops with a recomputing backward pass
+    (jaxformer/layers/blockwise.py), O(T) memory on every backend; the stacks then keep their
+    masks as `AttentionMask` parts and never build a [B, 1, T, S] boolean. "splash": the Pallas
+    splash-attention kernel on TPU (blockwise elsewhere). attention_blocks = (query block, key
+    block) of the blockwise path.
+  * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
+    split; self-attention then runs as ring attention over it (jaxformer/layers/ring.py).
 
 For expert parallelism (jaxformer/layers/moe_parallel.py): `expert_all_to_all`, the exchange
 of token rows between the devices of the `expert` mesh axis, as ragged_all_to_all or as
@@ -42,6 +51,9 @@ import jax.numpy as jnp
 
 
 # ----------------------------------------------------------------------------- trace-time switches
+ATTENTION = ("plain", "blockwise", "splash")
+
+
 @dataclass(frozen=True)
 class Lowering:
     """The trace-time switches (module docstring); the defaults are the plain forms."""
@@ -49,6 +61,13 @@ class Lowering:
     transposed_kernels: bool = False
     elementwise_attention: bool = False
     fused_attention: str | None = None
+    attention: str = "plain"
+    attention_blocks: tuple[int, int] = (512, 512)
+    context_axis: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
 
 _ACTIVE: contextvars.ContextVar[Lowering] = contextvars.ContextVar("jaxformer_lowering", default=Lowering())

@@ -12,6 +12,7 @@ XLA:CPU (measured figures: bench/README.md, "Decode layout on CPU").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -67,6 +68,77 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     return out
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """A self-attention mask kept as its parts, O(T + S) memory, for the blockwise and ring
+    paths (jaxformer/layers/blockwise.py): they build each [bq, bk] block of it on the fly and
+    never hold the [B, 1, T, S] boolean the plain path takes (`dense()` makes that one).
+
+    Query i sits at slot q_slots[b, i] and key j at slot k_slots[b, j] (absolute sequence
+    slots, not RoPE positions: packed documents restart their positions, not their slots; a
+    ring shard holds the slots of its part of the sequence). Key j is visible to query i iff
+      * k_valid[b, j] (padding; None = all keys real),
+      * causal: k_slot <= q_slot,
+      * window (an int32 scalar, may be traced; None = no window): with causal
+        q_slot - k_slot < window (Mistral's causal window, make_sliding_window_mask), without
+        |q_slot - k_slot| < window (the bidirectional band),
+      * q_segments[b, i] == k_segments[b, j] != 0 (packed documents, make_segment_mask).
+    alibi_slopes [H] (None = none): ALiBi's bias -slope_h * |q_slot - k_slot| is added to the
+    scores of each block (slot distance equals position distance wherever a key is visible).
+    Leading dims of size 1 broadcast over the batch.
+    """
+
+    q_slots: jax.Array                      # [B|1, T] int32
+    k_slots: jax.Array                      # [B|1, S] int32
+    k_valid: jax.Array | None = None        # [B, S] bool
+    q_segments: jax.Array | None = None     # [B, T] int
+    k_segments: jax.Array | None = None     # [B, S] int
+    window: jax.Array | None = None         # int32 scalar
+    alibi_slopes: jax.Array | None = None   # [H] float32
+    causal: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+    @classmethod
+    def self_attention(cls, batch: int, length: int, *, causal: bool, key_valid=None, segment_ids=None,
+                       offset=0) -> AttentionMask:
+        """Self-attention over `length` tokens at slots offset.. (key_valid [B, T], segment_ids [B, T])."""
+        slots = default_positions(1, length, offset)
+        return cls(slots, slots, k_valid=None if key_valid is None else key_valid.astype(bool),
+                   q_segments=segment_ids, k_segments=segment_ids, causal=causal)
+
+    def with_window(self, window) -> AttentionMask:
+        return dataclasses.replace(self, window=None if window is None else jnp.asarray(window, jnp.int32))
+
+    def visible(self, q_slots, k_slots, k_valid=None, q_segments=None, k_segments=None) -> jax.Array:
+        """The mask of the given slices of this one's parts ([B|1, bq], [B|1, bk], ...)
+        -> [B|1, 1, bq, bk] bool. Pass the slices of a block; `dense()` passes everything."""
+        d = q_slots[:, :, None] - k_slots[:, None, :]  # [B|1, bq, bk]
+        out = d >= 0 if self.causal else jnp.ones(d.shape, bool)
+        if self.window is not None:
+            out = out & ((d if self.causal else jnp.abs(d)) < self.window)
+        if k_valid is not None:
+            out = out & k_valid[:, None, :]
+        if q_segments is not None:
+            out = out & (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments != 0)[:, None, :]
+        return out[:, None]
+
+    def dense(self) -> jax.Array:
+        """-> [B|1, 1, T, S] bool, the mask the plain path takes."""
+        return self.visible(self.q_slots, self.k_slots, self.k_valid, self.q_segments, self.k_segments)
+
+    def dense_bias(self) -> jax.Array | None:
+        """ALiBi's [1|B, H, T, S] bias (None without slopes), for the plain path."""
+        if self.alibi_slopes is None:
+            return None
+        return alibi_block(self.alibi_slopes, self.q_slots, self.k_slots)
+
+
+def alibi_block(slopes: jax.Array, q_slots: jax.Array, k_slots: jax.Array) -> jax.Array:
+    """ALiBi over slots: slopes [H], q_slots [B|1, bq], k_slots [B|1, bk] -> [B|1, H, bq, bk]."""
+    dist = jnp.abs(q_slots[:, None, :, None] - k_slots[:, None, None, :]).astype(jnp.float32)
+    return -slopes.astype(jnp.float32)[None, :, None, None] * dist
+
+
 # ----------------------------------------------------------------------------- core
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
                           bias: jax.Array | None = None, scale: float | None = None,
@@ -78,7 +150,10 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     Args:
         q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention);
             v may have a width of its own (MLA's v_head_dim), and so then has the output.
-        mask: bool, broadcastable to [B, H, T, S], True = attend.
+        mask: bool, broadcastable to [B, H, T, S], True = attend; or an AttentionMask (its
+            parts), which runs the blockwise path (jaxformer/layers/blockwise.py), or ring
+            attention with a context axis, as `lowering.active()` says; made dense otherwise
+            (return_weights, active dropout, a KV cache, attention "plain").
         bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).
         scale: default 1/sqrt(K).
         return_weights: also return the [B, H, T, S] weights (explicit path).
@@ -96,6 +171,22 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
             `implementation` falls back to these XLA ops.
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
+    switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
+    if isinstance(mask, AttentionMask):  # the parts of a mask (blockwise / ring paths)
+        dropout_on = dropout is not None and dropout.rate > 0 and not dropout.deterministic
+        if return_weights or dropout_on or kv_head_major or switches.attention == "plain":
+            if dropout_on and switches.attention != "plain":
+                raise ValueError("blockwise attention does not apply attention dropout (it would need "
+                                 "the plain path's [B, H, T, S] random mask); set the model's "
+                                 "attention dropout to 0 or use attention: plain")
+            mask, extra = mask.dense(), mask.dense_bias()
+            bias = extra if bias is None else (bias if extra is None else bias + extra)
+        elif switches.context_axis is not None:
+            from jaxformer.layers.ring import ring_attention
+            return ring_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+        else:
+            from jaxformer.layers.blockwise import blockwise_attention
+            return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
     if mask is not None:
         if mask.dtype != jnp.bool_:
             raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
@@ -109,7 +200,6 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
     visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
-    switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
 
     if sinks is not None and sinks.shape != (num_heads,):
         raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {sinks.shape}")
@@ -290,6 +380,9 @@ class MultiHeadAttention(nnx.Module):
         """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
         (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
         visible with bias 0."""
+        if isinstance(mask, AttentionMask):  # the slots have no place in the parts: make it dense
+            extra = mask.dense_bias()
+            mask, bias = mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
         b, _, g, d = k.shape
         new_k, new_v = [k], [v]
         if self.bias_k is not None:

@@ -23,13 +23,16 @@ Named intermediates (return_intermediates=True on a stack), per layer i, in dept
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import lowering, tables
 from jaxformer.config import TransformerConfig
-from jaxformer.layers.attention import (MultiHeadAttention, combine_masks, make_causal_mask,
-                                        make_sliding_window_mask)
+from jaxformer.layers.attention import (AttentionMask, MultiHeadAttention, combine_masks,
+                                        make_causal_mask, make_sliding_window_mask)
 from jaxformer.config import ConfigError
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.moe import MoE
@@ -114,6 +117,8 @@ def pick_mask(local, if_local, if_full):
     a traced one inside the scan over stacked layers (then a select)."""
     if if_local is if_full or isinstance(local, bool):
         return if_local if local else if_full
+    if isinstance(if_full, AttentionMask):  # the same parts, the window only on local layers
+        return dataclasses.replace(if_local, window=jnp.where(local, if_local.window, jnp.iinfo(jnp.int32).max))
     return jnp.where(local, if_local, True if if_full is None else if_full)
 
 
@@ -255,6 +260,16 @@ class _Stack(nnx.Module):
         offset = 0 if cache_index is None else cache_index
         s = t if cache_len is None else cache_len
         positions = default_positions(b, t, offset) if positions is None else positions
+        parts = self.mask_parts(mask, t) if cache_index is None else None
+        if parts is not None:  # blockwise / ring attention: the mask stays in parts (lowering.py)
+            local = parts.with_window(self.cfg.sliding_window) if any(self.cfg.local_layers()) else parts
+            bias = None
+            if self.cfg.position == "alibi":
+                slopes = jnp.asarray(tables.alibi_slopes(self.cfg.num_heads))
+                parts, local = (dataclasses.replace(m, alibi_slopes=slopes) for m in (parts, local))
+            elif self.rel_bias is not None:
+                bias = self.rel_bias(positions, positions)
+            return parts, local, bias, positions
         if self.causal:
             mask = combine_masks(mask, make_causal_mask(t, s, offset))
         local_mask = mask
@@ -271,6 +286,21 @@ class _Stack(nnx.Module):
         elif self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)
         return mask, local_mask, bias, positions
+
+    def mask_parts(self, mask, t: int) -> AttentionMask | None:
+        """The self-attention mask as AttentionMask parts when this trace computes attention
+        blockwise (lowering.active().attention; no cache): from parts the caller gave, from a key
+        padding mask [B, 1, 1, T], or from none. None (the plain path's dense masks) otherwise,
+        and for any other dense mask."""
+        if lowering.active().attention == "plain" and lowering.active().context_axis is None:
+            return None
+        if isinstance(mask, AttentionMask):
+            return dataclasses.replace(mask, causal=self.causal)
+        if mask is None:
+            return AttentionMask.self_attention(1, t, causal=self.causal)
+        if mask.ndim == 4 and mask.shape[1:3] == (1, 1):
+            return AttentionMask.self_attention(1, t, causal=self.causal, key_valid=mask[:, 0, 0, :])
+        return None
 
     def layer_flags(self):
         """Per layer, is it a sliding-window layer: a tuple of Python bools, or for a scanned

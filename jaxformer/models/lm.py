@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config.models import LMConfig
-from jaxformer.layers.attention import combine_masks, make_padding_mask, make_segment_mask
+from jaxformer import lowering
+from jaxformer.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
@@ -70,7 +71,13 @@ class LM(nnx.Module):
             if cache is not None or tuple(segment_ids.shape) != (b, t):
                 raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
                                  f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
-            positions, mask = positions_from_segments(segment_ids), combine_masks(mask, make_segment_mask(segment_ids))
+            positions = positions_from_segments(segment_ids)
+        if cache is None and (lowering.active().attention != "plain" or lowering.active().context_axis):
+            # blockwise / ring attention: the mask stays in parts, O(T) (layers/attention.py)
+            mask = AttentionMask.self_attention(1, t, causal=True, key_valid=attention_mask,
+                                                segment_ids=segment_ids)
+        elif segment_ids is not None:
+            mask = combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
