@@ -3,12 +3,14 @@ Twin: jaxformer/layers/attention.py. Masks are boolean, True = may attend; a row
 visible key outputs exactly 0 (with attention sinks too: the sink takes all its weight)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torch_ref import lowering
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
 
@@ -55,6 +57,60 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
 
 
 # ----------------------------------------------------------------------------- core
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """A self-attention mask kept as its parts (jaxformer/layers/attention.py AttentionMask,
+    the same fields and rule): key j visible to query i iff k_valid[b, j], causal k_slot <=
+    q_slot, window (causal q_slot - k_slot < window, else |q_slot - k_slot| < window) and
+    q_segments[b, i] == k_segments[b, j] != 0; alibi_slopes [H] adds -slope * |q_slot - k_slot|."""
+
+    q_slots: torch.Tensor                      # [B|1, T] int
+    k_slots: torch.Tensor                      # [B|1, S] int
+    k_valid: torch.Tensor | None = None        # [B, S] bool
+    q_segments: torch.Tensor | None = None     # [B, T] int
+    k_segments: torch.Tensor | None = None     # [B, S] int
+    window: int | None = None
+    alibi_slopes: torch.Tensor | None = None   # [H] float32
+    causal: bool = False
+
+    @classmethod
+    def self_attention(cls, batch: int, length: int, *, causal: bool, key_valid=None, segment_ids=None,
+                       offset=0, device=None) -> AttentionMask:
+        slots = default_positions(1, length, offset, device=device)
+        return cls(slots, slots, k_valid=None if key_valid is None else key_valid.bool(),
+                   q_segments=segment_ids, k_segments=segment_ids, causal=causal)
+
+    def with_window(self, window) -> AttentionMask:
+        return dataclasses.replace(self, window=window)
+
+    def visible(self, q_slots, k_slots, k_valid=None, q_segments=None, k_segments=None) -> torch.Tensor:
+        """The mask of the given slices of the parts -> [B|1, 1, bq, bk] bool."""
+        d = q_slots[:, :, None] - k_slots[:, None, :]  # [B|1, bq, bk]
+        out = d >= 0 if self.causal else torch.ones(d.shape, dtype=torch.bool, device=d.device)
+        if self.window is not None:
+            out = out & ((d if self.causal else d.abs()) < self.window)
+        if k_valid is not None:
+            out = out & k_valid[:, None, :]
+        if q_segments is not None:
+            out = out & (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments != 0)[:, None, :]
+        return out[:, None]
+
+    def dense(self) -> torch.Tensor:
+        """-> [B|1, 1, T, S] bool, the mask the plain path takes."""
+        return self.visible(self.q_slots, self.k_slots, self.k_valid, self.q_segments, self.k_segments)
+
+    def dense_bias(self) -> torch.Tensor | None:
+        if self.alibi_slopes is None:
+            return None
+        return alibi_block(self.alibi_slopes, self.q_slots, self.k_slots)
+
+
+def alibi_block(slopes: torch.Tensor, q_slots: torch.Tensor, k_slots: torch.Tensor) -> torch.Tensor:
+    """ALiBi over slots: slopes [H], q_slots [B|1, bq], k_slots [B|1, bk] -> [B|1, H, bq, bk]."""
+    dist = (q_slots[:, None, :, None] - k_slots[:, None, None, :]).abs().float()
+    return -slopes.float()[None, :, None, None] * dist
+
+
 def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                           scale: float | None = None, return_weights: bool = False,
@@ -69,6 +125,17 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     docs/numerics.md §28); explicit path (SDPA takes no sink).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
+    if isinstance(mask, AttentionMask):  # the parts of a mask (blockwise path)
+        dropout_on = dropout is not None and dropout.p > 0 and dropout.training
+        if return_weights or dropout_on or lowering.active().attention == "plain":
+            if dropout_on and lowering.active().attention != "plain":
+                raise ValueError("blockwise attention does not apply attention dropout; set the model's "
+                                 "attention dropout to 0 or use attention: plain")
+            mask, extra = mask.dense(), mask.dense_bias()
+            bias = extra if bias is None else (bias if extra is None else bias + extra)
+        else:
+            from torch_ref.layers.blockwise import blockwise_attention
+            return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
@@ -217,6 +284,9 @@ class MultiHeadAttention(nn.Module):
         """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
         (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
         visible with bias 0."""
+        if isinstance(mask, AttentionMask):  # the slots have no place in the parts: make it dense
+            extra = mask.dense_bias()
+            mask, bias = mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
         b, _, g, d = k.shape
         new_k, new_v = [k], [v]
         if self.bias_k is not None:

@@ -23,11 +23,15 @@ Named intermediates (return_intermediates=True on a stack), per layer i, in dept
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
+from jaxformer import tables
 from jaxformer.config import TransformerConfig
-from torch_ref.layers.attention import (MultiHeadAttention, combine_masks, make_causal_mask,
+from torch_ref import lowering
+from torch_ref.layers.attention import (AttentionMask, MultiHeadAttention, combine_masks, make_causal_mask,
                                         make_sliding_window_mask)
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.moe import MoE
@@ -251,6 +255,16 @@ class _Stack(nn.Module):
         offset = 0 if cache_index is None else cache_index
         s = t if cache_len is None else cache_len
         positions = default_positions(b, t, offset, device=x.device) if positions is None else positions
+        parts = self.mask_parts(mask, t, x.device) if cache_index is None else None
+        if parts is not None:  # blockwise attention: the mask stays in parts (torch_ref/lowering.py)
+            local = parts.with_window(self.cfg.sliding_window) if any(self.cfg.local_layers()) else parts
+            bias = None
+            if self.cfg.position == "alibi":
+                slopes = torch.tensor(tables.alibi_slopes(self.cfg.num_heads), device=x.device)
+                parts, local = (dataclasses.replace(m, alibi_slopes=slopes) for m in (parts, local))
+            elif self.rel_bias is not None:
+                bias = self.rel_bias(positions, positions)
+            return parts, local, bias, positions
         if self.causal:
             mask = combine_masks(mask, make_causal_mask(t, s, offset, device=x.device))
         local_mask = mask
@@ -267,6 +281,20 @@ class _Stack(nn.Module):
         elif self.rel_bias is not None:
             bias = self.rel_bias(q_pos, k_pos)
         return mask, local_mask, bias, positions
+
+    def mask_parts(self, mask, t: int, device) -> AttentionMask | None:
+        """The self-attention mask as AttentionMask parts when attention is blockwise
+        (torch_ref/lowering.py; no cache): from parts the caller gave, from a key padding mask
+        [B, 1, 1, T], or from none; None for the plain path and any other dense mask."""
+        if lowering.active().attention == "plain":
+            return None
+        if isinstance(mask, AttentionMask):
+            return dataclasses.replace(mask, causal=self.causal)
+        if mask is None:
+            return AttentionMask.self_attention(1, t, causal=self.causal, device=device)
+        if mask.dim() == 4 and tuple(mask.shape[1:3]) == (1, 1):
+            return AttentionMask.self_attention(1, t, causal=self.causal, key_valid=mask[:, 0, 0, :], device=device)
+        return None
 
     def layer_flags(self) -> tuple[bool, ...]:
         """Per layer, is it a sliding-window layer."""

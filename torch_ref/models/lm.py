@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from jaxformer.config.models import LMConfig
-from torch_ref.layers.attention import combine_masks, make_padding_mask, make_segment_mask
+from torch_ref import lowering
+from torch_ref.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
 from torch_ref.layers.positional import default_positions
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Decoder
@@ -73,7 +74,13 @@ class LM(nn.Module):
             if cache is not None or tuple(segment_ids.shape) != (b, t):
                 raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
                                  f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
-            positions, mask = positions_from_segments(segment_ids), combine_masks(mask, make_segment_mask(segment_ids))
+            positions = positions_from_segments(segment_ids)
+        if cache is None and lowering.active().attention != "plain":
+            # blockwise attention: the mask stays in parts (layers/attention.py AttentionMask)
+            mask = AttentionMask.self_attention(1, t, causal=True, key_valid=attention_mask,
+                                                segment_ids=segment_ids, device=ids.device)
+        elif segment_ids is not None:
+            mask = combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
