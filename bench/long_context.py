@@ -1,0 +1,190 @@
+"""Peak memory and time of one LM training step at long sequence lengths, three attention
+implementations side by side (random weights; not a test). Issue 24's targets: jaxformer's
+blockwise attention grows at most linearly in T in memory, is at most torch SDPA's at T = 16k,
+and is within 1.3x of plain attention's time at T = 4k.
+
+Contenders (`impl`), each (impl, T) in its own child process:
+
+    plain       jaxformer's attention as before (lowering attention "plain"): [B, H, T, S] scores
+    blockwise   jaxformer's blockwise attention (lowering attention "blockwise",
+                jaxformer/layers/blockwise.py), the mask kept in parts
+    torch_sdpa  the torch twin (torch_ref) with blockwise attention, which runs
+                torch.nn.functional.scaled_dot_product_attention with is_causal (its flash CPU
+                kernel) for a plain causal mask
+
+The model is a small Llama-style LM (RoPE, GQA 4/2 heads of 64, SwiGLU, RMSNorm, D 256, 2 layers,
+byte vocab), batch 1; the step is forward, backward and an AdamW update (jaxformer's train
+step, jitted with the state donated; torch: loss.backward() and torch.optim.AdamW).
+
+peak_bytes is what one step adds to the process's resident memory at its peak: the kernel's
+high-water mark (VmHWM) is reset (/proc/self/clear_refs) after a warm-up step, and peak_bytes =
+VmHWM after the timed step - VmRSS before it. Both frameworks are measured the same way, and the
+model, optimiser state and batch (resident before the step) are not counted. Where plain
+attention would need more than --plain-limit GiB (XLA's compiled memory_analysis of the step,
+known before running it) it is not run: the row has the compiled figure as peak_bytes, step_s
+null and "skipped" naming why. step_s is the best of --steps timed steps.
+
+The last line is JSON: a list of rows {impl, seq_len, peak_bytes, step_s}, each row with the
+ratios to the other implementations at the same T where they ran.
+
+    python bench/long_context.py                       # T = 1k, 4k, 16k, 32k
+    python bench/long_context.py --lengths 1024 4096 --steps 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMPLS = ("plain", "blockwise", "torch_sdpa")
+MODEL = dict(vocab_size=259, d_model=256, num_heads=4, num_kv_heads=2, head_dim=64, d_ff=512, num_layers=2,
+             tie_embeddings=False, norm_eps=1e-6, dropout=0.0)
+
+
+def status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak() -> int:
+    """Reset VmHWM to the current RSS; -> the current RSS."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status_bytes("VmRSS:")
+
+
+def run_config(seq: int):
+    from jaxformer.config import to_dict
+    from jaxformer.config.models import LMConfig
+    from jaxformer.train.config import config_from_dict
+    model = {"name": "lm", **to_dict(LMConfig.llama(**MODEL, max_len=seq))}
+    train = {"steps": 10, "batch_size": 1, "lr": 1e-4, "warmup_steps": 0, "schedule": "constant"}
+    return config_from_dict({"model": model, "data": {"name": "stdlib_docs", "seq_len": seq}, "train": train})
+
+
+def jax_child(impl: str, seq: int, steps: int, plain_limit: float) -> dict:
+    import jax
+    import numpy as np
+
+    from jaxformer import lowering
+    from jaxformer.convert import scan_prefixes
+    from jaxformer.train import init as init_lib
+    from jaxformer.train.optim import make_optax
+    from jaxformer.train.steps import StepFns
+    cfg = run_config(seq)
+    model = init_lib.abstract_model("lm", cfg.model, 0)
+    tx, schedule = make_optax(cfg.train, init_lib.lora.split(model)[1], scan_prefixes(model))
+    state = init_lib.create_state("lm", cfg.model, "normal_0.02", 0, tx)
+    fns = StepFns(cfg, model, tx, schedule)
+    tokens = np.random.RandomState(0).randint(3, MODEL["vocab_size"], (1, 1, seq + 1)).astype(np.int32)
+    with lowering.tracing(attention=impl):
+        step = jax.jit(fns.train_step, donate_argnums=0).lower(state, {"tokens": tokens}).compile()
+    mem = step.memory_analysis()
+    temp = int(getattr(mem, "temp_size_in_bytes", 0)) if mem is not None else 0
+    row = {"impl": impl, "seq_len": seq, "compiled_temp_bytes": temp}
+    if impl == "plain" and temp > plain_limit * 2 ** 30:
+        return {**row, "peak_bytes": temp, "step_s": None,
+                "skipped": f"compiled step needs {temp / 2 ** 30:.1f} GiB of temporaries (> --plain-limit)"}
+    state, out = step(state, {"tokens": tokens})  # warm-up
+    jax.block_until_ready(out)
+    times, peak = [], 0
+    for _ in range(steps):
+        before = reset_peak()
+        t0 = time.perf_counter()
+        state, out = step(state, {"tokens": tokens})
+        jax.block_until_ready((state, out))
+        times.append(time.perf_counter() - t0)
+        peak = max(peak, status_bytes("VmHWM:") - before)
+    return {**row, "peak_bytes": peak, "step_s": round(min(times), 3), "loss": float(out["loss"])}
+
+
+def torch_child(seq: int, steps: int) -> dict:
+    import numpy as np
+    import torch
+
+    from torch_ref import lowering
+    from torch_ref.models.lm import LM
+    torch.manual_seed(0)
+    cfg = run_config(seq)
+    model = LM(cfg.model).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.from_numpy(np.random.RandomState(0).randint(3, MODEL["vocab_size"], (1, seq + 1)).astype(np.int64))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with lowering.computing(attention="blockwise"):
+            logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        return float(loss)
+
+    step()  # warm-up (and AdamW's state)
+    times, peak, loss = [], 0, None
+    for _ in range(steps):
+        before = reset_peak()
+        t0 = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - t0)
+        peak = max(peak, status_bytes("VmHWM:") - before)
+    return {"impl": "torch_sdpa", "seq_len": seq, "peak_bytes": peak, "step_s": round(min(times), 3), "loss": loss}
+
+
+def spawn(impl: str, seq: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", impl, "--lengths", str(seq), "--steps", str(args.steps),
+           "--plain-limit", str(args.plain_limit)]
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if p.returncode:
+        return {"impl": impl, "seq_len": seq, "peak_bytes": None, "step_s": None,
+                "error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Each row gains peak_vs_<impl> and step_vs_<impl> against the other rows at its T."""
+    for r in rows:
+        for o in rows:
+            if o is r or o["seq_len"] != r["seq_len"]:
+                continue
+            for key, name in (("peak_bytes", "peak"), ("step_s", "step")):
+                if r.get(key) and o.get(key) and not (key == "peak_bytes" and "skipped" in o):
+                    r[f"{name}_vs_{o['impl']}"] = round(r[key] / o[key], 3)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per contender (after one warm-up)")
+    ap.add_argument("--plain-limit", type=float, default=8.0,
+                    help="GiB of compiled temporaries above which plain attention is not run")
+    args = ap.parse_args(argv)
+    if args.child:
+        seq = args.lengths[0]
+        row = torch_child(seq, args.steps) if args.child == "torch_sdpa" else \
+            jax_child(args.child, seq, args.steps, args.plain_limit)
+        print(json.dumps(row))
+        return 0
+    rows = [spawn(impl, seq, args) for seq in args.lengths for impl in args.impls]
+    add_ratios(rows)
+    mib = 2 ** 20
+    print(f"{'impl':<11} {'T':>6} {'peak MiB':>10} {'step s':>8}  note")
+    for r in rows:
+        peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / mib:.0f}"
+        note = r.get("skipped") or r.get("error") or ""
+        print(f"{r['impl']:<11} {r['seq_len']:>6} {peak:>10} {r['step_s'] if r['step_s'] is not None else '-':>8}  {note}")
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
