@@ -61,7 +61,6 @@ def reset_peak() -> int:
 
 
 def run_config(seq: int):
-    from jaxformer.config import to_dict
     from jaxformer.config.models import LMConfig
     from jaxformer.train.config import config_from_dict
     model = {"name": "lm", **to_dict(LMConfig.llama(**MODEL, max_len=seq))}
@@ -137,6 +136,46 @@ def torch_child(seq: int, steps: int) -> dict:
     return {"impl": "torch_sdpa", "seq_len": seq, "peak_bytes": peak, "step_s": round(min(times), 3), "loss": loss}
 
 
+def layer_memory(seq: int) -> list[dict]:
+    """Activation memory per layer of the packaged long-context recipe's model
+    (jaxformer/configs/long_context.yaml) at T = seq with blockwise attention, for scan_layers
+    and remat on and off: XLA's compiled temporaries of the train step at 2 and 4 layers, and
+    their difference per layer (compile only, nothing runs)."""
+    import jax
+    import numpy as np
+
+    from jaxformer import lowering
+    from jaxformer.convert import scan_prefixes
+    from jaxformer.train import init as init_lib
+    from jaxformer.train.config import config_from_dict, load_config
+    from jaxformer.train.optim import make_optax
+    from jaxformer.train.steps import StepFns
+    base = load_config("long_context").to_dict()
+    rows = []
+    for scan in (False, True):
+        for remat in (False, True):
+            temps = {}
+            for layers in (2, 4):
+                data = {**base, "model": {**base["model"], "num_layers": layers, "scan_layers": scan, "max_len": seq},
+                        "data": {**base["data"], "seq_len": seq},
+                        "train": {**base["train"], "batch_size": 1, "remat": remat, "init_from": None}}
+                cfg = config_from_dict(data)
+                model = init_lib.abstract_model("lm", cfg.model, 0)
+                if remat:
+                    from jaxformer.train.jax_trainer import set_remat
+                    set_remat(model, cfg.train.remat_policy)
+                tx, schedule = make_optax(cfg.train, init_lib.lora.split(model)[1], scan_prefixes(model))
+                state = init_lib.abstract_state_of(model, tx)
+                tokens = jax.ShapeDtypeStruct((1, 1, seq + 1), np.int32)
+                with lowering.tracing(attention="blockwise"):
+                    compiled = jax.jit(StepFns(cfg, model, tx, schedule).train_step).lower(
+                        state, {"tokens": tokens}).compile()
+                temps[layers] = int(compiled.memory_analysis().temp_size_in_bytes)
+            rows.append({"scan_layers": scan, "remat": remat, "seq_len": seq, "temp_bytes_2_layers": temps[2],
+                         "temp_bytes_4_layers": temps[4], "per_layer_bytes": (temps[4] - temps[2]) // 2})
+    return rows
+
+
 def spawn(impl: str, seq: int, args) -> dict:
     cmd = [sys.executable, __file__, "--child", impl, "--lengths", str(seq), "--steps", str(args.steps),
            "--plain-limit", str(args.plain_limit)]
@@ -167,7 +206,18 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per contender (after one warm-up)")
     ap.add_argument("--plain-limit", type=float, default=8.0,
                     help="GiB of compiled temporaries above which plain attention is not run")
+    ap.add_argument("--layer-memory", type=int, default=None, metavar="T",
+                    help="instead: activation memory per layer of the long-context recipe at T, with "
+                         "scan_layers and remat on and off (compile only; JSON rows)")
     args = ap.parse_args(argv)
+    if args.layer_memory:
+        rows = layer_memory(args.layer_memory)
+        for r in rows:
+            print(f"scan_layers={r['scan_layers']!s:<5} remat={r['remat']!s:<5} per layer "
+                  f"{r['per_layer_bytes'] / 2 ** 20:8.1f} MiB  (2 layers {r['temp_bytes_2_layers'] / 2 ** 20:.0f} MiB, "
+                  f"4 layers {r['temp_bytes_4_layers'] / 2 ** 20:.0f} MiB)")
+        print(json.dumps(rows))
+        return 0
     if args.child:
         seq = args.lengths[0]
         row = torch_child(seq, args.steps) if args.child == "torch_sdpa" else \
