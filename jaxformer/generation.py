@@ -255,7 +255,7 @@ def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_ids, pad_id):
         ids, mask = jnp.repeat(ids, gen.num_beams, axis=0), jnp.repeat(mask, gen.num_beams, axis=0)
         b = b * gen.num_beams
     slot_mask = jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(mask.astype(jnp.int32))  # [B, L]
-    logits, cache = model(ids, slot_mask, cache=model.init_cache(b, cache_len), cache_index=0)
+    last, cache = lm_prefill(model, ids, slot_mask, model.init_cache(b, cache_len), gen.prefill_chunk)
 
     def step(tok, i, carry):
         cache, slot_mask = carry
@@ -266,8 +266,37 @@ def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_ids, pad_id):
 
     if gen.strategy == "beam":
         reorder = lambda carry, rows: (_reorder_self(carry[0], rows), carry[1][rows])
-        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_ids, pad_id)
-    return decode_loop(step, (cache, slot_mask), logits[:, -1], key, gen, eos_ids, pad_id)
+        return beam_loop(step, reorder, (cache, slot_mask), last, gen, eos_ids, pad_id)
+    return decode_loop(step, (cache, slot_mask), last, key, gen, eos_ids, pad_id)
+
+
+def lm_prefill(model, ids, slot_mask, cache, chunk: int | None = None):
+    """Write the prompt ids [B, P] into the empty cache (slots 0..P-1; slot_mask [B, L]) ->
+    (logits [B, V] of the last prompt token, cache). chunk None (or >= P): one model call.
+    Else chunked prefill (docs/numerics.md §31): the first P mod chunk tokens in one call,
+    then the rest in calls of `chunk` tokens under one lax.scan (one compiled chunk program),
+    each attending over the cache its predecessors wrote. Every token keeps its slot and sees
+    the keys the one-pass prefill shows it, so attention holds [B, H, chunk, L] scores (ring
+    layers [chunk, W + chunk]) and the logits [B, chunk, V], instead of P rows of each."""
+    b, p = ids.shape
+    if chunk is None or chunk >= p:
+        logits, cache = model(ids, slot_mask, cache=cache, cache_index=0)
+        return logits[:, -1], cache
+    head = p % chunk  # the odd part goes first, so the scanned chunks all have one shape
+    if head:
+        _, cache = model(ids[:, :head], slot_mask, cache=cache, cache_index=0)
+    n = (p - head) // chunk  # >= 1
+    chunks = jnp.swapaxes(ids[:, head:].reshape(b, n, chunk), 0, 1)  # [n, B, C]
+
+    def body(carry, xs):
+        cache, _ = carry
+        i, x = xs
+        logits, cache = model(x, slot_mask, cache=cache, cache_index=head + i * chunk)
+        return (cache, logits[:, -1]), None
+
+    (cache, last), _ = jax.lax.scan(body, (cache, jnp.zeros((b, model.cfg.vocab_size), jnp.float32)),
+                                    (jnp.arange(n, dtype=jnp.int32), chunks))
+    return last, cache
 
 
 def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig(),
@@ -284,7 +313,18 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
         raise ValueError(f"attention_mask shape {mask.shape} != prompt shape {ids.shape}")
     if (mask.sum(axis=1) == 0).any():
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
+    check_prefill_chunk(cfg, gen)
     return _run(_lm_generate, model, ids, mask, gen, check_lengths(ids.shape[1], gen, cfg.max_len), layout)
+
+
+def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
+    """ValueError where chunked prefill would not compute what the one pass does: an MoE
+    that drops tokens over capacity (its capacity counts the tokens of one call)."""
+    moe = getattr(cfg, "moe", None)
+    if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
+        raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
+                         "call, so chunks would route differently from the one-pass prefill; use a "
+                         "dropless MoE (capacity_factor null) or no prefill_chunk")
 
 
 # ----------------------------------------------------------------------------- seq2seq
@@ -341,6 +381,9 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     src_ids = np.asarray(src_ids)
     check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
     mask = (src_ids != cfg.pad_id) if src_mask is None else np.asarray(src_mask).astype(bool)
+    if gen.prefill_chunk is not None:
+        raise ValueError("prefill_chunk applies to LM prompts; a seq2seq model's encoder reads the source "
+                         "in one pass and its decoder starts from BOS (nothing to prefill)")
     return _run(_seq2seq_generate, model, src_ids, mask, gen, check_lengths(0, gen, cfg.max_len, start=1), layout)
 
 

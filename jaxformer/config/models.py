@@ -261,6 +261,10 @@ class GenerationConfig:
         (weight-only, symmetric, per output channel; fp32 activations and accumulation).
         Linear kernels and a tied output table are reduced (jaxformer/layers/quant.py,
         docs/numerics.md §24).
+    prefill_chunk: LM prompts are prefilled through the KV cache in chunks of this many
+        tokens (a positive int), so prefill attention holds [chunk, cache] scores instead of
+        [prompt, cache]; the ids are identical to the one-pass prefill (None, the default;
+        docs/numerics.md §31).
     """
 
     max_new_tokens: int = 32
@@ -275,9 +279,12 @@ class GenerationConfig:
     cache_len: int | None = None
     seed: int = 0
     weights_dtype: str = "fp32"
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "max_new_tokens", "num_beams")
+        if self.prefill_chunk is not None:
+            check_positive(self, "prefill_chunk")
         check_choice(self, "strategy", STRATEGIES)
         check_choice(self, "weights_dtype", WEIGHTS_DTYPES)
         check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
