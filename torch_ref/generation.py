@@ -161,7 +161,7 @@ def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_ids, pad_id
         b = b * gen.num_beams
     slot_mask = torch.zeros((b, cache_len), dtype=torch.long)
     slot_mask[:, :p] = mask  # [B, L]
-    logits, cache = model(ids, slot_mask, cache=model.init_cache(b, cache_len), cache_index=0)
+    last, cache = lm_prefill(model, ids, slot_mask, model.init_cache(b, cache_len), gen.prefill_chunk)
 
     def step(tok, i, carry):
         cache, slot_mask = carry
@@ -173,8 +173,27 @@ def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_ids, pad_id
 
     if gen.strategy == "beam":
         reorder = lambda carry, rows: (_reorder_self(carry[0], rows), carry[1][rows])
-        return beam_loop(step, reorder, (cache, slot_mask), logits[:, -1], gen, eos_ids, pad_id)
-    return decode_loop(step, (cache, slot_mask), logits[:, -1], generator, gen, eos_ids, pad_id)
+        return beam_loop(step, reorder, (cache, slot_mask), last, gen, eos_ids, pad_id)
+    return decode_loop(step, (cache, slot_mask), last, generator, gen, eos_ids, pad_id)
+
+
+@torch.no_grad()
+def lm_prefill(model, ids, slot_mask, cache, chunk: int | None = None):
+    """Write the prompt ids [B, P] into the empty cache (slots 0..P-1; slot_mask [B, L]) ->
+    (logits [B, V] of the last prompt token, cache). chunk None (or >= P): one model call.
+    Else chunked prefill (docs/numerics.md §31): the first P mod chunk tokens in one call,
+    then the rest in calls of `chunk` tokens (a Python loop; the JAX twin scans), each
+    attending over the cache its predecessors wrote."""
+    p = ids.shape[1]
+    if chunk is None or chunk >= p:
+        logits, cache = model(ids, slot_mask, cache=cache, cache_index=0)
+        return logits[:, -1], cache
+    head = p % chunk  # the odd part goes first, as the JAX twin does
+    if head:
+        _, cache = model(ids[:, :head], slot_mask, cache=cache, cache_index=0)
+    for start in range(head, p, chunk):
+        logits, cache = model(ids[:, start:start + chunk], slot_mask, cache=cache, cache_index=start)
+    return logits[:, -1], cache
 
 
 def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):
@@ -190,10 +209,21 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     if bool((mask.sum(dim=1) == 0).any()):
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
+    check_prefill_chunk(cfg, gen)
     model = decode_model(model.eval(), gen.weights_dtype)
     out = _lm_generate(model, ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
                        cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)
     return _to_numpy(out)
+
+
+def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
+    """ValueError where chunked prefill would not compute what the one pass does: an MoE
+    that drops tokens over capacity (its capacity counts the tokens of one call)."""
+    moe = getattr(cfg, "moe", None)
+    if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
+        raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
+                         "call, so chunks would route differently from the one-pass prefill; use a "
+                         "dropless MoE (capacity_factor null) or no prefill_chunk")
 
 
 # ----------------------------------------------------------------------------- seq2seq
@@ -225,6 +255,9 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     src_ids = torch.as_tensor(np.asarray(src_ids), dtype=torch.long)
     check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
     mask = (src_ids != cfg.pad_id) if src_mask is None else torch.as_tensor(np.asarray(src_mask)).bool()
+    if gen.prefill_chunk is not None:
+        raise ValueError("prefill_chunk applies to LM prompts; a seq2seq model's encoder reads the source "
+                         "in one pass and its decoder starts from BOS (nothing to prefill)")
     cache_len = check_lengths(0, gen, cfg.max_len, start=1)
     model = decode_model(model.eval(), gen.weights_dtype)
     out = _seq2seq_generate(model, src_ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
