@@ -25,8 +25,9 @@ def test_cli_generate_from_converted_weights(tmp_path, capsys, layout, framework
     if layout == "flax":
         path = tmp_path / "lm_flax.safetensors"
         convert.convert_file(str(pt), str(path), to="flax")
+    chunked = ["--prefill-chunk", "3"] if layout == "flax" else []  # the same ids (docs/numerics.md §31)
     rc = cli.main(["generate", "--weights", str(path), "--framework", framework, "--ids", "--prompt", "5 6 7 8 9",
-                   "--prompt", "3 4", "--max-new-tokens", "10", "--no-eos-stop", "--json"])
+                   "--prompt", "3 4", "--max-new-tokens", "10", "--no-eos-stop", "--json", *chunked])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     ids, mask = jgen.pad_prompts([[5, 6, 7, 8, 9], [3, 4]], 0)
@@ -58,3 +59,6 @@ def test_cli_generate_errors_clearly(tmp_path, capsys):
                               {"format": "pt", **convert.model_metadata("lm", cfg)})
     rc = cli.main(["generate", "--weights", str(p), "--ids", "--prompt", f"5 {cfg.vocab_size}"])
     assert rc == 2 and "out of range" in capsys.readouterr().err
+    rc = cli.main(["generate", "--weights", str(p), "--ids", "--prompt", "5 6", "--prefill-chunk", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "prefill_chunk: must be a positive int, got 0" in err and len(err.strip().splitlines()) == 1

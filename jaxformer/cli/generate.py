@@ -5,7 +5,7 @@ weights on disk.
         [--tokenizer SPEC | --ids] [--config configs/lm.yaml] [--framework jax|torch]
         [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
         [--num-beams W] [--length-penalty A] [--eos-id ID ...] [--seed S] [--json]
-        [--weights-dtype fp32|bf16|int8]
+        [--weights-dtype fp32|bf16|int8] [--prefill-chunk N]
 
 --weights is a safetensors file in torch or flax layout (as `jaxformer convert` and `jaxformer
 export --to torch` write it; the layout comes from its `format` metadata), or a directory that
@@ -22,6 +22,8 @@ byte vocab of 259) or --tokenizer SPEC; the output is printed as text: an lm's p
 continuation, a seq2seq model's output, one block per prompt (a blank line between blocks).
 With --ids, prompts are whitespace-separated token ids and one line of ids is printed per prompt.
 --json prints one object: the ids ("tokens"), and in text mode the texts too.
+--prefill-chunk N prefills an lm's prompts through the KV cache N tokens at a time (attention
+memory O(N x length) instead of O(length^2); the same ids, docs/numerics.md §31).
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ def add_arguments(p) -> None:
     p.add_argument("--weights-dtype", choices=WEIGHTS_DTYPES, default="fp32",
                    help="matmul weights to decode with: fp32 (as stored), bf16, or int8 (weight-only, "
                         "per output channel; docs/numerics.md §24)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="lm: prefill the prompts N tokens at a time (memory O(N x length); same ids)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of lines")
 
 
@@ -151,7 +155,7 @@ def generation_config(args, weights: str):
                  eos_id=None if args.eos_id is None else tuple(args.eos_id))
     fields.update({k: v for k, v in flags.items() if v is not None})
     return GenerationConfig(**fields, stop_at_eos=not args.no_eos_stop, seed=args.seed,
-                            weights_dtype=args.weights_dtype)
+                            weights_dtype=args.weights_dtype, prefill_chunk=args.prefill_chunk)
 
 
 def _own_tokenizer(args, cfg):
