@@ -18,6 +18,10 @@ copies; `decode_model` gives a model that computes what that program computes.
 
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
 the attention mask, so a left-padded row computes what the unpadded row would.
+
+GenerationConfig.prefill_chunk prefills a long prompt through the cache in fixed-size chunks
+(`lm_prefill`, one compiled chunk program under lax.scan): prefill memory O(chunk x L) instead
+of O(P x L), the same ids (docs/numerics.md §31).
 """
 from __future__ import annotations
 
