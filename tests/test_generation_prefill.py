@@ -96,7 +96,7 @@ def _max_diffs(model, chunks):
 
 # Measured (fp32, XLA:CPU): last logits and caches within 9.5e-7 of the one pass (entries up to
 # ~4): the same sums rounded in another order (docs/numerics.md §31). A key in the wrong slot
-# or a ring mis-masked is off by O(0.1-1).
+# or a ring mis-masked fails it (an off-by-one slot fails every test here).
 def test_sliding_window_rings():
     t, j = pair("lm", SLIDING)
     assert max(_max_diffs(j, (5, 12))) < 1e-5  # chunks shorter and longer than the window of 8
