@@ -263,8 +263,8 @@ class GenerationConfig:
         docs/numerics.md §24).
     prefill_chunk: LM prompts are prefilled through the KV cache in chunks of this many
         tokens (a positive int), so prefill attention holds [chunk, cache] scores instead of
-        [prompt, cache]; the ids are identical to the one-pass prefill (None, the default;
-        docs/numerics.md §31).
+        [prompt, cache]; the ids are identical to the one-pass prefill (None, the default, or
+        a chunk >= the prompt; LM only; docs/numerics.md §31).
     """
 
     max_new_tokens: int = 32
