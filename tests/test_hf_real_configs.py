@@ -1,0 +1,145 @@
+"""The config.json files of published checkpoints (tests/data/hf_configs/, sources in
+SOURCES.md), imported as shipped: each file's size keys are shrunk to tiny values (width,
+ffn width, layers, heads, head_dim, and the vocab where no shipped token id is beyond it);
+every other key stays as published (rope_scaling, sliding windows, soft-caps, cache and
+activation keys, task_specific_params...). transformers builds the model from that config,
+random weights are saved beside the unchanged config.json, and jaxformer imports the
+directory: outputs within 1e-5 x max(1, max|logit|) of HF's in fp32 (docs/numerics.md §19).
+The export must load back in transformers with the same outputs.
+
+Worst measured |logit| differences are printed (-s) and listed in SOURCES.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from helpers import check_hf_logits, hf_lm_logits, randomize
+from jaxformer import hf
+from jaxformer.config import ConfigError
+from jaxformer.parity import setup_precision
+
+T = pytest.importorskip("transformers")
+DATA = Path(__file__).parent / "data" / "hf_configs"
+# size key -> tiny value, for whichever of them a config has
+TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48, "d_ff": 48,
+        "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "num_decoder_layers": 2,
+        "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "d_kv": 8}
+TINY_VOCAB = 96
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+# file -> the option a ConfigError must name: checkpoints whose weights jaxformer cannot read
+REFUSED = {"deepseek-ai__DeepSeek-R1.json": "quantization_config"}
+CHECKED = sorted(p.name for p in DATA.glob("*.json") if p.name not in REFUSED)
+RNG = np.random.RandomState(5)
+IDS = RNG.randint(3, 60, size=(2, 11))
+MASK = np.ones_like(IDS)
+MASK[1, :3] = 0  # a left-padded row
+TGT = RNG.randint(3, 60, size=(2, 7))
+TGT[:, 0] = 0  # T5's decoder start
+TYPES = np.zeros_like(IDS)
+
+
+@pytest.fixture(autouse=True)
+def _precision():
+    setup_precision()
+
+
+def shrunk(raw: dict) -> dict:
+    """The published config with its size keys made tiny; the vocab shrinks only when every
+    shipped token id fits in the tiny one (Llama's 128000, Gemma's 107 do not)."""
+    out = {k: (TINY[k] if k in TINY and isinstance(v, int) else v) for k, v in raw.items()}
+    ids = [i for k in TOKEN_KEYS for i in (raw.get(k) if isinstance(raw.get(k), list) else [raw.get(k)])
+           if isinstance(i, int)]
+    if all(i < TINY_VOCAB for i in ids):
+        out["vocab_size"] = TINY_VOCAB
+    return out
+
+
+def _kind(raw: dict) -> str:
+    arch = raw["architectures"][0]
+    return "seq2seq" if arch.startswith("T5") else "bert" if arch.startswith("Bert") else "lm"
+
+
+def _hf_out(model, kind: str) -> np.ndarray:
+    with torch.no_grad():
+        if kind == "lm":
+            return hf_lm_logits(model, IDS, MASK)
+        if kind == "seq2seq":
+            return model(input_ids=torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
+                         decoder_input_ids=torch.from_numpy(TGT)).logits.numpy()
+        body = getattr(model, "bert", model)  # a BertForMaskedLM checkpoint imports as its BertModel
+        return body(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
+                    token_type_ids=torch.from_numpy(TYPES)).last_hidden_state.numpy()
+
+
+@nnx.jit
+def _call(model, *args, **kw):
+    return model(*args, **kw)
+
+
+def _our_out(model, kind: str) -> np.ndarray:
+    if kind == "lm":
+        return np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK)))
+    if kind == "seq2seq":
+        return np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(TGT), jnp.asarray(MASK)))
+    out = _call(model, jnp.asarray(IDS), jnp.asarray(MASK), token_type_ids=jnp.asarray(TYPES))
+    return np.asarray(out[0] if isinstance(out, tuple) else out)
+
+
+def _check(tag: str, kind: str, ref: np.ndarray, ours: np.ndarray) -> float:
+    if kind == "lm":  # pad positions see no real token in HF's causal mask
+        return check_hf_logits(tag, ref, ours, MASK)
+    d, top = float(np.abs(ref - ours).max()), max(1.0, float(np.abs(ref).max()))
+    print(f"[hf logits] {tag}: max |diff| {d:.2e}, max |out| {top:.2f}")
+    assert d <= 1e-5 * top, f"{tag}: max |diff| vs HF {d:.2e}"
+    return d
+
+
+def _checkpoint(file: str, root: Path):
+    """(HF model, directory): random weights saved by transformers beside the shrunk
+    published config.json, written as is (save_pretrained's own config.json is replaced)."""
+    raw = shrunk(json.loads((DATA / file).read_text()))
+    path = root / file.removesuffix(".json")
+    os.makedirs(path)
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    config = T.AutoConfig.from_pretrained(str(path))  # as transformers reads the file
+    model = getattr(T, raw["architectures"][0])(config).float()
+    randomize(model, seed=len(file))
+    model.save_pretrained(str(path))
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    return model, str(path), _kind(raw)
+
+
+@pytest.mark.parametrize("file", CHECKED)
+def test_published_config_imports_matches_hf_and_exports(file, tmp_path):
+    hf_model, path, kind = _checkpoint(file, tmp_path)
+    model, name, cfg = hf.from_pretrained(path)
+    ref = _hf_out(hf_model, kind)
+    _check(file, kind, ref, _our_out(model, kind))
+
+    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
+    T.AutoConfig.from_pretrained(str(tmp_path / "out"))
+    cls = {"lm": T.AutoModelForCausalLM, "seq2seq": T.AutoModelForSeq2SeqLM, "bert": T.AutoModel}[kind]
+    back = cls.from_pretrained(str(tmp_path / "out")).eval()
+    _check(f"{file} exported", kind, ref, _hf_out(back, kind))
+
+
+@pytest.mark.parametrize("file", sorted(REFUSED))
+def test_published_config_refused_by_name(file):
+    raw = json.loads((DATA / file).read_text())
+    fam, arch = hf.family_for_architecture(raw)
+    with pytest.raises(ConfigError, match=REFUSED[file]):
+        fam.config_from_hf(shrunk(raw), arch)
+
+
+def test_sources_list_every_file():
+    sources = (DATA / "SOURCES.md").read_text()
+    assert all(f"`{p.name}`" in sources for p in DATA.glob("*.json"))
