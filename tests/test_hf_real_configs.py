@@ -146,6 +146,21 @@ def test_published_config_refused_by_name(file):
         fam.config_from_hf(raw, arch)
 
 
+# a published file with one key changed -> the option the error names: the values accepted
+# above are accepted because they are HF's own behaviour, not because the key is skipped
+CHANGED = {"use_mrope": ("Qwen__Qwen2.5-0.5B.json", {"use_mrope": True}),
+           "rope_interleaved": ("HuggingFaceTB__SmolLM2-135M.json", {"rope_interleaved": True})}
+
+
+@pytest.mark.parametrize("word", sorted(CHANGED))
+def test_changed_published_config_is_refused_by_name(word):
+    file, change = CHANGED[word]
+    raw = {**shrunk(json.loads((DATA / file).read_text())), **change}
+    fam, arch = hf.family_for_architecture(raw)
+    with pytest.raises(ConfigError, match=word):
+        fam.config_from_hf(raw, arch)
+
+
 def test_sources_list_every_file():
     sources = (DATA / "SOURCES.md").read_text()
     assert all(f"`{p.name}`" in sources for p in DATA.glob("*.json"))
