@@ -1,6 +1,7 @@
 """The config.json files of published checkpoints (tests/data/hf_configs/, sources in
 SOURCES.md), imported as shipped: each file's size keys are shrunk to tiny values (width,
-ffn width, layers, heads, head_dim, and the vocab where no shipped token id is beyond it);
+ffn width, one layer (two for Gemma-2's sliding + full pair), heads, head_dim, experts, and
+the vocab where no shipped token id is beyond it);
 every other key stays as published (rope_scaling, sliding windows, soft-caps, cache and
 activation keys, task_specific_params...). transformers builds the model from that config,
 random weights are saved beside the unchanged config.json, and jaxformer imports the
@@ -30,10 +31,11 @@ T = pytest.importorskip("transformers")
 DATA = Path(__file__).parent / "data" / "hf_configs"
 # size key -> tiny value, for whichever of them a config has
 TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48, "d_ff": 48,
-        "num_hidden_layers": 2, "n_layer": 2, "num_layers": 2, "num_decoder_layers": 2,
+        "num_hidden_layers": 1, "n_layer": 1, "num_layers": 1, "num_decoder_layers": 1,
         "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "num_key_value_heads": 2,
         "head_dim": 8, "d_kv": 8, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
         "num_experts": 8}
+LAYERS = {"gemma2": 2}  # model_type -> layers, where one layer would drop a kind (sliding + full)
 TINY_VOCAB = 96
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 # file -> what a ConfigError must name: fp8 block weights are not dequantized; ViTModel (a
@@ -59,6 +61,8 @@ def shrunk(raw: dict) -> dict:
     """The published config with its size keys made tiny; the vocab shrinks only when every
     shipped token id fits in the tiny one (Llama's 128000, Gemma's 107 do not)."""
     out = {k: (TINY[k] if k in TINY and isinstance(v, int) else v) for k, v in raw.items()}
+    if raw.get("model_type") in LAYERS:
+        out["num_hidden_layers"] = LAYERS[raw["model_type"]]
     ids = [i for k in TOKEN_KEYS for i in (raw.get(k) if isinstance(raw.get(k), list) else [raw.get(k)])
            if isinstance(i, int)]
     if all(i < TINY_VOCAB for i in ids):
