@@ -1,7 +1,7 @@
 """The config.json files of published checkpoints (tests/data/hf_configs/, sources in
 SOURCES.md), imported as shipped: each file's size keys are shrunk to tiny values (width,
-ffn width, one layer (two for Gemma-2's sliding + full pair), heads, head_dim, experts, and
-the vocab where no shipped token id is beyond it);
+ffn width, one layer (two for Gemma-2's sliding + full pair), heads, head_dim, experts,
+vocab; token ids beyond the tiny vocab stay as shipped, as metadata);
 every other key stays as published (rope_scaling, sliding windows, soft-caps, cache and
 activation keys, task_specific_params...). transformers builds the model from that config,
 random weights are saved beside the unchanged config.json, and jaxformer imports the
@@ -37,7 +37,6 @@ TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48,
         "num_experts": 8}
 LAYERS = {"gemma2": 2}  # model_type -> layers, where one layer would drop a kind (sliding + full)
 TINY_VOCAB = 96
-TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 # file -> what a ConfigError must name: fp8 block weights are not dequantized; ViTModel (a
 # backbone without a classifier) has no jaxformer model
 REFUSED = {"deepseek-ai__DeepSeek-R1.json": "quantization_config",
@@ -58,14 +57,13 @@ def _precision():
 
 
 def shrunk(raw: dict) -> dict:
-    """The published config with its size keys made tiny; the vocab shrinks only when every
-    shipped token id fits in the tiny one (Llama's 128000, Gemma's 107 do not)."""
+    """The published config with its size keys made tiny, the vocab too: token ids beyond it
+    stay as shipped (metadata to both sides: transformers warns, jaxformer notes), except a
+    pad_token_id, which must index the embedding (HF's padding_idx)."""
     out = {k: (TINY[k] if k in TINY and isinstance(v, int) else v) for k, v in raw.items()}
     if raw.get("model_type") in LAYERS:
         out["num_hidden_layers"] = LAYERS[raw["model_type"]]
-    ids = [i for k in TOKEN_KEYS for i in (raw.get(k) if isinstance(raw.get(k), list) else [raw.get(k)])
-           if isinstance(i, int)]
-    if all(i < TINY_VOCAB for i in ids):
+    if not isinstance(raw.get("pad_token_id"), int) or raw["pad_token_id"] < TINY_VOCAB:
         out["vocab_size"] = TINY_VOCAB
     return out
 
