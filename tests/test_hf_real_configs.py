@@ -1,7 +1,7 @@
 """The config.json files of published checkpoints (tests/data/hf_configs/, sources in
 SOURCES.md), imported as shipped: each file's size keys are shrunk to tiny values (width,
-ffn width, one layer (two for Gemma-2's sliding + full pair), heads, head_dim, experts,
-vocab; token ids beyond the tiny vocab stay as shipped, as metadata);
+ffn width, one layer (two where one would drop a kind of layer), heads, head_dim, experts,
+MLA ranks, vocab; token ids beyond the tiny vocab stay as shipped, as metadata);
 every other key stays as published (rope_scaling, sliding windows, soft-caps, cache and
 activation keys, task_specific_params...). transformers builds the model from that config,
 random weights are saved beside the unchanged config.json, and jaxformer imports the
@@ -34,14 +34,20 @@ TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48,
         "num_hidden_layers": 1, "n_layer": 1, "num_layers": 1, "num_decoder_layers": 1,
         "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "num_key_value_heads": 2,
         "head_dim": 8, "d_kv": 8, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
-        "num_experts": 8}
-LAYERS = {"gemma2": 2}  # model_type -> layers, where one layer would drop a kind (sliding + full)
+        "num_experts": 8, "n_routed_experts": 16, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+        "q_lora_rank": 24, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+# model_type -> layers, where one layer would drop a kind: Gemma-2's sliding + full pair,
+# DeepSeek-V3's dense first layer + MoE layer
+LAYERS = {"gemma2": 2, "deepseek_v3": 2}
 TINY_VOCAB = 96
 # file -> what a ConfigError must name: fp8 block weights are not dequantized; ViTModel (a
 # backbone without a classifier) has no jaxformer model
 REFUSED = {"deepseek-ai__DeepSeek-R1.json": "quantization_config",
            "google__vit-base-patch16-224-in21k.json": "architecture 'ViTModel' is not supported"}
-CHECKED = sorted(p.name for p in DATA.glob("*.json") if p.name not in REFUSED)
+# (file, keys dropped): the published files as shipped, and DeepSeek-R1 as its bf16 conversions
+# ship it (fp8 quantization_config removed), so its MLA / MoE / YaRN keys are checked too
+CHECKED = [(name, ()) for name in sorted(p.name for p in DATA.glob("*.json") if p.name not in REFUSED)]
+CHECKED.append(("deepseek-ai__DeepSeek-R1.json", ("quantization_config",)))
 RNG = np.random.RandomState(5)
 IDS = RNG.randint(3, 60, size=(2, 11))
 MASK = np.ones_like(IDS)
@@ -61,6 +67,8 @@ def shrunk(raw: dict) -> dict:
     stay as shipped (metadata to both sides: transformers warns, jaxformer notes), except a
     pad_token_id, which must index the embedding (HF's padding_idx)."""
     out = {k: (TINY[k] if k in TINY and isinstance(v, int) else v) for k, v in raw.items()}
+    if "num_key_value_heads" in raw and raw["num_key_value_heads"] == raw.get("num_attention_heads"):  # MHA
+        out["num_key_value_heads"] = out.get("num_attention_heads")
     if raw.get("model_type") in LAYERS:
         out["num_hidden_layers"] = LAYERS[raw["model_type"]]
     if not isinstance(raw.get("pad_token_id"), int) or raw["pad_token_id"] < TINY_VOCAB:
@@ -108,10 +116,10 @@ def _check(tag: str, kind: str, ref: np.ndarray, ours: np.ndarray) -> float:
     return d
 
 
-def _checkpoint(file: str, root: Path):
+def _checkpoint(file: str, root: Path, drop: tuple[str, ...] = ()):
     """(HF model, directory): random weights saved by transformers beside the shrunk
     published config.json, written as is (save_pretrained's own config.json is replaced)."""
-    raw = shrunk(json.loads((DATA / file).read_text()))
+    raw = shrunk({k: v for k, v in json.loads((DATA / file).read_text()).items() if k not in drop})
     path = root / file.removesuffix(".json")
     os.makedirs(path)
     (path / "config.json").write_text(json.dumps(raw, indent=2))
@@ -123,9 +131,9 @@ def _checkpoint(file: str, root: Path):
     return model, str(path), _kind(raw)
 
 
-@pytest.mark.parametrize("file", CHECKED)
-def test_published_config_imports_matches_hf_and_exports(file, tmp_path):
-    hf_model, path, kind = _checkpoint(file, tmp_path)
+@pytest.mark.parametrize("file, drop", CHECKED, ids=[f + "".join(f"-no-{k}" for k in d) for f, d in CHECKED])
+def test_published_config_imports_matches_hf_and_exports(file, drop, tmp_path):
+    hf_model, path, kind = _checkpoint(file, tmp_path, drop)
     model, name, cfg, report = hf.from_pretrained(path, return_report=True)
     if kind == "bert":  # BertForMaskedLM: its encoder, the masked-LM head skipped and said so
         assert name == "encoder" and any("cls.predictions" in n for n in report["notes"])
