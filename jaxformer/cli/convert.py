@@ -132,7 +132,7 @@ def _import_hf(args) -> int:
     print(f"wrote {r['out']}: {r['architecture']} -> jaxformer {r['model']}, {r['params']} {r['param_dtype']} "
           f"params from {r['tensors']} HF tensors in {r['shards']} shard(s) ({r['bytes'] / 2**20:.1f} MiB)")
     for k in r["skipped"]:
-        print(f"  skipped {k} (a buffer, or a copy identical to the tied embedding)")
+        print(f"  skipped {k} (a buffer, a copy identical to a tied weight, or a part a note below names)")
     for note in r["notes"]:
         print(f"  note: {note}")
     status = f"written with a placeholder data section: {why[0]}" if why[0] else "written"

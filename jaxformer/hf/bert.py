@@ -1,4 +1,5 @@
-"""BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`).
+"""BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <-> `classifier`;
+`BertForMaskedLM` -> `encoder`).
 
 Mapping and its deliberate details:
   * BERT is a Post-LN encoder without a final norm: norm_position="post", final_norm=False,
@@ -16,6 +17,9 @@ Mapping and its deliberate details:
     False) has none); BertForSequenceClassification always has it.
   * Unsupported (an error naming the option): position_embedding_type other than "absolute",
     is_decoder / add_cross_attention, pruned heads.
+  * BertForMaskedLM (bert-base-uncased and most published BERTs) imports as its encoder, as
+    transformers' AutoModel loads such a checkpoint: the masked-LM head (`cls.predictions.*`)
+    is skipped, and a note says so. Export writes a BertModel.
   * Legacy names (`LayerNorm.gamma/beta`) are read; `embeddings.position_ids` buffers are
     skipped. Export writes HF's current names.
   * HF BERT attends to every token when attention_mask is None; jaxformer's classifier masks
@@ -30,7 +34,8 @@ from jaxformer.config.models import ClassifierConfig
 from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns,
                                  ffn_from_hf, ffn_to_hf, rename_all, token_ids)
 
-ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier"}
+ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier",
+                 "BertForMaskedLM": "encoder"}
 MODEL_TYPE = "bert"
 MODEL_TYPES = dict.fromkeys(ARCHITECTURES, MODEL_TYPE)  # config.json model_type of each
 DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -41,7 +46,7 @@ DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_att
                 problem_type=None, pruned_heads={}, tie_word_embeddings=True,
                 bos_token_id=None, eos_token_id=None)
 PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
-IGNORED = {"tie_word_embeddings": "ties BertForMaskedLM's prediction head, which neither class has",
+IGNORED = {"tie_word_embeddings": "ties BertForMaskedLM's prediction head, which is not imported",
            "bos_token_id": "no generation", "eos_token_id": "no generation"}
 LAYER = "encoder.layer.{i}."
 RULES = Renamer([
@@ -94,7 +99,10 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
         ffn_dropout=0.0, embed_dropout=drop, position="learned", max_len=o["max_position_embeddings"],
         scale_embedding=False, type_vocab_size=o["type_vocab_size"], embed_norm=True,
         **token_ids(o, vocab, need_bos_eos=False))
-    if arch == "BertModel":
+    if arch == "BertForMaskedLM":
+        o.notes.append("BertForMaskedLM: the encoder is imported (as transformers' AutoModel loads it); "
+                       "the masked-LM head cls.predictions.* is not")
+    if arch in ("BertModel", "BertForMaskedLM"):
         fields["pooler"] = any((_strip(k, arch) or "").startswith("pooler.") for k in keys)
         o["classifier_dropout"], o["problem_type"]  # BertModel has no head: they do not apply
         return "encoder", build_config(TransformerConfig, fields, o), o.notes
@@ -114,6 +122,8 @@ def tensor_fn(name: str, cfg, arch: str):
         k = _strip(key, arch)
         if k == "embeddings.position_ids":
             return None  # a buffer: arange(max_len)
+        if arch == "BertForMaskedLM" and k.startswith("cls."):
+            return None  # the masked-LM head: not part of the encoder (a note says so)
         if k in ("classifier.weight", "classifier.bias") and arch == "BertForSequenceClassification":
             return {k: x}
         new = None if k is None else RULES.to_torch(k)

@@ -15,6 +15,8 @@ Mapping and its deliberate details:
   * eos_token_id may be a list (generation stops at any); bos/eos outside the vocabulary are
     kept as metadata. A tied config whose checkpoint stores a different lm_head.weight loads
     untied, as transformers 5.x does (jaxformer/hf/__init__.py read_config).
+  * nanotron exports (SmolLM) write `is_llama_config` (a marker: ignored) and
+    `rope_interleaved: false` (rotate-half RoPE, which is HF's; true is an error).
   * pretraining_tp only splits the same matmuls into slices: accepted. Rotary `inv_freq`
     buffers of old checkpoints are recomputed from rope_theta, so they are skipped.
 """
@@ -35,7 +37,7 @@ DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num
                 max_position_embeddings=2048, rms_norm_eps=1e-6, pretraining_tp=1,
                 tie_word_embeddings=False, rope_theta=10000.0, rope_scaling=None, rope_parameters=None,
                 attention_bias=False, attention_dropout=0.0, mlp_bias=False, bos_token_id=1,
-                eos_token_id=2, pad_token_id=None)
+                eos_token_id=2, pad_token_id=None, rope_interleaved=False)
 RULES = Renamer([
     ("model.embed_tokens.weight", "embed.embed_tokens.weight"),
     ("model.layers.{i}.self_attn.{attn}.{leaf}", "decoder.layers.{i}.self_attn.{attn}.{leaf}"),
@@ -72,8 +74,11 @@ def decoder_fields(o: Options, *, qkv_bias: bool, out_bias: bool, ffn_bias: bool
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS, family=f"llama {arch}",
-                ignored={"pretraining_tp": "slices the same matmuls (tensor-parallel pretraining)"})
+                ignored={"pretraining_tp": "slices the same matmuls (tensor-parallel pretraining)",
+                         "is_llama_config": "nanotron's export marker (SmolLM); transformers reads nothing from it"})
     o["pretraining_tp"]
+    o.require("rope_interleaved", (False,), "transformers' Llama rotates halves whatever this says, so an "
+              "interleaved-RoPE checkpoint would not run as trained")
     attn_bias, mlp_bias = o["attention_bias"], o["mlp_bias"]
     fields = decoder_fields(o, qkv_bias=attn_bias, out_bias=attn_bias, ffn_bias=mlp_bias)
     return "lm", build_config(LMConfig, fields, o), o.notes

@@ -8,6 +8,7 @@ rotate-half RoPE with the same scaling options). What differs, and how it maps:
   * Qwen3: per-head RMSNorm on q and k before RoPE (`self_attn.q_norm` / `k_norm`, weights
     [head_dim], eps rms_norm_eps) -> qk_norm=True; attention_bias covers all four attention
     projections; head_dim defaults to 128.
+  * use_mrope (Qwen2.5's config.json ships `false`): false is plain RoPE; true is an error.
   * Sliding windows: use_sliding_window must be false (then sliding_window and
     max_window_layers have no effect, as in HF), and layer_types, when given, must be all
     "full_attention"; anything else is an error naming the option.
@@ -28,7 +29,7 @@ _SHARED = dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num
                max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
                rope_theta=10000.0, rope_scaling=None, rope_parameters=None, use_sliding_window=False,
                sliding_window=None, max_window_layers=28, layer_types=None, attention_dropout=0.0,
-               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+               bos_token_id=None, eos_token_id=None, pad_token_id=None, use_mrope=False)
 DEFAULTS = {"Qwen2ForCausalLM": dict(_SHARED, head_dim=None),
             "Qwen3ForCausalLM": dict(_SHARED, head_dim=128, attention_bias=False)}
 RULES = Renamer(llama.RULES.rules + [
@@ -51,6 +52,7 @@ def _sliding(o: Options) -> None:
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS[arch], family=f"{MODEL_TYPES[arch]} {arch}")
     _sliding(o)
+    o.require("use_mrope", (False,), "multimodal RoPE (Qwen2-VL's position sections) is not implemented")
     if arch == "Qwen2ForCausalLM":
         fields = llama.decoder_fields(o, qkv_bias=True, out_bias=False, ffn_bias=False)
     else:

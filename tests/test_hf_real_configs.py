@@ -1,0 +1,176 @@
+"""The config.json files of published checkpoints (tests/data/hf_configs/, sources in
+SOURCES.md), imported as shipped: each file's size keys are shrunk to tiny values (width,
+ffn width, one layer (two where one would drop a kind of layer), heads, head_dim, experts,
+MLA ranks, vocab; token ids beyond the tiny vocab stay as shipped, as metadata);
+every other key stays as published (rope_scaling, sliding windows, soft-caps, cache and
+activation keys, task_specific_params...). transformers builds the model from that config,
+random weights are saved beside the unchanged config.json, and jaxformer imports the
+directory: outputs within 1e-5 x max(1, max|logit|) of HF's in fp32 (docs/numerics.md §19).
+The export must load back in transformers with the same outputs.
+
+Worst measured |logit| differences are printed (-s) and listed in SOURCES.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from helpers import check_hf_logits, hf_lm_logits, randomize
+from jaxformer import hf
+from jaxformer.config import ConfigError
+from jaxformer.parity import setup_precision
+
+T = pytest.importorskip("transformers")
+DATA = Path(__file__).parent / "data" / "hf_configs"
+# size key -> tiny value, for whichever of them a config has
+TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48, "d_ff": 48,
+        "num_hidden_layers": 1, "n_layer": 1, "num_layers": 1, "num_decoder_layers": 1,
+        "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "d_kv": 8, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
+        "num_experts": 8, "n_routed_experts": 16, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+        "q_lora_rank": 24, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
+# model_type -> layers, where one layer would drop a kind: Gemma-2's sliding + full pair,
+# DeepSeek-V3's dense first layer + MoE layer
+LAYERS = {"gemma2": 2, "deepseek_v3": 2}
+TINY_VOCAB = 96
+# file -> what a ConfigError must name: fp8 block weights are not dequantized; ViTModel (a
+# backbone without a classifier) has no jaxformer model
+REFUSED = {"deepseek-ai__DeepSeek-R1.json": "quantization_config",
+           "google__vit-base-patch16-224-in21k.json": "architecture 'ViTModel' is not supported"}
+# (file, keys dropped): the published files as shipped, and DeepSeek-R1 as its bf16 conversions
+# ship it (fp8 quantization_config removed), so its MLA / MoE / YaRN keys are checked too
+CHECKED = [(name, ()) for name in sorted(p.name for p in DATA.glob("*.json") if p.name not in REFUSED)]
+CHECKED.append(("deepseek-ai__DeepSeek-R1.json", ("quantization_config",)))
+RNG = np.random.RandomState(5)
+IDS = RNG.randint(3, 60, size=(2, 11))
+MASK = np.ones_like(IDS)
+MASK[1, :3] = 0  # a left-padded row
+TGT = RNG.randint(3, 60, size=(2, 7))
+TGT[:, 0] = 0  # T5's decoder start
+TYPES = np.zeros_like(IDS)
+
+
+@pytest.fixture(autouse=True)
+def _precision():
+    setup_precision()
+
+
+def shrunk(raw: dict) -> dict:
+    """The published config with its size keys made tiny, the vocab too: token ids beyond it
+    stay as shipped (metadata to both sides: transformers warns, jaxformer notes), except a
+    pad_token_id, which must index the embedding (HF's padding_idx)."""
+    out = {k: (TINY[k] if k in TINY and isinstance(v, int) else v) for k, v in raw.items()}
+    if "num_key_value_heads" in raw and raw["num_key_value_heads"] == raw.get("num_attention_heads"):  # MHA
+        out["num_key_value_heads"] = out.get("num_attention_heads")
+    if raw.get("model_type") in LAYERS:
+        out["num_hidden_layers"] = LAYERS[raw["model_type"]]
+    if not isinstance(raw.get("pad_token_id"), int) or raw["pad_token_id"] < TINY_VOCAB:
+        out["vocab_size"] = TINY_VOCAB
+    return out
+
+
+def _kind(raw: dict) -> str:
+    arch = raw["architectures"][0]
+    return "seq2seq" if arch.startswith("T5") else "bert" if arch.startswith("Bert") else "lm"
+
+
+def _hf_out(model, kind: str) -> np.ndarray:
+    with torch.no_grad():
+        if kind == "lm":
+            return hf_lm_logits(model, IDS, MASK)
+        if kind == "seq2seq":
+            return model(input_ids=torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
+                         decoder_input_ids=torch.from_numpy(TGT)).logits.numpy()
+        body = getattr(model, "bert", model)  # a BertForMaskedLM checkpoint imports as its BertModel
+        return body(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
+                    token_type_ids=torch.from_numpy(TYPES)).last_hidden_state.numpy()
+
+
+@nnx.jit
+def _call(model, *args, **kw):
+    return model(*args, **kw)
+
+
+def _our_out(model, kind: str) -> np.ndarray:
+    if kind == "lm":
+        return np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK)))
+    if kind == "seq2seq":
+        return np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(TGT), jnp.asarray(MASK)))
+    out = _call(model, jnp.asarray(IDS), jnp.asarray(MASK), token_type_ids=jnp.asarray(TYPES))
+    return np.asarray(out[0] if isinstance(out, tuple) else out)
+
+
+def _check(tag: str, kind: str, ref: np.ndarray, ours: np.ndarray) -> float:
+    if kind == "lm":  # pad positions see no real token in HF's causal mask
+        return check_hf_logits(tag, ref, ours, MASK)
+    d, top = float(np.abs(ref - ours).max()), max(1.0, float(np.abs(ref).max()))
+    print(f"[hf logits] {tag}: max |diff| {d:.2e}, max |out| {top:.2f}")
+    assert d <= 1e-5 * top, f"{tag}: max |diff| vs HF {d:.2e}"
+    return d
+
+
+def _checkpoint(file: str, root: Path, drop: tuple[str, ...] = ()):
+    """(HF model, directory): random weights saved by transformers beside the shrunk
+    published config.json, written as is (save_pretrained's own config.json is replaced)."""
+    raw = shrunk({k: v for k, v in json.loads((DATA / file).read_text()).items() if k not in drop})
+    path = root / file.removesuffix(".json")
+    os.makedirs(path)
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    config = T.AutoConfig.from_pretrained(str(path))  # as transformers reads the file
+    model = getattr(T, raw["architectures"][0])(config).float()
+    randomize(model, seed=len(file))
+    model.save_pretrained(str(path))
+    (path / "config.json").write_text(json.dumps(raw, indent=2))
+    return model, str(path), _kind(raw)
+
+
+@pytest.mark.parametrize("file, drop", CHECKED, ids=[f + "".join(f"-no-{k}" for k in d) for f, d in CHECKED])
+def test_published_config_imports_matches_hf_and_exports(file, drop, tmp_path):
+    hf_model, path, kind = _checkpoint(file, tmp_path, drop)
+    model, name, cfg, report = hf.from_pretrained(path, return_report=True)
+    if kind == "bert":  # BertForMaskedLM: its encoder, the masked-LM head skipped and said so
+        assert name == "encoder" and any("cls.predictions" in n for n in report["notes"])
+        assert report["skipped"] and all(k.startswith("cls.") for k in report["skipped"])
+    ref = _hf_out(hf_model, kind)
+    _check(file, kind, ref, _our_out(model, kind))
+
+    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
+    T.AutoConfig.from_pretrained(str(tmp_path / "out"))
+    cls = {"lm": T.AutoModelForCausalLM, "seq2seq": T.AutoModelForSeq2SeqLM, "bert": T.AutoModel}[kind]
+    back = cls.from_pretrained(str(tmp_path / "out")).eval()
+    _check(f"{file} exported", kind, ref, _hf_out(back, kind))
+
+
+@pytest.mark.parametrize("file", sorted(REFUSED))
+def test_published_config_refused_by_name(file):
+    raw = shrunk(json.loads((DATA / file).read_text()))
+    with pytest.raises(ConfigError, match=REFUSED[file]):
+        fam, arch = hf.family_for_architecture(raw)
+        fam.config_from_hf(raw, arch)
+
+
+# a published file with one key changed -> the option the error names: the values accepted
+# above are accepted because they are HF's own behaviour, not because the key is skipped
+CHANGED = {"use_mrope": ("Qwen__Qwen2.5-0.5B.json", {"use_mrope": True}),
+           "rope_interleaved": ("HuggingFaceTB__SmolLM2-135M.json", {"rope_interleaved": True})}
+
+
+@pytest.mark.parametrize("word", sorted(CHANGED))
+def test_changed_published_config_is_refused_by_name(word):
+    file, change = CHANGED[word]
+    raw = {**shrunk(json.loads((DATA / file).read_text())), **change}
+    fam, arch = hf.family_for_architecture(raw)
+    with pytest.raises(ConfigError, match=word):
+        fam.config_from_hf(raw, arch)
+
+
+def test_sources_list_every_file():
+    sources = (DATA / "SOURCES.md").read_text()
+    assert all(f"`{p.name}`" in sources for p in DATA.glob("*.json"))
