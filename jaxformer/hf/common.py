@@ -31,6 +31,21 @@ GENERIC_IGNORED = {
     "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "id2label", "label2id", "num_labels", "attn_implementation", "_attn_implementation",
+    "_attn_implementation_autoset", "epsilon_cutoff", "eta_cutoff", "encoder_repetition_penalty",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "assistant_lookbehind", "target_lookbehind",
+    # generate's KV cache class (Gemma2's "hybrid": a ring for sliding layers); the same values
+    "cache_implementation",
+    # the loss of HF's classification heads when trained with labels; outputs are the same
+    "problem_type",
+}
+# PretrainedConfig options that change a model only away from their neutral value: accepted at
+# that value (real config.json files carry them), refused by name otherwise. A family that
+# implements one reads it itself.
+GENERIC_NEUTRAL = {
+    "pruned_heads": ({}, "pruned attention heads are not implemented"),
+    "is_decoder": (False, "a decoder (causal) variant of this class is not implemented"),
+    "add_cross_attention": (False, "cross-attention layers in this class are not implemented"),
 }
 
 
@@ -114,9 +129,12 @@ class Options:
         return n
 
     def finish(self) -> None:
-        unknown = sorted(k for k in self.raw if k not in self.used and k not in self.ignored
-                         and k not in GENERIC_IGNORED)
+        unread = [k for k in self.raw if k not in self.used and k not in self.ignored]
         problems = list(self.problems)
+        for k in unread:
+            if k in GENERIC_NEUTRAL and self.raw[k] != GENERIC_NEUTRAL[k][0]:
+                problems.append(f"{k}={self.raw[k]!r} is not supported: {GENERIC_NEUTRAL[k][1]}")
+        unknown = sorted(k for k in unread if k not in GENERIC_IGNORED and k not in GENERIC_NEUTRAL)
         problems += [f"{k}={self.raw[k]!r} is an HF option jaxformer does not know for {self.family}; "
                      "it may change the model, so it is not ignored (remove it from config.json "
                      "if it does not)" for k in unknown]

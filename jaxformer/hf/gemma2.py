@@ -17,8 +17,12 @@ options, docs/numerics.md §6, §20), and what Gemma2 adds, field by field:
     sliding_window -> layer_types, sliding_window; a sliding layer sees itself and the
     window - 1 keys before it, and decodes with a ring cache of sliding_window slots.
   * attention_bias covers all four attention projections; the MLP has no biases.
-Refused by name: use_bidirectional_attention true, other activations, sliding layers without
-a sliding_window, any key jaxformer does not know.
+Accepted as transformers does: hidden_act (gemma-2 files carry it beside hidden_activation;
+HF's Gemma2 reads only hidden_activation) when it names the same activation, and
+cache_implementation "hybrid" (a generation setting, common.GENERIC_IGNORED).
+Refused by name: use_bidirectional_attention true, other activations, a hidden_act that
+disagrees with hidden_activation, sliding layers without a sliding_window, any key jaxformer
+does not know.
 """
 from __future__ import annotations
 
@@ -89,6 +93,9 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
     o = Options(raw, DEFAULTS, family=f"gemma2 {arch}")
     d, heads, kv = o["hidden_size"], o["num_attention_heads"], o["num_key_value_heads"]
     act = o.require("hidden_activation", ACTIVATIONS, f"jaxformer's Gemma2 FFN gates with {sorted(ACTIVATIONS)}")
+    if "hidden_act" in raw:  # published files carry both; HF's Gemma2 reads hidden_activation only
+        o.require("hidden_act", (act,), f"transformers' Gemma2 ignores hidden_act and gates with "
+                  f"hidden_activation={act!r}; a different value is ambiguous (make them agree)")
     o.require("use_bidirectional_attention", (None, False), "jaxformer's LM attention is causal")
     layer_types, window = _layers(o, o["num_hidden_layers"])
     vocab, max_pos = o["vocab_size"], o["max_position_embeddings"]
