@@ -143,9 +143,6 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
         "sliding_attention" if local else "full_attention" for local in cfg.local_layers()]
     # HF builds the sliding mask even when no layer uses it: a window as long as the context
     window = cfg.sliding_window if cfg.sliding_window is not None else cfg.max_len
-    # transformers 5.x types it int; our config holds a float (8.0 after a model.yaml round trip)
-    scalar = cfg.query_pre_attn_scalar
-    scalar = int(scalar) if float(scalar).is_integer() else scalar
     return {"architectures": ["Gemma2ForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
@@ -153,7 +150,7 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.ffn),
             "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norm_eps, **rope_to_hf(cfg),
             "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attn_dropout,
-            "query_pre_attn_scalar": scalar, "sliding_window": window, "layer_types": types,
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
             "final_logit_softcapping": cfg.final_logit_softcap, "attn_logit_softcapping": cfg.attn_logit_softcap,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
             "pad_token_id": cfg.pad_id, "initializer_range": 0.02, "dtype": "float32"}
