@@ -3,7 +3,8 @@
 Same attention names as LLaMA (q/k/v/o_proj, GQA, rotate-half RoPE with the same scaling
 options, docs/numerics.md §6, §20), and what Gemma2 adds, field by field:
   * Embeddings scaled by sqrt(hidden_size) -> scale_embedding=True; HF rounds the normalizer to
-    the table's dtype before multiplying, so does jaxformer's Embedding (docs/numerics.md §21).
+    its compute dtype, jaxformer's Embedding to its own, float32 also under bfloat16 weights:
+    a bf16 checkpoint gives HF's float32 logits on the same weights (docs/numerics.md §21).
   * RMSNorm scaled by (1 + w), computed in fp32 -> norm="rmsnorm_offset" (the stored w is
     Gemma's, copied as is).
   * Norms before and after attention and FFN (input_layernorm / post_attention_layernorm,
