@@ -1,0 +1,40 @@
+"""The README's commands as a user outside a checkout runs them (from a wheel: no configs/
+folder next to them): every `--config` that names a packaged config resolves from any
+directory, in train and in generate / convert's --config (a YAML with a model section)."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from jaxformer.cli.convert import load_model_section
+from jaxformer.train.config import packaged_configs, resolve_config
+
+README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+# files a README walkthrough writes first (convert's train.yaml, the user's own YAML)
+WRITTEN = ("ckpt/", "my_model.yaml")
+
+
+def _config_args() -> list[str]:
+    text = open(README).read()
+    return [m for m in re.findall(r"--config ([^\s`\]|]+)", text) if m not in ("NAME",)]
+
+
+def test_readme_configs_resolve_outside_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ here
+    args = _config_args()
+    assert args, "the README has --config examples"
+    for arg in args:
+        if arg.startswith(WRITTEN):
+            continue
+        assert not arg.startswith("configs/"), f"README: --config {arg} needs a checkout; use the packaged name"
+        assert os.path.isfile(resolve_config(arg)), arg
+
+
+@pytest.mark.parametrize("name", ["lm", "llama"])
+def test_model_section_reads_a_packaged_name(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    assert name in packaged_configs()
+    model, cfg = load_model_section(name)
+    assert model == "lm" and cfg.num_layers > 0
