@@ -38,3 +38,16 @@ def test_model_section_reads_a_packaged_name(tmp_path, monkeypatch, name):
     assert name in packaged_configs()
     model, cfg = load_model_section(name)
     assert model == "lm" and cfg.num_layers > 0
+
+
+def test_readme_says_where_convert_train_yaml_reads_its_data():
+    """The README's fine-tune flow prepares the tokens dir that convert's train.yaml reads
+    (finetune.tokens_path), and its prose says train.yaml reads a tokens directory."""
+    from jaxformer.train import finetune
+    text = open(README).read()
+    ckpt = re.search(r"jaxformer convert --from hf \S+ --to flax (\S+)", text)[1]
+    prepared = re.search(r"jaxformer data prepare .*--out (\S+)", text)[1]
+    assert prepared == finetune.tokens_path(ckpt)
+    prose = " ".join(text.split())
+    assert "generated `train.yaml` of an `lm` whose HF directory has tokenizer files trains from a tokens directory" in prose
+    assert "`train.yaml` trains on the embedded byte-level datasets as a smoke run;" not in prose
