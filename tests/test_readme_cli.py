@@ -51,3 +51,14 @@ def test_readme_says_where_convert_train_yaml_reads_its_data():
     prose = " ".join(text.split())
     assert "generated `train.yaml` of an `lm` whose HF directory has tokenizer files trains from a tokens directory" in prose
     assert "`train.yaml` trains on the embedded byte-level datasets as a smoke run;" not in prose
+
+
+def test_readme_describes_the_end_of_run_sample_as_it_is():
+    """The README says how to skip the sample and does not promise text the main job's model
+    does not write; sample_tokens=0 does skip it."""
+    from jaxformer.train.config import load_config
+    from jaxformer.train.samples import sample_text
+    prose = " ".join(open(README).read().split())
+    assert "`--set train.sample_tokens=0` skips it" in prose
+    assert "sample that reads as text" not in prose
+    assert sample_text(load_config("lm", ["train.sample_tokens=0"]), None, None) is None
