@@ -4,6 +4,8 @@
     jmod = interop.from_torch(torch_module)        # nn.MultiheadAttention, nn.TransformerEncoder(Layer),
                                                    # nn.TransformerDecoder(Layer), nn.Transformer
     mask, bias = interop.masks_from_torch(key_padding_mask=kpm, attn_mask=am)  # True = ignore -> True = attend
+    # torch called with is_causal=True: pass its flags (and the module, for appended slots)
+    mask, bias = interop.masks_from_torch(attn_mask=am, is_causal=True, need_weights=False, attention=jmod)
     out = jmod(x_btd, mask=mask)
 
 torch.nn module             jaxformer module (built here)                      torch key -> jaxformer key
