@@ -4,6 +4,8 @@
     jmod = interop.from_torch(torch_module)        # nn.MultiheadAttention, nn.TransformerEncoder(Layer),
                                                    # nn.TransformerDecoder(Layer), nn.Transformer
     mask, bias = interop.masks_from_torch(key_padding_mask=kpm, attn_mask=am)  # True = ignore -> True = attend
+    # torch called with is_causal=True: pass its flags (and the module, for appended slots)
+    mask, bias = interop.masks_from_torch(attn_mask=am, is_causal=True, need_weights=False, attention=jmod)
     out = jmod(x_btd, mask=mask)
 
 torch.nn module             jaxformer module (built here)                      torch key -> jaxformer key
@@ -105,7 +107,8 @@ def _split_float(m: jax.Array, known: np.ndarray | None):
     return keep, jnp.where(keep, m, 0.0).astype(jnp.float32)
 
 
-def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | None = None):
+def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | None = None,
+                     is_causal: bool = False, need_weights: bool = True, attention=None):
     """torch's attention masks -> jaxformer's (mask, bias) for the same attention.
 
     key_padding_mask: [B, S]; bool True = ignore this key (padding), or float, added.
@@ -120,7 +123,18 @@ def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | 
     A mask of the wrong polarity is refused where its values are known (not under jit): a
     batch row of key_padding_mask that ignores every key, or a query row of a bool attn_mask
     that ignores every key (torch returns NaN there), names the rows (check_key_mask).
+
+    is_causal, need_weights: the flags of the nn.MultiheadAttention call, for its is_causal
+    hint. torch requires attn_mask with it, then uses attn_mask (slots of add_bias_kv /
+    add_zero_attn visible) when key_padding_mask is given or need_weights is True; otherwise it
+    drops attn_mask and runs SDPA's causal mask over all S + n keys, which hides the n appended
+    slots from every query (docs/numerics.md §23). That path needs `attention`, the imported
+    MultiHeadAttention, to know n: the mask returned then has S + n columns.
     """
+    if is_causal and attn_mask is None:
+        raise ValueError("is_causal=True needs attn_mask, as in torch (the hint says what attn_mask is)")
+    if is_causal and key_padding_mask is None and not need_weights:
+        return _sdpa_causal(attn_mask, attention), None
     masks, biases = [], []
     if key_padding_mask is not None:
         known = _concrete(key_padding_mask)  # checked before any jnp op (jit stages those)
@@ -171,6 +185,21 @@ def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | 
     for b in biases:
         bias = b if bias is None else bias + b
     return combine_masks(*masks), bias
+
+
+def _sdpa_causal(attn_mask, attention) -> jax.Array:
+    """torch's MultiheadAttention under is_causal=True, need_weights=False and no
+    key_padding_mask: attn_mask is not used; SDPA's causal mask (query i sees key j <= i,
+    top-left) spans the S keys and the n appended slots, so it hides the slots: [1, 1, T, S + n]."""
+    if attention is None:
+        raise ValueError("is_causal=True with need_weights=False and no key_padding_mask is torch's SDPA "
+                         "causal path, which hides add_bias_kv / add_zero_attn slots: pass attention=<the "
+                         "imported MultiHeadAttention> so the mask covers them")
+    if not isinstance(attention, MultiHeadAttention):
+        raise ValueError(f"attention must be the imported MultiHeadAttention, got {type(attention).__name__}")
+    t, s = attn_mask.shape[-2:]
+    n = int(attention.bias_k is not None) + int(bool(attention.add_zero_attn))
+    return jnp.asarray(np.tril(np.ones((t, s + n), bool)))[None, None]  # [1, 1, T, S + n]
 
 
 # ----------------------------------------------------------------------------- reading torch modules

@@ -78,6 +78,12 @@ def test_export_to_flax_torch_and_hf(run_dir, tmp_path, capsys):
         assert got.keys() == trained.keys()
         for k in trained:
             np.testing.assert_array_equal(got[k], trained[k])
+    # the byte tokenizer goes with the HF export, its special tokens named, pad the model's
+    tok_config = json.load(open(os.path.join(out["hf"], "tokenizer_config.json")))
+    assert (tok_config["pad_token"], tok_config["eos_token"], tok_config["bos_token"]) == ("<pad>", "<eos>", "<bos>")
+    transformers = pytest.importorskip("transformers")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out["hf"])
+    assert hf_tok.pad_token_id == json.load(open(os.path.join(out["hf"], "config.json")))["pad_token_id"] == 0
     tensors = safetensors.numpy.load_file(out["torch"])
     assert tensors.keys() == trained.keys()
     for k in trained:

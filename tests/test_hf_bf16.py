@@ -98,3 +98,22 @@ def test_float32_checkpoint_downcasts_only_when_asked(tmp_path):
     assert all(np.array_equal(np.asarray(x).astype(ml_dtypes.bfloat16), np.asarray(y)) for x, y in zip(a, b))
     with pytest.raises(ValueError, match="param dtype 'float16'"):
         hf.from_pretrained(path, param_dtype="float16")
+
+
+def test_bf16_gemma2_computes_as_hf_float32_on_the_same_weights(tmp_path):
+    """A bfloat16 Gemma2 checkpoint kept in bfloat16 gives HF's float32 logits on the same
+    weights: the sqrt(D) embedding factor is float32 (jaxformer's stream dtype), not rounded to
+    the table's bfloat16 (D = 48: 6.9282 vs 6.9375; rounded, the logits moved by 7.1e-3,
+    docs/numerics.md §21)."""
+    import transformers
+    setup_precision()
+    cfg = transformers.Gemma2Config(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                                    query_pre_attn_scalar=12, sliding_window=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    path = str(tmp_path / "gemma2_bf16")
+    randomize(transformers.Gemma2ForCausalLM(cfg)).to(torch.bfloat16).save_pretrained(path)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model, _, _ = hf.from_pretrained(path, param_dtype="auto")
+    assert {np.dtype(x.dtype).name for x in _leaves(model)} == {"bfloat16"}
+    _logits_match(model, ref)

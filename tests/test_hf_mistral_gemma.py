@@ -295,9 +295,11 @@ def test_window_semantics_match_transformers_mask():
     assert ours[6].sum() == 3 and ours[6, 4:].all()  # the query and the 2 keys before it
 
 
-def test_embedding_normalizer_is_rounded_to_the_table_dtype():
-    """HF Gemma multiplies by embed_scale.to(weight.dtype): a bf16 table by bf16(sqrt(D)) (59.75
-    for D = 3584, not 59.87), in both trees; fp32 tables by fp32(sqrt(D))."""
+def test_embedding_normalizer_takes_the_stream_dtype():
+    """HF Gemma multiplies by embed_scale.to(dtype) of the stream it computes in: a bf16 model
+    by bf16(sqrt(D)) (59.75 for D = 3584, not 59.87), torch_ref's bf16 module too; jaxformer
+    computes in float32 under a bf16 table (models.cast_params), so by float32(sqrt(D)), as HF
+    does running the same bf16 weights in float32 (docs/numerics.md §21)."""
     from flax import nnx as _nnx
 
     from jaxformer.layers.embedding import Embedding as JEmbedding
@@ -311,10 +313,8 @@ def test_embedding_normalizer_is_rounded_to_the_table_dtype():
         t.weight.copy_(torch.from_numpy(table))
     want = torch.from_numpy(table).to(torch.bfloat16)[[1]] * torch.tensor(59.75, dtype=torch.bfloat16)
     assert float(torch.tensor(d ** 0.5, dtype=torch.bfloat16)) == 59.75
-    got_t = t(torch.tensor([[1]]))[0]
+    assert torch.equal(t(torch.tensor([[1]]))[0], want)
     got_j = np.asarray(j(jnp.asarray([[1]]))[0])
-    assert torch.equal(got_t, want)
-    # jaxformer keeps the residual stream float32 under a bfloat16 table (models.cast_params):
-    # the same rounded factor, the product not rounded to bfloat16
     assert got_j.dtype == np.float32
-    np.testing.assert_array_equal(got_j, torch.from_numpy(table).to(torch.bfloat16)[[1]].float().numpy() * 59.75)
+    rows = torch.from_numpy(table).to(torch.bfloat16)[[1]].float().numpy()
+    np.testing.assert_array_equal(got_j, rows * np.float32(d ** 0.5))

@@ -120,6 +120,39 @@ def test_multihead_attention(tag):
         assert report.grads["inner.k_proj.bias"].ref_max > 1e-3  # not cut: the slots carry no b_k
 
 
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("extra", ["add_bias_kv", "add_zero_attn"])
+def test_multihead_attention_is_causal_with_appended_slots(extra, need_weights):
+    """torch's is_causal hint: with need_weights=False and no key_padding_mask, torch drops
+    attn_mask and runs SDPA's causal mask over the S + n keys, which hides the appended slot;
+    with need_weights=True it uses attn_mask and the slot is visible. masks_from_torch with
+    the same flags (and the imported module) gives the same outputs on both paths."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(D, H, batch_first=True, **{extra: True}).eval()
+    if extra == "add_bias_kv":
+        with torch.no_grad():
+            mha.bias_v.normal_()  # torch inits it near 0: a hidden or visible slot must differ
+    x = torch.from_numpy(rand(np.random.RandomState(1), B, T, D))
+    causal = nn.Transformer.generate_square_subsequent_mask(T)
+    with torch.no_grad():
+        want = mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=need_weights)[0].numpy()
+    jmod = interop.from_torch(mha)
+    mask, bias = interop.masks_from_torch(attn_mask=causal, is_causal=True, need_weights=need_weights,
+                                          attention=jmod)
+    got = np.asarray(jmod(x.numpy(), mask=mask, bias=bias))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    visible = np.asarray(jmod(x.numpy(), mask=interop.masks_from_torch(attn_mask=causal)[0]))
+    assert np.abs(visible - want).max() > 1e-2 or need_weights  # the two torch paths differ
+
+
+def test_is_causal_sdpa_path_needs_the_attention():
+    causal = nn.Transformer.generate_square_subsequent_mask(T)
+    with pytest.raises(ValueError, match="attention="):
+        interop.masks_from_torch(attn_mask=causal, is_causal=True, need_weights=False)
+    with pytest.raises(ValueError, match="needs attn_mask"):
+        interop.masks_from_torch(is_causal=True)
+
+
 # ----------------------------------------------------------------------------- encoder layer and stack
 ENCODER_CASES = {
     "layer_postln_relu": dict(stack=0, kw=dict(activation="relu", batch_first=True)),

@@ -12,10 +12,10 @@ from jaxformer.train.samples import prompt_from_eval, sample_text
 def test_prompt_is_a_sentence_from_the_eval_split():
     train, evaluation = stdlib_docs.load(stdlib_docs.Config(seq_len=128), 0)
     prompt = tokenizer.decode(prompt_from_eval(evaluation["tokens"]))
-    assert prompt == "Lists are mutable sequences, typically used to"
+    assert prompt == "Lists are mutable sequences, typically used to "  # the next word starts afresh
     assert prompt not in tokenizer.decode(train["tokens"][:, :-1].reshape(-1))  # held out
     short = tokenizer.decode(prompt_from_eval(stdlib_docs.load(stdlib_docs.Config(seq_len=16), 0)[1]["tokens"], 20))
-    assert short == "Lists are mutable"  # cut back to a word boundary
+    assert short == "Lists are mutable "  # cut back to a word boundary
 
 
 def test_sample_uses_the_configs_settings_and_prints_text():
@@ -32,7 +32,7 @@ def test_sample_uses_the_configs_settings_and_prints_text():
     sampled, greedy = calls
     assert (sampled.strategy, sampled.temperature, sampled.top_p, sampled.seed) == ("sample", 0.7, 0.85, 3)
     assert greedy.strategy == "greedy" and sampled.max_new_tokens == greedy.max_new_tokens == 7
-    assert out.splitlines()[1:] == ["  prompt:  Lists are mutable sequences, typically used to",
+    assert out.splitlines()[1:] == ["  prompt:  Lists are mutable sequences, typically used to ",
                                     "  sampled:  and so    [temperature 0.7, top-p 0.85]",
                                     "  greedy:   is the"]
 

@@ -1,7 +1,7 @@
 """`jaxformer convert`: convert weights between torch and flax layouts, file to file, or import
 and export Hugging Face model directories.
 
-    jaxformer convert --to flax --config configs/lm.yaml model.safetensors flax.safetensors
+    jaxformer convert --to flax --config lm model.safetensors flax.safetensors
     jaxformer convert --to torch flax.safetensors model.safetensors   # config from metadata
     jaxformer convert --from hf HF_DIR --to flax OUT    # OUT/model.yaml, OUT/params, OUT/train.yaml
     jaxformer convert --from flax CKPT --to hf OUT      # OUT/config.json, OUT/model.safetensors
@@ -29,7 +29,8 @@ def add_arguments(p) -> None:
                    help="directory modes: hf (a Hugging Face dir, with --to flax) or flax (a "
                         "jaxformer model checkpoint, with --to hf); omit for file mode")
     p.add_argument("--config", default=None,
-                   help="file mode: YAML with a `model:` section (or a bare model section); needed "
+                   help="file mode: YAML with a `model:` section (or a bare model section) or a packaged "
+                        "config's name; needed "
                         "unless the input carries jaxformer metadata")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing output (never the input itself)")
@@ -45,11 +46,14 @@ def add_arguments(p) -> None:
 
 
 def load_model_section(path: str):
-    """(name, cfg) from a YAML file's `model:` section (or a bare model section). Read with
+    """(name, cfg) from a YAML file's `model:` section (or a bare model section); a packaged
+    config's name (lm, llama, ...) reads that config. Read with
     yaml.safe_load: plain data only, so a `!!python/...` tag is refused, not run."""
     import yaml
 
     from jaxformer.config import ConfigError, model_config_from_dict
+    from jaxformer.train.config import resolve_config
+    path = resolve_config(path)  # a packaged config's name (lm, llama, ...) works as in train
     with open(path) as f:
         try:
             data = yaml.safe_load(f)

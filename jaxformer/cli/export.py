@@ -93,7 +93,7 @@ def run(args) -> int:
     else:
         from jaxformer.hf import save_pretrained
         from jaxformer.train.data.tokenizer import hf_tokenizer_files
-        files = hf_tokenizer_files(tok) if tok is not None else {}
+        files = hf_tokenizer_files(tok, getattr(cfg, "pad_id", None)) if tok is not None else {}
         r = save_pretrained(model, name, cfg, out, overwrite=args.overwrite, files=files)
         what = f"Hugging Face {r['architecture']} dir ({r['tensors']} tensors)"
     print(f"wrote {out}: {name} {what}, from {args.run_dir}"

@@ -2,7 +2,7 @@
 weights on disk.
 
     jaxformer generate --weights runs/lm --prompt "Hel" [--prompt "def "] --max-new-tokens 32
-        [--tokenizer SPEC | --ids] [--config configs/lm.yaml] [--framework jax|torch]
+        [--tokenizer SPEC | --ids] [--config lm] [--framework jax|torch]
         [--strategy greedy|sample|beam] [--temperature T] [--top-k K] [--top-p P]
         [--num-beams W] [--length-penalty A] [--eos-id ID ...] [--seed S] [--json]
         [--weights-dtype fp32|bf16|int8] [--prefill-chunk N]
@@ -35,7 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("--weights", required=True,
                    help="safetensors file (torch or flax layout), training run dir, model checkpoint dir or HF dir")
     p.add_argument("--step", default=None, help="with a run dir: last (default), best or a checkpoint step")
-    p.add_argument("--config", default=None, help="YAML with a `model:` section (default: file metadata)")
+    p.add_argument("--config", default=None, help="YAML with a `model:` section or a packaged config's name (default: file metadata)")
     p.add_argument("--prompt", action="append", required=True,
                    help="prompt text (with --ids: whitespace-separated token ids); repeat for a batch")
     p.add_argument("--ids", action="store_true", help="prompts and output are token ids, not text")

@@ -42,6 +42,7 @@ import numpy as np
 from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
+from jaxformer.hf.common import typed_for_hf
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
@@ -340,6 +341,19 @@ def exporter(name: str, cfg):
     return fam
 
 
+def config_to_hf(name: str, cfg) -> dict:
+    """The config.json of `cfg`'s Hugging Face export, numbers typed as transformers validates
+    them (common.typed_for_hf against the family's HF class defaults)."""
+    fam = exporter(name, cfg)
+    out = fam.config_to_hf(name, cfg)
+    arch = out["architectures"][0]
+    if fam.__name__.endswith(".vision"):
+        defaults = fam.SWIN_DEFAULTS if arch.startswith("Swin") else fam.VIT_DEFAULTS
+    else:
+        defaults = fam.DEFAULTS[arch] if arch in fam.DEFAULTS else fam.DEFAULTS  # qwen: per class
+    return typed_for_hf(out, defaults)
+
+
 def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True,
                     files: Mapping[str, bytes] | None = None) -> dict:
     """Write `model` as a Hugging Face directory (config.json + model.safetensors) that
@@ -349,7 +363,7 @@ def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True,
 
     from jaxformer.convert import flax_to_torch_arrays
     fam = exporter(name, cfg)
-    hf_config = fam.config_to_hf(name, cfg)
+    hf_config = config_to_hf(name, cfg)
     hf_sd = fam.state_dict_to_hf(flax_to_torch_arrays(model), name, cfg)
     floats = {np.dtype(v.dtype).name for v in hf_sd.values()}
     if floats == {"bfloat16"}:  # a model stored in bfloat16 (cast_params) exports as bfloat16
@@ -377,5 +391,5 @@ def convert_flax_to_hf(ckpt: str, out: str, *, overwrite: bool = False) -> dict:
     return report
 
 
-__all__ = ["from_pretrained", "save_pretrained", "generation_defaults", "convert_hf_to_flax", "convert_flax_to_hf",
+__all__ = ["from_pretrained", "save_pretrained", "config_to_hf", "generation_defaults", "convert_hf_to_flax", "convert_flax_to_hf",
            "supported_architectures", "ConfigError", "ConversionError"]

@@ -31,6 +31,21 @@ GENERIC_IGNORED = {
     "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "id2label", "label2id", "num_labels", "attn_implementation", "_attn_implementation",
+    "_attn_implementation_autoset", "epsilon_cutoff", "eta_cutoff", "encoder_repetition_penalty",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "assistant_lookbehind", "target_lookbehind",
+    # generate's KV cache class (Gemma2's "hybrid": a ring for sliding layers); the same values
+    "cache_implementation",
+    # the loss of HF's classification heads when trained with labels; outputs are the same
+    "problem_type",
+}
+# PretrainedConfig options that change a model only away from their neutral value: accepted at
+# that value (real config.json files carry them), refused by name otherwise. A family that
+# implements one reads it itself.
+GENERIC_NEUTRAL = {
+    "pruned_heads": ({}, "pruned attention heads are not implemented"),
+    "is_decoder": (False, "a decoder (causal) variant of this class is not implemented"),
+    "add_cross_attention": (False, "cross-attention layers in this class are not implemented"),
 }
 
 
@@ -114,9 +129,12 @@ class Options:
         return n
 
     def finish(self) -> None:
-        unknown = sorted(k for k in self.raw if k not in self.used and k not in self.ignored
-                         and k not in GENERIC_IGNORED)
+        unread = [k for k in self.raw if k not in self.used and k not in self.ignored]
         problems = list(self.problems)
+        for k in unread:
+            if k in GENERIC_NEUTRAL and self.raw[k] != GENERIC_NEUTRAL[k][0]:
+                problems.append(f"{k}={self.raw[k]!r} is not supported: {GENERIC_NEUTRAL[k][1]}")
+        unknown = sorted(k for k in unread if k not in GENERIC_IGNORED and k not in GENERIC_NEUTRAL)
         problems += [f"{k}={self.raw[k]!r} is an HF option jaxformer does not know for {self.family}; "
                      "it may change the model, so it is not ignored (remove it from config.json "
                      "if it does not)" for k in unknown]
@@ -276,18 +294,43 @@ def rope_to_hf(cfg) -> dict:
     """config.json's rope_theta and rope_parameters (5.x) of a RoPE config; dynamic's length
     is written as max_position_embeddings by the family."""
     s = cfg.rope_scaling
-    params = {"rope_type": "default" if s is None else s.rope_type, "rope_theta": cfg.rope_base}
+    f = lambda v: None if v is None else float(v)  # noqa: E731  (HF types these float)
+    params = {"rope_type": "default" if s is None else s.rope_type, "rope_theta": f(cfg.rope_base)}
     if s is not None:
-        params["factor"] = s.factor
+        params["factor"] = f(s.factor)
     if s is not None and s.rope_type in ("llama3", "yarn"):
-        params["original_max_position_embeddings"] = s.original_max_len
+        params["original_max_position_embeddings"] = int(s.original_max_len)
     if s is not None and s.rope_type == "llama3":
-        params.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+        params.update(low_freq_factor=f(s.low_freq_factor), high_freq_factor=f(s.high_freq_factor))
     if s is not None and s.rope_type == "yarn":
-        params.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
-        params.update({k: getattr(s, k) for k in ("attention_factor", "mscale", "mscale_all_dim")
+        params.update(beta_fast=f(s.beta_fast), beta_slow=f(s.beta_slow), truncate=s.truncate)
+        params.update({k: f(getattr(s, k)) for k in ("attention_factor", "mscale", "mscale_all_dim")
                        if getattr(s, k) is not None})
-    return {"rope_theta": cfg.rope_base, "rope_parameters": params}
+    return {"rope_theta": f(cfg.rope_base), "rope_parameters": params}
+
+
+def typed_for_hf(hf_config: dict, defaults: Mapping[str, Any]) -> dict:
+    """config.json with each number in the JSON type transformers 5.x validates (its config
+    classes are strict: 30 is refused where it types float, 20.0 where it types int). The type
+    is that of HF's class default (`defaults`, the family's DEFAULTS); our configs may hold
+    either (a hand-written model.yaml says 30 for 30.0; a YAML round trip gives 20.0 for 20).
+    A non-integral number where HF types int is an error naming the key."""
+    from jaxformer.convert import ConversionError
+    out, problems = dict(hf_config), []
+    for k, v in hf_config.items():
+        d = defaults.get(k)
+        if isinstance(v, bool) or isinstance(d, bool) or not isinstance(v, (int, float)):
+            continue
+        if isinstance(d, float) and isinstance(v, int):
+            out[k] = float(v)
+        elif isinstance(d, int) and isinstance(v, float):
+            if v.is_integer():
+                out[k] = int(v)
+            else:
+                problems.append(f"{k}={v!r}: transformers types it int")
+    if problems:
+        raise ConversionError(problems)
+    return out
 
 
 def hf_max_positions(cfg) -> int:

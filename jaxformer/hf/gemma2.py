@@ -3,7 +3,8 @@
 Same attention names as LLaMA (q/k/v/o_proj, GQA, rotate-half RoPE with the same scaling
 options, docs/numerics.md §6, §20), and what Gemma2 adds, field by field:
   * Embeddings scaled by sqrt(hidden_size) -> scale_embedding=True; HF rounds the normalizer to
-    the table's dtype before multiplying, so does jaxformer's Embedding (docs/numerics.md §21).
+    its compute dtype, jaxformer's Embedding to its own, float32 also under bfloat16 weights:
+    a bf16 checkpoint gives HF's float32 logits on the same weights (docs/numerics.md §21).
   * RMSNorm scaled by (1 + w), computed in fp32 -> norm="rmsnorm_offset" (the stored w is
     Gemma's, copied as is).
   * Norms before and after attention and FFN (input_layernorm / post_attention_layernorm,
@@ -17,8 +18,12 @@ options, docs/numerics.md §6, §20), and what Gemma2 adds, field by field:
     sliding_window -> layer_types, sliding_window; a sliding layer sees itself and the
     window - 1 keys before it, and decodes with a ring cache of sliding_window slots.
   * attention_bias covers all four attention projections; the MLP has no biases.
-Refused by name: use_bidirectional_attention true, other activations, sliding layers without
-a sliding_window, any key jaxformer does not know.
+Accepted as transformers does: hidden_act (gemma-2 files carry it beside hidden_activation;
+HF's Gemma2 reads only hidden_activation) when it names the same activation, and
+cache_implementation "hybrid" (a generation setting, common.GENERIC_IGNORED).
+Refused by name: use_bidirectional_attention true, other activations, a hidden_act that
+disagrees with hidden_activation, sliding layers without a sliding_window, any key jaxformer
+does not know.
 """
 from __future__ import annotations
 
@@ -89,6 +94,9 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
     o = Options(raw, DEFAULTS, family=f"gemma2 {arch}")
     d, heads, kv = o["hidden_size"], o["num_attention_heads"], o["num_key_value_heads"]
     act = o.require("hidden_activation", ACTIVATIONS, f"jaxformer's Gemma2 FFN gates with {sorted(ACTIVATIONS)}")
+    if "hidden_act" in raw:  # published files carry both; HF's Gemma2 reads hidden_activation only
+        o.require("hidden_act", (act,), f"transformers' Gemma2 ignores hidden_act and gates with "
+                  f"hidden_activation={act!r}; a different value is ambiguous (make them agree)")
     o.require("use_bidirectional_attention", (None, False), "jaxformer's LM attention is causal")
     layer_types, window = _layers(o, o["num_hidden_layers"])
     vocab, max_pos = o["vocab_size"], o["max_position_embeddings"]
@@ -136,9 +144,6 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
         "sliding_attention" if local else "full_attention" for local in cfg.local_layers()]
     # HF builds the sliding mask even when no layer uses it: a window as long as the context
     window = cfg.sliding_window if cfg.sliding_window is not None else cfg.max_len
-    # transformers 5.x types it int; our config holds a float (8.0 after a model.yaml round trip)
-    scalar = cfg.query_pre_attn_scalar
-    scalar = int(scalar) if float(scalar).is_integer() else scalar
     return {"architectures": ["Gemma2ForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
@@ -146,7 +151,7 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.ffn),
             "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norm_eps, **rope_to_hf(cfg),
             "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attn_dropout,
-            "query_pre_attn_scalar": scalar, "sliding_window": window, "layer_types": types,
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
             "final_logit_softcapping": cfg.final_logit_softcap, "attn_logit_softcapping": cfg.attn_logit_softcap,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
             "pad_token_id": cfg.pad_id, "initializer_range": 0.02, "dtype": "float32"}

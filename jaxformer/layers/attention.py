@@ -379,7 +379,7 @@ class MultiHeadAttention(nnx.Module):
     def append_slots(self, k: jax.Array, v: jax.Array, mask, bias):
         """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
         (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
-        visible with bias 0."""
+        visible with bias 0, unless they already have S + n columns (then they say it)."""
         if isinstance(mask, AttentionMask):  # the slots have no place in the parts: make it dense
             extra = mask.dense_bias()
             mask, bias = mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
@@ -393,8 +393,10 @@ class MultiHeadAttention(nnx.Module):
             new_v.append(jnp.zeros((b, 1, g, d), v.dtype))
         n, s = len(new_k) - 1, k.shape[1]
 
-        def pad(m, value):  # -> 4-D, S columns, then n more
+        def pad(m, value):  # -> 4-D, S columns, then n more (a mask of S + n covers them itself)
             m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+            if m.shape[-1] == s + n:
+                return m
             m = jnp.broadcast_to(m, m.shape[:3] + (s,))
             return jnp.concatenate([m, jnp.full(m.shape[:3] + (n,), value, m.dtype)], axis=-1)
         mask = None if mask is None else pad(mask, True)

@@ -54,13 +54,13 @@ class Embedding(nnx.Module):
         check_ids(ids, self.num_embeddings)
         table = self.embedding.get_value()
         if isinstance(table, quant.QuantizedWeight):  # a tied table's bf16/int8 decode copy
-            x, stored = table.lookup(ids), jnp.float32  # [B, T, D]
+            x = table.lookup(ids)  # [B, T, D]
         else:
             # the residual stream is float32 whatever the table's storage dtype (a bfloat16
             # table, models.cast_params): a bfloat16 stream would make every later matmul bfloat16
-            x, stored = jnp.take(table, ids, axis=0).astype(jnp.float32), table.dtype  # [B, T, D]
-        if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
-            x = x * jnp.asarray(self.multiplier, stored).astype(jnp.float32)
+            x = jnp.take(table, ids, axis=0).astype(jnp.float32)  # [B, T, D]
+        if self.multiplier is not None:  # sqrt(D) in the stream's dtype (float32), as HF Gemma
+            x = x * jnp.float32(self.multiplier)  # rounds it to its compute dtype (docs/numerics.md §21)
         return x
 
     def attend(self, x: jax.Array) -> jax.Array:

@@ -284,12 +284,14 @@ def check_sections(cfg: RunConfig) -> None:
     n = p.num_devices
     if p.mode == "pmap" and n:
         need(t.batch_size % (t.grad_accum_steps * n) == 0,
-             f"train.batch_size={t.batch_size} does not divide into grad_accum_steps="
-             f"{t.grad_accum_steps} x parallel.num_devices={n}")
+             f"train.batch_size={t.batch_size} is not divisible by grad_accum_steps="
+             f"{t.grad_accum_steps} x parallel.num_devices={n} = {t.grad_accum_steps * n}: use a "
+             f"multiple of {t.grad_accum_steps * n}")
     if p.mode == "mesh" and p.mesh.data > 0:
         shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert
         need(t.micro_batch % shards == 0, f"train.batch_size / grad_accum_steps = {t.micro_batch} "
-             f"does not divide by parallel.mesh data x fsdp x expert = {shards}")
+             f"is not divisible by parallel.mesh data x fsdp x expert = {shards}: use a batch_size "
+             f"that is a multiple of {t.grad_accum_steps * shards}")
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -152,8 +152,10 @@ class JaxTrainer:
         if self.mode == "pmap":
             self.devices = cfg.parallel.num_devices or jax.local_device_count()
             if tc.batch_size % (tc.grad_accum_steps * self.devices):
-                raise ValueError(f"train.batch_size={tc.batch_size} must divide into "
-                                 f"grad_accum_steps={tc.grad_accum_steps} x {self.devices} devices")
+                raise ValueError(f"train.batch_size={tc.batch_size} is not divisible by grad_accum_steps="
+                                 f"{tc.grad_accum_steps} x {self.devices} devices = "
+                                 f"{tc.grad_accum_steps * self.devices}: use a multiple of "
+                                 f"{tc.grad_accum_steps * self.devices}")
         self.fns = StepFns(cfg, self.model, self.tx, self.schedule,
                            axis_name=DATA_AXIS if self.mode == "pmap" else None)
         self.shardings = None
@@ -228,8 +230,9 @@ class JaxTrainer:
         shards = math.prod(self.mesh.shape[a] for a in batch_axes)
         tc = self.cfg.train
         if tc.micro_batch % shards:
-            raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} must divide by "
-                             f"{' x '.join(batch_axes) or 'one'} = {shards}")
+            raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} is not divisible by "
+                             f"{' x '.join(batch_axes) or 'one'} = {shards}: use a batch_size that is a "
+                             f"multiple of {tc.grad_accum_steps * shards}")
         self.shardings = sharding.state_shardings(self.abstract_state, self.mesh, rules)
         self.batch_sharding = sharding.batch_sharding(self.mesh, axes=batch_axes)
         self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False, axes=batch_axes)

@@ -41,8 +41,8 @@ class Embedding(nn.Module):
             x = self.weight.lookup(ids)  # [B, T, D]
         else:
             x = self.weight[ids]  # [B, T, D]
-        if self.multiplier is not None:  # sqrt(D) rounded to the table's dtype first, as HF Gemma does
-            x = x * torch.tensor(self.multiplier, dtype=x.dtype)
+        if self.multiplier is not None:  # sqrt(D) in the stream's dtype, as HF Gemma
+            x = x * torch.tensor(self.multiplier, dtype=x.dtype)  # rounds it to its compute dtype (docs/numerics.md §21)
         return x
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:

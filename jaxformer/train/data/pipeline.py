@@ -80,7 +80,7 @@ def process_rows(batch_size: int, accum: int, index: int = 0, count: int = 1) ->
     local batch holds them: for each micro-batch a, rows a*m + index*m/count ... (m = B/accum)."""
     m = batch_size // accum
     if m % count:
-        raise ValueError(f"train.batch_size / grad_accum_steps = {m} does not divide among {count} processes")
+        raise ValueError(f"train.batch_size / grad_accum_steps = {m} is not divisible by the {count} processes")
     per = m // count
     return (np.arange(accum)[:, None] * m + index * per + np.arange(per)[None, :]).reshape(-1)
 

@@ -453,11 +453,13 @@ def bytes_tokenizer_json() -> bytes:
     return tok.to_str().encode("utf-8")
 
 
-def hf_tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
+def hf_tokenizer_files(tok: Tokenizer, pad_id: int | None = None) -> dict[str, bytes]:
     """{file name: content} that give an exported Hugging Face dir the tokenizer `tok` for
     AutoTokenizer: its tokenizer.json (the byte tokenizer's from bytes_tokenizer_json) and a
-    tokenizer_config.json naming PreTrainedTokenizerFast and the eos/bos tokens. {} for a
-    tokenizer without a file (a slow-only transformers one)."""
+    tokenizer_config.json naming PreTrainedTokenizerFast and the eos/bos/pad tokens. pad_id:
+    the model's pad id (config.json's pad_token_id); written as pad_token when the tokenizer
+    holds a special token at that id (<pad> of the byte and bpe tokenizers), never an ordinary
+    token (GPT-2's id 0 is "!"). {} for a tokenizer without a file (a slow-only transformers one)."""
     content = bytes_tokenizer_json() if tok.kind == "bytes" else tok.content
     if content is None:
         return {}
@@ -467,6 +469,9 @@ def hf_tokenizer_files(tok: Tokenizer) -> dict[str, bytes]:
     for key, i in (("eos_token", tok.eos_id), ("bos_token", tok.bos_id)):
         if i is not None and rust.id_to_token(i) is not None:
             config[key] = rust.id_to_token(i)
+    special = rust.get_added_tokens_decoder().get(pad_id) if pad_id is not None else None
+    if special is not None and special.special:
+        config["pad_token"] = special.content
     return {FILE: content, "tokenizer_config.json": (json.dumps(config, indent=1) + "\n").encode()}
 
 
