@@ -68,6 +68,33 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask, *, bias=
         out = _splash(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
         if out is not None:
             return out
+    st, args = _prepare(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
+                        block_q=block_q, block_k=block_k)
+    out = _attend(st, *args)  # [B, Tp, G, R, Kv]
+    return out[:, :q.shape[1]].reshape(q.shape[:3] + (v.shape[-1],))
+
+
+def block_visits(q, k, v, mask, *, bias=None, scale=None, softcap=None, sinks=None, block_q: int | None = None,
+                 block_k: int | None = None) -> dict[str, int]:
+    """A debug hook: how many [bq, bk] blocks the forward and the backward pass computed (the
+    bodies their loops ran) for these inputs, and how many there are. Same arguments as
+    blockwise_attention."""
+    @jax.jit
+    def run(q, k, v, mask, bias, sinks):
+        st, args = _prepare(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
+                            block_q=block_q, block_k=block_k)
+        out, lse, forward = _forward(st, *args)
+        _, backward = _backward(st, *args, out, lse, jnp.ones_like(out))
+        return forward, backward, args[-1]["order"].size
+    forward, backward, blocks = run(q, k, v, mask, bias, sinks)
+    return {"forward": int(forward), "backward": int(backward), "blocks": int(blocks)}
+
+
+def _prepare(q, k, v, mask, *, bias, scale, softcap, sinks, block_q, block_k):
+    """-> (_Static, (q [B, Tp, G, R, K], k / v [B, Sp, G, K], bias [B|1, G|1, R|1, Tp|1, Sp|1],
+    sinks [G, R], ALiBi slopes [G, R], the padded mask parts and the plan))."""
+    b, t, h, d = q.shape
+    s, g = k.shape[1], k.shape[2]
     blocks = lowering.active().attention_blocks
     bq = min(t, blocks[0] if block_q is None else block_q)
     bk = min(s, blocks[1] if block_k is None else block_k)
@@ -99,8 +126,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask, *, bias=
         bias5 = _pad_axis(_pad_axis(bias5, 3, tp), 4, sp)  # [B|1, G|1, R|1, Tp|1, Sp|1]
     sinks5 = None if sinks is None else sinks.reshape(g, r)
     slopes = None if mask.alibi_slopes is None else mask.alibi_slopes.reshape(g, r)
-    out = _attend(st, q5, kp, vp, bias5, sinks5, slopes, parts)  # [B, Tp, G, R, Kv]
-    return out[:, :t].reshape(b, t, h, v.shape[-1])
+    return st, (q5, kp, vp, bias5, sinks5, slopes, parts)
 
 
 def _pad_axis(a: jax.Array, axis: int, n: int) -> jax.Array:
@@ -224,16 +250,16 @@ def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
             pv = jnp.einsum("bgrqs,bsgk->bgrqk", p.astype(v.dtype), vj, preferred_element_type=jnp.float32)
             return n + 1, m_new, l, alpha[..., None] * acc + pv
 
-        _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < parts["count"][i], body,
-                                          (jnp.int32(0), m0, l0, acc0))
+        visits, m, l, acc = jax.lax.while_loop(lambda c: c[0] < parts["count"][i], body,
+                                               (jnp.int32(0), m0, l0, acc0))
         out = acc / jnp.where(l == 0, 1.0, l)[..., None]  # l = 0: no visible key (and no sink) -> 0
         lse = jnp.where(l == 0, 0.0, m + jnp.log(jnp.where(l == 0, 1.0, l)))
-        return jnp.moveaxis(out, 3, 1).astype(v.dtype), lse  # [B, bq, G, R, Kv], [B, G, R, bq]
+        return jnp.moveaxis(out, 3, 1).astype(v.dtype), lse, visits  # [B, bq, G, R, Kv], [B, G, R, bq]
 
-    out, lse = jax.lax.map(q_block, jnp.arange(nq, dtype=jnp.int32))  # [nq, B, bq, ...], [nq, B, G, R, bq]
+    out, lse, visits = jax.lax.map(q_block, jnp.arange(nq, dtype=jnp.int32))  # [nq, B, bq, ...], [nq, B, G, R, bq]
     out = jnp.moveaxis(out, 0, 1).reshape(b, tp, g, r, kv_width)
     lse = jnp.moveaxis(lse, 0, 3).reshape(b, g, r, tp)
-    return out, lse, jnp.sum(parts["count"])
+    return out, lse, jnp.sum(visits)  # visits: the loop bodies run (blocks computed)
 
 
 def _rescale(m_old, m_new):
@@ -248,7 +274,7 @@ def _lse_for_backward(lse):
 
 
 def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out):
-    """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), visited)."""
+    """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed)."""
     b, tp, g, r, dk_width = q.shape
     nq = tp // st.bq
     lse = _lse_for_backward(lse)
@@ -295,19 +321,19 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out)
             return n + 1, dq, dk, dv, dbias, dslopes
 
         dq0 = jnp.zeros((b, st.bq, g, r, dk_width), jnp.float32)
-        _, dq, dk, dv, dbias, dslopes = jax.lax.while_loop(
+        visits, dq, dk, dv, dbias, dslopes = jax.lax.while_loop(
             lambda c: c[0] < parts["count"][i], body, (jnp.int32(0), dq0, dk, dv, dbias, dslopes))
         if dsinks is not None:  # d / d sink = -sum over rows of p_sink * D
             p_sink = jnp.exp(sinks.astype(jnp.float32)[None, :, :, None] - lse_i)
             dsinks = dsinks - jnp.sum(p_sink * delta_i, axis=(0, 3))
-        return (dk, dv, dbias, dslopes, dsinks), dq
+        return (dk, dv, dbias, dslopes, dsinks), (dq, visits)
 
     carry0 = (f32(k), f32(v), f32(bias), f32(slopes), f32(sinks))
-    (dk, dv, dbias, dslopes, dsinks), dq = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
+    (dk, dv, dbias, dslopes, dsinks), (dq, visits) = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
     dq = jnp.moveaxis(dq, 0, 1).reshape(q.shape)
     cast = lambda d, a: None if a is None else d.astype(a.dtype)  # noqa: E731
     grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dbias, bias), cast(dsinks, sinks), cast(dslopes, slopes))
-    return grads, jnp.sum(parts["count"])
+    return grads, jnp.sum(visits)
 
 
 # ----------------------------------------------------------------------------- custom_vjp
