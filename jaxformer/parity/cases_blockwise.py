@@ -14,8 +14,8 @@ import dataclasses
 import numpy as np
 
 from jaxformer import tables
-from jaxformer.config.models import LMConfig
 from jaxformer.parity.cases_models import left_padding, model_pair, token_ids
+from jaxformer.parity.cases_sinks import GPT_OSS_ATTN, big_sinks
 from jaxformer.parity.registry import case, padding
 
 B, T, H, K = 2, 37, 4, 8
@@ -83,12 +83,11 @@ case("blockwise_alibi_padded", "attention", kernel(alibi=True), qkv(key_valid=la
      lowering=BLOCKWISE)
 
 
-# ---------------------------------------------------------------- an LM: RoPE, GQA, sliding + full layers, left padding
-LLAMA_SLIDING = LMConfig.tiny(position="rope", norm="rmsnorm", norm_position="pre", ffn="swiglu", bias=False,
-                              num_kv_heads=2, num_layers=2, sliding_window=5,
-                              layer_types=("sliding_attention", "full_attention"), tie_embeddings=False)
+# ---------------------------------------------------------------- an LM
+# gpt-oss's attention (cases_sinks.py: RoPE, GQA, sinks, alternating sliding / full layers), left
+# padding, 21 tokens in blocks of 8; the same config as the plain case, so no new model to build
 TL = 21
-case("lm_blockwise_llama_sliding_left_padding", "lm_model", model_pair("lm", LLAMA_SLIDING),
+case("lm_blockwise_gpt_oss_layer_types_left_padding", "lm_model", big_sinks(model_pair("lm", GPT_OSS_ATTN)),
      lambda r: {"ids": token_ids(B, TL, V, lengths=[21, 13], left=True)(r),
                 "attention_mask": left_padding(B, TL, [21, 13])},
      lowering=(("attention", "blockwise"), ("attention_blocks", (8, 8))))

@@ -437,7 +437,7 @@ for _m in [
              ("lora_linear",), grads_too=True),
     Mutation("blockwise_running_max_not_rescaled", "blockwise attention keeps its running sums unscaled when "
              "the running max grows", _blockwise_no_rescale,
-             ("blockwise_causal_odd_length", "lm_blockwise_llama_sliding_left_padding")),
+             ("blockwise_causal_odd_length", "lm_blockwise_gpt_oss_layer_types_left_padding")),
     Mutation("blockwise_backward_lse_log2", "blockwise attention's backward reads the log-sum-exp in log2 "
              "units (forward right, gradients wrong)", _blockwise_lse_log2,
              ("blockwise_padded_gqa", "blockwise_sinks_padded_gqa"), grads_too=True),
