@@ -357,10 +357,13 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 # ----------------------------------------------------------------------------- splash (TPU)
-def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks):
+def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interpret: bool = False):
     """Pallas' TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention)
-    for the cases it takes, else None (the caller runs the blockwise path). UNTESTED HERE: no
-    TPU in this project's CI or machines; written from the kernel's documented interface.
+    for the cases it takes, else None (the caller runs the blockwise path). UNTESTED ON A TPU: there
+    is none in this project's CI or machines. Checked once, by hand, in Pallas' interpret mode on
+    CPU (interpret=True; the forward only, GQA at T = 256: causal, a causal window with
+    soft-cap, a bidirectional window): within 7.2e-7 of the plain path. Not in the suite
+    (interpreting the kernel takes seconds per mask).
 
     Taken: causal or full masks over default slots (0..T-1, known at trace time), optionally a
     static sliding window, soft-cap; no bias, ALiBi, sinks, key padding or segment ids (splash
@@ -392,8 +395,12 @@ def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks):
         one = sm.FullMask((t, s))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     # one MQA kernel per (batch, kv head): R query heads [R, T, K] against keys [S, K]
-    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask(tuple([one] * (h // g))),
-                                              attn_logits_soft_cap=softcap)
+    # splash's 512 blocks, or the whole sequence when shorter (the lengths must be multiples)
+    sizes = sk.BlockSizes(block_q=min(512, t), block_kv=min(512, s), block_kv_compute=min(512, s),
+                          block_q_dkv=min(512, t), block_kv_dkv=min(512, s), block_kv_dkv_compute=min(512, s),
+                          block_q_dq=min(512, t), block_kv_dq=min(512, s))
+    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask(tuple([one] * (h // g))), block_sizes=sizes,
+                                              attn_logits_soft_cap=softcap, interpret=interpret)
     qh = jnp.moveaxis(q.reshape(q.shape[0], t, g, h // g, -1), 1, 3) * scale  # [B, G, R, T, K]
     kh, vh = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)  # [B, G, S, K]
     out = jax.vmap(jax.vmap(kernel))(qh, kh, vh)  # [B, G, R, T, Kv]
