@@ -79,8 +79,9 @@ case("blockwise_softcap_bias", "attention", kernel(softcap=2.0),
      qkv(2, bias=lambda r: rng_normal(r, (1, H, T, T))), lowering=BLOCKWISE)
 case("blockwise_sinks_padded_gqa", "attention", kernel(window=6),
      qkv(2, key_valid=lambda r: LEFT_RIGHT, sinks=lambda r: rng_normal(r, (H,), 1.5)), lowering=BLOCKWISE)
-case("blockwise_alibi_padded", "attention", kernel(alibi=True), qkv(key_valid=lambda r: LEFT_RIGHT),
-     lowering=BLOCKWISE)
+# ALiBi from the slots plus a per-key bias [B, 1, 1, S] (its gradient summed over heads and rows)
+case("blockwise_alibi_key_bias_padded", "attention", kernel(alibi=True),
+     qkv(key_valid=lambda r: LEFT_RIGHT, bias=lambda r: rng_normal(r, (B, 1, 1, T))), lowering=BLOCKWISE)
 
 
 # ---------------------------------------------------------------- an LM
