@@ -13,10 +13,10 @@ every row's denominator.
   1) plan: per-block min/max of the slots and segments (of the real queries and keys) say which
      [bq, bk] blocks may hold a visible pair; each query block visits only those key blocks,
      in a while loop of its own length (causal ~ half the blocks, a window ~ window / T).
-  2) forward, per query block: running max m, running sum l and the unnormalised output over its
-     key blocks, each block's scores rescaled by exp(m_old - m_new) (the online softmax); a sink
-     starts the row as (m, l) = (sink, 1). Stored for the backward: only q, k, v, bias, the
-     output and the log-sum-exp lse = m + log l.
+  2) forward, per query block: a running max m, a running sum l and the unnormalised output over
+     its key blocks; when a block raises m, the sums so far are rescaled by exp(m_old - m_new)
+     (the online softmax). A sink starts the row as (m, l) = (sink, 1). Stored for the backward: only the inputs (q, k, v,
+     bias, sinks, the O(T) mask parts), the output and the log-sum-exp lse = m + log l.
   3) backward, per query block again: each block's probabilities recomputed as exp(s - lse);
      D = rowsum(dO * O); dS = P * (dP - D) (FA-2); dq carried, dk / dv accumulated in place.
 Grouped-query attention: q is viewed as [B, T, G, R, K] (R = H / G), k/v are never repeated.
