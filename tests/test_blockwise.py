@@ -151,3 +151,17 @@ def test_lm_blockwise_equals_plain(name):
     print(f"{name}: max |d logits| {d_logits:.2e}, worst gradient {worst} at {ratios[worst]:.3f}x tol")
     assert d_logits <= OUT_TOL.atol + OUT_TOL.rtol * float(jnp.max(jnp.abs(l_plain)))
     assert ratios[worst] <= 1.0
+
+
+def test_splash_off_tpu_runs_blockwise():
+    """attention="splash" names Pallas' TPU kernel; on any other backend it is the blockwise path
+    (the same function, the same blocks visited)."""
+    q, k, v = _qkv(24, g=1)
+    mask = AttentionMask.self_attention(1, 24, causal=True).with_window(6)
+    from jaxformer.layers.attention import dot_product_attention
+    outs = []
+    for attention in ("splash", "blockwise"):
+        with lowering.tracing(attention=attention, attention_blocks=(8, 8)):
+            outs.append(jax.jit(lambda q, k, v: dot_product_attention(q, k, v, mask=mask))(q, k, v))
+    assert jax.default_backend() != "tpu"
+    np.testing.assert_array_equal(outs[0], outs[1])
