@@ -15,8 +15,9 @@ every row's denominator.
      in a while loop of its own length (causal ~ half the blocks, a window ~ window / T).
   2) forward, per query block: a running max m, a running sum l and the unnormalised output over
      its key blocks; when a block raises m, the sums so far are rescaled by exp(m_old - m_new)
-     (the online softmax). A sink starts the row as (m, l) = (sink, 1). Stored for the backward: only the inputs (q, k, v,
-     bias, sinks, the O(T) mask parts), the output and the log-sum-exp lse = m + log l.
+     (the online softmax). A sink starts the row as (m, l) = (sink, 1). Stored for the
+     backward: only the inputs (q, k, v, bias, sinks, the O(T) mask parts), the output and the
+     log-sum-exp lse = m + log l.
   3) backward, per query block again: each block's probabilities recomputed as exp(s - lse);
      D = rowsum(dO * O); dS = P * (dP - D) (FA-2); dq carried, dk / dv accumulated in place.
 Grouped-query attention: q is viewed as [B, T, G, R, K] (R = H / G), k/v are never repeated.
