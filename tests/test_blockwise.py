@@ -1,5 +1,5 @@
 """Blockwise attention (jaxformer/layers/blockwise.py, docs/numerics.md §29): the skipped blocks,
-the O(T) residuals, the torch twin against torch's plain path, and tiny LMs whose logits and
+the O(T) residuals, the torch twin against torch's plain path, and tiny LMs (both trees) whose logits and
 parameter gradients with attention="blockwise" equal the plain path's. The kernel's own parity
 against torch (outputs and gradients, every mask kind) is in jaxformer/parity/cases_blockwise.py.
 """
@@ -165,3 +165,30 @@ def test_splash_off_tpu_runs_blockwise():
             outs.append(jax.jit(lambda q, k, v: dot_product_attention(q, k, v, mask=mask))(q, k, v))
     assert jax.default_backend() != "tpu"
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("name", ["rope_gqa_sliding_segments", "alibi_padded"])
+def test_torch_lm_blockwise_equals_plain(name):
+    """The torch twin of test_lm_blockwise_equals_plain: torch_ref's LM under
+    computing(attention="blockwise") against its plain path, logits and parameter gradients."""
+    from torch_ref import lowering as tlowering
+    from torch_ref.models import build_model as tbuild
+    t = 19
+    model = tbuild("lm", LMS[name], seed=0)
+    r = np.random.RandomState(2)
+    ids = torch.tensor(r.randint(1, 64, (2, t)))
+    kw = {"attention_mask": torch.tensor(np.arange(t)[None] < np.array([[t], [12]])).long()}
+    if "segments" in name:
+        kw = {"segment_ids": torch.tensor(np.where(np.arange(t) < 8, 1, 2)[None].repeat(2, 0))}
+    runs = {}
+    for attention in ("plain", "blockwise"):
+        model.zero_grad()
+        with tlowering.computing(attention=attention, attention_blocks=(8, 8)):
+            logits = model(ids, **kw)
+        (logits * torch.cos(torch.arange(logits.numel(), dtype=torch.float32).reshape(logits.shape))).sum().backward()
+        runs[attention] = (logits.detach(), {n: torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                                             for n, p in model.named_parameters()})  # None: a cut key bias
+    (l1, g1), (l2, g2) = runs["plain"], runs["blockwise"]
+    assert (l1 - l2).abs().max() <= OUT_TOL.atol + OUT_TOL.rtol * l1.abs().max()
+    for n in g1:
+        assert (g1[n] - g2[n]).abs().max() <= GRAD_TOL.atol + GRAD_TOL.rtol * g1[n].abs().max(), n
