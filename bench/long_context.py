@@ -61,6 +61,7 @@ def reset_peak() -> int:
 
 
 def run_config(seq: int):
+    from jaxformer.config import to_dict
     from jaxformer.config.models import LMConfig
     from jaxformer.train.config import config_from_dict
     model = {"name": "lm", **to_dict(LMConfig.llama(**MODEL, max_len=seq))}

@@ -1,14 +1,52 @@
-"""Blockwise attention (FlashAttention-2's online softmax in lax ops): INTERFACE STUB.
+"""Blockwise attention: FlashAttention-2's online softmax over key blocks in lax ops, with a
+recomputing backward pass, O(T) memory on every backend (docs/numerics.md §29).
+Twin: torch_ref/layers/blockwise.py.
 
-The stub computes the same function through the plain path's dense mask, so the plumbing
-(lowering.py's `attention` switch, AttentionMask through the stacks) can be tested before the
-kernel lands. Twin: torch_ref/layers/blockwise.py.
+Hand-written because no library op does this in lax with our mask parts, sinks and soft-cap:
+jax.nn.dot_product_attention's XLA form builds the [B, H, T, S] scores, cuDNN runs on NVIDIA GPUs
+only, and Pallas' splash kernel on TPUs only ("splash" below names it there).
+
+The function (dot_product_attention's): softmax(q k^T * scale [soft-capped] + bias [+ ALiBi],
+masked by an AttentionMask) v; a query row with no visible key outputs 0; attention sinks join
+every row's denominator.
+
+  1) plan: per-block min/max of the slots and segments (of the real queries and keys) say which
+     [bq, bk] blocks may hold a visible pair; each query block visits only those key blocks,
+     in a while loop of its own length (causal ~ half the blocks, a window ~ window / T).
+  2) forward, per query block: a running max m, a running sum l and the unnormalised output over
+     its key blocks; when a block raises m, the sums so far are rescaled by exp(m_old - m_new)
+     (the online softmax). A sink starts the row as (m, l) = (sink, 1). Stored for the
+     backward: only the inputs (q, k, v, bias, sinks, the O(T) mask parts), the output and the
+     log-sum-exp lse = m + log l.
+  3) backward, per query block again: each block's probabilities recomputed as exp(s - lse);
+     D = rowsum(dO * O); dS = P * (dP - D) (FA-2); dq carried, dk / dv accumulated in place.
+Grouped-query attention: q is viewed as [B, T, G, R, K] (R = H / G), k/v are never repeated.
+Odd lengths: q / k are padded to block multiples; padded keys are masked, padded queries see
+nothing, and the output is sliced back.
 """
 from __future__ import annotations
 
-import jax
+import dataclasses
+import functools
+import math
 
-from jaxformer.layers import attention as _attention
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer import lowering
+from jaxformer.layers.attention import AttentionMask
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """The trace-time constants of one call (hashable: custom_vjp's nondiff argument)."""
+
+    bq: int
+    bk: int
+    scale: float
+    softcap: float | None
+    causal: bool
 
 
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask, *, bias=None, scale=None,
@@ -19,7 +57,352 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask, *, bias=
     denominator). q [B, T, H, K], k [B, S, G, K], v [B, S, G, Kv]; mask an AttentionMask (or
     None = all visible); bias None or broadcastable to [B, H, T, S]; scale None = 1/sqrt(K).
     block_q / block_k: None = lowering.active().attention_blocks. -> [B, T, H, Kv]."""
-    dense_bias = None if mask is None else mask.dense_bias()
-    bias = dense_bias if bias is None else (bias if dense_bias is None else bias + dense_bias)
-    return _attention.dot_product_attention(q, k, v, mask=None if mask is None else mask.dense(), bias=bias,
-                                            scale=scale, softcap=softcap, sinks=sinks)
+    b, t, h, d = q.shape
+    s, g = k.shape[1], k.shape[2]
+    if h % g:
+        raise ValueError(f"query heads {h} are not a multiple of key/value heads {g}")
+    if sinks is not None and sinks.shape != (h,):
+        raise ValueError(f"sinks must be [H] = ({h},), one logit per query head, got {sinks.shape}")
+    if mask is None:
+        mask = AttentionMask(jnp.arange(t, dtype=jnp.int32)[None], jnp.arange(s, dtype=jnp.int32)[None])
+    if lowering.active().attention == "splash" and jax.default_backend() == "tpu":
+        out = _splash(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+        if out is not None:
+            return out
+    st, args = _prepare(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
+                        block_q=block_q, block_k=block_k)
+    out = _attend(st, *args)  # [B, Tp, G, R, Kv]
+    return out[:, :q.shape[1]].reshape(q.shape[:3] + (v.shape[-1],))
+
+
+def block_visits(q, k, v, mask, *, bias=None, scale=None, softcap=None, sinks=None, block_q: int | None = None,
+                 block_k: int | None = None) -> dict[str, int]:
+    """A debug hook: how many [bq, bk] blocks the forward and the backward pass computed (the
+    bodies their loops ran) for these inputs, and how many there are. Same arguments as
+    blockwise_attention."""
+    @jax.jit
+    def run(q, k, v, mask, bias, sinks):
+        st, args = _prepare(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
+                            block_q=block_q, block_k=block_k)
+        out, lse, forward = _forward(st, *args)
+        _, backward = _backward(st, *args, out, lse, jnp.ones_like(out))
+        return forward, backward, args[-1]["order"].size
+    forward, backward, blocks = run(q, k, v, mask, bias, sinks)
+    return {"forward": int(forward), "backward": int(backward), "blocks": int(blocks)}
+
+
+def _prepare(q, k, v, mask, *, bias, scale, softcap, sinks, block_q, block_k):
+    """-> (_Static, (q [B, Tp, G, R, K], k / v [B, Sp, G, K], bias [B|1, G|1, R|1, Tp|1, Sp|1],
+    sinks [G, R], ALiBi slopes [G, R], the padded mask parts and the plan))."""
+    b, t, h, d = q.shape
+    s, g = k.shape[1], k.shape[2]
+    blocks = lowering.active().attention_blocks
+    bq = min(t, blocks[0] if block_q is None else block_q)
+    bk = min(s, blocks[1] if block_k is None else block_k)
+    st = _Static(bq, bk, 1.0 / math.sqrt(d) if scale is None else float(scale),
+                 None if softcap is None else float(softcap), mask.causal)
+    tp, sp = -(-t // bq) * bq, -(-s // bk) * bk  # padded to block multiples
+    r = h // g
+
+    # the mask parts, padded: padded keys invalid, padded queries see nothing
+    def pad_to(a, n, value):
+        return a if a.shape[1] == n else jnp.pad(a, ((0, 0), (0, n - a.shape[1])), constant_values=value)
+    k_valid = jnp.ones((1, s), bool) if mask.k_valid is None else mask.k_valid.astype(bool)
+    parts = dict(q_slots=pad_to(mask.q_slots.astype(jnp.int32), tp, 0),
+                 k_slots=pad_to(mask.k_slots.astype(jnp.int32), sp, 0),
+                 k_valid=pad_to(k_valid, sp, False),
+                 q_valid=pad_to(jnp.ones((1, t), bool), tp, False),
+                 q_segments=None if mask.q_segments is None else pad_to(mask.q_segments.astype(jnp.int32), tp, 0),
+                 k_segments=None if mask.k_segments is None else pad_to(mask.k_segments.astype(jnp.int32), sp, 0),
+                 window=None if mask.window is None else jnp.asarray(mask.window, jnp.int32))
+    parts["order"], parts["count"] = plan(st, parts)
+
+    q5 = _pad_axis(q.reshape(b, t, g, r, d), 1, tp)  # [B, Tp, G, R, K]
+    kp, vp = _pad_axis(k, 1, sp), _pad_axis(v, 1, sp)  # [B, Sp, G, K]
+    bias5 = None
+    if bias is not None:
+        bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)  # [B|1, H|1, T|1, S|1]
+        hb = bias.shape[1]
+        bias5 = bias.reshape(bias.shape[0], g if hb == h else 1, r if hb == h else 1, *bias.shape[2:])
+        bias5 = _pad_axis(_pad_axis(bias5, 3, tp), 4, sp)  # [B|1, G|1, R|1, Tp|1, Sp|1]
+    sinks5 = None if sinks is None else sinks.reshape(g, r)
+    slopes = None if mask.alibi_slopes is None else mask.alibi_slopes.reshape(g, r)
+    return st, (q5, kp, vp, bias5, sinks5, slopes, parts)
+
+
+def _pad_axis(a: jax.Array, axis: int, n: int) -> jax.Array:
+    """Zero-pad `axis` of a to length n (left alone when it is 1: it broadcasts)."""
+    if a.shape[axis] in (1, n):
+        return a
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, n - a.shape[axis])
+    return jnp.pad(a, widths)
+
+
+# ----------------------------------------------------------------------------- 1) the plan
+def plan(st: _Static, parts: dict) -> tuple[jax.Array, jax.Array]:
+    """Which key blocks each query block visits: -> order [nq, nk] int32 (the visited key
+    blocks first, ascending), count [nq] int32 (how many). A block is visited unless the
+    per-block min/max of the slots and segments (over the batch, of real queries and keys)
+    prove it fully masked; run time, so left padding, offsets and traced windows are planned
+    exactly as they come."""
+    big = jnp.iinfo(jnp.int32).max // 4  # sentinels with room for one subtraction
+    q_valid, k_valid = parts["q_valid"], parts["k_valid"]
+    if parts["q_segments"] is not None:  # segment 0 is padding: such queries see nothing
+        q_valid = q_valid & (parts["q_segments"] != 0)
+        k_valid = k_valid & (parts["k_segments"] != 0)
+
+    def ranges(x, valid, n, blk):  # [B|1, n*blk] -> per block (min, max, any) over batch and block
+        x, valid = jnp.broadcast_arrays(x, valid)
+        x, valid = x.reshape(x.shape[0], n // blk, blk), valid.reshape(x.shape[0], n // blk, blk)
+        lo = jnp.min(jnp.where(valid, x, big), axis=(0, 2))
+        hi = jnp.max(jnp.where(valid, x, -big), axis=(0, 2))
+        return lo, hi, jnp.any(valid, axis=(0, 2))
+
+    tp, sp = parts["q_slots"].shape[1], parts["k_slots"].shape[1]
+    qlo, qhi, qany = ranges(parts["q_slots"], q_valid, tp, st.bq)
+    klo, khi, kany = ranges(parts["k_slots"], k_valid, sp, st.bk)
+    qlo, qhi, qany = (a[:, None] for a in (qlo, qhi, qany))  # [nq, 1]
+    klo, khi, kany = (a[None, :] for a in (klo, khi, kany))  # [1, nk]
+    need = qany & kany  # [nq, nk]
+    if st.causal:  # some key slot <= some query slot
+        need &= klo <= qhi
+    window = parts["window"]
+    if window is not None:  # some distance inside (-window, window), or [0, window) causal
+        need &= qlo - khi < window
+        if not st.causal:
+            need &= qhi - klo > -window
+    if parts["q_segments"] is not None:  # the segment ranges overlap
+        slo, shi, _ = ranges(parts["q_segments"], q_valid, tp, st.bq)
+        tlo, thi, _ = ranges(parts["k_segments"], k_valid, sp, st.bk)
+        need &= (slo[:, None] <= thi[None, :]) & (tlo[None, :] <= shi[:, None])  # [nq, nk]
+    order = jnp.argsort((~need).astype(jnp.int8), axis=1, stable=True).astype(jnp.int32)
+    return order, jnp.sum(need, axis=1, dtype=jnp.int32)
+
+
+# ----------------------------------------------------------------------------- one block
+def _slice(a, start, size, axis):
+    return a if a is None or a.shape[axis] == 1 else jax.lax.dynamic_slice_in_dim(a, start, size, axis)
+
+
+def _block_mask(st: _Static, parts: dict, i, j) -> jax.Array:
+    """The visible pairs of block (i, j) -> [B|1, 1, 1, bq, bk] bool (AttentionMask's rule)."""
+    q0, k0 = i * st.bq, j * st.bk
+    m = AttentionMask(parts["q_slots"], parts["k_slots"], window=parts["window"], causal=st.causal)
+    seg = parts["q_segments"] is not None
+    vis = m.visible(_slice(parts["q_slots"], q0, st.bq, 1), _slice(parts["k_slots"], k0, st.bk, 1),
+                    _slice(parts["k_valid"], k0, st.bk, 1),
+                    _slice(parts["q_segments"], q0, st.bq, 1) if seg else None,
+                    _slice(parts["k_segments"], k0, st.bk, 1) if seg else None)  # [B|1, 1, bq, bk]
+    vis = vis & _slice(parts["q_valid"], q0, st.bq, 1)[:, None, :, None]
+    return vis[:, :, None]
+
+
+def _block_scores(st: _Static, qi, kj, bias, slopes, parts, i, j):
+    """Scores of block (i, j): qi [B, bq, G, R, K], kj [B, bk, G, K] -> (s [B, G, R, bq, bk]
+    float32 after soft-cap, bias and ALiBi; tanh of the soft-cap or None; the slot distances
+    [B|1, 1, 1, bq, bk] float32 for ALiBi or None)."""
+    s = jnp.einsum("bqgrk,bsgk->bgrqs", qi, kj, preferred_element_type=jnp.float32) * st.scale
+    tanh = None
+    if st.softcap is not None:  # Gemma2: before bias and mask (docs/numerics.md §21)
+        tanh = jnp.tanh(s / st.softcap)
+        s = tanh * st.softcap
+    if bias is not None:
+        blk = _slice(_slice(bias, i * st.bq, st.bq, 3), j * st.bk, st.bk, 4)
+        s = s + blk.astype(jnp.float32)
+    dist = None
+    if slopes is not None:  # ALiBi: -slope_h * |q_slot - k_slot|, this block only
+        qs = _slice(parts["q_slots"], i * st.bq, st.bq, 1)
+        ks = _slice(parts["k_slots"], j * st.bk, st.bk, 1)
+        dist = jnp.abs(qs[:, :, None] - ks[:, None, :]).astype(jnp.float32)[:, None, None]
+        s = s - slopes.astype(jnp.float32)[None, :, :, None, None] * dist
+    return s, tanh, dist
+
+
+# ----------------------------------------------------------------------------- 2) forward
+def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
+    """-> (out [B, Tp, G, R, Kv] in v's dtype, lse [B, G, R, Tp] float32, visited blocks)."""
+    b, tp, g, r, _ = q.shape
+    nq = tp // st.bq
+    kv_width = v.shape[-1]
+
+    def q_block(i):
+        qi = jax.lax.dynamic_slice_in_dim(q, i * st.bq, st.bq, 1)  # [B, bq, G, R, K]
+        if sinks is None:
+            m0 = jnp.full((b, g, r, st.bq), -jnp.inf, jnp.float32)
+            l0 = jnp.zeros((b, g, r, st.bq), jnp.float32)
+        else:  # the sink is the row's first column: exp(sink - m) with m = sink, and no value
+            m0 = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, :, None], (b, g, r, st.bq))
+            l0 = jnp.ones((b, g, r, st.bq), jnp.float32)
+        acc0 = jnp.zeros((b, g, r, st.bq, kv_width), jnp.float32)
+
+        def body(carry):
+            n, m, l, acc = carry
+            j = parts["order"][i, n]
+            kj = jax.lax.dynamic_slice_in_dim(k, j * st.bk, st.bk, 1)  # [B, bk, G, K]
+            vj = jax.lax.dynamic_slice_in_dim(v, j * st.bk, st.bk, 1)
+            s, _, _ = _block_scores(st, qi, kj, bias, slopes, parts, i, j)
+            s = jnp.where(_block_mask(st, parts, i, j), s, -jnp.inf)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with nothing visible yet
+            p = jnp.exp(s - m_safe[..., None])  # [B, G, R, bq, bk]
+            alpha = _rescale(m, m_safe)  # the old terms, brought to the new maximum
+            l = alpha * l + jnp.sum(p, axis=-1)
+            pv = jnp.einsum("bgrqs,bsgk->bgrqk", p.astype(v.dtype), vj, preferred_element_type=jnp.float32)
+            return n + 1, m_new, l, alpha[..., None] * acc + pv
+
+        visits, m, l, acc = jax.lax.while_loop(lambda c: c[0] < parts["count"][i], body,
+                                               (jnp.int32(0), m0, l0, acc0))
+        out = acc / jnp.where(l == 0, 1.0, l)[..., None]  # l = 0: no visible key (and no sink) -> 0
+        lse = jnp.where(l == 0, 0.0, m + jnp.log(jnp.where(l == 0, 1.0, l)))
+        return jnp.moveaxis(out, 3, 1).astype(v.dtype), lse, visits  # [B, bq, G, R, Kv], [B, G, R, bq]
+
+    out, lse, visits = jax.lax.map(q_block, jnp.arange(nq, dtype=jnp.int32))  # [nq, B, bq, ...], [nq, B, G, R, bq]
+    out = jnp.moveaxis(out, 0, 1).reshape(b, tp, g, r, kv_width)
+    lse = jnp.moveaxis(lse, 0, 3).reshape(b, g, r, tp)
+    return out, lse, jnp.sum(visits)  # visits: the loop bodies run (blocks computed)
+
+
+def _rescale(m_old, m_new):
+    """exp(m_old - m_new): the factor of the terms summed under the old running maximum."""
+    return jnp.exp(m_old - m_new)
+
+
+# ----------------------------------------------------------------------------- 3) backward
+def _lse_for_backward(lse):
+    """The log-sum-exp the backward recomputes each block's probabilities with."""
+    return lse
+
+
+def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out):
+    """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed)."""
+    b, tp, g, r, dk_width = q.shape
+    nq = tp // st.bq
+    lse = _lse_for_backward(lse)
+    # D = rowsum(dO * O), the sum over keys of P * dP in each row
+    delta = jnp.einsum("btgrk,btgrk->bgrt", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    f32 = lambda a: None if a is None else jnp.zeros(a.shape, jnp.float32)  # noqa: E731
+
+    def q_block(carry, i):
+        dk, dv, dbias, dslopes, dsinks = carry
+        qi = jax.lax.dynamic_slice_in_dim(q, i * st.bq, st.bq, 1)  # [B, bq, G, R, K]
+        doi = jax.lax.dynamic_slice_in_dim(d_out, i * st.bq, st.bq, 1)  # [B, bq, G, R, Kv]
+        lse_i = jax.lax.dynamic_slice_in_dim(lse, i * st.bq, st.bq, 3)  # [B, G, R, bq]
+        delta_i = jax.lax.dynamic_slice_in_dim(delta, i * st.bq, st.bq, 3)
+
+        def body(c):
+            n, dq, dk, dv, dbias, dslopes = c
+            j = parts["order"][i, n]
+            k0 = j * st.bk
+            kj = jax.lax.dynamic_slice_in_dim(k, k0, st.bk, 1)  # [B, bk, G, K]
+            vj = jax.lax.dynamic_slice_in_dim(v, k0, st.bk, 1)
+            s, tanh, dist = _block_scores(st, qi, kj, bias, slopes, parts, i, j)
+            p = jnp.where(_block_mask(st, parts, i, j), jnp.exp(s - lse_i[..., None]), 0.0)  # [B, G, R, bq, bk]
+            dp = jnp.einsum("bqgrk,bsgk->bgrqs", doi, vj, preferred_element_type=jnp.float32)
+            ds = p * (dp - delta_i[..., None])  # d loss / d s (after soft-cap, bias, ALiBi)
+            if dbias is not None:  # summed over the axes the bias broadcasts over
+                axes = tuple(a for a in range(5) if dbias.shape[a] == 1 and ds.shape[a] != 1)
+                red = jnp.sum(ds, axis=axes, keepdims=True)
+                if dbias.shape[3] != 1 or dbias.shape[4] != 1:
+                    starts = (0, 0, 0, i * st.bq if dbias.shape[3] != 1 else 0, k0 if dbias.shape[4] != 1 else 0)
+                    old = jax.lax.dynamic_slice(dbias, starts, red.shape)
+                    dbias = jax.lax.dynamic_update_slice(dbias, old + red, starts)
+                else:
+                    dbias = dbias + red
+            if dslopes is not None:
+                dslopes = dslopes - jnp.sum(ds * dist, axis=(0, 3, 4))
+            if tanh is not None:  # d(c tanh(x / c)) / dx = 1 - tanh^2
+                ds = ds * (1.0 - tanh * tanh)
+            ds = ds * st.scale
+            dq = dq + jnp.einsum("bgrqs,bsgk->bqgrk", ds.astype(k.dtype), kj, preferred_element_type=jnp.float32)
+            dk_j = jnp.einsum("bgrqs,bqgrk->bsgk", ds.astype(q.dtype), qi, preferred_element_type=jnp.float32)
+            dv_j = jnp.einsum("bgrqs,bqgrk->bsgk", p.astype(doi.dtype), doi, preferred_element_type=jnp.float32)
+            dk = jax.lax.dynamic_update_slice_in_dim(dk, jax.lax.dynamic_slice_in_dim(dk, k0, st.bk, 1) + dk_j, k0, 1)
+            dv = jax.lax.dynamic_update_slice_in_dim(dv, jax.lax.dynamic_slice_in_dim(dv, k0, st.bk, 1) + dv_j, k0, 1)
+            return n + 1, dq, dk, dv, dbias, dslopes
+
+        dq0 = jnp.zeros((b, st.bq, g, r, dk_width), jnp.float32)
+        visits, dq, dk, dv, dbias, dslopes = jax.lax.while_loop(
+            lambda c: c[0] < parts["count"][i], body, (jnp.int32(0), dq0, dk, dv, dbias, dslopes))
+        if dsinks is not None:  # d / d sink = -sum over rows of p_sink * D
+            p_sink = jnp.exp(sinks.astype(jnp.float32)[None, :, :, None] - lse_i)
+            dsinks = dsinks - jnp.sum(p_sink * delta_i, axis=(0, 3))
+        return (dk, dv, dbias, dslopes, dsinks), (dq, visits)
+
+    carry0 = (f32(k), f32(v), f32(bias), f32(slopes), f32(sinks))
+    (dk, dv, dbias, dslopes, dsinks), (dq, visits) = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
+    dq = jnp.moveaxis(dq, 0, 1).reshape(q.shape)
+    cast = lambda d, a: None if a is None else d.astype(a.dtype)  # noqa: E731
+    grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dbias, bias), cast(dsinks, sinks), cast(dslopes, slopes))
+    return grads, jnp.sum(visits)
+
+
+# ----------------------------------------------------------------------------- custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend(st, q, k, v, bias, sinks, slopes, parts):
+    return _forward(st, q, k, v, bias, sinks, slopes, parts)[0]
+
+
+def _attend_fwd(st, q, k, v, bias, sinks, slopes, parts):
+    out, lse, _ = _forward(st, q, k, v, bias, sinks, slopes, parts)
+    return out, (q, k, v, bias, sinks, slopes, parts, out, lse)  # the inputs, the output, the lse
+
+
+def _attend_bwd(st, res, d_out):
+    q, k, v, bias, sinks, slopes, parts, out, lse = res
+    grads, _ = _backward(st, q, k, v, bias, sinks, slopes, parts, out, lse, d_out)
+    return (*grads, None)  # the mask parts are integers: no cotangent
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+# ----------------------------------------------------------------------------- splash (TPU)
+def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interpret: bool = False):
+    """Pallas' TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention)
+    for the cases it takes, else None (the caller runs the blockwise path). UNTESTED ON A TPU: there
+    is none in this project's CI or machines. Checked once, by hand, in Pallas' interpret mode on
+    CPU (interpret=True; the forward only, GQA at T = 256: causal, a causal window with
+    soft-cap, a bidirectional window): within 7.2e-7 of the plain path. Not in the suite
+    (interpreting the kernel takes seconds per mask).
+
+    Taken: causal or full masks over default slots (0..T-1, known at trace time), optionally a
+    static sliding window, soft-cap; no bias, ALiBi, sinks, key padding or segment ids (splash
+    takes the mask as a static pattern and treats segment 0 as a document of its own, so
+    run-time slots, padding and packing stay blockwise)."""
+    if (bias is not None or sinks is not None or mask.alibi_slopes is not None or mask.k_valid is not None
+            or mask.q_segments is not None):
+        return None
+    try:  # the pattern must be static: default slots and a concrete window
+        q_slots, k_slots = np.asarray(mask.q_slots), np.asarray(mask.k_slots)
+        window = None if mask.window is None else int(np.asarray(mask.window))
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
+        return None
+    t, s = q.shape[1], k.shape[1]
+    if (q_slots.shape[0] != 1 or not np.array_equal(q_slots[0], np.arange(t))
+            or not np.array_equal(k_slots[0], np.arange(s))):
+        return None
+    try:
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    except ImportError:
+        return None
+    h, g = q.shape[2], k.shape[2]
+    if window is not None:  # keys j with i - window < j <= i (causal) or |i - j| < window
+        one = sm.LocalMask((t, s), (window - 1, 0 if mask.causal else window - 1), offset=0)
+    elif mask.causal:
+        one = sm.CausalMask((t, s))
+    else:
+        one = sm.FullMask((t, s))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # one MQA kernel per (batch, kv head): R query heads [R, T, K] against keys [S, K]
+    # splash's 512 blocks, or the whole sequence when shorter (the lengths must be multiples)
+    sizes = sk.BlockSizes(block_q=min(512, t), block_kv=min(512, s), block_kv_compute=min(512, s),
+                          block_q_dkv=min(512, t), block_kv_dkv=min(512, s), block_kv_dkv_compute=min(512, s),
+                          block_q_dq=min(512, t), block_kv_dq=min(512, s))
+    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask(tuple([one] * (h // g))), block_sizes=sizes,
+                                              attn_logits_soft_cap=softcap, interpret=interpret)
+    qh = jnp.moveaxis(q.reshape(q.shape[0], t, g, h // g, -1), 1, 3) * scale  # [B, G, R, T, K]
+    kh, vh = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)  # [B, G, S, K]
+    out = jax.vmap(jax.vmap(kernel))(qh, kh, vh)  # [B, G, R, T, Kv]
+    return jnp.moveaxis(out, 3, 1).reshape(q.shape[:3] + (v.shape[-1],))

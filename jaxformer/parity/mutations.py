@@ -364,6 +364,23 @@ def _lora_wrong_module():
     return patched(lora, "find_targets", find_targets)
 
 
+def _blockwise():
+    from jaxformer.layers import blockwise
+    return blockwise
+
+
+def _blockwise_no_rescale():
+    import jax.numpy as jnp
+    # the running sums kept when the running max grows (exp(m_old - m_new) forgotten)
+    return patched(_blockwise(), "_rescale", lambda m_old, m_new: jnp.ones_like(m_new))
+
+
+def _blockwise_lse_log2():
+    # the backward reads the natural-log lse as log2 units (the exp2 convention of FA kernels):
+    # the forward stays right, only the recomputed probabilities and so the gradients are wrong
+    return patched(_blockwise(), "_lse_for_backward", lambda lse: lse / math.log(2.0))
+
+
 for _m in [
     Mutation("layernorm_eps_10x", "LayerNorm eps 1e-4 instead of 1e-5", _layernorm_eps,
              ("norm_layernorm_eps_small_std",)),
@@ -418,6 +435,12 @@ for _m in [
              ("lora_llama_targets_q_only",)),
     Mutation("lora_base_not_frozen", "LoRA base weights get a gradient (no stop_gradient)", _lora_base_not_frozen,
              ("lora_linear",), grads_too=True),
+    Mutation("blockwise_running_max_not_rescaled", "blockwise attention keeps its running sums unscaled when "
+             "the running max grows", _blockwise_no_rescale,
+             ("blockwise_causal_odd_length", "lm_blockwise_gpt_oss_layer_types_left_padding")),
+    Mutation("blockwise_backward_lse_log2", "blockwise attention's backward reads the log-sum-exp in log2 "
+             "units (forward right, gradients wrong)", _blockwise_lse_log2,
+             ("blockwise_padded_gqa", "blockwise_sinks_padded_gqa"), grads_too=True),
 ]:
     register(_m)
 

@@ -17,7 +17,8 @@ import numpy as np
 CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models",
                 "jaxformer.parity.cases_vision", "jaxformer.parity.cases_moe",
                 "jaxformer.parity.cases_mla", "jaxformer.parity.cases_sinks",
-                "jaxformer.parity.cases_packing", "jaxformer.parity.cases_lora")
+                "jaxformer.parity.cases_packing", "jaxformer.parity.cases_lora",
+                "jaxformer.parity.cases_blockwise")
 
 from jaxformer.parity.harness import GRAD_TOL, OUT_TOL, Tolerance
 
@@ -32,6 +33,9 @@ class Case:
     grad_tol: Tolerance = GRAD_TOL
     grads: bool = True
     note: str = ""
+    # jaxformer.lowering switches the JAX side is traced under (e.g. attention="blockwise");
+    # the torch side runs as it is (its plain path)
+    lowering: tuple[tuple[str, Any], ...] = ()
 
 
 CASES: dict[str, Case] = {}
@@ -97,11 +101,13 @@ def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
 
 def run_case(c: Case, seed: int = 0, reference: bool = False):
     """check_parity on one case; reference=True also measures each side against float64."""
+    from jaxformer import lowering
     from jaxformer.parity.harness import check_parity
     torch_module, flax_module = c.build(seed)
     inputs = c.inputs(np.random.RandomState(seed))
-    return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
-                        grads=c.grads, case=c.name, seed=seed, reference=reference)
+    with lowering.tracing(**dict(c.lowering)):  # check_parity traces the JAX side inside
+        return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
+                            grads=c.grads, case=c.name, seed=seed, reference=reference)
 
 
 # ----------------------------------------------------------------------------- input makers
