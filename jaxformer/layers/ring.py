@@ -85,6 +85,20 @@ def zigzag_order(length: int, n: int) -> np.ndarray:
     return np.concatenate([np.concatenate([chunks[i], chunks[2 * n - 1 - i]]) for i in range(n)])
 
 
+def from_zigzag(x: jax.Array, n: int) -> jax.Array:
+    """x [B, T, ...] in the zigzag layout over n devices -> the natural order: x[:, argsort(order)]
+    written as slices, a flip and a concatenation of the 2n chunks, which XLA's partitioner moves
+    between the context devices with collective permutes (the gather form of the same
+    permutation it lowers as an all-reduce of the whole [B, T, ...])."""
+    if n <= 1:
+        return x
+    b, t = x.shape[:2]
+    y = x.reshape((b, n, 2, t // (2 * n)) + x.shape[2:])  # [B, device, half, chunk, ...]
+    # device i holds chunk i, then chunk 2n-1-i: the first halves are chunks 0..n-1 in order,
+    # the second halves chunks n..2n-1 read from the last device to the first
+    return jnp.concatenate([y[:, :, 0], y[:, ::-1, 1]], axis=1).reshape(x.shape)
+
+
 def permute_mask(mask: AttentionMask, order) -> AttentionMask:
     """The parts of a self-attention mask over a sequence whose index i holds slot order[i]
     (the mask's own slots must be 0..T-1)."""
