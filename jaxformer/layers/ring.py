@@ -42,7 +42,6 @@ mesh with the context axis (one device, a test), one step over the whole sequenc
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -230,27 +229,78 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     specs = (P(batch, axis, heads), P(batch, axis, heads), P(batch, axis, heads),
              tuple(seq(a) for a in parts), None if mask.window is None else P(),
              None if mask.alibi_slopes is None else P(heads), None if sinks is None else P(heads))
-    step = jax.checkpoint(functools.partial(local_attention, scale=scale, softcap=softcap))
-    ring = [(j, (j + 1) % n) for j in range(n)]
+    attend = _ring(axis, n, scale, softcap, mask.causal)
 
     def body(q, k, v, parts, window, slopes, sinks):  # this device's shard of the sequence
         q_slots, q_segments, k_slots, k_valid, k_segments = parts
-        local = AttentionMask(q_slots, k_slots, window=window, alibi_slopes=slopes, causal=mask.causal)
-        kv = (k, v, k_slots, k_valid, k_segments)
-
-        def attend(held):
-            k, v, *k_parts = held
-            return step(q, k, v, local, (q_slots, q_segments), tuple(k_parts))
-
-        out, lse = attend(kv)  # the block this device holds, then the n - 1 it receives
-
-        def turn(carry, _):
-            out, lse, held = carry
-            held = jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), held)
-            out, lse = merge(out, lse, *attend(held))
-            return (out, lse, held), None
-
-        (out, lse, _), _ = jax.lax.scan(turn, (out, lse, kv), None, length=n - 1)
+        out, lse = attend(q, k, v, (q_slots, q_segments), (k_slots, k_valid, k_segments), window, slopes)
         return finish(out, lse, sinks, q.dtype)
 
     return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(batch, axis, heads))(*args)
+
+
+def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool):
+    """The ring inside shard_map: (q [B, T/n, H, K], this device's k, v, q_parts (slots,
+    segments), k_parts (slots, valid, segments), window, slopes) -> merged (out float32, lse).
+
+    Its gradient is written out (custom_vjp) so that the backward keeps only q, k, v, out and
+    lse of this device (O(T/n)) instead of the n key/value blocks a scan's autodiff would save:
+    the key/value blocks go around the ring again, each step recomputes its block's (out_i,
+    lse_i) under jax.vjp of `local_attention` (every mask feature, soft-cap and GQA included),
+    feeds it the cotangents of the merge, and adds the block's dk, dv to a buffer that travels
+    with the block; one last ppermute brings each buffer home. The merge's cotangents, with
+    w_i = exp(lse_i - lse) the block's share of the softmax:
+      d out_i = w_i d out,   d lse_i = w_i (d lse + <d out, out_i - out>)."""
+    ring = [(j, (j + 1) % n) for j in range(n)]
+    shift = lambda tree: jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), tree)  # noqa: E731
+
+    def local(q, k, v, q_parts, k_parts, window, slopes):
+        mask = AttentionMask(q_parts[0], k_parts[0], window=window, alibi_slopes=slopes, causal=causal)
+        return local_attention(q, k, v, mask, q_parts, k_parts, scale=scale, softcap=softcap)
+
+    def forward(q, k, v, q_parts, k_parts, window, slopes):
+        out, lse = local(q, k, v, q_parts, k_parts, window, slopes)  # the block held, then n - 1 received
+
+        def turn(carry, _):
+            out, lse, held = carry
+            held = shift(held)
+            k, v, k_parts = held
+            out, lse = merge(out, lse, *local(q, k, v, q_parts, k_parts, window, slopes))
+            return (out, lse, held), None
+
+        (out, lse, _), _ = jax.lax.scan(turn, (out, lse, (k, v, k_parts)), None, length=n - 1)
+        return out, lse
+
+    @jax.custom_vjp
+    def attend(q, k, v, q_parts, k_parts, window, slopes):
+        return forward(q, k, v, q_parts, k_parts, window, slopes)
+
+    def fwd(q, k, v, q_parts, k_parts, window, slopes):
+        out, lse = forward(q, k, v, q_parts, k_parts, window, slopes)
+        return (out, lse), (q, k, v, q_parts, k_parts, window, slopes, out, lse)
+
+    def bwd(res, cts):
+        q, k, v, q_parts, k_parts, window, slopes, out, lse = res
+        d_out, d_lse = cts
+        lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+
+        def grads(k, v, k_parts):  # this block's share of dq, dk, dv
+            (out_i, lse_i), vjp = jax.vjp(lambda q, k, v: local(q, k, v, q_parts, k_parts, window, slopes), q, k, v)
+            w = jnp.exp(lse_i - lse_safe)  # [B, T, H]; 0 where the block shows the row nothing
+            d_lse_i = w * (d_lse + jnp.sum(d_out * (out_i - out), axis=-1))
+            return vjp((w[..., None] * d_out, d_lse_i))
+
+        dq, dk, dv = grads(k, v, k_parts)
+
+        def turn(carry, _):
+            dq, held, d_held = carry
+            held, d_held = shift(held), shift(d_held)
+            gq, gk, gv = grads(*held)
+            return (dq + gq, held, (d_held[0] + gk, d_held[1] + gv)), None
+
+        (dq, _, d_held), _ = jax.lax.scan(turn, (dq, (k, v, k_parts), (dk, dv)), None, length=n - 1)
+        dk, dv = shift(d_held)  # after n - 1 steps this device holds device i+1's block: send it home
+        return dq, dk, dv, None, None, None, None
+
+    attend.defvjp(fwd, bwd)
+    return attend
