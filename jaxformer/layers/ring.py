@@ -16,8 +16,8 @@ The mask of each (query block, key block) pair is built from the parts by slot
 (AttentionMask.visible), so the result is exact for any order of the tokens: causal, padding,
 sliding windows, segment ids, ALiBi; GQA, soft-capping and attention sinks as
 dot_product_attention's explicit path (a row with no visible key outputs 0; a sink joins the
-denominator once, after the merge). Gradients are JAX's autodiff through shard_map, the scan
-and ppermute (its transpose is the ppermute back); docs/numerics.md §30.
+denominator once, after the merge). The backward pass is written out (`_ring`, a custom_vjp):
+the blocks go around the ring again with their dk, dv buffers; docs/numerics.md §30.
 
 Load balance (zigzag): under a causal mask, contiguous chunks give the last device T/n queries
 that see every key and the first device queries that see almost none. `zigzag_order` splits the
@@ -28,12 +28,12 @@ embedding's inputs are known, the hidden states put back in order before the log
 layer.
 
 Per-step compute and memory: the local attention of one step is plain jnp on a [T/n, T/n]
-score block per head ((T/n)^2 memory, freed after the step) and is rematerialised in the
-backward pass (jax.checkpoint), so what a layer keeps per device is O(T) (its q/k/v blocks,
-output and lse), not n score blocks. It does the whole block even where the mask hides it (no
-skipping yet): with zigzag every device does the same work. The blockwise kernel
-(jaxformer/layers/blockwise.py, which returns out and lse per query block in the same form)
-can replace `local_attention` to bring a step to O(T/n) memory and skip fully masked blocks.
+score block per head ((T/n)^2 memory, freed after the step; recomputed in the backward). What a
+layer keeps per device for the backward is its q, k, v shards, output and lse: O(T/n). A step
+does its whole block even where the mask hides it (no skipping yet): with zigzag every device
+does the same work. The blockwise kernel (jaxformer/layers/blockwise.py, whose per-block
+quantities are this out and lse) can replace `local_attention` to bring a step from (T/n)^2 to
+O(T/n x block) memory and skip fully masked blocks.
 
 Layout: queries, keys and values split over the context axis on the sequence, over the batch
 axes (data x fsdp x expert, the trainer's default "batch" rule, as layers/moe_parallel.py) on
