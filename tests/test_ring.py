@@ -1,8 +1,9 @@
 """Context parallelism: ring attention (jaxformer/layers/ring.py) against the plain path, outputs
-and gradients, on a data 2 x context 4 mesh of the 8 host devices (tests/conftest.py); its torch
-twin; the zigzag layout; the LM's training trajectory on that mesh against one device (RoPE,
-GQA, a sliding-window layer, packed documents) and the collectives of its train step; the config
-checks of parallel.mesh.context and train.attention."""
+and gradients, on data 2 x context 4 and context 4 x tensor 2 meshes of the 8 host devices
+(tests/conftest.py); its torch twin; the zigzag layout; the LM's training trajectory on a
+context 4 x data 2 mesh against one device (RoPE, GQA, a sliding-window layer, packed
+documents) and the collectives of its train step; the config checks of parallel.mesh.context
+and train.attention."""
 import contextlib
 import re
 
@@ -23,8 +24,9 @@ SEGMENTS = np.array([[1] * 5 + [2] * 7 + [0] * 4, [1] * 9 + [2] * 7])  # two doc
 VALID = np.array([[1] * 14 + [0] * 2, [1] * 16], bool)
 
 
-def _mesh():
-    return jax.make_mesh((2, 4), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def _mesh(axes=("data", "context")):
+    return jax.make_mesh((2, 4) if axes[0] != "context" else (4, 2), axes,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 def _inputs():
@@ -33,11 +35,12 @@ def _inputs():
             jax.random.normal(ks[2], (B, T, G, K)), jax.random.normal(ks[3], (H,)))
 
 
-# causal + padding + window + packed segments + GQA in the zigzag layout; bidirectional +
-# padding + ALiBi + soft-cap + sinks in the contiguous one
+# causal + padding + window + packed segments + GQA in the zigzag layout on data 2 x context 4;
+# bidirectional + padding + ALiBi + soft-cap + sinks in the contiguous one on context 4 x
+# tensor 2 (heads, slopes and sinks split over tensor)
 CASES = {
     "causal_window_segments_zigzag": (dict(causal=True, key_valid=VALID, segment_ids=SEGMENTS), 5, False, True),
-    "bidirectional_alibi_softcap_sinks": (dict(causal=False, key_valid=VALID), None, True, False),
+    "bidirectional_alibi_softcap_sinks_tensor": (dict(causal=False, key_valid=VALID), None, True, False),
 }
 
 
@@ -68,7 +71,7 @@ def test_ring_attention_matches_plain(case):
         return jnp.sum(jnp.sin(out)), out
 
     grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2, 3), has_aux=True))  # noqa: E731
-    with jax.set_mesh(_mesh()):
+    with jax.set_mesh(_mesh(("context", "tensor") if extras else ("data", "context"))):
         g_ring, out_ring = grad(ring_loss)(q, k, v, sinks)
     g_plain, out_plain = grad(plain_loss)(q, k, v, sinks)
     d_out = float(jnp.max(jnp.abs(out_ring - out_plain)))
