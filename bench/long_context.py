@@ -60,12 +60,14 @@ def reset_peak() -> int:
     return status_bytes("VmRSS:")
 
 
-def run_config(seq: int):
+def run_config(seq: int, attention: str = "plain"):
     from jaxformer.config import to_dict
     from jaxformer.config.models import LMConfig
     from jaxformer.train.config import config_from_dict
     model = {"name": "lm", **to_dict(LMConfig.llama(**MODEL, max_len=seq))}
-    train = {"steps": 10, "batch_size": 1, "lr": 1e-4, "warmup_steps": 0, "schedule": "constant"}
+    # train.attention: the train steps trace under it (StepFns.tracing), over any outer switch
+    train = {"steps": 10, "batch_size": 1, "lr": 1e-4, "warmup_steps": 0, "schedule": "constant",
+             "attention": attention}
     return config_from_dict({"model": model, "data": {"name": "stdlib_docs", "seq_len": seq}, "train": train})
 
 
@@ -78,7 +80,7 @@ def jax_child(impl: str, seq: int, steps: int, plain_limit: float) -> dict:
     from jaxformer.train import init as init_lib
     from jaxformer.train.optim import make_optax
     from jaxformer.train.steps import StepFns
-    cfg = run_config(seq)
+    cfg = run_config(seq, impl)
     model = init_lib.abstract_model("lm", cfg.model, 0)
     tx, schedule = make_optax(cfg.train, init_lib.lora.split(model)[1], scan_prefixes(model))
     state = init_lib.create_state("lm", cfg.model, "normal_0.02", 0, tx)

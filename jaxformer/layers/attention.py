@@ -153,7 +153,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         mask: bool, broadcastable to [B, H, T, S], True = attend; or an AttentionMask (its
             parts), which runs the blockwise path (jaxformer/layers/blockwise.py), or ring
             attention with a context axis, as `lowering.active()` says; made dense otherwise
-            (return_weights, active dropout, a KV cache, attention "plain").
+            (return_weights, active dropout, a KV cache, attention "plain" without a context axis).
         bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).
         scale: default 1/sqrt(K).
         return_weights: also return the [B, H, T, S] weights (explicit path).
@@ -174,8 +174,9 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
     if isinstance(mask, AttentionMask):  # the parts of a mask (blockwise / ring paths)
         dropout_on = dropout is not None and dropout.rate > 0 and not dropout.deterministic
-        if return_weights or dropout_on or kv_head_major or switches.attention == "plain":
-            if dropout_on and switches.attention != "plain":
+        dense = switches.attention == "plain" and switches.context_axis is None
+        if return_weights or dropout_on or kv_head_major or dense:
+            if dropout_on and not dense:
                 raise ValueError("blockwise attention does not apply attention dropout (it would need "
                                  "the plain path's [B, H, T, S] random mask); set the model's "
                                  "attention dropout to 0 or use attention: plain")

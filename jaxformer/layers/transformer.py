@@ -37,7 +37,7 @@ from jaxformer.config import ConfigError
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.mla import MultiHeadLatentAttention
-from jaxformer.layers import partitioning
+from jaxformer.layers import partitioning, ring
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
@@ -348,6 +348,7 @@ class _Stack(nnx.Module):
                 record = {} if want else None
                 x = _remat_call(layer, x, call, policy, record, flags[i]) if policy else \
                     call(layer, x, record, flags[i])
+                x = ring.shard_sequence(x)  # split over the context axis between layers, if any
                 if keep:
                     _store_layer(intermediates, i, record, x)
                 records.append(record)
@@ -363,7 +364,7 @@ class _Stack(nnx.Module):
             layer_state, local = (xs, flags[0]) if uniform else xs
             layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
             record = {} if want else None
-            h = call(layer, h, record, local)
+            h = ring.shard_sequence(call(layer, h, record, local))  # split over the context axis, if any
             return h, ((h if keep else None, record), nnx.state(layer))
 
         if policy:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer.config.models import LMConfig
@@ -15,6 +16,7 @@ from jaxformer import lowering
 from jaxformer.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
+from jaxformer.layers import ring
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder
 from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
@@ -82,12 +84,23 @@ class LM(nnx.Module):
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
             positions = position_ids
-        x = self.embed(ids, positions)  # [B, T, D]
+        # context parallelism (ring attention): the sequence in zigzag order, permuted once here
+        # and put back before the logits; the masks go by slot (layers/ring.py, docs/numerics.md §30)
+        n = ring.context_size() if cache is None and not return_intermediates else 1
+        order = ring.zigzag_order(t, n) if n > 1 else None
+        if order is not None:
+            ids, positions, mask = ids[:, order], positions[:, order], ring.permute_mask(mask, order)
+        x = ring.shard_sequence(self.embed(ids, positions))  # [B, T, D]
         aux = {} if return_aux else None
         out = self.decoder(x, mask=mask, positions=positions, return_intermediates=return_intermediates,
                            cache=cache, cache_index=cache_index, return_attention=return_attention, aux=aux)
         out = out if isinstance(out, tuple) else (out,)
-        logits = self.logits(out[0])  # [B, T, V]
+        h = out[0]
+        if order is not None:
+            h = ring.shard_sequence(ring.from_zigzag(h, n))  # the logits split over the context axis too
+            if return_aux:  # router logits [n_sparse, B, T, E] in sequence order too
+                aux["router_logits"] = aux["router_logits"][:, :, np.argsort(order)]
+        logits = self.logits(h)  # [B, T, V]
         if return_intermediates:
             out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
         if return_aux:

@@ -25,6 +25,7 @@ REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_
 PARALLEL_MODES = ("none", "pmap", "mesh")
 NONFINITE = ("stop", "skip")
 LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/quant.py's reduced weights
+ATTENTION = ("plain", "blockwise", "splash")  # jaxformer/lowering.py's attention switch
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,11 @@ class TrainConfig:
     sample_tokens: int = 48  # length of the sample printed at the end (lm, seq2seq)
     sample_temperature: float = 0.8  # lm: the sampled continuation's settings (train/samples.py)
     sample_top_p: float = 0.9
+    # how self-attention is computed (jaxformer/lowering.py; the function is the same): plain
+    # ([B, H, T, S] scores, O(T^2) memory), blockwise (online softmax over key blocks, O(T)),
+    # splash (TPU's Pallas kernel, blockwise elsewhere); attention_blocks = (query, key) block
+    attention: str = "plain"
+    attention_blocks: tuple[int, int] = (512, 512)
 
     def __post_init__(self) -> None:
         check_positive(self, "steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches",
@@ -99,6 +105,9 @@ class TrainConfig:
         check_choice(self, "remat_policy", REMAT_POLICIES)
         check_choice(self, "init", INITS)
         check_choice(self, "on_nonfinite", NONFINITE)
+        check_choice(self, "attention", ATTENTION)
+        check(all(b > 0 for b in self.attention_blocks), "attention_blocks",
+              f"must be two positive block sizes [query, key], got {list(self.attention_blocks)}")
         check(math.isfinite(self.lr), "lr", f"must be finite, got {self.lr}")
         check(self.batch_size % self.grad_accum_steps == 0, "grad_accum_steps",
               f"batch_size={self.batch_size} is not divisible by grad_accum_steps={self.grad_accum_steps}")
@@ -120,10 +129,19 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1  # expert parallelism: MoE experts split over it; it also splits the batch
+    # context parallelism: the sequence split over it, attention as ring attention
+    # (jaxformer/layers/ring.py); lm only, data.seq_len divisible by 2 x context (zigzag)
+    context: int = 1
+
+    def __post_init__(self) -> None:
+        check_positive(self, "fsdp", "tensor", "expert", "context")
+        check(self.data == -1 or self.data > 0, "data", f"must be -1 (the rest) or > 0, got {self.data}")
 
 
-# expert sits outside tensor: tensor is the innermost (fastest-linked) axis
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# expert sits outside tensor: tensor is the innermost (fastest-linked) axis; context next to it
+# (ring attention passes key/value blocks between neighbours on it at every layer)
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
+CONTEXT_AXIS = "context"
 # logical axis (jaxformer/layers/partitioning.py) -> mesh axis, several, or None (never split)
 LOGICAL_AXIS_RULES: dict[str, Any] = {
     # the global batch is split over data x fsdp x expert (the expert axis is data parallel
@@ -287,6 +305,13 @@ def check_sections(cfg: RunConfig) -> None:
              f"train.batch_size={t.batch_size} is not divisible by grad_accum_steps="
              f"{t.grad_accum_steps} x parallel.num_devices={n} = {t.grad_accum_steps * n}: use a "
              f"multiple of {t.grad_accum_steps * n}")
+    attn_rate = t.dropout if t.dropout is not None else getattr(m, "attn_dropout", 0.0)
+    need(t.attention == "plain" or not attn_rate,
+         f"train.attention={t.attention} does not apply attention dropout ({attn_rate}; it needs the "
+         "plain path's [B, H, T, S] weights): set model.attn_dropout (and train.dropout) to 0, or "
+         "train.attention: plain")
+    if p.mesh.context > 1:
+        problems += _context_problems(cfg)
     if p.mode == "mesh" and p.mesh.data > 0:
         shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert
         need(t.micro_batch % shards == 0, f"train.batch_size / grad_accum_steps = {t.micro_batch} "
@@ -294,6 +319,30 @@ def check_sections(cfg: RunConfig) -> None:
              f"that is a multiple of {t.grad_accum_steps * shards}")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _context_problems(cfg: RunConfig) -> list[str]:
+    """parallel.mesh.context > 1: ring attention over the sequence of an LM (layers/ring.py)."""
+    m, d, p, n = cfg.model, cfg.data, cfg.parallel, cfg.parallel.mesh.context
+    out = []
+    if p.mode != "mesh":
+        out.append(f"parallel.mesh.context={n} needs parallel.mode: mesh (got {p.mode})")
+    if cfg.model_name != "lm":
+        out.append(f"parallel.mesh.context={n}: context parallelism is implemented for model.name lm "
+                   f"only, got {cfg.model_name}")
+        return out
+    seq = getattr(d, "seq_len", None)
+    if seq is not None and seq % (2 * n):
+        out.append(f"data.seq_len={seq} does not divide by 2 x parallel.mesh.context = {2 * n} "
+                   "(the zigzag layout gives each context device two equal chunks)")
+    rate = cfg.train.dropout if cfg.train.dropout is not None else getattr(m, "attn_dropout", 0.0)
+    if rate:
+        out.append(f"parallel.mesh.context={n}: attention dropout {rate} is not applied by ring attention "
+                   "(it needs the [B, H, T, S] weights); set model.attn_dropout (and train.dropout) to 0")
+    if getattr(m, "position", None) == "t5":
+        out.append(f"parallel.mesh.context={n}: T5's relative bias is a dense [H, T, S] bias that ring "
+                   "attention does not pass around the ring")
+    return out
 
 
 def _image_folder_problems(cfg: RunConfig) -> list[str]:

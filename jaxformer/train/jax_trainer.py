@@ -218,13 +218,13 @@ class JaxTrainer:
 
     # ------------------------------------------------------------------ mesh
     def _setup_mesh(self) -> None:
-        """A (data, fsdp, expert, tensor) mesh and the state's shardings, from each param's logical
+        """A (data, fsdp, expert, context, tensor) mesh and the state's shardings, from each param's logical
         axes and the parallel config's axis rules; see train/sharding.py."""
         from jaxformer.train import sharding
         m = self.cfg.parallel.mesh
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
-        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices)
+        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context)
         rules = self.cfg.parallel.logical_axis_rules()
         batch_axes = rules["batch"]
         shards = math.prod(self.mesh.shape[a] for a in batch_axes)

@@ -1,6 +1,14 @@
-"""Mesh sharding for `parallel.mode: mesh`: data, FSDP, expert and tensor parallelism on one
-`jax.sharding.Mesh` with axes ("data", "fsdp", "expert", "tensor"), driven by `jax.jit` +
-NamedSharding and XLA's SPMD partitioner; the one hand-written exchange is the MoE dispatch.
+"""Mesh sharding for `parallel.mode: mesh`: data, FSDP, expert, context and tensor parallelism on
+one `jax.sharding.Mesh` with axes ("data", "fsdp", "expert", "context", "tensor"), driven by
+`jax.jit` + NamedSharding and XLA's SPMD partitioner; the hand-written exchanges are the MoE
+dispatch and ring attention.
+
+Context parallelism: the sequence is split over `context`. Parameters and the batch are
+replicated over it (the batch arrays [A, micro, T + 1] are split over the batch axes only); the
+LM permutes its sequence into the zigzag layout, and its activations are constrained to the
+sequence split over `context` between layers (jaxformer/layers/ring.py shard_sequence), where
+self-attention runs as ring attention (a shard_map passing key/value blocks around `context`).
+Parameter gradients are summed over `context` by XLA like over the data axes.
 
 Expert parallelism: the stacked expert weights are split over `expert`, and the batch over
 data x fsdp x expert. Under the trainer's mesh (jax.set_mesh) each MoE layer runs its routing
@@ -42,9 +50,10 @@ DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(
                  for k, v in LOGICAL_AXIS_RULES.items()}
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None) -> Mesh:
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None,
+              context: int = 1) -> Mesh:
     devices = list(devices if devices is not None else jax.devices())
-    sizes = [data, fsdp, expert, tensor]  # MESH_AXES order
+    sizes = [data, fsdp, expert, context, tensor]  # MESH_AXES order
     if sizes.count(-1) > 1:
         raise ValueError("parallel.mesh: at most one axis may be -1")
     known = math.prod(s for s in sizes if s != -1)
@@ -53,7 +62,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, d
             raise ValueError(f"parallel.mesh: {len(devices)} devices do not divide by {known}")
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
-        raise ValueError(f"parallel.mesh: data x fsdp x expert x tensor = {math.prod(sizes)} but there are "
+        raise ValueError(f"parallel.mesh: data x fsdp x expert x context x tensor = {math.prod(sizes)} but there are "
                          f"{len(devices)} devices")
     # Auto axes: XLA's SPMD partitioner propagates shardings from the annotated params/batch
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.train import lora, tasks
-from jaxformer.train.config import RunConfig
+from jaxformer.train.config import CONTEXT_AXIS, RunConfig
 
 
 def _cast_floats(tree, dtype):
@@ -39,6 +40,16 @@ class StepFns:
         self.pad_id = getattr(cfg.model, "pad_id", 0)
         self.moe = tasks.moe_of(cfg.model) if cfg.model_name == "lm" else None
 
+    def tracing(self):
+        """The lowering switches the model is traced under (jaxformer/lowering.py): train.attention
+        and its blocks; with parallel.mesh.context > 1 the context axis (ring attention, the
+        sequence split over it). Entered inside the step, so every wrapper (jit on one device or
+        a mesh, pmap, a bench's own jit) traces the same program."""
+        tc, mesh = self.cfg.train, self.cfg.parallel.mesh
+        context = CONTEXT_AXIS if self.cfg.parallel.mode == "mesh" and mesh.context > 1 else None
+        return lowering.tracing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks),
+                                context_axis=context)
+
     def _psum(self, x):
         return jax.lax.psum(x, self.axis_name) if self.axis_name else x
 
@@ -54,8 +65,9 @@ class StepFns:
         rest = jax.tree.map(lambda x: x, rest)
         model = lora.merge(graphdef, params, frozen, rest)
         kw = {"axis_name": self.axis_name} if self.axis_name else {}  # pmap: MoE aux over all devices
-        loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
-                                                  self.cfg.train.label_smoothing, self.pad_id, **kw)
+        with self.tracing():
+            loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
+                                                      self.cfg.train.label_smoothing, self.pad_id, **kw)
         if train:  # the objective adds the MoE aux losses; eval reports the task's loss alone
             loss = tasks.objective(loss, metrics, self.moe)
         new_rest = lora.split(model)[-1]

@@ -31,6 +31,7 @@ from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.jax_trainer import model_config_for_training
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_torch_optimizer
+from torch_ref import lowering as torch_lowering
 
 
 def build_torch_model(cfg: RunConfig):
@@ -183,6 +184,12 @@ class TorchTrainer:
         return 0
 
     # ------------------------------------------------------------------ steps
+    def computing(self):
+        """train.attention (torch_ref/lowering.py's switch, the JAX steps' twin); torch has no
+        context mesh, so parallel.mesh.context does not apply here."""
+        tc = self.cfg.train
+        return torch_lowering.computing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks))
+
     def train_step(self, batch: dict) -> dict:
         tc = self.cfg.train
         self.module.train()
@@ -192,7 +199,7 @@ class TorchTrainer:
         counts = []
         for a in range(tc.grad_accum_steps):
             mb = _to_torch({k: v[a * micro:(a + 1) * micro] for k, v in batch.items()})
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast), self.computing():
                 loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, mb,
                                                                 tc.label_smoothing, self.pad_id)
             loss = torch_tasks.objective(loss, metrics, self.moe)  # + MoE aux losses (tasks.py)
@@ -228,7 +235,7 @@ class TorchTrainer:
         self.module.eval()
         totals: dict[str, float] = {}
         for batch in pipeline.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast), self.computing():
                 loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, _to_torch(batch),
                                                                 self.cfg.train.label_smoothing, self.pad_id)
             metrics = {k: v for k, v in metrics.items() if not k.startswith("moe_")}  # eval: the LM loss alone

@@ -1,0 +1,306 @@
+"""Ring attention (context parallelism): exact self-attention over a sequence split across the
+devices of one mesh axis, `lowering.active().context_axis` (the trainer's `context` axis).
+Twin: torch_ref/layers/ring.py (no mesh in torch: the same blocks and merges in a loop).
+
+Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers". With n devices on the
+context axis, each holds T/n queries and the keys/values of the same T/n tokens, with their
+mask parts (slots, padding, segment ids):
+  1. every device attends its queries to the key/value block it holds, giving a partial output
+     and the log-sum-exp (lse) of its scores per query row;
+  2. the block (keys, values, their slots, padding and segments) moves one device along the
+     ring (jax.lax.ppermute, device j -> j + 1), and step 1 runs on the block received;
+  3. after n steps every query has seen every key; the partial results are merged as they
+     arrive by the online-softmax rule (`merge`): lse = log(e^lse_a + e^lse_b) and
+     out = (e^lse_a out_a + e^lse_b out_b) / e^lse.
+The mask of each (query block, key block) pair is built from the parts by slot
+(AttentionMask.visible), so the result is exact for any order of the tokens: causal, padding,
+sliding windows, segment ids, ALiBi; GQA, soft-capping and attention sinks as
+dot_product_attention's explicit path (a row with no visible key outputs 0; a sink joins the
+denominator once, after the merge). The backward pass is written out (`_ring`, a custom_vjp):
+the blocks go around the ring again with their dk, dv buffers; docs/numerics.md §30.
+
+Load balance (zigzag): under a causal mask, contiguous chunks give the last device T/n queries
+that see every key and the first device queries that see almost none. `zigzag_order` splits the
+sequence into 2n chunks and gives device i chunks i and 2n-1-i, so each device holds an early
+and a late part. Masks go by slots, so the zigzag is one permutation of the sequence axis, done
+once per forward by the LM (models/lm.py: ids, positions and mask parts permuted after the
+embedding's inputs are known, the hidden states put back in order before the logits), not per
+layer.
+
+Per-step compute and memory: the local attention of one step is plain jnp on a [T/n, T/n]
+score block per head ((T/n)^2 memory, freed after the step; recomputed in the backward). What a
+layer keeps per device for the backward is its q, k, v shards, output and lse: O(T/n). A step
+does its whole block even where the mask hides it (no skipping yet): with zigzag every device
+does the same work. The blockwise kernel (jaxformer/layers/blockwise.py, whose per-block
+quantities are this out and lse) can replace `local_attention` to bring a step from (T/n)^2 to
+O(T/n x block) memory and skip fully masked blocks.
+
+Layout: queries, keys and values split over the context axis on the sequence, over the batch
+axes (data x fsdp x expert, the trainer's default "batch" rule, as layers/moe_parallel.py) on
+the batch where it divides, and over `tensor` on the heads where both H and G divide. Without a
+mesh with the context axis (one device, a test), one step over the whole sequence runs.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from jaxformer import lowering
+from jaxformer.layers.attention import AttentionMask, alibi_block
+
+BATCH_AXES = ("data", "fsdp", "expert")  # the trainer's default "batch" rule (train/config.py)
+HEAD_AXIS = "tensor"
+
+
+# ----------------------------------------------------------------------------- layout
+def _mesh_axis(axis: str | None):
+    """(abstract mesh, size of `axis`) of the mesh in force (jax.set_mesh); size 1 without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if axis is None or mesh.empty or axis not in mesh.axis_names:
+        return mesh, 1
+    return mesh, mesh.shape[axis]
+
+
+def context_size() -> int:
+    """Devices on the active context axis (lowering.active().context_axis) of the mesh in force;
+    1 when there is none."""
+    return _mesh_axis(lowering.active().context_axis)[1]
+
+
+def zigzag_order(length: int, n: int) -> np.ndarray:
+    """The slot held at each index of the zigzag layout over n devices: the sequence in 2n
+    chunks, device i (indices i*length/n ..) holding chunk i then chunk 2n-1-i. -> [length]
+    int32 (the identity for n = 1)."""
+    if n <= 1:
+        return np.arange(length, dtype=np.int32)
+    if length % (2 * n):
+        raise ValueError(f"zigzag over {n} context devices needs a sequence length divisible by "
+                         f"2 x {n} = {2 * n}, got {length}")
+    chunks = np.arange(length, dtype=np.int32).reshape(2 * n, length // (2 * n))
+    return np.concatenate([np.concatenate([chunks[i], chunks[2 * n - 1 - i]]) for i in range(n)])
+
+
+def from_zigzag(x: jax.Array, n: int) -> jax.Array:
+    """x [B, T, ...] in the zigzag layout over n devices -> the natural order: x[:, argsort(order)]
+    written as slices, a flip and a concatenation of the 2n chunks, which XLA's partitioner moves
+    between the context devices with collective permutes (the gather form of the same
+    permutation it lowers as an all-reduce of the whole [B, T, ...])."""
+    if n <= 1:
+        return x
+    b, t = x.shape[:2]
+    y = x.reshape((b, n, 2, t // (2 * n)) + x.shape[2:])  # [B, device, half, chunk, ...]
+    # device i holds chunk i, then chunk 2n-1-i: the first halves are chunks 0..n-1 in order,
+    # the second halves chunks n..2n-1 read from the last device to the first
+    return jnp.concatenate([y[:, :, 0], y[:, ::-1, 1]], axis=1).reshape(x.shape)
+
+
+def permute_mask(mask: AttentionMask, order) -> AttentionMask:
+    """The parts of a self-attention mask over a sequence whose index i holds slot order[i]
+    (the mask's own slots must be 0..T-1)."""
+    take = lambda a: None if a is None else a[:, order]
+    slots = jnp.asarray(order, jnp.int32)[None]
+    return AttentionMask(slots, slots, k_valid=take(mask.k_valid), q_segments=take(mask.q_segments),
+                         k_segments=take(mask.k_segments), window=mask.window,
+                         alibi_slopes=mask.alibi_slopes, causal=mask.causal)
+
+
+def _batch_axes(mesh, batch: int) -> tuple:
+    axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+    return axes if axes and batch % math.prod(mesh.shape[a] for a in axes) == 0 else ()
+
+
+def shard_sequence(x: jax.Array) -> jax.Array:
+    """x [B, T, ...] constrained to the sequence split over the context axis (and the batch over
+    the batch axes) while a context axis is active; x itself otherwise. The stacks call it on
+    the activations between layers."""
+    axis = lowering.active().context_axis
+    mesh, n = _mesh_axis(axis)
+    if n <= 1 or x.ndim < 2 or x.shape[1] % n:
+        return x
+    batch = _batch_axes(mesh, x.shape[0]) or None
+    return jax.lax.with_sharding_constraint(x, P(batch, axis))
+
+
+# ----------------------------------------------------------------------------- one block
+def local_attention(q, k, v, mask: AttentionMask, q_parts: tuple, k_parts: tuple, *, scale: float,
+                    softcap: float | None):
+    """Attention of queries q [B, Tq, H, K] to one key/value block k [B, Sk, G, K], v [B, Sk, G, Kv]
+    -> (out [B, Tq, H, Kv] float32 normalised over this block, lse [B, Tq, H] float32; -inf and
+    out 0 on a row with no visible key). q_parts = (q_slots, q_segments), k_parts = (k_slots,
+    k_valid, k_segments): this block's slices of `mask`'s parts (its window, slopes, causal)."""
+    b, t, h, d = q.shape
+    g, s = k.shape[2], k.shape[1]
+    r = h // g
+    q_slots, q_segments = q_parts
+    k_slots, k_valid, k_segments = k_parts
+    scores = jnp.einsum("btgrk,bsgk->bgrts", q.reshape(b, t, g, r, d), k,
+                        preferred_element_type=jnp.float32) * scale
+    scores = scores.reshape(b, h, t, s)  # [B, H, Tq, Sk]
+    if softcap is not None:
+        scores = jnp.tanh(scores / softcap) * softcap
+    if mask.alibi_slopes is not None:
+        scores = scores + alibi_block(mask.alibi_slopes, q_slots, k_slots)
+    visible = mask.visible(q_slots, k_slots, k_valid, q_segments, k_segments)  # [B|1, 1, Tq, Sk]
+    scores = jnp.where(visible, scores, -jnp.inf)
+    m = jax.lax.stop_gradient(jnp.max(scores, axis=-1))  # [B, H, Tq]; any finite shift is exact
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(scores - m[..., None])  # 0 where hidden
+    l = jnp.sum(p, axis=-1)  # [B, H, Tq]
+    out = jnp.einsum("bgrts,bsgk->btgrk", p.reshape(b, g, r, t, s).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32).reshape(b, t, h, v.shape[-1])
+    seen = l > 0
+    l_safe = jnp.where(seen, l, 1.0)
+    lse = jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
+    out = out / jnp.swapaxes(l_safe, 1, 2)[..., None]
+    return out, jnp.swapaxes(lse, 1, 2)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Two softmax-normalised partial results over disjoint key sets -> the one over their union
+    (the online-softmax rule; a side with lse -inf saw no key and weighs 0)."""
+    m = jax.lax.stop_gradient(jnp.maximum(lse_a, lse_b))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    w_a, w_b = jnp.exp(lse_a - m), jnp.exp(lse_b - m)
+    total = w_a + w_b
+    seen = total > 0
+    safe = jnp.where(seen, total, 1.0)
+    lse = jnp.where(seen, m + jnp.log(safe), -jnp.inf)
+    out = (out_a * w_a[..., None] + out_b * w_b[..., None]) / safe[..., None]
+    return out, lse
+
+
+def finish(out, lse, sinks, dtype):
+    """The merged result with the attention sinks' column in its denominator:
+    out * e^lse / (e^lse + e^sink) = out * sigmoid(lse - sink)."""
+    if sinks is not None:
+        out = out * jax.nn.sigmoid(lse - sinks.astype(jnp.float32))[..., None]
+    return out.astype(dtype)
+
+
+# ----------------------------------------------------------------------------- the ring
+def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *, bias=None,
+                   scale: float | None = None, softcap: float | None = None,
+                   sinks: jax.Array | None = None) -> jax.Array:
+    """softmax(q k^T * scale [softcapped] [+ alibi], masked by `mask`) v over the context axis,
+    with dot_product_attention's semantics (blockwise_attention's signature).
+
+    Args:
+        q: [B, T, H, K]; k, v: [B, T, G, K] / [B, T, G, Kv] (self-attention: one sequence, in the
+            order the caller holds it, split in n contiguous shards over the context axis).
+        mask: an AttentionMask of this sequence (its slots say where each token sits).
+        bias: must be None: a dense [B, H, T, S] bias would have to travel with the keys; ALiBi
+            goes as mask.alibi_slopes.
+        scale: None = 1/sqrt(K).  softcap, sinks: as dot_product_attention.
+    Returns: [B, T, H, Kv] in q's dtype.
+    """
+    if bias is not None:
+        raise ValueError("ring attention takes no dense bias (T5's relative bias, a user bias); "
+                         "ALiBi goes as AttentionMask.alibi_slopes")
+    b, t, h, _ = q.shape
+    g = k.shape[2]
+    if h % g:
+        raise ValueError(f"query heads {h} are not a multiple of key/value heads {g}")
+    if k.shape[1] != t:
+        raise ValueError(f"ring attention is self-attention: {t} queries but {k.shape[1]} keys")
+    if sinks is not None and sinks.shape != (h,):
+        raise ValueError(f"sinks must be [H] = ({h},), one logit per query head, got {sinks.shape}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    axis = lowering.active().context_axis
+    mesh, n = _mesh_axis(axis)
+    full = lambda a, rows: None if a is None else jnp.broadcast_to(a, (rows,) + a.shape[1:])
+    if n <= 1:  # no ring: one step over the whole sequence
+        out, lse = local_attention(q, k, v, mask, (mask.q_slots, mask.q_segments),
+                                   (mask.k_slots, mask.k_valid, mask.k_segments), scale=scale, softcap=softcap)
+        return finish(out, lse, sinks, q.dtype)
+    if t % n:
+        raise ValueError(f"ring attention over {n} context devices needs a sequence length divisible "
+                         f"by {n}, got {t}")
+
+    batch = _batch_axes(mesh, b) or None
+    heads = HEAD_AXIS if (HEAD_AXIS in mesh.axis_names and mesh.shape[HEAD_AXIS] > 1
+                          and h % mesh.shape[HEAD_AXIS] == 0 and g % mesh.shape[HEAD_AXIS] == 0) else None
+    seq = lambda a: None if a is None else P(batch if a.shape[0] > 1 else None, axis)
+    parts = (mask.q_slots, mask.q_segments, mask.k_slots, mask.k_valid, mask.k_segments)
+    args = (q, k, v, parts, mask.window, mask.alibi_slopes, sinks)
+    specs = (P(batch, axis, heads), P(batch, axis, heads), P(batch, axis, heads),
+             tuple(seq(a) for a in parts), None if mask.window is None else P(),
+             None if mask.alibi_slopes is None else P(heads), None if sinks is None else P(heads))
+    attend = _ring(axis, n, scale, softcap, mask.causal)
+
+    def body(q, k, v, parts, window, slopes, sinks):  # this device's shard of the sequence
+        q_slots, q_segments, k_slots, k_valid, k_segments = parts
+        out, lse = attend(q, k, v, (q_slots, q_segments), (k_slots, k_valid, k_segments), window, slopes)
+        return finish(out, lse, sinks, q.dtype)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(batch, axis, heads))(*args)
+
+
+def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool):
+    """The ring inside shard_map: (q [B, T/n, H, K], this device's k, v, q_parts (slots,
+    segments), k_parts (slots, valid, segments), window, slopes) -> merged (out float32, lse).
+
+    Its gradient is written out (custom_vjp) so that the backward keeps only q, k, v, out and
+    lse of this device (O(T/n)) instead of the n key/value blocks a scan's autodiff would save:
+    the key/value blocks go around the ring again, each step recomputes its block's (out_i,
+    lse_i) under jax.vjp of `local_attention` (every mask feature, soft-cap and GQA included),
+    feeds it the cotangents of the merge, and adds the block's dk, dv to a buffer that travels
+    with the block; one last ppermute brings each buffer home. The merge's cotangents, with
+    w_i = exp(lse_i - lse) the block's share of the softmax:
+      d out_i = w_i d out,   d lse_i = w_i (d lse + <d out, out_i - out>)."""
+    ring = [(j, (j + 1) % n) for j in range(n)]
+    shift = lambda tree: jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), tree)  # noqa: E731
+
+    def local(q, k, v, q_parts, k_parts, window, slopes):
+        mask = AttentionMask(q_parts[0], k_parts[0], window=window, alibi_slopes=slopes, causal=causal)
+        return local_attention(q, k, v, mask, q_parts, k_parts, scale=scale, softcap=softcap)
+
+    def forward(q, k, v, q_parts, k_parts, window, slopes):
+        out, lse = local(q, k, v, q_parts, k_parts, window, slopes)  # the block held, then n - 1 received
+
+        def turn(carry, _):
+            out, lse, held = carry
+            held = shift(held)
+            k, v, k_parts = held
+            out, lse = merge(out, lse, *local(q, k, v, q_parts, k_parts, window, slopes))
+            return (out, lse, held), None
+
+        (out, lse, _), _ = jax.lax.scan(turn, (out, lse, (k, v, k_parts)), None, length=n - 1)
+        return out, lse
+
+    @jax.custom_vjp
+    def attend(q, k, v, q_parts, k_parts, window, slopes):
+        return forward(q, k, v, q_parts, k_parts, window, slopes)
+
+    def fwd(q, k, v, q_parts, k_parts, window, slopes):
+        out, lse = forward(q, k, v, q_parts, k_parts, window, slopes)
+        return (out, lse), (q, k, v, q_parts, k_parts, window, slopes, out, lse)
+
+    def bwd(res, cts):
+        q, k, v, q_parts, k_parts, window, slopes, out, lse = res
+        d_out, d_lse = cts
+        lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+
+        def grads(k, v, k_parts):  # this block's share of dq, dk, dv
+            (out_i, lse_i), vjp = jax.vjp(lambda q, k, v: local(q, k, v, q_parts, k_parts, window, slopes), q, k, v)
+            w = jnp.exp(lse_i - lse_safe)  # [B, T, H]; 0 where the block shows the row nothing
+            d_lse_i = w * (d_lse + jnp.sum(d_out * (out_i - out), axis=-1))
+            return vjp((w[..., None] * d_out, d_lse_i))
+
+        dq, dk, dv = grads(k, v, k_parts)
+
+        def turn(carry, _):
+            dq, held, d_held = carry
+            held, d_held = shift(held), shift(d_held)
+            gq, gk, gv = grads(*held)
+            return (dq + gq, held, (d_held[0] + gk, d_held[1] + gv)), None
+
+        (dq, _, d_held), _ = jax.lax.scan(turn, (dq, (k, v, k_parts), (dk, dv)), None, length=n - 1)
+        dk, dv = shift(d_held)  # after n - 1 steps this device holds device i+1's block: send it home
+        return dq, dk, dv, None, None, None, None
+
+    attend.defvjp(fwd, bwd)
+    return attend
