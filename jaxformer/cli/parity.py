@@ -8,7 +8,8 @@ A factory takes no arguments and returns (torch module, flax module, inputs), in
 dict of keyword arguments or a tuple of positional ones (numpy arrays). The table prints, per
 row, the leaf nearest its tolerance for outputs and for gradients, each with its own tolerance
 (|d| <= atol + rtol * max |torch leaf|, docs/numerics.md §19). `--json` rows carry case,
-max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok. Exits 1 if any row fails
+max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok, and "referee" for leaves
+judged against torch rerun in float64 (docs/numerics.md §32). Exits 1 if any row fails
 (or, with --self-test, if any bug is not caught).
 """
 from __future__ import annotations
@@ -69,6 +70,13 @@ def _fmt(v) -> str:
 def _print_row(row: dict) -> None:
     ratio = row.get("ratio")
     extra = "" if row["ok"] else "  " + str(row.get("error") or row.get("problems") or row.get("worst_leaf"))
+    judged = row.get("referee") or {}  # leaves judged against float64 (docs/numerics.md §32)
+    if not row["ok"] and row.get("worst_leaf") in judged:
+        r = judged[row["worst_leaf"]]
+        extra += f" (float64: jax {r['jax_err']:.1e} off, torch {r['torch_err']:.1e}: {r['side']} off)"
+    excused = sum(r["side"] == "torch" for r in judged.values())
+    if excused:
+        extra += f"  (float64 referee excused {excused} leaf{'s' * (excused > 1)} past tol against torch)"
     print(f"{row['case']:48s} {_fmt(row['max_abs_out']):>10s} {_fmt(row['tol_out']):>9s} "
           f"{_fmt(row['max_abs_grad']):>10s} {_fmt(row['tol_grad']):>9s} "
           f"{'-' if ratio is None else f'{ratio:.3g}':>7s}  {'ok' if row['ok'] else 'FAIL'}{extra}", flush=True)

@@ -440,12 +440,14 @@ def run_on_cases(m: Mutation, seed: int = 0) -> Outcome:
                 detail[name] = f"MISSED: raised {type(e).__name__}: {e}"
                 caught = False
                 continue
+        # a leaf the float64 referee excused (docs/numerics.md §32) reads as passing here
         g = max((d.ratio for d in r.grads.values()), default=0.0)
         fails = not r.ok and (not m.grads_too or g > 1)
         caught &= fails
         worst = max(worst, r.worst_ratio)
+        ref = r.refereed.get(r.worst_leaf)
         detail[name] = (f"{'caught' if fails else 'MISSED'}: worst {r.worst_leaf} at "
-                        f"{r.worst_ratio:.3g}x tol, gradients {g:.3g}x tol")
+                        f"{r.worst_ratio:.3g}x tol{f' ({ref.side} off)' if ref else ''}, gradients {g:.3g}x tol")
     return Outcome(m.name, caught, worst, detail)
 
 
