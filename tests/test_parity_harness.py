@@ -221,6 +221,46 @@ def test_referee_excuses_torch_rounding_not_a_bug():
     assert "float64 referee" in bad.worst()
 
 
+# ------------------------------------------------------------ where outputs part first
+def _norm_pair(eps: float):
+    """A hand-written pair, LayerNorm then Linear; the flax side's eps is `eps` (torch: 1e-5)."""
+    from flax import nnx
+
+    class TorchNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(16, eps=1e-5)
+            self.dense = torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return torch.tanh(self.dense(self.norm(x)))
+
+    class FlaxNet(nnx.Module):
+        def __init__(self):
+            self.norm = nnx.LayerNorm(16, epsilon=eps, rngs=nnx.Rngs(0))
+            self.dense = nnx.Linear(16, 8, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return nnx.tanh(self.dense(self.norm(x)))
+
+    torch.manual_seed(0)
+    return TorchNet(), FlaxNet(), {"x": np.random.RandomState(0).standard_normal((4, 16)).astype(np.float32)}
+
+
+def test_report_says_where_outputs_part_first():
+    """flax's default LayerNorm eps (1e-6) where torch's is 1e-5: the gradient leaves that fail
+    sit downstream (dense), the submodule outputs name the norm."""
+    from jaxformer.parity import ParityError, assert_parity
+    with pytest.raises(ParityError) as e:
+        assert_parity(*_norm_pair(1e-6))
+    msg = str(e.value)
+    assert "outputs part first at `norm` (LayerNorm)" in msg
+    assert "outputs: out=" in msg and "jax is off" in msg  # the output leaf, with the referee's verdict
+    r = check_parity(*_norm_pair(1e-6))
+    assert r.parting.module == "norm" and r.parting.ratio > 1 and r.row()["first_parting"] == "norm"
+    assert r.outputs["out"].referee.side == "jax"
+
+
 PAIR = '''
 import numpy as np, torch
 from flax import nnx
@@ -272,6 +312,7 @@ def test_pair_cli_with_name_map(pair_module, capsys):
     assert _cli(["--pair", f"{pair_module}:bad", "--map", r"^fc\.=dense."]) == 1
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:2] == ["case", "max|dout|"] and "FAIL" in out
+    assert "outputs part first at (top level)" in out  # `fc` agrees with `dense`: the scale is FlaxNet's own
     # without the map the strict converter names the unmapped keys
     assert _cli(["--pair", f"{pair_module}:good", "--json"]) == 1
     assert "fc.weight" in capsys.readouterr().out
@@ -286,6 +327,25 @@ def test_name_map_callable_and_rules_agree():
 
 
 # ------------------------------------------------------------ the self-test has teeth
+def test_mutation_is_undone_in_modules_imported_during_it():
+    """A module first imported under a mutation takes the bug by name (`from x import f`); it
+    must get the original back, or the bug leaks into every later case (it did: the causal mask
+    bug stayed in jaxformer.layers.transformer when the self-test imported it under the bug)."""
+    import types
+
+    from jaxformer.layers import attention as att
+    from jaxformer.parity.mutations import patched
+    original = att.make_causal_mask
+    late = types.ModuleType("jaxformer._imported_under_a_mutation")
+    try:
+        with patched(att, "make_causal_mask", lambda *a, **k: None):
+            late.make_causal_mask = att.make_causal_mask
+            sys.modules[late.__name__] = late
+        assert att.make_causal_mask is original and late.make_causal_mask is original
+    finally:
+        sys.modules.pop(late.__name__, None)
+
+
 def test_self_test_catches_every_bug(capsys):
     assert _cli(["--self-test"]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out

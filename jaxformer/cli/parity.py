@@ -8,8 +8,9 @@ A factory takes no arguments and returns (torch module, flax module, inputs), in
 dict of keyword arguments or a tuple of positional ones (numpy arrays). The table prints, per
 row, the leaf nearest its tolerance for outputs and for gradients, each with its own tolerance
 (|d| <= atol + rtol * max |torch leaf|, docs/numerics.md §19). `--json` rows carry case,
-max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok, and "referee" for leaves
-judged against torch rerun in float64 (docs/numerics.md §32). Exits 1 if any row fails
+max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok, "referee" for leaves
+judged against torch rerun in float64 (docs/numerics.md §32) and, on a failure,
+"first_parting": the first submodule whose output differs (jaxformer/parity/locate.py). Exits 1 if any row fails
 (or, with --self-test, if any bug is not caught).
 """
 from __future__ import annotations
@@ -74,6 +75,8 @@ def _print_row(row: dict) -> None:
     if not row["ok"] and row.get("worst_leaf") in judged:
         r = judged[row["worst_leaf"]]
         extra += f" (float64: jax {r['jax_err']:.1e} off, torch {r['torch_err']:.1e}: {r['side']} off)"
+    if not row["ok"] and row.get("first_parting"):
+        extra += f"; outputs part first at {row['first_parting']}"
     excused = sum(r["side"] == "torch" for r in judged.values())
     if excused:
         extra += f"  (float64 referee excused {excused} leaf{'s' * (excused > 1)} past tol against torch)"

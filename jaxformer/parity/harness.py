@@ -148,7 +148,8 @@ class ParityReport:
     grad_tol: Tolerance = GRAD_TOL
     # reference=True: {"torch out"|"jax out"|"torch grad"|"jax grad": worst |x - f64| / max |f64|}
     spread: dict[str, float] = dataclasses.field(default_factory=dict)
-    referee_note: str = ""  # why the float64 referee could not run, when it could not
+    parting: Any = None  # on failure: where outputs part first (jaxformer.parity.locate.Parting)
+    notes: list[str] = dataclasses.field(default_factory=list)  # why the referee or locator could not run
 
     @staticmethod
     def _worst(leaves: Mapping[str, LeafDiff]) -> tuple[str | None, LeafDiff | None]:
@@ -194,8 +195,10 @@ class ParityReport:
         if self.refereed:  # leaves past tolerance against torch, judged against float64 (§32)
             row["referee"] = {k: {"jax_err": r.jax_err, "torch_err": r.torch_err, "tol": r.tol, "side": r.side}
                               for k, r in self.refereed.items()}
-        if self.referee_note:
-            row["referee_note"] = self.referee_note
+        if self.parting is not None:
+            row["first_parting"] = self.parting.module or "(top level)"
+        if self.notes:
+            row["notes"] = self.notes
         return row
 
     @staticmethod
@@ -207,10 +210,20 @@ class ParityReport:
         items = sorted(self._leaves().items(), key=lambda kv: -kv[1].ratio)
         return ", ".join(self._leaf_text(k, v) for k, v in items[:n])
 
-    def failing(self) -> str:
-        """Every leaf that fails, worst first, each with its float64 referee's verdict."""
-        items = sorted(((k, v) for k, v in self._leaves().items() if not v.ok), key=lambda kv: -kv[1].ratio)
-        return ", ".join(self._leaf_text(k, v) for k, v in items)
+    def message(self) -> str:
+        """The failure in a few lines: where outputs part first, every output leaf, the worst
+        leaves (each with the float64 referee's verdict), the rule and any problems."""
+        outs = sorted(self.outputs.items(), key=lambda kv: -kv[1].ratio)
+        lines = [f"parity failed for {self.case}"]
+        if self.parting is not None:
+            lines.append(self.parting.describe())
+        lines.append("outputs: " + (", ".join(self._leaf_text(k, v) for k, v in outs[:6]) or "none compared")
+                     + (f" (+{len(outs) - 6} more)" if len(outs) > 6 else ""))
+        lines.append(f"worst: {self.worst()}")
+        lines.append(f"rule |d| <= atol + rtol * max|torch leaf|: outputs {self.out_tol}, gradients {self.grad_tol}"
+                     "; past it, judged against torch in float64 (docs/numerics.md §32)")
+        lines += [f"problem: {p}" for p in self.problems] + [f"note: {n}" for n in self.notes]
+        return "\n  ".join(lines)
 
 
 class ParityError(AssertionError):
@@ -373,7 +386,8 @@ def _spread(x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float
 def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
                  out_tol: Tolerance = OUT_TOL, grad_tol: Tolerance = GRAD_TOL, convert: bool = True,
                  grads: bool = True, case: str = "custom", seed: int = 0, name_map=None,
-                 reference: bool = False, state_map=None, referee: bool = True) -> ParityReport:
+                 reference: bool = False, state_map=None, referee: bool = True,
+                 locate: bool = True) -> ParityReport:
     """Run both modules on the same inputs and compare outputs and gradients (see module doc).
 
     Args:
@@ -391,16 +405,18 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
             that leaf against it (docs/numerics.md §32): it passes when jaxformer is within
             tolerance of float64 and no farther from it than torch fp32 is. Only failing
             checks pay for the rerun; each judged leaf carries `LeafDiff.referee`.
+        locate: on a failure, run both trees once more recording every submodule's output and
+            name the first that parts (`report.parting`; jaxformer/parity/locate.py).
     """
     with parity_precision():
         return _check(torch_module, flax_module, inputs, out_tol=out_tol, grad_tol=grad_tol,
                       convert=convert, grads=grads, case=case, seed=seed,
                       rename=name_mapper(name_map), reference=reference, state_map=state_map,
-                      referee=referee)
+                      referee=referee, locate=locate)
 
 
 def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, grads, case, seed, rename,
-           reference, state_map=None, referee=True) -> ParityReport:
+           reference, state_map=None, referee=True, locate=True) -> ParityReport:
     import jax
     import jax.numpy as jnp
     import torch
@@ -509,7 +525,7 @@ def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, gra
                if d.diff > d.tol and _is_float_np(t_out[k])]
     failing += [(grad_leaves, j_grad, t_grad, k, grad_tol) for k, d in grad_leaves.items() if d.diff > d.tol]
     spread: dict[str, float] = {}
-    note = ""
+    notes: list[str] = []
     r_out = r_grad = None
     if reference or (referee and failing):
         try:
@@ -519,7 +535,7 @@ def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, gra
         except Exception as e:  # a torch callable that cannot run in float64: the leaves stay failed
             if reference:
                 raise
-            note = f"float64 referee unavailable: {type(e).__name__}: {e}"
+            notes.append(f"float64 referee unavailable: {type(e).__name__}: {e}")
     if reference:
         spread = {"torch out": _spread(t_out, r_out), "jax out": _spread(j_out, r_out),
                   "torch grad": _spread(t_grad, r_grad), "jax grad": _spread(j_grad, r_grad)}
@@ -530,7 +546,14 @@ def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, gra
                 leaves[k] = dataclasses.replace(leaves[k], referee=judge(j[k], t[k], f64, tol))
 
     ok = not problems and all(d.ok for d in (*outputs.values(), *grad_leaves.values()))
-    return ParityReport(case, ok, outputs, grad_leaves, problems, out_tol, grad_tol, spread, note)
+    parting = None
+    if not ok and locate and is_torch_mod and is_flax_mod:  # where outputs part first
+        from jaxformer.parity.locate import first_parting
+        try:
+            parting = first_parting(torch_module, flax_module, args, kwargs, out_tol, rename)
+        except Exception as e:  # the trees could not run eagerly with recording: say so, keep the verdict
+            notes.append(f"could not locate where outputs part: {type(e).__name__}: {e}")
+    return ParityReport(case, ok, outputs, grad_leaves, problems, out_tol, grad_tol, spread, parting, notes)
 
 
 def judge(jax_value, torch_value, float64_value, tol: Tolerance) -> Referee:
@@ -544,9 +567,7 @@ def assert_parity(torch_module, flax_module, inputs, **kw) -> ParityReport:
     """check_parity, raising ParityError (with the worst offenders named) when it fails."""
     r = check_parity(torch_module, flax_module, inputs, **kw)
     if not r.ok:
-        raise ParityError(f"parity failed for {r.case}: worst {r.worst()} "
-                          f"(rule |d| <= atol + rtol * max|torch leaf|: outputs {r.out_tol}, "
-                          f"gradients {r.grad_tol}); problems: {r.problems}")
+        raise ParityError(r.message())
     return r
 
 
