@@ -318,6 +318,28 @@ def test_pair_cli_with_name_map(pair_module, capsys):
     assert "fc.weight" in capsys.readouterr().out
 
 
+def test_pair_cli_imports_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    """`jaxformer parity --pair mymod:make_block` in the folder holding mymod.py imports it (as
+    `python -m` would); a module that is nowhere is a one-line usage error (exit 2) naming the fix."""
+    from jaxformer.cli import main
+    name = "jf_cwd_pair_mod"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(PAIR).replace("self.fc", "self.dense"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        assert main(["parity", "--pair", f"{name}:good", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["ok"]
+    finally:
+        sys.modules.pop(name, None)
+    assert main(["parity", "--pair", "jf_no_such_mod:make_block"]) == 2
+    out, err = capsys.readouterr()
+    assert "case" not in out  # no table: nothing ran
+    assert err.count("\n") == 1 and "jf_no_such_mod.py" in err and "PYTHONPATH" in err, err
+    assert main(["parity", "--pair", f"{name}:nope"]) == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err
+    sys.modules.pop(name, None)
+
+
 def test_name_map_callable_and_rules_agree():
     from jaxformer.parity.harness import name_mapper
     assert name_mapper([("^fc\\.", "dense.")])("fc.weight") == name_mapper(["^fc\\.=dense."])("fc.weight") \

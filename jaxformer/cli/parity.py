@@ -5,7 +5,9 @@
     jaxformer parity --self-test [--mutation NAME ...]  inject each porting bug, require a failure
 
 A factory takes no arguments and returns (torch module, flax module, inputs), inputs being a
-dict of keyword arguments or a tuple of positional ones (numpy arrays). The table prints, per
+dict of keyword arguments or a tuple of positional ones (numpy arrays). MODULE is imported with
+the working directory on the path (as `python -m` has it); one that cannot be imported, or a
+missing FACTORY, is a usage error (exit 2). The table prints, per
 row, the leaf nearest its tolerance for outputs and for gradients, each with its own tolerance
 (|d| <= atol + rtol * max |torch leaf|, docs/numerics.md §19). `--json` rows carry case,
 max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok, "referee" for leaves
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 
 HEADER = f"{'case':48s} {'max|dout|':>10s} {'tol_out':>9s} {'max|dgrad|':>10s} {'tol_grad':>9s} {'ratio':>7s}  result"
 
@@ -38,13 +42,25 @@ def add_arguments(p) -> None:
 
 
 def _factory(spec: str):
+    """MODULE:FACTORY -> the factory. The working directory is importable, as under `python -m`
+    (the `jaxformer` script's own folder is the one Python puts first). A module that cannot be
+    found, or a missing attribute, is a usage error that says what to do."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"--pair {spec!r}: expected 'package.module:factory'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         obj = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module != e.name and not module.startswith(e.name + "."):  # a missing import inside it
+            raise ValueError(f"--pair {spec!r}: importing {module!r} failed: {e}") from None
+        path = module.replace(".", "/")
+        raise ValueError(f"--pair {spec!r}: no module {module!r} in {cwd} or on sys.path; run from the "
+                         f"folder that holds {path}.py, or add that folder to PYTHONPATH") from None
     except ImportError as e:
-        raise ValueError(f"--pair {spec!r}: cannot import {module!r} ({e})") from None
+        raise ValueError(f"--pair {spec!r}: importing {module!r} failed: {e}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"--pair {spec!r}: {module!r} has no attribute {attr!r}")
@@ -131,6 +147,8 @@ def run(args) -> int:
     if args.pair:
         from jaxformer.parity.harness import name_mapper
         name_mapper(args.map)  # malformed rules fail here, once, as a usage error
+        for spec in args.pair:  # an unimportable pair is a usage error (exit 2), not a failed row
+            _factory(spec)
         jobs = [(spec, lambda spec=spec: run_pair(spec, args.map)) for spec in args.pair]
     else:
         cases = load_all()
