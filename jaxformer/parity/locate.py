@@ -140,7 +140,10 @@ def _snapshot(tree) -> dict[str, np.ndarray]:
         if hasattr(v, "detach"):
             out[k] = v.detach().cpu().numpy().copy()
         elif hasattr(v, "shape") and hasattr(v, "dtype"):
-            out[k] = np.array(v)
+            try:
+                out[k] = np.array(v)
+            except Exception:  # a tracer (a layer inside a scan over stacked layers): not comparable
+                continue
     return out
 
 
