@@ -54,7 +54,7 @@ def _factory(spec: str):
     try:
         obj = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        if e.name is not None and module != e.name and not module.startswith(e.name + "."):  # a missing import inside it
+        if e.name is not None and module != e.name and not module.startswith(e.name + "."):  # missing inside it
             raise ValueError(f"--pair {spec!r}: importing {module!r} failed: {e}") from None
         path = module.replace(".", "/")
         raise ValueError(f"--pair {spec!r}: no module {module!r} in {cwd} or on sys.path; run from the "

@@ -1,5 +1,5 @@
-"""Where two module trees part first: every submodule's output, torch against its flax twin, in
-the order torch finishes them.
+"""Where two module trees part first: every submodule's inputs and output, torch against its
+flax twin, in the order torch calls and finishes them.
 
     from jaxformer.parity.locate import first_parting
     parting = first_parting(torch_module, flax_module, args, kwargs, OUT_TOL)
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -37,6 +37,7 @@ class Parting:
     compared: int  # inputs and outputs of submodules compared up to there
     before: str = ""  # the child whose input differs when `module` calls it
     after: str = ""  # the last submodule whose output agreed (for a parting in own code)
+    inputs_agree: bool = False  # for a parting at `module`'s output: its inputs were compared and agree
 
     @property
     def ratio(self) -> float:
@@ -48,15 +49,16 @@ class Parting:
         if self.before:
             return f"outputs part first inside {where}'s own code, before it calls `{self.before}`: its input {size}"
         if self.module:
-            return f"outputs part first at {where}, whose inputs agree: its output {size}"
+            inputs = "whose inputs agree" if self.inputs_agree else "its inputs not compared"
+            return f"outputs part first at {where}, {inputs}: its output {size}"
         after = f" after `{self.after}`" if self.after else ""
         return f"outputs part first in {where}'s own code{after} ({self.compared} submodule values agree): {size}"
 
 
 @contextlib.contextmanager
 def _flax_calls(flax_module) -> Iterator[tuple[dict[str, list], dict[str, list]]]:
-    """({dotted flax path: [(args, kwargs) per call]}, {path: [output per call]}) for every
-    submodule called inside the block. Each class's __call__ (the one its MRO resolves) is
+    """({dotted flax path: [inputs per call]}, {path: [output per call]}) for every submodule
+    called inside the block, as `_snapshot`s. Each class's __call__ (the one its MRO resolves) is
     wrapped, and restored on exit. Hand-written: nnx.capture(method_outputs=...) records only
     methods a class defines itself (an inherited __call__ goes unrecorded), and no inputs."""
     from flax import nnx
@@ -168,7 +170,7 @@ def first_parting(torch_module, flax_module, args: tuple, kwargs: dict, tol, ren
 
     kind = lambda name: type(torch_module.get_submodule(name)).__name__  # noqa: E731
     calls: dict[tuple[str, str], int] = {}
-    compared, last = 0, ""
+    compared, last, agreed = 0, "", set()
     for what, name, parent, value in events:
         i = calls[what, name] = calls.get((what, name), -1) + 1
         seen_j = (ins_j if what == "in" else outs_j).get(_flax_name(torch_module, name, rename), [])
@@ -185,9 +187,11 @@ def first_parting(torch_module, flax_module, args: tuple, kwargs: dict, tol, ren
             if what == "in":
                 return Parting(parent, kind(parent) if parent else type(torch_module).__name__, d[0], d[1],
                                compared, before=name)
-            return Parting(name, kind(name), d[0], d[1], compared)
+            return Parting(name, kind(name), d[0], d[1], compared, inputs_agree=(name, i) in agreed)
         if what == "out":
             last = name
+        else:
+            agreed.add((name, i))
     d = _differs(_snapshot(top_t), _snapshot(top_j), tol)
     if d is not None and d[0] > d[1]:
         return Parting("", type(torch_module).__name__, d[0], d[1], compared, after=last)
