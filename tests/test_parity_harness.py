@@ -198,7 +198,7 @@ def _one_key_pair(d=32, h=2):
                     "kv": 10 * r.standard_normal((2, 1, d)).astype(np.float32)}
 
 
-def test_referee_excuses_torch_rounding_not_a_bug():
+def test_referee_excuses_torch_rounding_not_a_bug(capsys):
     import jax.numpy as jnp
 
     from jaxformer.layers import attention as att
@@ -209,6 +209,8 @@ def test_referee_excuses_torch_rounding_not_a_bug():
     assert q.diff > q.tol and q.referee.excused  # failed against torch fp32, excused by float64
     assert q.referee.torch_err > 5 * q.tol and q.referee.jax_err < 1e-12
     assert {v.side for v in r.refereed.values()} == {"torch"} and "referee" in r.row()
+    from jaxformer.cli.parity import _print_row
+    _print_row(r.row())  # the table says a leaf was excused, and by whom
 
     # a real bug of the same size on the same leaves: a stray softmax column (a sink of logit
     # -20) leaks ~1e-5 of gradient into q_proj, nearer float64 than torch's noise but past tolerance
@@ -219,6 +221,7 @@ def test_referee_excuses_torch_rounding_not_a_bug():
     q = bad.grads["q_proj.weight"]
     assert not bad.ok and not q.referee.excused and q.referee.jax_err > 5 * q.referee.tol, bad.worst()
     assert "float64 referee" in bad.worst()
+    assert "ok  (float64 referee excused 4 leaves past tol against torch)" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ where outputs part first

@@ -95,7 +95,7 @@ def _print_row(row: dict) -> None:
         extra += f"; outputs part first at {row['first_parting']}"
     excused = sum(r["side"] == "torch" for r in judged.values())
     if excused:
-        extra += f"  (float64 referee excused {excused} leaf{'s' * (excused > 1)} past tol against torch)"
+        extra += f"  (float64 referee excused {excused} {'leaves' if excused > 1 else 'leaf'} past tol against torch)"
     print(f"{row['case']:48s} {_fmt(row['max_abs_out']):>10s} {_fmt(row['tol_out']):>9s} "
           f"{_fmt(row['max_abs_grad']):>10s} {_fmt(row['tol_grad']):>9s} "
           f"{'-' if ratio is None else f'{ratio:.3g}':>7s}  {'ok' if row['ok'] else 'FAIL'}{extra}", flush=True)
