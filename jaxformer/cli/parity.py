@@ -5,16 +5,22 @@
     jaxformer parity --self-test [--mutation NAME ...]  inject each porting bug, require a failure
 
 A factory takes no arguments and returns (torch module, flax module, inputs), inputs being a
-dict of keyword arguments or a tuple of positional ones (numpy arrays). The table prints, per
+dict of keyword arguments or a tuple of positional ones (numpy arrays). MODULE is imported with
+the working directory on the path (as `python -m` has it); one that cannot be imported, or a
+missing FACTORY, is a usage error (exit 2). The table prints, per
 row, the leaf nearest its tolerance for outputs and for gradients, each with its own tolerance
 (|d| <= atol + rtol * max |torch leaf|, docs/numerics.md §19). `--json` rows carry case,
-max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok. Exits 1 if any row fails
+max_abs_out, tol_out, max_abs_grad, tol_grad, worst_leaf, ratio, ok, "referee" for leaves
+judged against torch rerun in float64 (docs/numerics.md §32) and, on a failure,
+"first_parting": the first submodule whose output differs (jaxformer/parity/locate.py). Exits 1 if any row fails
 (or, with --self-test, if any bug is not caught).
 """
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 
 HEADER = f"{'case':48s} {'max|dout|':>10s} {'tol_out':>9s} {'max|dgrad|':>10s} {'tol_grad':>9s} {'ratio':>7s}  result"
 
@@ -36,13 +42,25 @@ def add_arguments(p) -> None:
 
 
 def _factory(spec: str):
+    """MODULE:FACTORY -> the factory. The working directory is importable, as under `python -m`
+    (the `jaxformer` script's own folder is the one Python puts first). A module that cannot be
+    found, or a missing attribute, is a usage error that says what to do."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"--pair {spec!r}: expected 'package.module:factory'")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         obj = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module != e.name and not module.startswith(e.name + "."):  # missing inside it
+            raise ValueError(f"--pair {spec!r}: importing {module!r} failed: {e}") from None
+        path = module.replace(".", "/")
+        raise ValueError(f"--pair {spec!r}: no module {module!r} in {cwd} or on sys.path; run from the "
+                         f"folder that holds {path}.py, or add that folder to PYTHONPATH") from None
     except ImportError as e:
-        raise ValueError(f"--pair {spec!r}: cannot import {module!r} ({e})") from None
+        raise ValueError(f"--pair {spec!r}: importing {module!r} failed: {e}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"--pair {spec!r}: {module!r} has no attribute {attr!r}")
@@ -69,6 +87,15 @@ def _fmt(v) -> str:
 def _print_row(row: dict) -> None:
     ratio = row.get("ratio")
     extra = "" if row["ok"] else "  " + str(row.get("error") or row.get("problems") or row.get("worst_leaf"))
+    judged = row.get("referee") or {}  # leaves judged against float64 (docs/numerics.md §32)
+    if not row["ok"] and row.get("worst_leaf") in judged:
+        r = judged[row["worst_leaf"]]
+        extra += f" (float64: jax {r['jax_err']:.1e} off, torch {r['torch_err']:.1e}: {r['side']} off)"
+    if not row["ok"] and row.get("first_parting"):
+        extra += f"; outputs part first at {row['first_parting']}"
+    excused = sum(r["side"] == "torch" for r in judged.values())
+    if excused:
+        extra += f"  (float64 referee excused {excused} {'leaves' if excused > 1 else 'leaf'} past tol against torch)"
     print(f"{row['case']:48s} {_fmt(row['max_abs_out']):>10s} {_fmt(row['tol_out']):>9s} "
           f"{_fmt(row['max_abs_grad']):>10s} {_fmt(row['tol_grad']):>9s} "
           f"{'-' if ratio is None else f'{ratio:.3g}':>7s}  {'ok' if row['ok'] else 'FAIL'}{extra}", flush=True)
@@ -120,6 +147,8 @@ def run(args) -> int:
     if args.pair:
         from jaxformer.parity.harness import name_mapper
         name_mapper(args.map)  # malformed rules fail here, once, as a usage error
+        for spec in args.pair:  # an unimportable pair is a usage error (exit 2), not a failed row
+            _factory(spec)
         jobs = [(spec, lambda spec=spec: run_pair(spec, args.map)) for spec in args.pair]
     else:
         cases = load_all()

@@ -99,15 +99,16 @@ def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
     return build
 
 
-def run_case(c: Case, seed: int = 0, reference: bool = False):
-    """check_parity on one case; reference=True also measures each side against float64."""
+def run_case(c: Case, seed: int = 0, reference: bool = False, locate: bool = True):
+    """check_parity on one case; reference=True also measures each side against float64;
+    locate=False skips naming the submodule where a failing case parts first."""
     from jaxformer import lowering
     from jaxformer.parity.harness import check_parity
     torch_module, flax_module = c.build(seed)
     inputs = c.inputs(np.random.RandomState(seed))
     with lowering.tracing(**dict(c.lowering)):  # check_parity traces the JAX side inside
         return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
-                            grads=c.grads, case=c.name, seed=seed, reference=reference)
+                            grads=c.grads, case=c.name, seed=seed, reference=reference, locate=locate)
 
 
 # ----------------------------------------------------------------------------- input makers
