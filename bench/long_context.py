@@ -16,13 +16,34 @@ The model is a small Llama-style LM (RoPE, GQA 4/2 heads of 64, SwiGLU, RMSNorm,
 byte vocab), batch 1; the step is forward, backward and an AdamW update (jaxformer's train
 step, jitted with the state donated; torch: loss.backward() and torch.optim.AdamW).
 
-peak_bytes is what one step adds to the process's resident memory at its peak: the kernel's
-high-water mark (VmHWM) is reset (/proc/self/clear_refs) after a warm-up step, and peak_bytes =
-VmHWM after the timed step - VmRSS before it. Both frameworks are measured the same way, and the
-model, optimiser state and batch (resident before the step) are not counted. Where plain
-attention would need more than --plain-limit GiB (XLA's compiled memory_analysis of the step,
-known before running it) it is not run: the row has the compiled figure as peak_bytes, step_s
-null and "skipped" naming why. step_s is the best of --steps timed steps.
+peak_bytes is what one training step adds to the process's resident memory at its peak, measured
+the same way for both frameworks: in a fresh child per (impl, T), everything resident before the
+step (model, optimiser state with AdamW's moments already created, batch, the compiled program)
+is excluded by resetting the kernel's high-water mark (VmHWM, via /proc/self/clear_refs) just
+before the step, and peak_bytes = VmHWM after it - VmRSS before it. The measured step is the
+first one (after the AOT compile in JAX; in torch after AdamW's state was created by a step at
+lr 0 on zero gradients), so no memory freed by an earlier step can be reused unseen: an earlier
+version reset the mark after a warm-up step, and memory the allocator kept from the warm-up hid
+the step's own (plain attention at T = 4k showed 13 MB for 2 GB of compiled temporaries). The
+child's glibc malloc also puts every block of 64 KiB or more in its own mmap, unmapped on free
+(MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising it after frees), so the later
+steps' figure (peak_bytes_repeat, with --steps > 1) is comparable too. What this counts: the
+activations kept for the backward pass, the gradients, the backward's temporaries, the new
+parameters and optimiser state before the old ones are freed (JAX: the outputs not aliased to
+the donated state; torch updates in place), and first-run costs of each runtime (thread pools,
+kernel scratch). JAX's peak exceeds its compiled_bytes by ~20 MB at T = 1k and ~110 MB at 16k:
+memory outside XLA's buffer assignment that grows with T (not traced further here; the
+runtime's own scratch, e.g. of its dot kernels, is the likely owner).
+
+Cross-checks in each row: `compiled_bytes` (JAX) is XLA's own account of the step,
+memory_analysis() temporaries (one preallocated buffer sized by the buffer assignment's heap
+simulation, so the live peak of XLA's schedule) plus outputs not aliased to donated inputs;
+`saved_bytes` (torch) sums the storages autograd saved for the backward pass
+(torch.autograd.graph.saved_tensors_hooks, each storage once, parameters excluded), a lower
+bound of torch's peak. Where plain attention would need more than --plain-limit GiB of
+temporaries it is not run: the row has peak_bytes null, compiled_bytes and "skipped".
+step_s is the best of --steps steps (the first included). Figures: bench/README.md, "Long
+context".
 
 The last line is JSON: a list of rows {impl, seq_len, peak_bytes, step_s}, each row with the
 ratios to the other implementations at the same T where they ran.
