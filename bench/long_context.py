@@ -16,13 +16,34 @@ The model is a small Llama-style LM (RoPE, GQA 4/2 heads of 64, SwiGLU, RMSNorm,
 byte vocab), batch 1; the step is forward, backward and an AdamW update (jaxformer's train
 step, jitted with the state donated; torch: loss.backward() and torch.optim.AdamW).
 
-peak_bytes is what one step adds to the process's resident memory at its peak: the kernel's
-high-water mark (VmHWM) is reset (/proc/self/clear_refs) after a warm-up step, and peak_bytes =
-VmHWM after the timed step - VmRSS before it. Both frameworks are measured the same way, and the
-model, optimiser state and batch (resident before the step) are not counted. Where plain
-attention would need more than --plain-limit GiB (XLA's compiled memory_analysis of the step,
-known before running it) it is not run: the row has the compiled figure as peak_bytes, step_s
-null and "skipped" naming why. step_s is the best of --steps timed steps.
+peak_bytes is what one training step adds to the process's resident memory at its peak, measured
+the same way for both frameworks: in a fresh child per (impl, T), everything resident before the
+step (model, optimiser state with AdamW's moments already created, batch, the compiled program)
+is excluded by resetting the kernel's high-water mark (VmHWM, via /proc/self/clear_refs) just
+before the step, and peak_bytes = VmHWM after it - VmRSS before it. The measured step is the
+first one (after the AOT compile in JAX; in torch after AdamW's state was created by a step at
+lr 0 on zero gradients), so no memory freed by an earlier step can be reused unseen: an earlier
+version reset the mark after a warm-up step, and memory the allocator kept from the warm-up hid
+the step's own (plain attention at T = 4k showed 13 MB for 2 GB of compiled temporaries). The
+child's glibc malloc also puts every block of 64 KiB or more in its own mmap, unmapped on free
+(MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising it after frees), so the later
+steps' figure (peak_bytes_repeat, with --steps > 1) is comparable too. What this counts: the
+activations kept for the backward pass, the gradients, the backward's temporaries, the new
+parameters and optimiser state before the old ones are freed (JAX: the outputs not aliased to
+the donated state; torch updates in place), and first-run costs of each runtime (thread pools,
+kernel scratch). JAX's peak exceeds its compiled_bytes by ~20 MB at T = 1k and ~110 MB at 16k:
+memory outside XLA's buffer assignment that grows with T (not traced further here; the
+runtime's own scratch, e.g. of its dot kernels, is the likely owner).
+
+Cross-checks in each row: `compiled_bytes` (JAX) is XLA's own account of the step,
+memory_analysis() temporaries (one preallocated buffer sized by the buffer assignment's heap
+simulation, so the live peak of XLA's schedule) plus outputs not aliased to donated inputs;
+`saved_bytes` (torch) sums the storages autograd saved for the backward pass
+(torch.autograd.graph.saved_tensors_hooks, each storage once, parameters excluded), a lower
+bound of torch's peak. Where plain attention would need more than --plain-limit GiB of
+temporaries it is not run: the row has peak_bytes null, compiled_bytes and "skipped".
+step_s is the best of --steps steps (the first included). Figures: bench/README.md, "Long
+context".
 
 The last line is JSON: a list of rows {impl, seq_len, peak_bytes, step_s}, each row with the
 ratios to the other implementations at the same T where they ran.
@@ -33,6 +54,7 @@ ratios to the other implementations at the same T where they ran.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -41,6 +63,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPLS = ("plain", "blockwise", "torch_sdpa")
+# glibc malloc in each child: every block of 64 KiB or more is its own mmap, unmapped when freed
+# (a fixed threshold also turns off glibc's raising it after a free), so no memory a step frees
+# stays resident and is reused unseen by the next step's high-water mark
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 MODEL = dict(vocab_size=259, d_model=256, num_heads=4, num_kv_heads=2, head_dim=64, d_ff=512, num_layers=2,
              tie_embeddings=False, norm_eps=1e-6, dropout=0.0)
 
@@ -89,22 +115,35 @@ def jax_child(impl: str, seq: int, steps: int, plain_limit: float) -> dict:
     with lowering.tracing(attention=impl):
         step = jax.jit(fns.train_step, donate_argnums=0).lower(state, {"tokens": tokens}).compile()
     mem = step.memory_analysis()
-    temp = int(getattr(mem, "temp_size_in_bytes", 0)) if mem is not None else 0
-    row = {"impl": impl, "seq_len": seq, "compiled_temp_bytes": temp}
+    temp = int(mem.temp_size_in_bytes)
+    # what the step allocates by XLA's own account: its temporaries (one preallocated buffer,
+    # sized by the heap simulation of the buffer assignment) and the outputs not aliased to the
+    # donated state
+    compiled = temp + int(mem.output_size_in_bytes) - int(mem.alias_size_in_bytes)
+    row = {"impl": impl, "seq_len": seq, "compiled_bytes": compiled}
     if impl == "plain" and temp > plain_limit * 2 ** 30:
-        return {**row, "peak_bytes": temp, "step_s": None,
+        return {**row, "peak_bytes": None, "step_s": None,
                 "skipped": f"compiled step needs {temp / 2 ** 30:.1f} GiB of temporaries (> --plain-limit)"}
-    state, out = step(state, {"tokens": tokens})  # warm-up
-    jax.block_until_ready(out)
-    times, peak = [], 0
-    for _ in range(steps):
-        before = reset_peak()
-        t0 = time.perf_counter()
-        state, out = step(state, {"tokens": tokens})
-        jax.block_until_ready((state, out))
-        times.append(time.perf_counter() - t0)
-        peak = max(peak, status_bytes("VmHWM:") - before)
-    return {**row, "peak_bytes": peak, "step_s": round(min(times), 3), "loss": float(out["loss"])}
+    batch = {"tokens": tokens}
+    peak, t, (state, out) = measured(lambda: jax.block_until_ready(step(state, batch)))
+    times, repeat = [t], 0
+    for _ in range(steps - 1):
+        p, t, (state, out) = measured(lambda: jax.block_until_ready(step(state, batch)))
+        times.append(t)
+        repeat = max(repeat, p)
+    return {**row, "peak_bytes": peak, "step_s": round(min(times), 3), "peak_bytes_repeat": repeat or None,
+            "loss": float(out["loss"])}
+
+
+def measured(fn):
+    """-> (peak bytes fn adds to the resident set, seconds, fn's result). VmHWM is reset to the
+    current RSS just before (after a gc, so garbage of earlier steps is gone)."""
+    gc.collect()
+    before = reset_peak()
+    t0 = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - t0
+    return status_bytes("VmHWM:") - before, seconds, result
 
 
 def torch_child(seq: int, steps: int) -> dict:
@@ -119,24 +158,42 @@ def torch_child(seq: int, steps: int) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.from_numpy(np.random.RandomState(0).randint(3, MODEL["vocab_size"], (1, seq + 1)).astype(np.int64))
 
+    # AdamW's state exists before the measured step, as the JAX state's opt_state does: one
+    # step at lr 0 on zero gradients creates it and changes no weight
+    for group in opt.param_groups:
+        group["lr"] = 0.0
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for group in opt.param_groups:
+        group["lr"] = 1e-4
+    saved = {}
+
+    def pack(t):  # autograd's saved tensors, counted once per storage
+        st = t.untyped_storage()
+        saved[st.data_ptr()] = st.nbytes()
+        return t
+
     def step():
         opt.zero_grad(set_to_none=True)
-        with lowering.computing(attention="blockwise"):
+        with lowering.computing(attention="blockwise"), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     tokens[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
         return float(loss)
 
-    step()  # warm-up (and AdamW's state)
-    times, peak, loss = [], 0, None
-    for _ in range(steps):
-        before = reset_peak()
-        t0 = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - t0)
-        peak = max(peak, status_bytes("VmHWM:") - before)
-    return {"impl": "torch_sdpa", "seq_len": seq, "peak_bytes": peak, "step_s": round(min(times), 3), "loss": loss}
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    peak, t, loss = measured(step)
+    activations = sum(n for ptr, n in saved.items() if ptr not in params)
+    times, repeat = [t], 0
+    for _ in range(steps - 1):
+        p, t, loss = measured(step)
+        times.append(t)
+        repeat = max(repeat, p)
+    return {"impl": "torch_sdpa", "seq_len": seq, "saved_bytes": activations, "peak_bytes": peak,
+            "step_s": round(min(times), 3), "peak_bytes_repeat": repeat or None, "loss": loss}
 
 
 def layer_memory(seq: int) -> list[dict]:
@@ -182,7 +239,7 @@ def layer_memory(seq: int) -> list[dict]:
 def spawn(impl: str, seq: int, args) -> dict:
     cmd = [sys.executable, __file__, "--child", impl, "--lengths", str(seq), "--steps", str(args.steps),
            "--plain-limit", str(args.plain_limit)]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **MALLOC_ENV}
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if p.returncode:
         return {"impl": impl, "seq_len": seq, "peak_bytes": None, "step_s": None,
@@ -206,7 +263,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per contender (after one warm-up)")
+    ap.add_argument("--steps", type=int, default=2, help="steps per contender (the first one measured for memory)")
     ap.add_argument("--plain-limit", type=float, default=8.0,
                     help="GiB of compiled temporaries above which plain attention is not run")
     ap.add_argument("--layer-memory", type=int, default=None, metavar="T",
@@ -230,11 +287,13 @@ def main(argv=None) -> int:
     rows = [spawn(impl, seq, args) for seq in args.lengths for impl in args.impls]
     add_ratios(rows)
     mib = 2 ** 20
-    print(f"{'impl':<11} {'T':>6} {'peak MiB':>10} {'step s':>8}  note")
+    print(f"{'impl':<11} {'T':>6} {'peak MiB':>10} {'check MiB':>10} {'step s':>8}  note")
     for r in rows:
         peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / mib:.0f}"
         note = r.get("skipped") or r.get("error") or ""
-        print(f"{r['impl']:<11} {r['seq_len']:>6} {peak:>10} {r['step_s'] if r['step_s'] is not None else '-':>8}  {note}")
+        check = r.get("compiled_bytes") or r.get("saved_bytes")
+        check = "-" if check is None else f"{check / mib:.0f}"
+        print(f"{r['impl']:<11} {r['seq_len']:>6} {peak:>10} {check:>10} {r['step_s'] if r['step_s'] is not None else '-':>8}  {note}")
     print(json.dumps(rows))
     return 0
 

@@ -24,6 +24,10 @@ def activation(kind: str):
             "geglu": gelu_exact, "geglu_tanh": gelu_tanh}[kind]
 
 
+def _gated(kind: str, gate: jax.Array, up: jax.Array) -> jax.Array:
+    return activation(kind)(gate) * up
+
+
 class FeedForward(nnx.Module):
     """FFN(x) = down(act(up(x)))  or, gated (Shazeer 2020), down(act(gate(x)) * up(x)).
 
@@ -44,8 +48,13 @@ class FeedForward(nnx.Module):
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        # the activation (and the gating product) recomputed in the backward pass: its gradient
+        # keeps the projections' outputs only, not the activation's intermediates (jax.nn.silu
+        # keeps x, sigmoid(x) and its output: 3 [B, T, F] arrays; docs/numerics.md §29)
+        act = jax.checkpoint(_gated, static_argnums=0) if self.gate_proj is not None else \
+            jax.checkpoint(activation(self.kind))
         if self.gate_proj is not None:
-            h = activation(self.kind)(self.gate_proj(x)) * self.up_proj(x)  # [B, T, F]
+            h = act(self.kind, self.gate_proj(x), self.up_proj(x))  # [B, T, F]
         else:
-            h = activation(self.kind)(self.up_proj(x))  # [B, T, F]
+            h = act(self.up_proj(x))  # [B, T, F]
         return self.dropout(self.down_proj(self.inner_dropout(h)))
