@@ -1,6 +1,7 @@
 """Ring attention (context parallelism): exact self-attention over a sequence split across the
 devices of one mesh axis, `lowering.active().context_axis` (the trainer's `context` axis).
-Twin: torch_ref/layers/ring.py (no mesh in torch: the same blocks and merges in a loop).
+Twin: torch_ref/layers/ring.py (no mesh in torch: the same steps and merges in a loop, each step
+a dense score block there).
 
 Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers". With n devices on the
 context axis, each holds T/n queries and the keys/values of the same T/n tokens, with their
@@ -144,6 +145,13 @@ def _step_args(q, k, v, q_parts: tuple, k_parts: tuple, window, slopes, *, scale
                               block_q=blocks[0], block_k=blocks[1])
 
 
+def step_blocks(shard: int) -> tuple[int, int]:
+    """(bq, bk) of a ring step over shards of `shard` tokens: lowering.active().attention_blocks,
+    at most half a shard (a zigzag chunk), so a shard's early and late chunks never share one."""
+    half = -(-shard // 2)
+    return tuple(min(blk, half) for blk in lowering.active().attention_blocks)
+
+
 def merge(out_a, lse_a, out_b, lse_b):
     """Two softmax-normalised partial results over disjoint key sets -> the one over their union
     (the online-softmax rule; a side with lse -inf saw no key and weighs 0)."""
@@ -211,9 +219,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     specs = (P(batch, axis, heads), P(batch, axis, heads), P(batch, axis, heads),
              tuple(seq(a) for a in parts), None if mask.window is None else P(),
              None if mask.alibi_slopes is None else P(heads), None if sinks is None else P(heads))
-    half = -(-(t // n) // 2)  # a zigzag chunk: the blocks go no further (module docstring)
-    blocks = tuple(min(blk, half) for blk in lowering.active().attention_blocks)
-    attend = _ring(axis, n, scale, softcap, mask.causal, blocks)
+    attend = _ring(axis, n, scale, softcap, mask.causal, step_blocks(t // n))
 
     def body(q, k, v, parts, window, slopes, sinks):  # this device's shard of the sequence
         q_slots, q_segments, k_slots, k_valid, k_segments = parts
