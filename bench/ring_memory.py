@@ -69,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run", action="store_true", help="also run the gradient and time it")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
+    import jax
+    print(f"jax {jax.__version__}, {jax.default_backend()}, {jax.device_count()} devices, "
+          f"{os.cpu_count()} CPUs", file=sys.stderr)
     rows = []
     for t in args.lengths:
         for blk in args.blocks:
