@@ -345,7 +345,8 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out,
             dv = jax.lax.dynamic_update_slice_in_dim(dv, jax.lax.dynamic_slice_in_dim(dv, k0, st.bk, 1) + dv_j, k0, 1)
             return n + 1, dq, dk, dv, dbias, dslopes
 
-        dq0, = _varying((qi, k, v, bias, slopes, parts, doi, lse_i), jnp.zeros((b, st.bq, g, r, dk_width), jnp.float32))
+        dq0, = _varying((qi, k, v, bias, slopes, parts, doi, lse_i),
+                        jnp.zeros((b, st.bq, g, r, dk_width), jnp.float32))
         visits, dq, dk, dv, dbias, dslopes = jax.lax.while_loop(
             lambda c: c[0] < parts["count"][i], body, (jnp.int32(0), dq0, dk, dv, dbias, dslopes))
         if dsinks is not None:  # d / d sink = -sum over rows of p_sink * D
