@@ -22,7 +22,8 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     splash-attention kernel on TPU (blockwise elsewhere). attention_blocks = (query block, key
     block) of the blockwise path.
   * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
-    split; self-attention then runs as ring attention over it (jaxformer/layers/ring.py).
+    split; self-attention then runs as ring attention over it (jaxformer/layers/ring.py), whose
+    steps run the blockwise kernel whatever `attention` says (blocks at most half a shard).
 
 For expert parallelism (jaxformer/layers/moe_parallel.py): `expert_all_to_all`, the exchange
 of token rows between the devices of the `expert` mesh axis, as ragged_all_to_all or as

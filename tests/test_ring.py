@@ -1,6 +1,6 @@
 """Context parallelism: ring attention (jaxformer/layers/ring.py) against the plain path, outputs
 and gradients, on data 2 x context 4 and context 4 x tensor 2 meshes of the 8 host devices
-(tests/conftest.py); its torch twin; the zigzag layout; the LM's training trajectory on a
+(tests/conftest.py); the blocks its steps skip; its torch twin; the zigzag layout; the LM's training trajectory on a
 context 4 x data 2 mesh against one device (RoPE, GQA, a sliding-window layer, packed
 documents) and the collectives of its train step; the config checks of parallel.mesh.context
 and train.attention."""
@@ -92,6 +92,26 @@ def test_zigzag_layout_balances_causal_work():
     np.testing.assert_array_equal(ring.from_zigzag(x, 4)[1, :, 2], np.arange(16))
     with pytest.raises(ValueError, match="divisible by 2 x 4"):
         ring.zigzag_order(12, 4)
+
+
+def test_ring_steps_skip_masked_blocks():
+    """Each ring step is the blockwise kernel, whose plan skips the fully masked blocks: causal
+    zigzag over 4 devices in blocks of one chunk computes n(2n+1) = 36 of the 64 (query block,
+    key block) pairs of all devices and steps (docs/numerics.md §30)."""
+    n, s = 4, T // 4
+    order = ring.zigzag_order(T, n)
+    assert ring.step_blocks(s) == (s // 2, s // 2)  # the default blocks, capped at a chunk
+
+    @jax.jit
+    def visited(slots):  # [n, T/n] the slots each device holds -> blocks computed, blocks in all
+        def pair(qs, ks):
+            x = jnp.zeros((1, s, 1, 1))
+            _, args = ring._step_args(x, x, x, (qs[None], None), (ks[None], None, None), None, None, scale=1.0,
+                                      softcap=None, causal=True, blocks=ring.step_blocks(s))
+            return jnp.sum(args[-1]["count"]), args[-1]["order"].size
+        return jax.vmap(lambda qs: jax.vmap(lambda ks: pair(qs, ks))(slots))(slots)
+    count, size = visited(jnp.asarray(order.reshape(n, s)))
+    assert (int(count.sum()), int(size.sum())) == (n * (2 * n + 1), 4 * n * n)
 
 
 def test_torch_twin_matches_torch_plain():

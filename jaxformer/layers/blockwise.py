@@ -221,7 +221,9 @@ def _block_scores(st: _Static, qi, kj, bias, slopes, parts, i, j):
 
 # ----------------------------------------------------------------------------- 2) forward
 def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
-    """-> (out [B, Tp, G, R, Kv] in v's dtype, lse [B, G, R, Tp] float32, visited blocks)."""
+    """-> (out [B, Tp, G, R, Kv] float32, lse [B, G, R, Tp] float32, -inf on a row without
+    visible keys, visited blocks). Ring attention (jaxformer/layers/ring.py) merges these per
+    key block."""
     b, tp, g, r, _ = q.shape
     nq = tp // st.bq
     kv_width = v.shape[-1]
@@ -235,6 +237,7 @@ def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
             m0 = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, :, None], (b, g, r, st.bq))
             l0 = jnp.ones((b, g, r, st.bq), jnp.float32)
         acc0 = jnp.zeros((b, g, r, st.bq, kv_width), jnp.float32)
+        m0, l0, acc0 = _varying((qi, k, v, bias, slopes, parts), m0, l0, acc0)
 
         def body(carry):
             n, m, l, acc = carry
@@ -254,13 +257,28 @@ def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
         visits, m, l, acc = jax.lax.while_loop(lambda c: c[0] < parts["count"][i], body,
                                                (jnp.int32(0), m0, l0, acc0))
         out = acc / jnp.where(l == 0, 1.0, l)[..., None]  # l = 0: no visible key (and no sink) -> 0
-        lse = jnp.where(l == 0, 0.0, m + jnp.log(jnp.where(l == 0, 1.0, l)))
-        return jnp.moveaxis(out, 3, 1).astype(v.dtype), lse, visits  # [B, bq, G, R, Kv], [B, G, R, bq]
+        lse = jnp.where(l == 0, -jnp.inf, m + jnp.log(jnp.where(l == 0, 1.0, l)))
+        return jnp.moveaxis(out, 3, 1), lse, visits  # [B, bq, G, R, Kv], [B, G, R, bq]
 
     out, lse, visits = jax.lax.map(q_block, jnp.arange(nq, dtype=jnp.int32))  # [nq, B, bq, ...], [nq, B, G, R, bq]
     out = jnp.moveaxis(out, 0, 1).reshape(b, tp, g, r, kv_width)
     lse = jnp.moveaxis(lse, 0, 3).reshape(b, g, r, tp)
     return out, lse, jnp.sum(visits)  # visits: the loop bodies run (blocks computed)
+
+
+def _varying(inputs, *carries):
+    """The loop carries cast to vary over every manual mesh axis the inputs vary over: inside
+    shard_map (ring attention's steps, jaxformer/layers/ring.py) a carry built from constants
+    varies over none, its updated value over the inputs' axes, and a loop's carry must keep its
+    type (jax's "vma" check). The identity outside shard_map."""
+    def axes(a):
+        t = jax.typeof(a)
+        mat = getattr(t, "manual_axis_type", None)
+        return frozenset(mat.varying) if mat is not None else frozenset(getattr(t, "vma", ()))
+    want = frozenset().union(*(axes(a) for a in jax.tree.leaves(inputs)))
+    cast = lambda c: c if c is None or not want - axes(c) else jax.lax.pcast(  # noqa: E731
+        c, tuple(sorted(want - axes(c))), to="varying")
+    return tuple(cast(c) for c in carries)
 
 
 def _rescale(m_old, m_new):
@@ -274,13 +292,19 @@ def _lse_for_backward(lse):
     return lse
 
 
-def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out):
-    """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed)."""
+def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out, d_lse=None):
+    """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed).
+    d_lse [B, G, R, Tp]: a cotangent of the lse too (None = 0). Ring attention passes its merged
+    out and lse, and the cotangents of both, for each key block: p = exp(s - lse) is then the
+    block's share of the whole softmax, so each block's gradients come without its own lse."""
     b, tp, g, r, dk_width = q.shape
     nq = tp // st.bq
     lse = _lse_for_backward(lse)
-    # D = rowsum(dO * O), the sum over keys of P * dP in each row
+    # D = rowsum(dO * O), the sum over keys of P * dP in each row; d lse / d s = P, so a
+    # cotangent of the lse enters as dS = P * (dP - (D - d_lse))
     delta = jnp.einsum("btgrk,btgrk->bgrt", d_out.astype(jnp.float32), out.astype(jnp.float32))
+    if d_lse is not None:
+        delta = delta - d_lse.astype(jnp.float32)
     f32 = lambda a: None if a is None else jnp.zeros(a.shape, jnp.float32)  # noqa: E731
 
     def q_block(carry, i):
@@ -321,7 +345,8 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out)
             dv = jax.lax.dynamic_update_slice_in_dim(dv, jax.lax.dynamic_slice_in_dim(dv, k0, st.bk, 1) + dv_j, k0, 1)
             return n + 1, dq, dk, dv, dbias, dslopes
 
-        dq0 = jnp.zeros((b, st.bq, g, r, dk_width), jnp.float32)
+        dq0, = _varying((qi, k, v, bias, slopes, parts, doi, lse_i),
+                        jnp.zeros((b, st.bq, g, r, dk_width), jnp.float32))
         visits, dq, dk, dv, dbias, dslopes = jax.lax.while_loop(
             lambda c: c[0] < parts["count"][i], body, (jnp.int32(0), dq0, dk, dv, dbias, dslopes))
         if dsinks is not None:  # d / d sink = -sum over rows of p_sink * D
@@ -329,7 +354,8 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out)
             dsinks = dsinks - jnp.sum(p_sink * delta_i, axis=(0, 3))
         return (dk, dv, dbias, dslopes, dsinks), (dq, visits)
 
-    carry0 = (f32(k), f32(v), f32(bias), f32(slopes), f32(sinks))
+    carry0 = _varying((q, k, v, bias, sinks, slopes, parts, d_out, lse, d_lse),
+                      f32(k), f32(v), f32(bias), f32(slopes), f32(sinks))
     (dk, dv, dbias, dslopes, dsinks), (dq, visits) = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
     dq = jnp.moveaxis(dq, 0, 1).reshape(q.shape)
     cast = lambda d, a: None if a is None else d.astype(a.dtype)  # noqa: E731
@@ -340,11 +366,12 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out)
 # ----------------------------------------------------------------------------- custom_vjp
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attend(st, q, k, v, bias, sinks, slopes, parts):
-    return _forward(st, q, k, v, bias, sinks, slopes, parts)[0]
+    return _forward(st, q, k, v, bias, sinks, slopes, parts)[0].astype(v.dtype)
 
 
 def _attend_fwd(st, q, k, v, bias, sinks, slopes, parts):
     out, lse, _ = _forward(st, q, k, v, bias, sinks, slopes, parts)
+    out = out.astype(v.dtype)
     return out, (q, k, v, bias, sinks, slopes, parts, out, lse)  # the inputs, the output, the lse
 
 

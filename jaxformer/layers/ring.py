@@ -1,12 +1,14 @@
 """Ring attention (context parallelism): exact self-attention over a sequence split across the
 devices of one mesh axis, `lowering.active().context_axis` (the trainer's `context` axis).
-Twin: torch_ref/layers/ring.py (no mesh in torch: the same blocks and merges in a loop).
+Twin: torch_ref/layers/ring.py (no mesh in torch: the same steps and merges in a loop, each step
+a dense score block there).
 
 Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers". With n devices on the
 context axis, each holds T/n queries and the keys/values of the same T/n tokens, with their
 mask parts (slots, padding, segment ids):
   1. every device attends its queries to the key/value block it holds, giving a partial output
-     and the log-sum-exp (lse) of its scores per query row;
+     and the log-sum-exp (lse) of its scores per query row: the blockwise kernel's forward
+     (jaxformer/layers/blockwise.py), which skips the fully masked [bq, bk] blocks of the pair;
   2. the block (keys, values, their slots, padding and segments) moves one device along the
      ring (jax.lax.ppermute, device j -> j + 1), and step 1 runs on the block received;
   3. after n steps every query has seen every key; the partial results are merged as they
@@ -17,7 +19,8 @@ The mask of each (query block, key block) pair is built from the parts by slot
 sliding windows, segment ids, ALiBi; GQA, soft-capping and attention sinks as
 dot_product_attention's explicit path (a row with no visible key outputs 0; a sink joins the
 denominator once, after the merge). The backward pass is written out (`_ring`, a custom_vjp):
-the blocks go around the ring again with their dk, dv buffers; docs/numerics.md §30.
+the blocks go around the ring again with their dk, dv buffers, and each step runs the blockwise
+kernel's FA-2 backward against the merged out and lse; docs/numerics.md §30.
 
 Load balance (zigzag): under a causal mask, contiguous chunks give the last device T/n queries
 that see every key and the first device queries that see almost none. `zigzag_order` splits the
@@ -27,13 +30,15 @@ once per forward by the LM (models/lm.py: ids, positions and mask parts permuted
 embedding's inputs are known, the hidden states put back in order before the logits), not per
 layer.
 
-Per-step compute and memory: the local attention of one step is plain jnp on a [T/n, T/n]
-score block per head ((T/n)^2 memory, freed after the step; recomputed in the backward). What a
-layer keeps per device for the backward is its q, k, v shards, output and lse: O(T/n). A step
-does its whole block even where the mask hides it (no skipping yet): with zigzag every device
-does the same work. The blockwise kernel (jaxformer/layers/blockwise.py, whose per-block
-quantities are this out and lse) can replace `local_attention` to bring a step from (T/n)^2 to
-O(T/n x block) memory and skip fully masked blocks.
+Per-step compute and memory: a step is the blockwise kernel on the pair (this device's T/n
+queries, the T/n keys held), whatever `lowering.active().attention` says (the ring never builds
+a [T, S] matrix, so there is no "plain" form to keep; the kernel is dot_product_attention's
+function to fp32 rounding): O(T/n x block) memory, and the [bq, bk] blocks its plan proves fully
+masked are not computed, forward or backward. The blocks are lowering.active().attention_blocks,
+at most half a shard (T/2n): a zigzag shard's early and late chunks then fall in different
+blocks, so under a causal mask the early queries skip the late keys. What a layer keeps per
+device for the backward is its q, k, v shards, output and lse: O(T/n). On TPU, "splash" does not
+reach the ring (the merge needs each step's lse): the steps run blockwise there too.
 
 Layout: queries, keys and values split over the context axis on the sequence, over the batch
 axes (data x fsdp x expert, the trainer's default "batch" rule, as layers/moe_parallel.py) on
@@ -50,7 +55,8 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
-from jaxformer.layers.attention import AttentionMask, alibi_block
+from jaxformer.layers import blockwise
+from jaxformer.layers.attention import AttentionMask
 
 BATCH_AXES = ("data", "fsdp", "expert")  # the trainer's default "batch" rule (train/config.py)
 HEAD_AXIS = "tensor"
@@ -126,37 +132,24 @@ def shard_sequence(x: jax.Array) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- one block
-def local_attention(q, k, v, mask: AttentionMask, q_parts: tuple, k_parts: tuple, *, scale: float,
-                    softcap: float | None):
-    """Attention of queries q [B, Tq, H, K] to one key/value block k [B, Sk, G, K], v [B, Sk, G, Kv]
-    -> (out [B, Tq, H, Kv] float32 normalised over this block, lse [B, Tq, H] float32; -inf and
-    out 0 on a row with no visible key). q_parts = (q_slots, q_segments), k_parts = (k_slots,
-    k_valid, k_segments): this block's slices of `mask`'s parts (its window, slopes, causal)."""
-    b, t, h, d = q.shape
-    g, s = k.shape[2], k.shape[1]
-    r = h // g
+def _step_args(q, k, v, q_parts: tuple, k_parts: tuple, window, slopes, *, scale: float,
+               softcap: float | None, causal: bool, blocks: tuple[int, int]):
+    """The blockwise kernel's (_Static, arguments) for queries q [B, Tq, H, K] against one
+    key/value block k [B, Sk, G, K], v [B, Sk, G, Kv]: q_parts = (q_slots, q_segments), k_parts =
+    (k_slots, k_valid, k_segments), this pair's mask parts; blocks = (bq, bk)."""
     q_slots, q_segments = q_parts
     k_slots, k_valid, k_segments = k_parts
-    scores = jnp.einsum("btgrk,bsgk->bgrts", q.reshape(b, t, g, r, d), k,
-                        preferred_element_type=jnp.float32) * scale
-    scores = scores.reshape(b, h, t, s)  # [B, H, Tq, Sk]
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
-    if mask.alibi_slopes is not None:
-        scores = scores + alibi_block(mask.alibi_slopes, q_slots, k_slots)
-    visible = mask.visible(q_slots, k_slots, k_valid, q_segments, k_segments)  # [B|1, 1, Tq, Sk]
-    scores = jnp.where(visible, scores, -jnp.inf)
-    m = jax.lax.stop_gradient(jnp.max(scores, axis=-1))  # [B, H, Tq]; any finite shift is exact
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.exp(scores - m[..., None])  # 0 where hidden
-    l = jnp.sum(p, axis=-1)  # [B, H, Tq]
-    out = jnp.einsum("bgrts,bsgk->btgrk", p.reshape(b, g, r, t, s).astype(v.dtype), v,
-                     preferred_element_type=jnp.float32).reshape(b, t, h, v.shape[-1])
-    seen = l > 0
-    l_safe = jnp.where(seen, l, 1.0)
-    lse = jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
-    out = out / jnp.swapaxes(l_safe, 1, 2)[..., None]
-    return out, jnp.swapaxes(lse, 1, 2)
+    mask = AttentionMask(q_slots, k_slots, k_valid=k_valid, q_segments=q_segments, k_segments=k_segments,
+                         window=window, alibi_slopes=slopes, causal=causal)
+    return blockwise._prepare(q, k, v, mask, bias=None, scale=scale, softcap=softcap, sinks=None,
+                              block_q=blocks[0], block_k=blocks[1])
+
+
+def step_blocks(shard: int) -> tuple[int, int]:
+    """(bq, bk) of a ring step over shards of `shard` tokens: lowering.active().attention_blocks,
+    at most half a shard (a zigzag chunk), so a shard's early and late chunks never share one."""
+    half = -(-shard // 2)
+    return tuple(min(blk, half) for blk in lowering.active().attention_blocks)
 
 
 def merge(out_a, lse_a, out_b, lse_b):
@@ -211,11 +204,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     axis = lowering.active().context_axis
     mesh, n = _mesh_axis(axis)
-    full = lambda a, rows: None if a is None else jnp.broadcast_to(a, (rows,) + a.shape[1:])
     if n <= 1:  # no ring: one step over the whole sequence
-        out, lse = local_attention(q, k, v, mask, (mask.q_slots, mask.q_segments),
-                                   (mask.k_slots, mask.k_valid, mask.k_segments), scale=scale, softcap=softcap)
-        return finish(out, lse, sinks, q.dtype)
+        return blockwise.blockwise_attention(q, k, v, mask, scale=scale, softcap=softcap, sinks=sinks)
     if t % n:
         raise ValueError(f"ring attention over {n} context devices needs a sequence length divisible "
                          f"by {n}, got {t}")
@@ -229,7 +219,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     specs = (P(batch, axis, heads), P(batch, axis, heads), P(batch, axis, heads),
              tuple(seq(a) for a in parts), None if mask.window is None else P(),
              None if mask.alibi_slopes is None else P(heads), None if sinks is None else P(heads))
-    attend = _ring(axis, n, scale, softcap, mask.causal)
+    attend = _ring(axis, n, scale, softcap, mask.causal, step_blocks(t // n))
 
     def body(q, k, v, parts, window, slopes, sinks):  # this device's shard of the sequence
         q_slots, q_segments, k_slots, k_valid, k_segments = parts
@@ -239,56 +229,72 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(batch, axis, heads))(*args)
 
 
-def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool):
+def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool, blocks: tuple[int, int]):
     """The ring inside shard_map: (q [B, T/n, H, K], this device's k, v, q_parts (slots,
-    segments), k_parts (slots, valid, segments), window, slopes) -> merged (out float32, lse).
+    segments), k_parts (slots, valid, segments), window, slopes) -> merged (out [B, T/n, H, Kv]
+    float32, lse [B, T/n, H]).
 
-    Its gradient is written out (custom_vjp) so that the backward keeps only q, k, v, out and
-    lse of this device (O(T/n)) instead of the n key/value blocks a scan's autodiff would save:
-    the key/value blocks go around the ring again, each step recomputes its block's (out_i,
-    lse_i) under jax.vjp of `local_attention` (every mask feature, soft-cap and GQA included),
-    feeds it the cotangents of the merge, and adds the block's dk, dv to a buffer that travels
-    with the block; one last ppermute brings each buffer home. The merge's cotangents, with
-    w_i = exp(lse_i - lse) the block's share of the softmax:
-      d out_i = w_i d out,   d lse_i = w_i (d lse + <d out, out_i - out>)."""
+    Each step is the blockwise kernel's forward (`blockwise._forward`: its out and lse, in its
+    [B, Tp, G, R, .] layout, Tp = T/n padded to a block multiple), merged as it arrives. The
+    gradient is written out (custom_vjp) so that the backward keeps only q, k, v, out and lse of
+    this device (O(T/n)) instead of the n key/value blocks a scan's autodiff would save: the
+    key/value blocks go around the ring again, and each step runs the kernel's FA-2 backward
+    (`blockwise._backward`) against the merged out and lse with their cotangents d out, d lse.
+    That is the block's exact share: with P = exp(s - lse) the whole softmax's probabilities,
+    out = sum_j P_j v_j and d lse / d s_j = P_j give dS = P * (dP - (<d out, out> - d lse)), so a
+    step needs neither its own (out_i, lse_i) nor a forward recomputation. The block's dk, dv are
+    added to a buffer that travels with the block; one last ppermute brings each buffer home."""
     ring = [(j, (j + 1) % n) for j in range(n)]
     shift = lambda tree: jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), tree)  # noqa: E731
 
-    def local(q, k, v, q_parts, k_parts, window, slopes):
-        mask = AttentionMask(q_parts[0], k_parts[0], window=window, alibi_slopes=slopes, causal=causal)
-        return local_attention(q, k, v, mask, q_parts, k_parts, scale=scale, softcap=softcap)
+    def prepare(q, k, v, q_parts, k_parts, window, slopes):
+        return _step_args(q, k, v, q_parts, k_parts, window, slopes, scale=scale, softcap=softcap, causal=causal,
+                          blocks=blocks)
 
     def forward(q, k, v, q_parts, k_parts, window, slopes):
-        out, lse = local(q, k, v, q_parts, k_parts, window, slopes)  # the block held, then n - 1 received
+        def local(k, v, k_parts):  # -> out [B, Tp, G, R, Kv] float32, lse [B, Tp, G, R]
+            st, args = prepare(q, k, v, q_parts, k_parts, window, slopes)
+            out, lse, _ = blockwise._forward(st, *args)
+            return out, jnp.moveaxis(lse, 3, 1)
+
+        out, lse = local(k, v, k_parts)  # the block held, then n - 1 received
 
         def turn(carry, _):
             out, lse, held = carry
             held = shift(held)
-            k, v, k_parts = held
-            out, lse = merge(out, lse, *local(q, k, v, q_parts, k_parts, window, slopes))
+            out, lse = merge(out, lse, *local(*held))
             return (out, lse, held), None
 
         (out, lse, _), _ = jax.lax.scan(turn, (out, lse, (k, v, k_parts)), None, length=n - 1)
-        return out, lse
+        return out, lse  # padded, the kernel's layout
+
+    def unpad(out, lse, q):  # -> [B, T/n, H, Kv], [B, T/n, H]
+        b, t, h, _ = q.shape
+        return out[:, :t].reshape(b, t, h, out.shape[-1]), lse[:, :t].reshape(b, t, h)
 
     @jax.custom_vjp
     def attend(q, k, v, q_parts, k_parts, window, slopes):
-        return forward(q, k, v, q_parts, k_parts, window, slopes)
+        return unpad(*forward(q, k, v, q_parts, k_parts, window, slopes), q)
 
     def fwd(q, k, v, q_parts, k_parts, window, slopes):
         out, lse = forward(q, k, v, q_parts, k_parts, window, slopes)
-        return (out, lse), (q, k, v, q_parts, k_parts, window, slopes, out, lse)
+        return unpad(out, lse, q), (q, k, v, q_parts, k_parts, window, slopes, out, lse)
 
     def bwd(res, cts):
-        q, k, v, q_parts, k_parts, window, slopes, out, lse = res
-        d_out, d_lse = cts
-        lse_safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
+        q, k, v, q_parts, k_parts, window, slopes, out, lse = res  # out, lse padded: [B, Tp, G, R, .]
+        b, t, h, _ = q.shape
+        tp, g, r = out.shape[1], out.shape[2], out.shape[3]
+        pad = lambda a: jnp.pad(a, [(0, 0), (0, tp - t)] + [(0, 0)] * (a.ndim - 2))  # noqa: E731
+        d_out = pad(cts[0].reshape(b, t, g, r, -1))  # [B, Tp, G, R, Kv]
+        d_lse = pad(cts[1].reshape(b, t, g, r))  # [B, Tp, G, R]
+        d_lse = jnp.moveaxis(jnp.where(jnp.isfinite(lse), d_lse, 0.0), 1, 3)  # [B, G, R, Tp]; 0 on unseen rows
+        lse = jnp.moveaxis(lse, 1, 3)
 
-        def grads(k, v, k_parts):  # this block's share of dq, dk, dv
-            (out_i, lse_i), vjp = jax.vjp(lambda q, k, v: local(q, k, v, q_parts, k_parts, window, slopes), q, k, v)
-            w = jnp.exp(lse_i - lse_safe)  # [B, T, H]; 0 where the block shows the row nothing
-            d_lse_i = w * (d_lse + jnp.sum(d_out * (out_i - out), axis=-1))
-            return vjp((w[..., None] * d_out, d_lse_i))
+        def grads(k, v, k_parts):  # this block's share of dq [B, Tp, G, R, K], dk, dv [B, T/n, G, .]
+            st, (q5, kp, vp, _, _, sl, parts) = prepare(q, k, v, q_parts, k_parts, window, slopes)
+            (dq, dk, dv, *_), _ = blockwise._backward(st, q5, kp, vp, None, None, sl, parts, out, lse, d_out,
+                                                      d_lse=d_lse)
+            return dq, dk[:, :k.shape[1]], dv[:, :v.shape[1]]
 
         dq, dk, dv = grads(k, v, k_parts)
 
@@ -300,7 +306,7 @@ def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool):
 
         (dq, _, d_held), _ = jax.lax.scan(turn, (dq, (k, v, k_parts), (dk, dv)), None, length=n - 1)
         dk, dv = shift(d_held)  # after n - 1 steps this device holds device i+1's block: send it home
-        return dq, dk, dv, None, None, None, None
+        return dq[:, :t].reshape(q.shape), dk, dv, None, None, None, None
 
     attend.defvjp(fwd, bwd)
     return attend

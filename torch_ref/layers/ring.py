@@ -4,6 +4,11 @@ the same steps the ring takes (its own key/value block, then the blocks of parts
 as they would arrive), each a `local_attention` returning (out, lse), merged by the same
 online-softmax rule. shards=1 is one step over the whole sequence. The zigzag layout and the
 mask permutation are the same functions.
+
+Each step here is a dense [T/shards, T/shards] score block (`local_attention`), where jaxformer's
+steps run its blockwise kernel (docs/numerics.md §30): the same function to fp32 rounding. This
+twin is a reference for the ring's steps and merges, not a memory path (torch_ref has no mesh
+to split a sequence over), so it keeps the plain form.
 """
 from __future__ import annotations
 
