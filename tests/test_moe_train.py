@@ -89,19 +89,37 @@ def test_aux_terms_compose_per_micro_batch():
                                rtol=1e-6)
 
 
+def _bias_cfg(rate, **train):
+    return moe_cfg({**DEEPSEEK, "bias_update_rate": rate}, **{"steps": 4, "eval_every": 4, "checkpoint_every": 4,
+                                                              "weight_decay": 0.5, "decay_norms_and_biases": True,
+                                                              "grad_clip": 0.01, **train})
+
+
+@pytest.fixture(scope="module")
+def bias_runs(tmp_path_factory):
+    """{rate: (score_bias before, JAX trainer, torch trainer, their workdir root)} after 4 steps
+    from the same converted weights: the bias-rule test reads them, the resume test resumes
+    the rate > 0 run directories (one pair of runs, not two)."""
+    out = {}
+    for rate in (0.0, 1e-3):
+        root = tmp_path_factory.mktemp(f"bias{rate}")
+        cfg = _bias_cfg(rate)
+        tmod, jmod = _pair(cfg)
+        jt = JaxTrainer(cfg, str(root / "jax"), model=jmod, progress=False)
+        start = _score_biases(jt.state["rest"])
+        jt.run()
+        tt = TorchTrainer(cfg, str(root / "torch"), module=tmod, progress=False)
+        tt.run()
+        out[rate] = (start, jt, tt, root)
+    return out
+
+
 @pytest.mark.parametrize("rate", [0.0, 1e-3])
-def test_score_bias_moves_only_by_the_bias_rule(rate, tmp_path):
+def test_score_bias_moves_only_by_the_bias_rule(rate, bias_runs):
     """score_bias is outside the optimiser (weight decay on everything, clipping active): with
     rate 0 it stays bit-identical; with rate > 0 it moves by rate x sign per step, in both
     trainers alike."""
-    cfg = moe_cfg({**DEEPSEEK, "bias_update_rate": rate}, steps=4, eval_every=4, checkpoint_every=4,
-                  weight_decay=0.5, decay_norms_and_biases=True, grad_clip=0.01)
-    tmod, jmod = _pair(cfg)
-    jt = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False)
-    start = _score_biases(jt.state["rest"])
-    jt.run()
-    tt = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False)
-    tt.run()
+    start, jt, tt, _ = bias_runs[rate]
     got = _score_biases(jt.state["rest"])
     torch_got = np.stack([m.router.score_bias.numpy() for m in tt.module.modules()
                           if type(m).__name__ == "MoE"])
@@ -222,23 +240,19 @@ def test_init_from_loads_score_bias_in_both_trainers(tmp_path):
     np.testing.assert_array_equal(_torch_score_biases(build_torch_model(ft)), np.stack(saved))
 
 
-def test_resume_restores_score_bias_in_both_trainers(tmp_path):
+def test_resume_restores_score_bias_in_both_trainers(bias_runs):
     """After steps that move score_bias (bias_update_rate > 0), resuming the run directory
     restores it exactly, in both trainers."""
-    cfg = moe_cfg({**DEEPSEEK, "bias_update_rate": 1e-3}, steps=2, eval_every=2, checkpoint_every=2)
-    more = moe_cfg({**DEEPSEEK, "bias_update_rate": 1e-3}, steps=4, eval_every=2, checkpoint_every=2)
-    tmod, jmod = _pair(cfg)
-    jt = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False)
-    jt.run()
+    _, jt, tt, root = bias_runs[1e-3]
+    more = _bias_cfg(1e-3, steps=6)  # resuming needs steps left to train
     moved = _score_biases(jt.state["rest"])
     assert np.abs(moved).max() > 0
-    back = JaxTrainer(more, str(tmp_path / "jax"), resume=True, progress=False)
-    assert back.start_step == 2
+    back = JaxTrainer(more, str(root / "jax"), resume=True, progress=False)
+    assert back.start_step == 4
     np.testing.assert_array_equal(_score_biases(back.state["rest"]), moved)
-    tt = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False)
-    tt.run()
+    back.close()
     torch_moved = _torch_score_biases(tt.module)
     np.testing.assert_array_equal(torch_moved, moved)
-    tback = TorchTrainer(more, str(tmp_path / "torch"), resume=True, progress=False)
+    tback = TorchTrainer(more, str(root / "torch"), resume=True, progress=False)
     tback._restore()
     np.testing.assert_array_equal(_torch_score_biases(tback.module), torch_moved)

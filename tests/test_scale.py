@@ -29,12 +29,19 @@ def _cfg(family, mesh=None, **train):
 
 
 @pytest.fixture(scope="module")
-def single_device_losses(tmp_path_factory):
+def single_device_runs(tmp_path_factory):
+    """{family: (per-step losses, workdir)} of the one-device reference runs, computed once for
+    the mesh cases and the two-process test (which also loads the GPT-2 run's model)."""
     out = {}
     for fam in SCALE_FAMILIES:
-        out[fam] = [r["loss"] for r in JaxTrainer(_cfg(fam), str(tmp_path_factory.mktemp(fam)),
-                                                  progress=False).run()]
+        wd = tmp_path_factory.mktemp(fam)
+        out[fam] = ([r["loss"] for r in JaxTrainer(_cfg(fam), str(wd), progress=False).run()], wd)
     return out
+
+
+@pytest.fixture(scope="module")
+def single_device_losses(single_device_runs):
+    return {fam: losses for fam, (losses, _) in single_device_runs.items()}
 
 
 # Every mesh on the GQA LM (the family with the most sharding rules); the other families on the
@@ -87,7 +94,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_single_process(tmp_path):
+def test_two_processes_match_single_process(single_device_runs, tmp_path):
     cfg = _cfg("lm_gpt2", {"data": -1}, checkpoint_every=5)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
@@ -102,7 +109,7 @@ def test_two_processes_match_single_process(tmp_path):
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
     import json
     multi = [json.loads(line)["loss"] for line in open(wd / "metrics.jsonl")]
-    single = [r["loss"] for r in JaxTrainer(_cfg("lm_gpt2"), str(tmp_path / "single"), progress=False).run()]
+    single, single_wd = single_device_runs["lm_gpt2"]  # _cfg("lm_gpt2"): this config on one device
     diffs = [abs(a - b) for a, b in zip(multi, single)]
     print("2 processes x 2 devices vs 1 device, per-step loss diffs:", ["%.1e" % d for d in diffs])
     assert len(multi) == 5 and max(diffs) <= 1e-5
@@ -116,7 +123,7 @@ def test_two_processes_match_single_process(tmp_path):
     tr.close()
     from flax import nnx
     got = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    ref = nnx.to_pure_dict(nnx.state(jaxformer.load(str(tmp_path / "single"))[0], nnx.Param))
+    ref = nnx.to_pure_dict(nnx.state(jaxformer.load(str(single_wd))[0], nnx.Param))
     import jax
     diffs = jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), got, ref))
     print("2 processes vs 1: max |param diff|", max(diffs))

@@ -42,6 +42,6 @@ def test_log_every_controls_when_metrics_are_fetched(tmp_path, monkeypatch):
 def test_log_every_is_overridden_by_eval_and_checkpoint_steps(tmp_path, monkeypatch):
     fetched = []
     monkeypatch.setattr(JaxTrainer, "_fetch", lambda self, outs: fetched.append(len(outs)) or FETCH(self, outs))
-    cfg = tiny_run_config(steps=7, log_every=50, eval_every=3, checkpoint_every=5)
+    cfg = tiny_run_config(steps=10, log_every=50, eval_every=3, checkpoint_every=5)
     JaxTrainer(cfg, str(tmp_path / "w"), progress=False).run()
-    assert fetched == [3, 2, 1, 1]  # steps 3 (eval), 5 (checkpoint), 6 (eval), 7 (last)
+    assert fetched == [3, 2, 1, 3, 1]  # steps 3 (eval), 5 (checkpoint), 6 (eval), 9 (eval), 10 (last)

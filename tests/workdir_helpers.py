@@ -9,7 +9,10 @@ TINY_RUN = {
               "num_layers": 2, "dropout": 0.0},
     "data": {"name": "stdlib_docs", "seq_len": 16},
     "train": {"steps": 4, "batch_size": 4, "eval_every": 2, "eval_batches": 1, "checkpoint_every": 2,
-              "async_checkpoint": False, "warmup_steps": 2},
+              "async_checkpoint": False, "warmup_steps": 2,
+              # inverse_sqrt: the lr does not depend on train.steps, so runs of any length share
+              # one compiled train step (the suite's compilation cache)
+              "schedule": "inverse_sqrt"},
 }
 
 
