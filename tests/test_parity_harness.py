@@ -371,10 +371,21 @@ def test_mutation_is_undone_in_modules_imported_during_it():
         sys.modules.pop(late.__name__, None)
 
 
-def test_self_test_catches_every_bug(capsys):
-    assert _cli(["--self-test"]) == 0, capsys.readouterr().out
-    out = capsys.readouterr().out
-    from jaxformer.train.trajectory import TRAIN_MUTATIONS
+def _catalogue():
     from jaxformer.parity.mutations import MUTATIONS
-    n = len(MUTATIONS) + len(TRAIN_MUTATIONS)
-    assert n >= 15 and f"kill rate: {n}/{n}" in out
+    from jaxformer.train.trajectory import TRAIN_MUTATIONS
+    return {**MUTATIONS, **TRAIN_MUTATIONS}
+
+
+def test_self_test_catalogue_is_complete(capsys):
+    n = len(_catalogue())
+    assert n >= 15
+    assert _cli(["--self-test", "--list"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == n
+
+
+# one test per bug (`jaxformer parity --self-test --mutation NAME`), so xdist's workers share them
+@pytest.mark.parametrize("mutation", sorted(_catalogue()))
+def test_self_test_catches_every_bug(mutation, capsys):
+    assert _cli(["--self-test", "--mutation", mutation]) == 0, capsys.readouterr().out
+    assert "kill rate: 1/1" in capsys.readouterr().out
