@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 from helpers import converted_pair
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
@@ -24,9 +25,23 @@ TOL = 1e-5
 
 
 def run_both(t, j, *args, **kw):
+    """Both trees on the same inputs; the jax model runs as one compiled program (eager
+    dispatch compiles every op of a Swin separately, most of this file's time), its
+    intermediates dict rebuilt in the order the model inserted its keys at trace time (a
+    pytree round trip sorts dict keys), so key-order checks see the model's own order."""
     with torch.no_grad():
         to = t(*[torch.as_tensor(a) for a in args], **kw)
-    return to, j(*[jnp.asarray(a) for a in args], **kw)
+    order = []
+
+    def call(model, *xs):
+        out = model(*xs, **kw)
+        if isinstance(out, tuple) and isinstance(out[-1], dict):
+            order.append(list(out[-1]))
+        return out
+    out = nnx.jit(call)(j, *[jnp.asarray(a) for a in args])
+    if order:
+        out = (*out[:-1], {k: out[-1][k] for k in order[0]})
+    return to, out
 
 
 def ids(rng, b, n, vocab=64):
