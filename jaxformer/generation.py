@@ -35,7 +35,8 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.config.models import GenerationConfig, check_lengths, eos_ids, pad_prompts  # noqa: F401 (re-exported)
+from jaxformer.config.models import (GenerationConfig, check_lengths, check_prefill_chunk, eos_ids,  # noqa: F401 (re-exported)
+                                     pad_prompts)
 from jaxformer.layers import linear, quant
 from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens
@@ -320,15 +321,6 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     check_prefill_chunk(cfg, gen)
     return _run(_lm_generate, model, ids, mask, gen, check_lengths(ids.shape[1], gen, cfg.max_len), layout)
 
-
-def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
-    """ValueError where chunked prefill would not compute what the one pass does: an MoE
-    that drops tokens over capacity (its capacity counts the tokens of one call)."""
-    moe = getattr(cfg, "moe", None)
-    if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
-        raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
-                         "call, so chunks would route differently from the one-pass prefill; use a "
-                         "dropless MoE (capacity_factor null) or no prefill_chunk")
 
 
 # ----------------------------------------------------------------------------- seq2seq

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from jaxformer.config.models import GenerationConfig, check_lengths, eos_ids, pad_prompts  # noqa: F401 (re-exported)
+from jaxformer.config.models import (GenerationConfig, check_lengths, check_prefill_chunk, eos_ids,  # noqa: F401 (re-exported)
+                                     pad_prompts)
 from torch_ref.layers import quant
 from torch_ref.models.common import check_tokens
 
@@ -215,15 +216,6 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
                        cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)
     return _to_numpy(out)
 
-
-def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
-    """ValueError where chunked prefill would not compute what the one pass does: an MoE
-    that drops tokens over capacity (its capacity counts the tokens of one call)."""
-    moe = getattr(cfg, "moe", None)
-    if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
-        raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
-                         "call, so chunks would route differently from the one-pass prefill; use a "
-                         "dropless MoE (capacity_factor null) or no prefill_chunk")
 
 
 # ----------------------------------------------------------------------------- seq2seq

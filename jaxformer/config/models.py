@@ -326,6 +326,17 @@ def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: i
     return need if gen.cache_len is None else gen.cache_len
 
 
+def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
+    """ValueError where chunked prefill would not compute what the one pass does: an MoE
+    that drops tokens over capacity (its capacity counts the tokens of one call)."""
+    moe = getattr(cfg, "moe", None)
+    if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
+        raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
+                         "call, so chunks would route differently from the one-pass prefill; use a "
+                         "dropless MoE (capacity_factor null) or no prefill_chunk")
+
+
 __all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "GenerationConfig", "stack_config",
            "COMPUTE_DTYPES", "TINY_SIZES", "GPT2_FLAVOUR", "LLAMA_FLAVOUR", "LM_FLAVOURS", "T5_FLAVOUR",
-           "pad_prompts", "check_lengths", "eos_ids"]
+           "pad_prompts", "check_lengths", "check_prefill_chunk", "eos_ids"]
+
