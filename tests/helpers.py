@@ -64,3 +64,13 @@ def check_hf_logits(tag: str, ref, ours, mask) -> float:
     print(f"[hf logits] {tag}: max |diff| {d:.2e}, max |logit| {scale:.2f}")
     assert d <= 1e-5 * scale, f"{tag}: max |logits diff| vs HF {d:.2e}"
     return d
+
+
+def host_devices_env(n: int) -> dict:
+    """os.environ for a child process that sees n CPU devices, with the suite's other XLA flags
+    (tests/conftest.py) kept."""
+    import os
+    import re
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}".strip(),
+            "JAX_PLATFORMS": "cpu"}

@@ -21,6 +21,7 @@ from jaxformer.train.config import config_from_dict
 from jaxformer.train.data import pipeline
 from jaxformer.train.data.tokens import TokensWriter
 from jaxformer.train.jax_trainer import JaxTrainer
+from helpers import host_devices_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 300  # above the byte vocab and below the model's: ids come from a "tokenizer" of 300
@@ -240,7 +241,7 @@ def test_two_processes_read_their_rows_and_equal_one(data_dir, reference, tmp_pa
     cfg = tokens_cfg(data_dir, parallel={"mode": "mesh", "mesh": {"data": -1}})
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = host_devices_env(2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

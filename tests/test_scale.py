@@ -12,6 +12,7 @@ import yaml
 
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
+from helpers import host_devices_env
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import FAMILIES, ROOT, run_cfg  # noqa: E402
@@ -98,7 +99,7 @@ def test_two_processes_match_single_process(single_device_runs, tmp_path):
     cfg = _cfg("lm_gpt2", {"data": -1}, checkpoint_every=5)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = host_devices_env(2)
     port = _free_port()
     wd = tmp_path / "multi"
     procs = [subprocess.Popen([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir",
