@@ -34,11 +34,13 @@ TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48,
         "num_hidden_layers": 1, "n_layer": 1, "num_layers": 1, "num_decoder_layers": 1,
         "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "num_key_value_heads": 2,
         "head_dim": 8, "d_kv": 8, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
-        "num_experts": 8, "n_routed_experts": 16, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+        "num_experts": 8, "num_local_experts": 8, "n_routed_experts": 16, "first_k_dense_replace": 1, "kv_lora_rank": 16,
         "q_lora_rank": 24, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
-# model_type -> layers, where one layer would drop a kind: Gemma-2's sliding + full pair,
-# DeepSeek-V3's dense first layer + MoE layer
-LAYERS = {"gemma2": 2, "deepseek_v3": 2}
+# model_type -> layers, where one layer would drop a kind: Gemma-2's and gpt-oss's sliding +
+# full pair, DeepSeek-V3's dense first layer + MoE layer
+LAYERS = {"gemma2": 2, "deepseek_v3": 2, "gpt_oss": 2}
+# model_type -> ffn width where the shipped weights need one: MXFP4 blocks hold 32 values
+MXFP4_FFN = {"gpt_oss": 32}
 TINY_VOCAB = 96
 # file -> what a ConfigError must name: fp8 block weights are not dequantized; ViTModel (a
 # backbone without a classifier) has no jaxformer model
@@ -71,9 +73,36 @@ def shrunk(raw: dict) -> dict:
         out["num_key_value_heads"] = out.get("num_attention_heads")
     if raw.get("model_type") in LAYERS:
         out["num_hidden_layers"] = LAYERS[raw["model_type"]]
+    if isinstance(raw.get("layer_types"), list):  # the shipped per-layer pattern, cut to the layers kept
+        out["layer_types"] = raw["layer_types"][:out["num_hidden_layers"]]
+    if _mxfp4(raw):
+        out["intermediate_size"] = MXFP4_FFN[raw["model_type"]]
     if not isinstance(raw.get("pad_token_id"), int) or raw["pad_token_id"] < TINY_VOCAB:
         out["vocab_size"] = TINY_VOCAB
     return out
+
+
+def _mxfp4(raw: dict) -> bool:
+    return (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+
+
+def _quantize_experts(model, path: Path) -> None:
+    """The expert weights stored as the published gpt-oss checkpoints store them: MXFP4
+    blocks + scales (random bytes), and the HF model given transformers' own dequantization
+    of the same bytes, so both sides compute with the shipped format's values."""
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    tensors = load_file(str(path / "model.safetensors"))
+    rng = np.random.RandomState(3)
+    for key in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, cols, rows = tensors.pop(key).shape  # [E, G * 32, R]
+        blocks = rng.randint(0, 256, (e, rows, cols // 32, 16)).astype(np.uint8)
+        scales = rng.randint(120, 126, (e, rows, cols // 32)).astype(np.uint8)
+        tensors[f"{key}_blocks"], tensors[f"{key}_scales"] = blocks, scales
+        with torch.no_grad():
+            model.get_parameter(key).copy_(convert_moe_packed_tensors(
+                torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _kind(raw: dict) -> str:
@@ -127,6 +156,8 @@ def _checkpoint(file: str, root: Path, drop: tuple[str, ...] = ()):
     model = getattr(T, raw["architectures"][0])(config).float()
     randomize(model, seed=len(file))
     model.save_pretrained(str(path))
+    if _mxfp4(raw):
+        _quantize_experts(model, path)
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     return model, str(path), _kind(raw)
 
