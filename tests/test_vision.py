@@ -123,8 +123,8 @@ def test_vit_legacy_hf_names_and_round_trip():
 
 def test_hf_unmapped_and_unsupported_are_errors():
     sd = dict(_hf_vit().state_dict())
-    sd["vit.pooler.dense.weight"] = torch.zeros(2, 2)
-    with pytest.raises(ValueError, match=r"unmapped: vit\.pooler\.dense\.weight"):
+    sd["vit.embeddings.mask_token"] = torch.zeros(1, 1, 2)  # ViTForMaskedImageModeling's; no jaxformer twin
+    with pytest.raises(ValueError, match=r"unmapped: vit\.embeddings\.mask_token"):
         hf_vision.vit_state_dict_from_hf(sd)
     with pytest.raises(ValueError, match="use_absolute_embeddings"):
         hf_vision.swin_config_from_hf(transformers.SwinConfig(use_absolute_embeddings=True))
