@@ -349,6 +349,17 @@ def test_yaml_config_parses_builds_and_fits_its_data(name):
         assert out.shape == (2, cfg.num_classes) and train["labels"].max() < cfg.num_classes
 
 
+def test_training_refuses_the_pooler_head():
+    """head 'pooler' (an imported ViTModel) outputs features, not class logits: a train config
+    with it is refused by name before any data is read."""
+    from jaxformer.config import ConfigError
+    from jaxformer.train.config import config_from_dict
+    doc = yaml.safe_load(open("configs/vit.yaml"))
+    doc["model"]["head"] = "pooler"
+    with pytest.raises(ConfigError, match="model.head='pooler': training needs class logits"):
+        config_from_dict(doc)
+
+
 # ----------------------------------------------------------------------------- datasets
 def test_digits_split_is_seeded_disjoint_and_train_normalised():
     from jaxformer.train.data import digits
