@@ -275,6 +275,25 @@ def load_params_sharded(directory: str, abstract_params, shardings, rest=None):
     return state, rest
 
 
+def check_init_from_layout(directory: str, cfg) -> None:
+    """train.init_from: the checkpoint's layer layout must be the run's. A scanned stack
+    (model.scan_layers) holds each param once with a leading layer axis, an unscanned one holds
+    `layers.{i}`; the param trees differ, so one cannot be restored into the other, and the error
+    says which setting to change rather than the restore's tree mismatch."""
+    from jaxformer.config import ConfigError
+    _, saved = load_model_config(directory)
+    theirs, ours = bool(getattr(saved, "scan_layers", False)), bool(getattr(cfg, "scan_layers", False))
+    if theirs == ours:
+        return
+    layout = {True: "scanned: each param stacked on a leading layer axis",
+              False: "unscanned: one param tree per layers.{i}"}
+    raise ConfigError(
+        f"train.init_from={directory!r}: the checkpoint was saved with model.scan_layers={theirs} "
+        f"({layout[theirs]}) and this run has model.scan_layers={ours} ({layout[ours]}); the param "
+        f"trees differ, so it cannot be loaded. Fine-tune it with --set model.scan_layers="
+        f"{str(theirs).lower()}, or start from a run trained with model.scan_layers={str(ours).lower()}")
+
+
 def _deep_merge(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():

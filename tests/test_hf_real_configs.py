@@ -34,16 +34,16 @@ TINY = {"hidden_size": 32, "n_embd": 32, "d_model": 32, "intermediate_size": 48,
         "num_hidden_layers": 1, "n_layer": 1, "num_layers": 1, "num_decoder_layers": 1,
         "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "num_key_value_heads": 2,
         "head_dim": 8, "d_kv": 8, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
-        "num_experts": 8, "n_routed_experts": 16, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+        "num_experts": 8, "num_local_experts": 8, "n_routed_experts": 16, "first_k_dense_replace": 1, "kv_lora_rank": 16,
         "q_lora_rank": 24, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8}
-# model_type -> layers, where one layer would drop a kind: Gemma-2's sliding + full pair,
-# DeepSeek-V3's dense first layer + MoE layer
-LAYERS = {"gemma2": 2, "deepseek_v3": 2}
+# model_type -> layers, where one layer would drop a kind: Gemma-2's and gpt-oss's sliding +
+# full pair, DeepSeek-V3's dense first layer + MoE layer
+LAYERS = {"gemma2": 2, "deepseek_v3": 2, "gpt_oss": 2}
+# model_type -> ffn width where the shipped weights need one: MXFP4 blocks hold 32 values
+MXFP4_FFN = {"gpt_oss": 32}
 TINY_VOCAB = 96
-# file -> what a ConfigError must name: fp8 block weights are not dequantized; ViTModel (a
-# backbone without a classifier) has no jaxformer model
-REFUSED = {"deepseek-ai__DeepSeek-R1.json": "quantization_config",
-           "google__vit-base-patch16-224-in21k.json": "architecture 'ViTModel' is not supported"}
+# file -> what a ConfigError must name: fp8 block weights are not dequantized
+REFUSED = {"deepseek-ai__DeepSeek-R1.json": "quantization_config"}
 # (file, keys dropped): the published files as shipped, and DeepSeek-R1 as its bf16 conversions
 # ship it (fp8 quantization_config removed), so its MLA / MoE / YaRN keys are checked too
 CHECKED = [(name, ()) for name in sorted(p.name for p in DATA.glob("*.json") if p.name not in REFUSED)]
@@ -55,6 +55,7 @@ MASK[1, :3] = 0  # a left-padded row
 TGT = RNG.randint(3, 60, size=(2, 7))
 TGT[:, 0] = 0  # T5's decoder start
 TYPES = np.zeros_like(IDS)
+IMAGES = RNG.randn(2, 224, 224, 3).astype(np.float32)  # [B, H, W, C]: the ViT files' image_size 224
 
 
 @pytest.fixture(autouse=True)
@@ -71,13 +72,43 @@ def shrunk(raw: dict) -> dict:
         out["num_key_value_heads"] = out.get("num_attention_heads")
     if raw.get("model_type") in LAYERS:
         out["num_hidden_layers"] = LAYERS[raw["model_type"]]
-    if not isinstance(raw.get("pad_token_id"), int) or raw["pad_token_id"] < TINY_VOCAB:
+    if isinstance(raw.get("layer_types"), list):  # the shipped per-layer pattern, cut to the layers kept
+        out["layer_types"] = raw["layer_types"][:out["num_hidden_layers"]]
+    if _mxfp4(raw):
+        out["intermediate_size"] = MXFP4_FFN[raw["model_type"]]
+    if "vocab_size" in raw and (not isinstance(raw.get("pad_token_id"), int) or raw["pad_token_id"] < TINY_VOCAB):
         out["vocab_size"] = TINY_VOCAB
     return out
 
 
+def _mxfp4(raw: dict) -> bool:
+    return (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4"
+
+
+def _quantize_experts(model, path: Path) -> None:
+    """The expert weights stored as the published gpt-oss checkpoints store them: MXFP4
+    blocks + scales (random bytes), and the HF model given transformers' own dequantization
+    of the same bytes, so both sides compute with the shipped format's values."""
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    tensors = load_file(str(path / "model.safetensors"))
+    rng = np.random.RandomState(3)
+    for key in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, cols, rows = tensors.pop(key).shape  # [E, G * 32, R]
+        blocks = rng.randint(0, 256, (e, rows, cols // 32, 16)).astype(np.uint8)
+        scales = rng.randint(120, 126, (e, rows, cols // 32)).astype(np.uint8)
+        tensors[f"{key}_blocks"], tensors[f"{key}_scales"] = blocks, scales
+        with torch.no_grad():
+            model.get_parameter(key).copy_(convert_moe_packed_tensors(
+                torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
 def _kind(raw: dict) -> str:
     arch = raw["architectures"][0]
+    if arch.startswith("ViT"):
+        assert (raw["image_size"], raw["num_channels"]) == IMAGES.shape[2:], "IMAGES fit the ViT files"
+        return "vit"
     return "seq2seq" if arch.startswith("T5") else "bert" if arch.startswith("Bert") else "lm"
 
 
@@ -88,6 +119,9 @@ def _hf_out(model, kind: str) -> np.ndarray:
         if kind == "seq2seq":
             return model(input_ids=torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
                          decoder_input_ids=torch.from_numpy(TGT)).logits.numpy()
+        if kind == "vit":  # ViTModel: its last hidden state and pooler output, side by side
+            out = model(pixel_values=torch.from_numpy(IMAGES).permute(0, 3, 1, 2))
+            return np.concatenate([out.last_hidden_state.numpy().reshape(2, -1), out.pooler_output.numpy()], axis=1)
         body = getattr(model, "bert", model)  # a BertForMaskedLM checkpoint imports as its BertModel
         return body(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK),
                     token_type_ids=torch.from_numpy(TYPES)).last_hidden_state.numpy()
@@ -98,11 +132,19 @@ def _call(model, *args, **kw):
     return model(*args, **kw)
 
 
+@nnx.jit
+def _call_inter(model, images):
+    return model(images, return_intermediates=True)
+
+
 def _our_out(model, kind: str) -> np.ndarray:
     if kind == "lm":
         return np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK)))
     if kind == "seq2seq":
         return np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(TGT), jnp.asarray(MASK)))
+    if kind == "vit":  # head "pooler": the output is the pooler's, the last hidden state an intermediate
+        pooled, inter = _call_inter(model, jnp.asarray(IMAGES))
+        return np.concatenate([np.asarray(inter["encoder.final_norm"]).reshape(2, -1), np.asarray(pooled)], axis=1)
     out = _call(model, jnp.asarray(IDS), jnp.asarray(MASK), token_type_ids=jnp.asarray(TYPES))
     return np.asarray(out[0] if isinstance(out, tuple) else out)
 
@@ -127,6 +169,8 @@ def _checkpoint(file: str, root: Path, drop: tuple[str, ...] = ()):
     model = getattr(T, raw["architectures"][0])(config).float()
     randomize(model, seed=len(file))
     model.save_pretrained(str(path))
+    if _mxfp4(raw):
+        _quantize_experts(model, path)
     (path / "config.json").write_text(json.dumps(raw, indent=2))
     return model, str(path), _kind(raw)
 
@@ -143,7 +187,8 @@ def test_published_config_imports_matches_hf_and_exports(file, drop, tmp_path):
 
     hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
     T.AutoConfig.from_pretrained(str(tmp_path / "out"))
-    cls = {"lm": T.AutoModelForCausalLM, "seq2seq": T.AutoModelForSeq2SeqLM, "bert": T.AutoModel}[kind]
+    cls = {"lm": T.AutoModelForCausalLM, "seq2seq": T.AutoModelForSeq2SeqLM, "bert": T.AutoModel,
+           "vit": T.AutoModel}[kind]
     back = cls.from_pretrained(str(tmp_path / "out")).eval()
     _check(f"{file} exported", kind, ref, _hf_out(back, kind))
 
@@ -159,7 +204,9 @@ def test_published_config_refused_by_name(file):
 # a published file with one key changed -> the option the error names: the values accepted
 # above are accepted because they are HF's own behaviour, not because the key is skipped
 CHANGED = {"use_mrope": ("Qwen__Qwen2.5-0.5B.json", {"use_mrope": True}),
-           "rope_interleaved": ("HuggingFaceTB__SmolLM2-135M.json", {"rope_interleaved": True})}
+           "rope_interleaved": ("HuggingFaceTB__SmolLM2-135M.json", {"rope_interleaved": True}),
+           "pooler_act": ("google__vit-base-patch16-224-in21k.json", {"pooler_act": "relu"}),
+           "pooler_output_size": ("google__vit-base-patch16-224-in21k.json", {"pooler_output_size": 64})}
 
 
 @pytest.mark.parametrize("word", sorted(CHANGED))

@@ -187,15 +187,22 @@ def test_resume_restores_into_another_mesh_without_an_init(tmp_path, monkeypatch
     tr.close()
 
 
-def test_init_from_restores_each_param_into_its_sharding(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def flat_checkpoint(tmp_path_factory):
+    """(config, directory, {key: values}): an unscanned model checkpoint, built once."""
     from jaxformer.checkpoint_io import save_model
     cfg = _cfg("normal_0.02")
     model = init_lib.build_model(cfg.model_name, cfg.model, seed=11)  # constructor init, not `normal_0.02`
-    save_model(model, cfg.model_name, cfg.model, str(tmp_path / "src"))
-    want = {convert.flax_key(p): np.asarray(v.get_value()) for p, v in convert.param_leaves(model).items()}
+    path = str(tmp_path_factory.mktemp("init_from") / "src")
+    save_model(model, cfg.model_name, cfg.model, path)
+    return cfg, path, {convert.flax_key(p): np.asarray(v.get_value()) for p, v in convert.param_leaves(model).items()}
+
+
+def test_init_from_restores_each_param_into_its_sharding(tmp_path, monkeypatch, flat_checkpoint):
+    cfg, src, want = flat_checkpoint
     _forbid_init(monkeypatch)
     tuned = config_from_dict({**_mesh_cfg(cfg, "fsdp8").to_dict(),
-                              "train": {**cfg.to_dict()["train"], "init_from": str(tmp_path / "src")}})
+                              "train": {**cfg.to_dict()["train"], "init_from": src}})
     tr = JaxTrainer(tuned, str(tmp_path / "run"), progress=False)
     got = {convert.flax_key(p): v.get_value() for p, v in nnx.to_flat_state(tr.state["params"])}
     assert set(got) == set(want) and all(np.array_equal(np.asarray(got[k]), want[k]) for k in want)
@@ -216,3 +223,30 @@ def test_torch_trainer_starts_from_the_jax_init(tmp_path):
     assert set(got) == set(want)
     for k in want:
         assert np.array_equal(got[k], want[k]), k
+
+
+def test_init_from_names_a_scanned_unscanned_layout_mismatch(tmp_path, flat_checkpoint):
+    """An unscanned checkpoint into a model.scan_layers run (and the reverse) is a ConfigError
+    naming both settings and the fix, raised before any restore (orbax would only report that
+    the tree structures differ)."""
+    import shutil
+
+    from jaxformer.config import ConfigError
+    from jaxformer.train.jax_trainer import build_jax_model
+    cfg, src, _ = flat_checkpoint
+    run = _cfg("normal_0.02", scan=True).to_dict()
+    tuned = config_from_dict({**run, "train": {**run["train"], "init_from": src}})
+    with pytest.raises(ConfigError, match=r"saved with model.scan_layers=False .* this run has "
+                                          r"model.scan_layers=True .* --set model.scan_layers=false"):
+        JaxTrainer(tuned, str(tmp_path / "run"), progress=False)
+    # the reverse: a checkpoint whose model.yaml says scanned (the check reads only model.yaml,
+    # so the copy's params need not be restacked), into an unscanned run
+    shutil.copytree(src, tmp_path / "scanned")
+    yaml_path = tmp_path / "scanned" / "model.yaml"
+    text = yaml_path.read_text()
+    assert "scan_layers: false" in text
+    yaml_path.write_text(text.replace("scan_layers: false", "scan_layers: true"))
+    flat = config_from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"],
+                                                        "init_from": str(tmp_path / "scanned")}})
+    with pytest.raises(ConfigError, match=r"scan_layers=True \(scanned.*--set model.scan_layers=true"):
+        build_jax_model(flat)

@@ -123,8 +123,8 @@ def test_vit_legacy_hf_names_and_round_trip():
 
 def test_hf_unmapped_and_unsupported_are_errors():
     sd = dict(_hf_vit().state_dict())
-    sd["vit.pooler.dense.weight"] = torch.zeros(2, 2)
-    with pytest.raises(ValueError, match=r"unmapped: vit\.pooler\.dense\.weight"):
+    sd["vit.embeddings.mask_token"] = torch.zeros(1, 1, 2)  # ViTForMaskedImageModeling's; no jaxformer twin
+    with pytest.raises(ValueError, match=r"unmapped: vit\.embeddings\.mask_token"):
         hf_vision.vit_state_dict_from_hf(sd)
     with pytest.raises(ValueError, match="use_absolute_embeddings"):
         hf_vision.swin_config_from_hf(transformers.SwinConfig(use_absolute_embeddings=True))
@@ -347,6 +347,17 @@ def test_yaml_config_parses_builds_and_fits_its_data(name):
         assert out.shape == (2,) + train["targets"].shape[1:]
     else:
         assert out.shape == (2, cfg.num_classes) and train["labels"].max() < cfg.num_classes
+
+
+def test_training_refuses_the_pooler_head():
+    """head 'pooler' (an imported ViTModel) outputs features, not class logits: a train config
+    with it is refused by name before any data is read."""
+    from jaxformer.config import ConfigError
+    from jaxformer.train.config import config_from_dict
+    doc = yaml.safe_load(open("configs/vit.yaml"))
+    doc["model"]["head"] = "pooler"
+    with pytest.raises(ConfigError, match="model.head='pooler': training needs class logits"):
+        config_from_dict(doc)
 
 
 # ----------------------------------------------------------------------------- datasets

@@ -12,6 +12,7 @@ from jaxformer.config.base import check, check_choice, check_positive, check_pro
 from jaxformer.config.transformer import FFN_KINDS, NORM_POSITIONS, TransformerConfig
 
 VIT_POOLS = ("cls", "mean")
+VIT_HEADS = ("classifier", "pooler")
 TCN_PADDINGS = ("causal", "same")
 TS_POSITIONS = ("sinusoidal", "learned", "none")
 TS_POOLS = ("last", "mean")
@@ -41,6 +42,9 @@ class ViTConfig:
     qkv_bias: bool | None = None  # biases on q/k/v; None = bias (HF ViT's qkv_bias)
     class_token: bool = True
     pool: str = "cls"  # "cls": the [CLS] output; "mean": mean of the patch outputs
+    # "classifier": logits [B, num_classes]; "pooler": HF ViTModel's pooler, tanh(dense) of the
+    # [CLS] output -> [B, D] (num_classes unused)
+    head: str = "classifier"
     scan_layers: bool = False  # JAX: run the encoder layers with lax.scan over stacked params
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -49,6 +53,9 @@ class ViTConfig:
     def __post_init__(self) -> None:
         check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "d_model",
                        "num_heads", "d_ff", "num_layers")
+        check_choice(self, "head", VIT_HEADS)
+        check(self.head != "pooler" or self.pool == "cls", "head",
+              "head='pooler' (HF ViTModel's pooler) pools the [CLS] output: it needs pool='cls'")
         check(self.image_size % self.patch_size == 0, "image_size",
               f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}")
         check(self.d_model % self.num_heads == 0, "d_model",

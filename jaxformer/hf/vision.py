@@ -1,5 +1,6 @@
-"""ViT (`ViTForImageClassification`) <-> `vit` and Swin (`SwinForImageClassification`) <->
-`swin`: configs and weights, strict config.json import, streaming import and export.
+"""ViT (`ViTForImageClassification`, and `ViTModel`: the backbone with its pooler) <-> `vit`
+and Swin (`SwinForImageClassification`) <-> `swin`: configs and weights, strict config.json
+import, streaming import and export.
 
 Two entry points share one mapping. The checkpoint-directory family API of jaxformer.hf
 (config_from_hf on a config.json dict, tensor_fn, export_problems, config_to_hf,
@@ -26,9 +27,13 @@ ViT (ViTForImageClassification)
   * layers.i.{layernorm_before, attention, layernorm_after, mlp.fc1, mlp.fc2} ->
     encoder.layers.i.{attn_norm, self_attn, ffn_norm, ffn.up_proj, ffn.down_proj};
     vit.layernorm -> encoder.final_norm. Pooling: HF takes the [CLS] output (pool="cls").
+  * ViTModel (no classifier; keys without the `vit.` prefix): head="pooler", pooler.dense ->
+    pooler, pooler_output = tanh(pooler([CLS] output)) is the model's output and its
+    last_hidden_state the intermediate "encoder.final_norm". pooler_act must be tanh and
+    pooler_output_size the width (what ViTModel builds); num_labels does not apply.
   * config.json: hidden_dropout_prob -> dropout and embed_dropout (HF uses it for both),
     attention_probs_dropout_prob -> attn_dropout. encoder_stride (masked-image-modelling
-    decoder) and pooler_* (ViTModel's pooler; the classifier has none) do not apply.
+    decoder) does not apply, nor pooler_* to the classifier (ViTModel's pooler).
 Swin (SwinForImageClassification)
   * same NCHW / NHWC difference; blocks keep HF's structure and order, renamed only.
   * HF builds the patch-embedding norm and the patch-merging norms with torch's default eps
@@ -58,8 +63,8 @@ from jaxformer.config.vision import SwinConfig, ViTConfig
 from jaxformer.hf.common import (ACTIVATIONS, MappingError, Options, Renamer, activations,
                                  exportable_ffns, ffn_to_hf, rename_all)
 
-ARCHITECTURES = {"ViTForImageClassification": "vit", "SwinForImageClassification": "swin"}
-MODEL_TYPES = {"ViTForImageClassification": "vit", "SwinForImageClassification": "swin"}
+ARCHITECTURES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}
+MODEL_TYPES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}
 VIT_DEFAULTS = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                     hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                     layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
@@ -93,6 +98,7 @@ _VIT_TOP = [
     ("vit.embeddings.patch_embeddings.projection.{leaf}", "patch_embed.proj.{leaf}"),
     ("vit.layernorm.{leaf}", "encoder.final_norm.{leaf}"),
     ("classifier.{leaf}", "classifier.{leaf}"),
+    ("vit.pooler.dense.{leaf}", "pooler.{leaf}"),  # ViTModel (its keys read with the prefix, _hf_key)
 ]
 _SWIN_BLOCK = [
     ("layernorm_before.{leaf}", "layernorm_before.{leaf}", "attn_norm.{leaf}"),
@@ -135,9 +141,14 @@ def _is_buffer(key: str) -> bool:
     return key.endswith("relative_position_index")  # recomputed, not loaded
 
 
+_VIT_BARE = ("embeddings.", "encoder.", "layers.", "layernorm.", "pooler.")  # ViTModel's keys
+
+
 def _hf_key(name: str, key: str) -> str:
     """A key with the 5.x layer container: ViT's 4.x `vit.encoder.layer.{i}` is `vit.layers.{i}`;
-    Swin checkpoints of the bare model have no `swin.` prefix."""
+    ViTModel and Swin checkpoints of the bare model have no `vit.` / `swin.` prefix."""
+    if name == "vit" and key.startswith(_VIT_BARE):
+        key = "vit." + key
     if name == "vit" and key.startswith("vit.encoder.layer."):
         return "vit.layers." + key[len("vit.encoder.layer."):]
     if name == "swin" and key.startswith(("encoder.", "embeddings.")):
@@ -152,7 +163,8 @@ def _pos_from_hf(x):
 def _state_dict_from_hf(name: str, state_dict: Mapping[str, Any], legacy: bool) -> dict[str, Any]:
     renamer = RENAMERS[name] if legacy else RENAMERS_5X[name]
     sd = {k: v for k, v in state_dict.items() if not _is_buffer(k)}
-    out = rename_all(sd, lambda k: renamer.to_torch(_hf_key(name, k) if legacy else k),
+    bare = name == "vit" and any(k.startswith(_VIT_BARE) for k in sd)  # a ViTModel's keys
+    out = rename_all(sd, lambda k: renamer.to_torch(_hf_key(name, k) if legacy else ("vit." + k if bare else k)),
                      f"jaxformer {name}")
     if "embed_positions.weight" in out:
         out["embed_positions.weight"] = _pos_from_hf(out["embed_positions.weight"])
@@ -165,12 +177,15 @@ def _state_dict_to_hf(name: str, state_dict: Mapping[str, Any], renamers) -> dic
     pos = out.get("vit.embeddings.position_embeddings")
     if pos is not None:
         out["vit.embeddings.position_embeddings"] = pos.reshape((1,) + tuple(pos.shape))
+    if "vit.pooler.dense.weight" in out:  # ViTModel: its keys carry no `vit.` prefix
+        out = {k.removeprefix("vit."): v for k, v in out.items()}
     return out
 
 
 # ----------------------------------------------------------------------------- in-memory API
 def vit_config_from_hf(hf: Any, **overrides) -> ViTConfig:
-    """ViTConfig from a transformers ViTConfig (attributes) for ViTForImageClassification."""
+    """ViTConfig from a transformers ViTConfig (attributes) for ViTForImageClassification
+    (head="pooler" for ViTModel)."""
     image, patch = hf.image_size, hf.patch_size
     image = image if isinstance(image, int) else _square(image, "image_size")
     patch = patch if isinstance(patch, int) else _square(patch, "patch_size")
@@ -184,13 +199,14 @@ def vit_config_from_hf(hf: Any, **overrides) -> ViTConfig:
 
 
 def vit_state_dict_from_hf(state_dict: Mapping[str, Any], *, legacy: bool = True) -> dict[str, Any]:
-    """HF ViTForImageClassification state_dict -> torch_ref ViT state_dict. legacy: also
-    read transformers 4.x names."""
+    """HF ViTForImageClassification (or ViTModel) state_dict -> torch_ref ViT state_dict.
+    legacy: also read transformers 4.x names."""
     return _state_dict_from_hf("vit", state_dict, legacy)
 
 
 def vit_state_dict_to_hf(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-    """torch_ref ViT state_dict -> HF ViTForImageClassification state_dict (the inverse)."""
+    """torch_ref ViT state_dict -> HF ViTForImageClassification (head "pooler": ViTModel)
+    state_dict (the inverse)."""
     return _state_dict_to_hf("vit", state_dict, RENAMERS_5X)
 
 
@@ -242,12 +258,23 @@ def _wrap(fn, o: Options):
 
 
 def config_from_hf(raw: dict, arch: str, keys=()):
-    if arch == "ViTForImageClassification":
-        o = Options(raw, VIT_DEFAULTS, family="vit ViTForImageClassification", ignored=VIT_IGNORED)
-        ns = SimpleNamespace(**{k: o[k] for k in VIT_DEFAULTS}, num_labels=o.num_labels())
+    if arch in ("ViTForImageClassification", "ViTModel"):
+        pooler = arch == "ViTModel"
+        defaults = {**VIT_DEFAULTS, **({"pooler_act": "tanh", "pooler_output_size": None} if pooler else {})}
+        ignored = {k: v for k, v in VIT_IGNORED.items() if not (pooler and k.startswith("pooler_"))}
+        if pooler:
+            ignored.update({"id2label": "ViTModel has no classifier", "label2id": "ViTModel has no classifier",
+                            "num_labels": "ViTModel has no classifier"})
+        o = Options(raw, defaults, family=f"vit {arch}", ignored=ignored)
+        if pooler:
+            o.require("pooler_act", lambda v: v == "tanh", "only tanh (ViTModel's default) is implemented")
+            o.require("pooler_output_size", lambda v: v is None or v == o["hidden_size"],
+                      "must be hidden_size (the pooler keeps the width)")
+        ns = SimpleNamespace(**{k: o[k] for k in VIT_DEFAULTS}, num_labels=1 if pooler else o.num_labels())
         drop = float(ns.hidden_dropout_prob)
+        extra = {"head": "pooler"} if pooler else {}
         cfg = _wrap(lambda: vit_config_from_hf(
-            ns, dropout=drop, embed_dropout=drop, attn_dropout=float(ns.attention_probs_dropout_prob)), o)
+            ns, dropout=drop, embed_dropout=drop, attn_dropout=float(ns.attention_probs_dropout_prob), **extra), o)
         return "vit", cfg, o.notes
     o = Options(raw, SWIN_DEFAULTS, family="swin SwinForImageClassification", ignored=SWIN_IGNORED)
     ns = SimpleNamespace(**{k: o[k] for k in SWIN_DEFAULTS}, num_labels=o.num_labels())
@@ -307,14 +334,15 @@ def config_to_hf(name: str, cfg) -> dict:
     act = ffn_to_hf(cfg.ffn, tanh=TANH_GELU)
     if name == "vit":
         c: ViTConfig = cfg
-        return {"architectures": ["ViTForImageClassification"], "model_type": "vit",
+        head = ({"architectures": ["ViTModel"], "pooler_act": "tanh", "pooler_output_size": c.d_model}
+                if c.head == "pooler" else {"architectures": ["ViTForImageClassification"], **_labels(c.num_classes)})
+        return {**head, "model_type": "vit",
                 "hidden_size": c.d_model, "num_hidden_layers": c.num_layers,
                 "num_attention_heads": c.num_heads, "intermediate_size": c.d_ff,
                 "hidden_act": act, "hidden_dropout_prob": c.dropout,
                 "attention_probs_dropout_prob": c.attn_dropout, "layer_norm_eps": c.norm_eps,
                 "image_size": c.image_size, "patch_size": c.patch_size, "num_channels": c.num_channels,
-                "qkv_bias": c.qkv_bias is not False, "initializer_range": 0.02, "dtype": "float32",
-                **_labels(c.num_classes)}
+                "qkv_bias": c.qkv_bias is not False, "initializer_range": 0.02, "dtype": "float32"}
     s: SwinConfig = cfg
     return {"architectures": ["SwinForImageClassification"], "model_type": "swin",
             "image_size": s.image_size, "patch_size": s.patch_size, "num_channels": s.num_channels,

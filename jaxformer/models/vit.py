@@ -62,11 +62,13 @@ class PatchEmbedding(nnx.Module):
 
 
 class ViT(nnx.Module):
-    """ViT classifier.
+    """ViT classifier (cfg.head "classifier"), or HF ViTModel's backbone with its pooler
+    (cfg.head "pooler").
 
     Args:
         cfg: ViTConfig.
-    Shapes: images [B, H, W, C] (H = W = image_size) -> logits [B, num_classes]. With
+    Shapes: images [B, H, W, C] (H = W = image_size) -> logits [B, num_classes] (head
+    "pooler": the pooler output [B, D]; the last hidden state is "encoder.final_norm"). With
     return_intermediates, also {"patch_embed": [B, P, D], "embeddings": [B, N, D],
     "encoder.layers.i": [B, N, D], "encoder.final_norm": [B, N, D], "pooled": [B, D]}.
     """
@@ -79,7 +81,9 @@ class ViT(nnx.Module):
         self.embed_positions = LearnedPositionalEmbedding(cfg.num_tokens, cfg.d_model, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
-        self.classifier = Linear(cfg.d_model, cfg.num_classes, axes=("embed", None), rngs=rngs)
+        self.classifier = (Linear(cfg.d_model, cfg.num_classes, axes=("embed", None), rngs=rngs)
+                           if cfg.head == "classifier" else None)
+        self.pooler = Linear(cfg.d_model, cfg.d_model, axes=("embed", None), rngs=rngs) if cfg.head == "pooler" else None
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False,
                  return_attention: bool = False):
@@ -97,9 +101,12 @@ class ViT(nnx.Module):
         # 3) Pre-LN encoder with its final norm
         out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, N, D]
-        # 4) pool and classify
+        # 4) pool, then classify (or HF ViTModel's pooler: tanh of a dense layer)
         pooled = h[:, 0] if cfg.pool == "cls" else jnp.mean(h[:, int(cfg.class_token):], axis=1)  # [B, D]
-        logits = self.classifier(pooled)  # [B, num_classes]
+        if self.classifier is not None:
+            logits = self.classifier(pooled)  # [B, num_classes]
+        else:
+            logits = jnp.tanh(self.pooler(pooled))  # [B, D]
         if not return_intermediates:
             return logits
         return logits, {"patch_embed": patches, "embeddings": x,

@@ -52,6 +52,8 @@ case("vit_mean_pool_with_cls_eps1e-12", "vit",
      model_pair("vit", _vit(image_size=12, pool="mean", norm_eps=1e-12)), _images(12, 12))
 # HF ViT qkv_bias=False: no q/k/v biases, o_proj and FFN biases kept
 case("vit_no_qkv_bias", "vit", model_pair("vit", _vit(qkv_bias=False)), _images(8, 8))
+# HF ViTModel: no classifier; the output is tanh(pooler([CLS] output)) [B, D]
+case("vit_pooler_head", "vit", model_pair("vit", _vit(head="pooler")), _images(8, 8))
 
 # ---------------------------------------------------------------- Swin
 # 16/2 = 8x8 map, window 4: stage 0 = W-MSA + SW-MSA (shift 2); stage 1 is 4x4 = window: no shift

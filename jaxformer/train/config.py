@@ -286,6 +286,9 @@ def check_sections(cfg: RunConfig) -> None:
             need(v >= BYTE_VOCAB, f"model.{k}={v} is below the {cfg.data_name} byte vocabulary ({BYTE_VOCAB})")
     if cfg.data_name == "text_source" and hasattr(m, "num_classes"):
         need(m.num_classes == 3, f"model.num_classes={m.num_classes}; text_source has 3 classes")
+    if cfg.model_name == "vit":
+        need(m.head == "classifier", f"model.head={m.head!r}: training needs class logits (head 'pooler' "
+             "outputs HF ViTModel's pooled features [B, D]); set model.head=classifier and model.num_classes")
     if cfg.data_name == "digits":
         need(getattr(m, "num_classes", 10) == 10, f"model.num_classes={m.num_classes}; digits has 10 classes")
         need(m.num_channels == d.num_channels,

@@ -61,7 +61,8 @@ def build_jax_model(cfg: RunConfig):
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     rest = init_lib.create_rest(name, mcfg, tc.seed)
     if tc.init_from:  # fine-tune: start from a converted / imported checkpoint (its buffers too)
-        from jaxformer.checkpoint_io import load_params_sharded
+        from jaxformer.checkpoint_io import check_init_from_layout, load_params_sharded
+        check_init_from_layout(tc.init_from, mcfg)
         params, rest = load_params_sharded(tc.init_from, params, init_lib.single_device(params), rest)
     else:
         params = init_lib.create_params(name, mcfg, tc.init, tc.seed, params)
@@ -267,7 +268,8 @@ class JaxTrainer:
                 params_sh = sharding.param_shardings(abstract_params, self.mesh, self.cfg.parallel.logical_axis_rules())
         params = rest = None
         if tc.init_from:  # fine-tune: each param restored into its sharding, and the saved buffers (MoE score_bias)
-            from jaxformer.checkpoint_io import load_params_sharded
+            from jaxformer.checkpoint_io import check_init_from_layout, load_params_sharded
+            check_init_from_layout(tc.init_from, mcfg)
             # a LoRA run's rest is placed by adapt_state, so its buffers load onto the default device
             rest_sh = None if tc.lora is not None else (self.shardings or init_lib.single_device(self.abstract_state))["rest"]
             rest = init_lib.create_rest(name, mcfg, tc.seed, rest_sh)

@@ -57,8 +57,10 @@ class PatchEmbedding(nn.Module):
 
 
 class ViT(nn.Module):
-    """ViT classifier. Shapes: images [B, H, W, C] -> logits [B, num_classes]; with
-    return_intermediates, also the named intermediates of the JAX twin."""
+    """ViT classifier (cfg.head "classifier"), or HF ViTModel's backbone with its pooler
+    (cfg.head "pooler"). Shapes: images [B, H, W, C] -> logits [B, num_classes] (head
+    "pooler": the pooler output [B, D]); with return_intermediates, also the named
+    intermediates of the JAX twin."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -68,7 +70,8 @@ class ViT(nn.Module):
         self.embed_positions = LearnedPositionalEmbedding(cfg.num_tokens, cfg.d_model)
         self.dropout = nn.Dropout(cfg.embed_dropout)
         self.encoder = Encoder(cfg.encoder_config())
-        self.classifier = nn.Linear(cfg.d_model, cfg.num_classes)
+        self.classifier = nn.Linear(cfg.d_model, cfg.num_classes) if cfg.head == "classifier" else None
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.head == "pooler" else None
 
     def forward(self, images: torch.Tensor, *, return_intermediates: bool = False,
                 return_attention: bool = False):
@@ -86,9 +89,12 @@ class ViT(nn.Module):
         # 3) Pre-LN encoder with its final norm
         out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, N, D]
-        # 4) pool and classify
+        # 4) pool, then classify (or HF ViTModel's pooler: tanh of a dense layer)
         pooled = h[:, 0] if cfg.pool == "cls" else h[:, int(cfg.class_token):].mean(dim=1)  # [B, D]
-        logits = self.classifier(pooled)  # [B, num_classes]
+        if self.classifier is not None:
+            logits = self.classifier(pooled)  # [B, num_classes]
+        else:
+            logits = torch.tanh(self.pooler(pooled))  # [B, D]
         if not return_intermediates:
             return logits
         return logits, {"patch_embed": patches, "embeddings": x,
