@@ -324,7 +324,8 @@ def exporter(name: str, cfg):
         fam = gemma2
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
-        fam = qwen if qwen_like else mistral if cfg.sliding_window is not None else llama
+        # residual dropout: Phi-3 is the LLaMA-style HF decoder that has it (resid_pdrop)
+        fam = qwen if qwen_like else phi3 if cfg.dropout else mistral if cfg.sliding_window is not None else llama
     elif name == "lm":
         fam = gpt2
     elif name in ("encoder", "classifier"):

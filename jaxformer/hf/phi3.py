@@ -25,8 +25,9 @@ biases) with two fused projections and its own RoPE scaling. How it maps:
     nothing (HF reads it only for longrope). Phi3Config has no head_dim: heads are
     hidden_size / num_attention_heads wide, and a config.json head_dim that says otherwise is
     refused. bos/eos/pad ids, tie_word_embeddings: as LLaMA.
-Export writes Phi3ForCausalLM for an lm with longrope scaling (the only family that has it);
-the same model without longrope is a LLaMA (or Mistral, with a window) and exports as one.
+Export writes Phi3ForCausalLM for a LLaMA-style lm with longrope scaling or residual dropout
+(the HF decoders that have them); without either the same model is a LLaMA (or a Mistral, with
+a window) and exports as one, with identical outputs.
 """
 from __future__ import annotations
 
@@ -157,6 +158,8 @@ def export_problems(name: str, cfg) -> list[str]:
                 moe=None, mla=None, attn_sinks=False)
     out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (Phi3ForCausalLM needs {v!r})"
            for k, v in want.items() if getattr(cfg, k, v) != v]
+    if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type != "longrope":
+        out.append(f"rope_scaling {cfg.rope_scaling.rope_type!r} (Phi3ForCausalLM has only longrope)")
     if cfg.head_dim is not None and cfg.head_dim != cfg.d_model // cfg.num_heads:
         out.append(f"head_dim={cfg.head_dim} (Phi3ForCausalLM's heads are d_model // num_heads = "
                    f"{cfg.d_model // cfg.num_heads} wide)")
