@@ -22,7 +22,7 @@ from flax import nnx
 from helpers import check_hf_logits, hf_lm_logits, realigned, randomize
 from jaxformer import hf
 from jaxformer.config import ConfigError
-from jaxformer.config.models import GenerationConfig
+from jaxformer.config.models import GenerationConfig, check_longrope_switch
 from jaxformer.generation import generate
 from jaxformer.hf import phi3
 from jaxformer.parity import setup_precision
@@ -57,6 +57,9 @@ CASES = {
                                         original_max_position_embeddings=6),
 }
 
+GEN = {"longrope_gqa_hd10": ("short", True), "longrope_attn_factor_window_mqa_tied": ("long", False),
+       "default_rope_window_dropout": (None, False)}  # -> (greedy regime, beam in the long one)
+
 
 @pytest.fixture(autouse=True)
 def _precision():
@@ -88,37 +91,46 @@ def _hf_generate(hf_model, ids, mask, n, **kw):
 
 @pytest.mark.parametrize("tag", sorted(CASES))
 def test_phi3_matches_hf(tag, saved, tmp_path):
-    """Logits in both longrope regimes; greedy ids (long regime: prompt past original_max;
-    short regime: prompt + new tokens within it) and beam ids equal HF generate's; the export
-    (fused keys) loads in transformers with HF's own logits."""
+    """Logits in both longrope regimes; greedy and beam ids equal HF generate's; a generation
+    crossing original_max is refused; the export (fused keys) loads in transformers with HF's
+    own logits."""
     hf_model, path = saved[tag]
     model, name, cfg = hf.from_pretrained(path)
     kw = CASES[tag]
     assert name == "lm" and cfg.sliding_window == kw.get("sliding_window") and cfg.dropout == kw.get("resid_pdrop", 0)
     short = (slice(None), slice(0, 7))  # 7 tokens: max position + 1 <= original_max
-    for part in ((slice(None), slice(None)), short):
+    for part in ((slice(None), slice(None)), short)[:2 if cfg.rope_scaling else 1]:
         ids, mask = IDS[part], MASK[part]
         check_hf_logits(f"{tag} T={ids.shape[1]}", hf_lm_logits(hf_model, ids, mask),
                         np.asarray(_call(model, jnp.asarray(ids), jnp.asarray(mask))), mask)
 
-    longrope = cfg.rope_scaling is not None
-    if longrope:  # the short regime: 7 + 2 - 1 <= 8
-        ref = _hf_generate(hf_model, IDS[short], MASK[short], 2)
-        np.testing.assert_array_equal(generate(model, IDS[short], MASK[short], gen=GenerationConfig(max_new_tokens=2)),
-                                      ref)
-    if tag != "default_rope_window_dropout":  # the long regime, greedy and beam (no eos)
+    # greedy (with the model's eos) and beam (no eos: every hypothesis runs to the end) ids, each
+    # in one regime: short = prompt + new tokens within original_max, long = prompt beyond it
+    greedy, beam = GEN[tag]
+    if greedy:
+        part = short if greedy == "short" else (slice(None), slice(None))
+        n = 2 if greedy == "short" else 6
+        ref = _hf_generate(hf_model, IDS[part], MASK[part], n)
+        ours = generate(model, IDS[part], MASK[part], gen=GenerationConfig(max_new_tokens=n))
+        np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
+    if beam:
         eos = hf_model.generation_config.eos_token_id
         hf_model.generation_config.eos_token_id = None
         try:
-            ref = _hf_generate(hf_model, IDS, MASK, 6)
-            ref_beam = _hf_generate(hf_model, IDS, MASK, 5, num_beams=3, length_penalty=1.0)
+            ref = _hf_generate(hf_model, IDS, MASK, 5, num_beams=3, length_penalty=1.0)
         finally:
             hf_model.generation_config.eos_token_id = eos
-        np.testing.assert_array_equal(generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=6, eos_id=V + 7)),
-                                      ref)
-        beam, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=5, strategy="beam", num_beams=3,
+        ours, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=5, strategy="beam", num_beams=3,
                                                                   eos_id=V + 7, length_penalty=1.0))
-        np.testing.assert_array_equal(beam, ref_beam)
+        np.testing.assert_array_equal(ours, ref)
+    if cfg.rope_scaling is not None:  # crossing original_max mid-generation: refused in both trees (§34)
+        from torch_ref import generation as tgen
+        from torch_ref.models import build_model as tbuild
+        within = cfg.rope_scaling.original_max_len - 7 + 1  # 7 + within - 1 = original_max
+        check_longrope_switch(cfg, 7, GenerationConfig(max_new_tokens=within))
+        for run, m in ((generate, model), (tgen.generate, tbuild(name, cfg))):
+            with pytest.raises(ValueError, match=f"crosses original_max_len={cfg.rope_scaling.original_max_len}"):
+                run(m, IDS[short], MASK[short], gen=GenerationConfig(max_new_tokens=within + 1))
 
     out = str(tmp_path / "out")
     hf.save_pretrained(model, name, cfg, out)
@@ -128,19 +140,6 @@ def test_phi3_matches_hf(tag, saved, tmp_path):
     back = realigned(T.AutoModelForCausalLM.from_pretrained(out).eval())
     assert "qkv_proj" in str(back) and "gate_up_proj" in str(back)
     np.testing.assert_array_equal(hf_lm_logits(back, IDS, MASK), hf_lm_logits(realigned(hf_model), IDS, MASK))
-
-
-def test_crossing_original_max_mid_generation_is_refused(saved):
-    """HF's Phi-3 generate recomputes the whole cache with the long factors at the step that
-    crosses original_max_position_embeddings (§34); jaxformer refuses that case in both trees."""
-    from torch_ref import generation as tgen
-    from torch_ref.models import build_model as tbuild
-    _, path = saved["longrope_gqa_hd10"]
-    model, name, cfg = hf.from_pretrained(path)
-    generate(model, IDS[:, :7], MASK[:, :7], gen=GenerationConfig(max_new_tokens=3))  # 7 + 3 - 1 <= 9
-    for run, m in ((generate, model), (tgen.generate, tbuild(name, cfg))):  # 7 + 4 - 1 > 9
-        with pytest.raises(ValueError, match="crosses original_max_len=9"):
-            run(m, IDS[:, :7], MASK[:, :7], gen=GenerationConfig(max_new_tokens=4))
 
 
 REFUSED = {  # config.json changes -> the option the error names
