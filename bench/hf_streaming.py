@@ -17,7 +17,8 @@ deleted at the end (unless --keep).
                                                       # in 1 GB shards, kept bfloat16
     python bench/hf_streaming.py --preset phi3-fused  # Phi3ForCausalLM (fused qkv_proj and
                                                       # gate_up_proj, longrope): Phi-3-mini's
-                                                      # widths, 6 layers, bfloat16, 500 MB shards
+                                                      # widths, 10 layers: 2.6 GB bfloat16
+                                                      # in 1 GB shards
 """
 from __future__ import annotations
 
@@ -232,8 +233,8 @@ def main() -> int:
                     help="llama3-1b: Llama-3.2-1B's shapes (vocab 128256, 16 layers, d 2048, GQA "
                          "32/8 heads, tied, rope_scaling llama3), bfloat16 in 1 GB shards; "
                          "phi3-fused: Phi3ForCausalLM with Phi-3-mini's widths (vocab 32064, d 3072, "
-                         "ffn 8192, 32 heads, fused qkv_proj / gate_up_proj, longrope) and 6 layers, "
-                         "bfloat16 in 500 MB shards")
+                         "ffn 8192, 32 heads, fused qkv_proj / gate_up_proj, longrope) and 10 layers, "
+                         "bfloat16 in 1 GB shards")
     ap.add_argument("--workdir", default=None, help="default: a temp dir under /tmp")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-verify", action="store_true")
@@ -242,8 +243,8 @@ def main() -> int:
         args.layers, args.hidden, args.intermediate, args.vocab = 16, 2048, 8192, 128256
         args.dtype, args.shard_mb = "bfloat16", 1000
     if args.preset == "phi3-fused":
-        args.layers, args.hidden, args.intermediate, args.vocab = 6, 3072, 8192, 32064
-        args.dtype, args.shard_mb = "bfloat16", 500
+        args.layers, args.hidden, args.intermediate, args.vocab = 10, 3072, 8192, 32064
+        args.dtype, args.shard_mb = "bfloat16", 1000
     cfg = {"hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
            "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": args.vocab,
            "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
