@@ -10,7 +10,8 @@
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
 <-> `lm`), Mixtral (`MixtralForCausalLM` <-> `lm`), Qwen-MoE (`Qwen2MoeForCausalLM`,
-`Qwen3MoeForCausalLM` <-> `lm`), Phi-3 (`Phi3ForCausalLM` <-> `lm`, longrope), DeepSeek-V3 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
+`Qwen3MoeForCausalLM` <-> `lm`), Phi-3 (`Phi3ForCausalLM` <-> `lm`, longrope), DeepSeek-V3
+(`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
 (`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
 dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
 `classifier`),

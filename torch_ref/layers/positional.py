@@ -53,7 +53,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     """RoPE in the rotate-half layout; `scaling` (a RopeScaling) rescales the frequencies as
-    transformers does (docs/numerics.md §20; longrope's short/long switch §34). Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K]."""
+    transformers does (docs/numerics.md §20; longrope's short/long switch §34).
+    Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K]."""
 
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None):
         super().__init__()
