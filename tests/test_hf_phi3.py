@@ -128,6 +128,8 @@ def test_phi3_matches_hf(tag, saved, tmp_path):
         from torch_ref.models import build_model as tbuild
         within = cfg.rope_scaling.original_max_len - 7 + 1  # 7 + within - 1 = original_max
         check_longrope_switch(cfg, 7, GenerationConfig(max_new_tokens=within))
+        with pytest.raises(ValueError, match="prefill_chunk: longrope"):  # chunks would switch on their own
+            generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=2, prefill_chunk=4))
         for run, m in ((generate, model), (tgen.generate, tbuild(name, cfg))):
             with pytest.raises(ValueError, match=f"crosses original_max_len={cfg.rope_scaling.original_max_len}"):
                 run(m, IDS[short], MASK[short], gen=GenerationConfig(max_new_tokens=within + 1))

@@ -65,8 +65,9 @@ def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None]:
     if not _number(theta) or theta <= 0:
         o.problem(key, f"rope_theta={theta!r} must be a number > 0")
         theta = 10000.0
-    # partial rotary: maps to rotary_dim (int(head_dim * factor)) once available
-    rotary = spec.pop("partial_rotary_factor", o["partial_rotary_factor"])
+    # partial rotary: maps to rotary_dim once available (HF: int(head_dim * factor) dims rotated;
+    # the factor lists below then have rotary_dim // 2 entries, and so does LMConfig's check)
+    rotary = spec.pop("partial_rotary_factor", o["partial_rotary_factor"])  # rope_parameters' own wins, as HF
     if rotary != 1:
         o.problem("partial_rotary_factor", f"{rotary!r} rotates only part of each head (Phi-4-mini); "
                   "jaxformer's LM rotates the whole head (1.0)")
