@@ -69,8 +69,8 @@ def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None]:
     # the factor lists below then have rotary_dim // 2 entries, and so does LMConfig's check)
     rotary = spec.pop("partial_rotary_factor", o["partial_rotary_factor"])  # rope_parameters' own wins, as HF
     if rotary != 1:
-        o.problem("partial_rotary_factor", f"{rotary!r} rotates only part of each head (Phi-4-mini); "
-                  "jaxformer's LM rotates the whole head (1.0)")
+        o.problems.append(f"partial_rotary_factor={rotary!r} is not supported: it rotates only part of each "
+                          "head (Phi-4-mini); jaxformer's LM rotates the whole head (1.0)")
     kind = spec.pop("rope_type", spec.pop("type", "default"))
     kind = "longrope" if kind in ("su", "yarn") else kind  # Phi3Config's renaming of old checkpoints
     orig_top = o["original_max_position_embeddings"]  # read whatever the kind: HF always stores it
