@@ -15,6 +15,10 @@ deleted at the end (unless --keep).
     python bench/hf_streaming.py --layers 4 --shard-mb 200 --dtype bfloat16
     python bench/hf_streaming.py --preset llama3-1b   # Llama-3.2-1B's shapes: 2.5 GB bfloat16
                                                       # in 1 GB shards, kept bfloat16
+    python bench/hf_streaming.py --preset phi3-fused  # Phi3ForCausalLM (fused qkv_proj and
+                                                      # gate_up_proj, longrope): Phi-3-mini's
+                                                      # widths, 10 layers: 2.6 GB bfloat16
+                                                      # in 1 GB shards
 """
 from __future__ import annotations
 
@@ -53,7 +57,25 @@ def llama_tensors(cfg: dict):
         yield "lm_head.weight", (v, d)
 
 
-def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: int = 0) -> dict:
+def phi3_tensors(cfg: dict):
+    """(name, shape) of a Phi3ForCausalLM in HF order: LLaMA's with q/k/v and gate/up fused."""
+    d, f = cfg["hidden_size"], cfg["intermediate_size"]
+    kv = cfg["num_key_value_heads"] * d // cfg["num_attention_heads"]
+    for name, shape in llama_tensors(cfg):
+        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.up_proj.weight")):
+            continue
+        if name.endswith("self_attn.q_proj.weight"):
+            name, shape = name.replace("q_proj", "qkv_proj"), (d + 2 * kv, d)
+        elif name.endswith("mlp.gate_proj.weight"):
+            name, shape = name.replace("gate_proj", "gate_up_proj"), (2 * f, d)
+        yield name, shape
+
+
+ARCHS = {"LlamaForCausalLM": ("llama", llama_tensors), "Phi3ForCausalLM": ("phi3", phi3_tensors)}
+
+
+def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: int = 0,
+                     arch: str = "LlamaForCausalLM") -> dict:
     """config.json + model-0000i-of-0000n.safetensors + the index; one shard in memory at a time."""
     import ml_dtypes
     from safetensors.numpy import save_file
@@ -61,8 +83,8 @@ def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: i
     rng = np.random.default_rng(seed)
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({**cfg, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "dtype": dtype}, f, indent=1)
+        json.dump({**cfg, "architectures": [arch], "model_type": ARCHS[arch][0], "dtype": dtype}, f, indent=1)
+    tensors = ARCHS[arch][1]
     shards: list[dict] = [{}]
     size, weight_map, sizes, total = 0, {}, [], 0
 
@@ -74,7 +96,7 @@ def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: i
         sizes.append(size)
         shards[-1] = {}
 
-    for key, shape in llama_tensors(cfg):
+    for key, shape in tensors(cfg):
         n = int(np.prod(shape)) * np_dtype.itemsize
         if size and size + n > shard_bytes:
             flush()
@@ -97,7 +119,7 @@ def write_checkpoint(path: str, cfg: dict, shard_bytes: int, dtype: str, seed: i
         json.dump({"metadata": {"total_size": total},
                    "weight_map": {k: renamed[v] for k, v in weight_map.items()}}, f)
     return {"bytes": total, "shards": n, "largest_shard": max(sizes),
-            "largest_tensor": max(int(np.prod(s)) for _, s in llama_tensors(cfg)) * np_dtype.itemsize}
+            "largest_tensor": max(int(np.prod(s)) for _, s in tensors(cfg)) * np_dtype.itemsize}
 
 
 def run_measured(cmd: list[str]) -> dict:
@@ -174,13 +196,21 @@ abstract = nnx.to_pure_dict(nnx.state(model, nnx.Param))
 target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
 params = ocp.StandardCheckpointer().restore(out + "/params", target)
 ck = HFCheckpoint(src)
+layer0 = params["decoder"]["layers"][0]
 checks = {"model.embed_tokens.weight": params["embed"]["embed_tokens"]["embedding"],
-          "model.layers.0.self_attn.k_proj.weight": params["decoder"]["layers"][0]["self_attn"]["k_proj"]["kernel"].T,
+          "model.layers.0.self_attn.k_proj.weight": layer0["self_attn"]["k_proj"]["kernel"].T,
           f"model.layers.{cfg.num_layers - 1}.mlp.down_proj.weight":
               params["decoder"]["layers"][cfg.num_layers - 1]["ffn"]["down_proj"]["kernel"].T,
           "model.norm.weight": params["decoder"]["final_norm"]["scale"]}
 if "lm_head" in params:
     checks["lm_head.weight"] = params["lm_head"]["kernel"].T
+fused = "model.layers.0.self_attn.qkv_proj.weight" in ck.tensors  # Phi-3: compare the fused rows
+if fused:
+    del checks["model.layers.0.self_attn.k_proj.weight"]
+    checks["model.layers.0.self_attn.qkv_proj.weight"] = np.concatenate(
+        [np.asarray(layer0["self_attn"][p]["kernel"]).T for p in ("q_proj", "k_proj", "v_proj")])
+    checks["model.layers.0.mlp.gate_up_proj.weight"] = np.concatenate(
+        [np.asarray(layer0["ffn"][p]["kernel"]).T for p in ("gate_proj", "up_proj")])
 ok = {k: bool(np.array_equal(np.asarray(v).astype(np.float32), ck.read(k).astype(np.float32)))
       for k, v in checks.items()}
 ok["dtype"] = sorted({str(x.dtype) for x in jax.tree.leaves(params)})
@@ -199,15 +229,21 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--param-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="the converted params' dtype (convert --param-dtype)")
-    ap.add_argument("--preset", choices=["llama3-1b"], default=None,
+    ap.add_argument("--preset", choices=["llama3-1b", "phi3-fused"], default=None,
                     help="llama3-1b: Llama-3.2-1B's shapes (vocab 128256, 16 layers, d 2048, GQA "
-                         "32/8 heads, tied, rope_scaling llama3), bfloat16 in 1 GB shards")
+                         "32/8 heads, tied, rope_scaling llama3), bfloat16 in 1 GB shards; "
+                         "phi3-fused: Phi3ForCausalLM with Phi-3-mini's widths (vocab 32064, d 3072, "
+                         "ffn 8192, 32 heads, fused qkv_proj / gate_up_proj, longrope) and 10 layers, "
+                         "bfloat16 in 1 GB shards")
     ap.add_argument("--workdir", default=None, help="default: a temp dir under /tmp")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--no-verify", action="store_true")
     args = ap.parse_args()
     if args.preset == "llama3-1b":
         args.layers, args.hidden, args.intermediate, args.vocab = 16, 2048, 8192, 128256
+        args.dtype, args.shard_mb = "bfloat16", 1000
+    if args.preset == "phi3-fused":
+        args.layers, args.hidden, args.intermediate, args.vocab = 10, 3072, 8192, 32064
         args.dtype, args.shard_mb = "bfloat16", 1000
     cfg = {"hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers,
            "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": args.vocab,
@@ -219,13 +255,22 @@ def main() -> int:
                    eos_token_id=[128001, 128008, 128009],
                    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    arch = "LlamaForCausalLM"
+    if args.preset == "phi3-fused":  # Phi-3-mini-128k's RoPE: longrope, 48 factors per set
+        arch, k2 = "Phi3ForCausalLM", 3072 // 32 // 2
+        cfg.update(num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=131072,
+                   original_max_position_embeddings=4096, bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+                   rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                    "short_factor": [1.0 + 0.01 * i for i in range(k2)],
+                                    "long_factor": [1.0 + 0.5 * i for i in range(k2)]})
+        del cfg["rope_theta"]
     work = args.workdir or tempfile.mkdtemp(prefix="hf_streaming_", dir="/tmp")
     os.makedirs(work, exist_ok=True)
     src, out = os.path.join(work, "hf"), os.path.join(work, "ckpt")
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     try:
         t = time.time()
-        info = write_checkpoint(src, cfg, args.shard_mb << 20, args.dtype)
+        info = write_checkpoint(src, cfg, args.shard_mb << 20, args.dtype, arch=arch)
         print(f"wrote {src}: {mib(info['bytes'])} in {info['shards']} shards (largest shard "
               f"{mib(info['largest_shard'])}, largest tensor {mib(info['largest_tensor'])}), "
               f"{time.time() - t:.0f} s", flush=True)

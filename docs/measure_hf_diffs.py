@@ -97,4 +97,12 @@ lm_check("deepseek_v3", T.DeepseekV3ForCausalLM, dict(DS, q_lora_rank=10, attent
 lm_check("deepseek_v3", T.DeepseekV3ForCausalLM, dict(DS, num_attention_heads=5, num_key_value_heads=5, q_lora_rank=None,
          n_routed_experts=6, n_group=3, topk_group=1, num_experts_per_tok=2, n_shared_experts=2,
          first_k_dense_replace=0, norm_topk_prob=False, rope_interleave=False, tie_word_embeddings=True))
+# Phi-3 last, for the same reason: longrope with short != long factors; the 9-token batch runs the
+# long ones past original_max 8, the short ones within 16; fused qkv_proj / gate_up_proj
+lm_check("phi3", T.Phi3ForCausalLM, dict(SMALL, original_max_position_embeddings=8, rope_parameters=dict(
+    rope_type="longrope", rope_theta=100.0, short_factor=[1.0, 1.3, 1.9, 2.6], long_factor=[1.5, 4.0, 9.0, 20.0])))
+lm_check("phi3", T.Phi3ForCausalLM, dict(SMALL, hidden_size=40, num_attention_heads=4, num_key_value_heads=1,
+         sliding_window=5, tie_word_embeddings=True, original_max_position_embeddings=16, rope_parameters=dict(
+             rope_type="longrope", rope_theta=500.0, attention_factor=1.2, short_factor=[1.0, 1.1, 1.4, 2.0, 2.5],
+             long_factor=[2.0, 3.0, 5.0, 8.0, 13.0])))
 print(json.dumps({k: {"worst_diff": max(d for d, _ in v), "tol_share": max(d / (1e-5 * max(1, m)) for d, m in v), "max_logit": max(m for _, m in v), "runs": len(v)} for k, v in out.items()}, indent=0))

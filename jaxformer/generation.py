@@ -35,8 +35,8 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.config.models import (GenerationConfig, check_lengths, check_prefill_chunk, eos_ids,  # noqa: F401 (re-exported)
-                                     pad_prompts)
+from jaxformer.config.models import (GenerationConfig, check_lengths, check_longrope_switch,  # noqa: F401 (re-exported)
+                                     check_prefill_chunk, eos_ids, pad_prompts)
 from jaxformer.layers import linear, quant
 from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens
@@ -319,6 +319,7 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     if (mask.sum(axis=1) == 0).any():
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
     check_prefill_chunk(cfg, gen)
+    check_longrope_switch(cfg, ids.shape[1], gen)
     return _run(_lm_generate, model, ids, mask, gen, check_lengths(ids.shape[1], gen, cfg.max_len), layout)
 
 

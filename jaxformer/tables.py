@@ -23,11 +23,12 @@ def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def rope_inv_freq(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, float]:
+def rope_inv_freq(head_dim: int, base: float, scaling=None, long: bool = False) -> tuple[np.ndarray, float]:
     """-> (inv_freq [K/2] float64, attention factor) of RoPE with an optional scaling (a
     jaxformer.config.RopeScaling), as transformers 5.x's modeling_rope_utils computes them,
     in float64 (docs/numerics.md §20). "dynamic" returns the unscaled frequencies: its base
-    grows with the run's sequence length (dynamic_rope_base)."""
+    grows with the run's sequence length (dynamic_rope_base). "longrope": the short factors'
+    frequencies, or with `long` the long factors' (a call longer than original_max_len; §34)."""
     inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
     factor = 1.0 if scaling is None else float(scaling.factor)
     kind = None if scaling is None else scaling.rope_type
@@ -65,6 +66,13 @@ def rope_inv_freq(head_dim: int, base: float, scaling=None) -> tuple[np.ndarray,
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - lo) / (hi - lo), 0, 1)
         extrapolate = 1 - ramp
         inv_freq = inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+    elif kind == "longrope":  # LongRoPE (Phi-3): per-frequency divisors, short or long set
+        ext = np.asarray(scaling.long_factor if long else scaling.short_factor, np.float64)
+        inv_freq = 1.0 / (ext * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+        if scaling.attention_factor is not None:
+            attention_factor = float(scaling.attention_factor)
+        elif factor > 1:
+            attention_factor = math.sqrt(1 + math.log(factor) / math.log(scaling.original_max_len))
     inv_freq = np.asarray(inv_freq, np.float64)
     inv_freq.flags.writeable = False
     return inv_freq, attention_factor
@@ -96,11 +104,13 @@ def rope_exponents(head_dim: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def rope_tables(max_len: int, head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(max_len: int, head_dim: int, base: float, scaling=None,
+                long: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin tables [max_len, K] for rotate-half RoPE (GPT-NeoX / HF LLaMA layout):
     frequency i is shared by dims i and i + K/2. With a scaling, its inverse frequencies and
-    attention factor (both multiply into cos and sin) from rope_inv_freq."""
-    inv_freq, attention_factor = rope_inv_freq(head_dim, base, scaling)
+    attention factor (both multiply into cos and sin) from rope_inv_freq (`long`: longrope's
+    long-factor tables)."""
+    inv_freq, attention_factor = rope_inv_freq(head_dim, base, scaling, long)
     angles = np.arange(max_len, dtype=np.float64)[:, None] * inv_freq[None, :]  # [T, K/2]
     angles = np.concatenate([angles, angles], axis=-1)  # [T, K]
     cos = (np.cos(angles) * attention_factor).astype(np.float32)

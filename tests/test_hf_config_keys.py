@@ -40,7 +40,7 @@ def test_gemma2_hidden_act_that_disagrees_is_refused_by_name():
 
 
 FAMILIES = ["gpt2", "llama", "mistral", "qwen", "gemma2", "t5", "bert", "vision", "mixtral", "qwen_moe",
-            "deepseek", "gpt_oss"]
+            "deepseek", "gpt_oss", "phi3"]
 # keys real config.json files carry that never change the maths
 HOUSEKEEPING = dict(use_cache=True, torch_dtype="bfloat16", dtype="bfloat16", transformers_version="4.44.0",
                     initializer_range=0.02, attn_implementation="eager", cache_implementation="hybrid",
@@ -104,6 +104,8 @@ def _exportable(fam, arch):
     raw = _raw(fam, arch)
     if fam.__name__.endswith("gemma2"):
         raw["query_pre_attn_scalar"] = 20
+    if fam.__name__.endswith("phi3"):  # longrope: exported as Phi3ForCausalLM (else it is a LLaMA)
+        raw["rope_parameters"] = dict(rope_type="longrope", short_factor=[1.0] * 48, long_factor=[2.0] * 48)
     name, cfg, _ = fam.config_from_hf(raw, arch)
     return name, _flipped(cfg)
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from jaxformer.config.models import (GenerationConfig, check_lengths, check_prefill_chunk, eos_ids,  # noqa: F401 (re-exported)
-                                     pad_prompts)
+from jaxformer.config.models import (GenerationConfig, check_lengths, check_longrope_switch,  # noqa: F401 (re-exported)
+                                     check_prefill_chunk, eos_ids, pad_prompts)
 from torch_ref.layers import quant
 from torch_ref.models.common import check_tokens
 
@@ -211,6 +211,7 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
         raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
     check_prefill_chunk(cfg, gen)
+    check_longrope_switch(cfg, ids.shape[1], gen)
     model = decode_model(model.eval(), gen.weights_dtype)
     out = _lm_generate(model, ids, mask, torch.Generator().manual_seed(gen.seed), gen=gen,
                        cache_len=cache_len, eos_ids=_eos(gen, cfg), pad_id=cfg.pad_id)

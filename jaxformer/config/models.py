@@ -326,9 +326,35 @@ def check_lengths(prompt_len: int, gen: GenerationConfig, max_len: int, start: i
     return need if gen.cache_len is None else gen.cache_len
 
 
+def check_longrope_switch(cfg, prompt_len: int, gen: GenerationConfig) -> None:
+    """ValueError where a longrope generation would cross original_max_len mid-way: at the step
+    whose sequence first exceeds it, transformers' Phi-3 generate drops the KV cache and
+    recomputes every earlier key with the long factors (prepare_inputs_for_generation), while
+    jaxformer keeps the cached keys rotated with the short ones, so the ids could differ
+    (docs/numerics.md §34). A prompt longer than original_max_len, or a generation that stays
+    within it, computes what HF does."""
+    scaling = getattr(cfg, "rope_scaling", None)
+    if scaling is None or scaling.rope_type != "longrope":
+        return
+    last = prompt_len + gen.max_new_tokens - 1  # the longest sequence a decode step feeds
+    if prompt_len <= scaling.original_max_len < last:
+        raise ValueError(f"longrope: prompt length {prompt_len} + max_new_tokens {gen.max_new_tokens} crosses "
+                         f"original_max_len={scaling.original_max_len} mid-generation, where transformers "
+                         "recomputes the whole KV cache with the long factors and jaxformer does not; "
+                         f"keep prompt + max_new_tokens - 1 <= {scaling.original_max_len} or start from a "
+                         "prompt longer than it")
+
+
 def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
     """ValueError where chunked prefill would not compute what the one pass does: an MoE
-    that drops tokens over capacity (its capacity counts the tokens of one call)."""
+    that drops tokens over capacity (its capacity counts the tokens of one call), and RoPE
+    scaling that depends on the call's largest position (dynamic, longrope: an early chunk
+    would rotate with another scaling than the one pass; docs/numerics.md §20, §34)."""
+    scaling = getattr(cfg, "rope_scaling", None)
+    if gen.prefill_chunk is not None and scaling is not None and scaling.rope_type in ("dynamic", "longrope"):
+        raise ValueError(f"prefill_chunk: {scaling.rope_type} RoPE scaling picks its frequencies from the "
+                         "largest position of each call, so chunks would rotate the prompt differently "
+                         "from the one-pass prefill; use no prefill_chunk")
     moe = getattr(cfg, "moe", None)
     if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
         raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
@@ -338,5 +364,5 @@ def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
 
 __all__ = ["ClassifierConfig", "Seq2SeqConfig", "LMConfig", "GenerationConfig", "stack_config",
            "COMPUTE_DTYPES", "TINY_SIZES", "GPT2_FLAVOUR", "LLAMA_FLAVOUR", "LM_FLAVOURS", "T5_FLAVOUR",
-           "pad_prompts", "check_lengths", "check_prefill_chunk", "eos_ids"]
+           "pad_prompts", "check_lengths", "check_longrope_switch", "check_prefill_chunk", "eos_ids"]
 

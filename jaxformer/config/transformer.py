@@ -11,7 +11,7 @@ NORM_KINDS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 NORM_POSITIONS = ("pre", "post", "sandwich")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # HF's layer_types names
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
-ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
+ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ class RopeScaling:
     low_freq_factor, high_freq_factor: llama3's band edges.
     beta_fast, beta_slow, attention_factor, mscale, mscale_all_dim, truncate: yarn's options
         (attention_factor None = derived from factor, mscale and mscale_all_dim, as HF does).
+    longrope (Phi-3, docs/numerics.md §34): short_factor, long_factor divide the frequencies of
+        a call whose largest position + 1 is <= original_max_len, resp. beyond it (one number
+        per rotated frequency: head_dim / 2 of them); attention_factor multiplies cos and sin
+        (None = sqrt(1 + ln(factor) / ln(original_max_len)), 1 for factor <= 1).
     """
 
     rope_type: str
@@ -41,14 +45,28 @@ class RopeScaling:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_choice(self, "rope_type", ROPE_SCALING_KINDS)
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if isinstance(value, list):  # YAML / JSON lists; a tuple keeps the config hashable
+                object.__setattr__(self, name, tuple(value))
+            value = getattr(self, name)
+            if self.rope_type == "longrope":
+                check(isinstance(value, tuple) and len(value) > 0 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in value),
+                    name, f"longrope needs a list of numbers > 0 (one per rotated frequency), got {value!r}")
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+            else:
+                check(value is None, name, f"is a longrope option; {self.rope_type} scaling does not use it")
         check(isinstance(self.factor, (int, float)) and not isinstance(self.factor, bool)
               and self.factor > 0, "factor", f"must be a number > 0, got {self.factor!r}")
         if self.rope_type in ("llama3", "yarn"):
             check(self.factor >= 1, "factor", f"{self.rope_type} needs factor >= 1, got {self.factor}")
-        if self.rope_type in ("dynamic", "llama3", "yarn"):
+        if self.rope_type in ("dynamic", "llama3", "yarn", "longrope"):
             check(isinstance(self.original_max_len, int) and self.original_max_len > 0,
                   "original_max_len", f"{self.rope_type} needs an int > 0, got {self.original_max_len!r}")
         else:
@@ -64,12 +82,13 @@ class RopeScaling:
             check(self.low_freq_factor is None and self.high_freq_factor is None, "low_freq_factor",
                   f"low_freq_factor/high_freq_factor are llama3 options, not {self.rope_type}'s")
         if self.rope_type != "yarn":
-            yarn = dict(beta_fast=32.0, beta_slow=1.0, attention_factor=None, mscale=None,
-                        mscale_all_dim=None, truncate=True)
+            yarn = dict(beta_fast=32.0, beta_slow=1.0, mscale=None, mscale_all_dim=None, truncate=True)
+            if self.rope_type != "longrope":
+                yarn["attention_factor"] = None
             for name, default in yarn.items():
                 check(getattr(self, name) == default, name,
                       f"is a yarn option; {self.rope_type} scaling does not use it")
-        elif self.attention_factor is not None:
+        if self.attention_factor is not None:
             check(self.attention_factor > 0, "attention_factor", f"must be > 0, got {self.attention_factor}")
 
 
@@ -175,6 +194,12 @@ class TransformerConfig:
                   f"scales RoPE; position is {self.position!r}")
             check(self.rope_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2 or self.mla, "rope_scaling",
                   "dynamic scaling needs head_dim > 2 (its exponent is K / (K - 2))")
+            if self.rope_scaling.rope_type == "longrope":  # one factor per rotated frequency
+                rotated = self.mla.qk_rope_head_dim if self.mla else self.resolved_head_dim
+                for name in ("short_factor", "long_factor"):
+                    n = len(getattr(self.rope_scaling, name))
+                    check(n == rotated // 2, "rope_scaling", f"longrope {name} has {n} entries; the "
+                          f"rotated head width {rotated} needs {rotated // 2}")
         check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",

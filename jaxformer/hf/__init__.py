@@ -10,7 +10,8 @@
 Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaForCausalLM`
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
 <-> `lm`), Mixtral (`MixtralForCausalLM` <-> `lm`), Qwen-MoE (`Qwen2MoeForCausalLM`,
-`Qwen3MoeForCausalLM` <-> `lm`), DeepSeek-V3 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
+`Qwen3MoeForCausalLM` <-> `lm`), Phi-3 (`Phi3ForCausalLM` <-> `lm`, longrope), DeepSeek-V3
+(`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
 (`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
 dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
 `classifier`),
@@ -46,7 +47,8 @@ from jaxformer.hf.common import typed_for_hf
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
-                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss")
+                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss",
+                  "jaxformer.hf.phi3")
 
 
 def _families():
@@ -307,9 +309,12 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, qwen, qwen_moe,
-                              t5, vision)
-    if name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
+    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, phi3, qwen,
+                              qwen_moe, t5, vision)
+    scaling = getattr(cfg, "rope_scaling", None)
+    if name == "lm" and scaling is not None and scaling.rope_type == "longrope":  # only Phi-3 has it
+        fam = phi3
+    elif name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
         fam = gpt_oss
     elif name == "lm" and getattr(cfg, "mla", None) is not None:  # multi-head latent attention
         fam = deepseek
@@ -320,7 +325,8 @@ def exporter(name: str, cfg):
         fam = gemma2
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
-        fam = qwen if qwen_like else mistral if cfg.sliding_window is not None else llama
+        # residual dropout: Phi-3 is the LLaMA-style HF decoder that has it (resid_pdrop)
+        fam = qwen if qwen_like else phi3 if cfg.dropout else mistral if cfg.sliding_window is not None else llama
     elif name == "lm":
         fam = gpt2
     elif name in ("encoder", "classifier"):

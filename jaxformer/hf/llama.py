@@ -50,14 +50,16 @@ RULES = Renamer([
 
 
 def decoder_fields(o: Options, *, qkv_bias: bool, out_bias: bool, ffn_bias: bool,
-                   default_head_dim=None, qk_norm: bool = False) -> dict:
-    """The LMConfig fields of a LLaMA-style decoder (LLaMA, Qwen2, Qwen3) from its options."""
+                   default_head_dim=None, qk_norm: bool = False, rope: tuple | None = None) -> dict:
+    """The LMConfig fields of a LLaMA-style decoder (LLaMA, Qwen2, Qwen3, Phi-3) from its
+    options. rope: (rope_base, rope_scaling) the family read itself (Phi-3's longrope), else
+    common.rope_from_hf reads them."""
     d, heads = o["hidden_size"], o["num_attention_heads"]
     ffn = ffn_from_hf(o, "hidden_act", gated=True, why="jaxformer's LLaMA FFN is SwiGLU (silu gate)")
     kv = o["num_key_value_heads"]
     head_dim = o["head_dim"] if "head_dim" in o.defaults else default_head_dim
     vocab, max_pos = o["vocab_size"], o["max_position_embeddings"]
-    rope_base, rope_scaling = rope_from_hf(o, max_pos)
+    rope_base, rope_scaling = rope if rope is not None else rope_from_hf(o, max_pos)
     ids = token_ids(o, vocab, need_bos_eos=True)
     return dict(
         vocab_size=vocab, d_model=d, num_heads=heads,

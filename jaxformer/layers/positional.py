@@ -58,7 +58,7 @@ class RotaryEmbedding(nnx.Module):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (docs/numerics.md §6):
     dims i and i + K/2 form a rotated pair. No parameters. `scaling` (a RopeScaling) rescales
     the frequencies as transformers does (docs/numerics.md §20); "dynamic" recomputes them
-    from this call's largest position.
+    from this call's largest position; "longrope" picks its short or long tables by it (§34).
 
     Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K].
     """
@@ -68,6 +68,15 @@ class RotaryEmbedding(nnx.Module):
 
     def cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
         """positions [B, T] -> cos, sin [B, T, K] float32."""
+        if self.scaling is not None and self.scaling.rope_type == "longrope":
+            # HF longrope_frequency_update: the long factors for the whole call once seq_len =
+            # largest position + 1 of the batch exceeds original_max_len, else the short ones
+            use_long = jnp.max(positions) + 1 > self.scaling.original_max_len
+            cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling)
+            cos_long, sin_long = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling, True)
+            take = lambda t: jnp.take(jnp.asarray(t), positions, axis=0)  # noqa: E731
+            return (jnp.where(use_long, take(cos_long), take(cos)),
+                    jnp.where(use_long, take(sin_long), take(sin)))
         if self.scaling is None or self.scaling.rope_type != "dynamic":
             cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling)
             return jnp.take(jnp.asarray(cos), positions, axis=0), jnp.take(jnp.asarray(sin), positions, axis=0)

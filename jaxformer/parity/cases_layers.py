@@ -118,6 +118,15 @@ for tag, scaling in ROPE_SCALINGS.items():
     case(f"pos_rope_scaling_{tag}", "positional",
          mirror("layers.positional.RotaryEmbedding", K, 64, 500.0, scaling),
          lambda r: {"x": normal(B, T, H, K)(r), "positions": r.randint(0, 64, (B, T)).astype(np.int32)})
+# longrope (Phi-3, §34): the short factors while every position < original_max_len (16), the
+# long ones past it; an attention factor from factor 4
+LONGROPE = RopeScaling("longrope", 4.0, original_max_len=16, short_factor=(1.0, 1.5, 2.0, 3.0),
+                       long_factor=(2.0, 5.0, 9.0, 17.0))
+for tag, top in (("short", 16), ("long", 64)):
+    case(f"pos_rope_scaling_longrope_{tag}", "positional",
+         mirror("layers.positional.RotaryEmbedding", K, 64, 500.0, LONGROPE),
+         lambda r, top=top: {"x": normal(B, T, H, K)(r),
+                             "positions": r.randint(top - 16, top, (B, T)).astype(np.int32)})
 # Qwen2 / Qwen3 attention: q/k/v biases without an o_proj bias; per-head RMSNorm on q and k
 case("mha_qkv_bias_qk_norm_rope", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, out_bias=False,

@@ -133,6 +133,13 @@ case("lm_dynamic_rope_left_padding", "lm_model",
      model_pair("lm", LMConfig.tiny("llama", rope_scaling=RopeScaling("dynamic", 2.0, original_max_len=4))),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4])})
+# Phi-3's longrope (§34): rows of 7 and 4 tokens, original_max_len 6, so the call takes the long
+# factors while the short row's own positions stay below it
+case("lm_longrope_left_padding", "lm_model",
+     model_pair("lm", LMConfig.tiny("llama", rope_scaling=RopeScaling(
+         "longrope", 4.0, original_max_len=6, short_factor=(1.0, 1.2, 1.5, 2.0), long_factor=(1.5, 3.0, 6.0, 11.0)))),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
 case("lm_qwen2_qkv_bias", "lm_model",
      model_pair("lm", LMConfig.tiny("llama", bias=False, attn_qkv_bias=True)),
      lambda r: {"ids": token_ids(B, T, V)(r)})

@@ -53,7 +53,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     """RoPE in the rotate-half layout; `scaling` (a RopeScaling) rescales the frequencies as
-    transformers does (docs/numerics.md §20). Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K]."""
+    transformers does (docs/numerics.md §20; longrope's short/long switch §34).
+    Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K]."""
 
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None):
         super().__init__()
@@ -62,9 +63,19 @@ class RotaryEmbedding(nn.Module):
         cos, sin = tables.rope_tables(max_len, head_dim, base, None if dynamic else scaling)
         self.register_buffer("cos", torch.from_numpy(cos.copy()), persistent=False)
         self.register_buffer("sin", torch.from_numpy(sin.copy()), persistent=False)
+        if scaling is not None and scaling.rope_type == "longrope":  # the long factors' tables (§34)
+            cos, sin = tables.rope_tables(max_len, head_dim, base, scaling, True)
+            self.register_buffer("cos_long", torch.from_numpy(cos.copy()), persistent=False)
+            self.register_buffer("sin_long", torch.from_numpy(sin.copy()), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, T, K] float32."""
+        if self.scaling is not None and self.scaling.rope_type == "longrope":
+            # HF longrope_frequency_update: the long factors for the whole call once seq_len =
+            # largest position + 1 of the batch exceeds original_max_len, else the short ones
+            use_long = positions.max() + 1 > self.scaling.original_max_len
+            return (torch.where(use_long, self.cos_long[positions], self.cos[positions]),
+                    torch.where(use_long, self.sin_long[positions], self.sin[positions]))
         if self.scaling is None or self.scaling.rope_type != "dynamic":
             return self.cos[positions], self.sin[positions]
         # dynamic NTK (HF dynamic_rope_update): the base grows with seq_len = largest position + 1
