@@ -16,7 +16,7 @@ Mapping and its deliberate details (docs/numerics.md §36):
     number below it, which computes the same).
   * GeGLU: the fused `mlp.Wi` [2F, D] holds the activated half first -> gate_proj, then the
     multiplied half -> up_proj (split at import, fused at export); hidden_activation "gelu" ->
-    geglu, the tanh GELUs -> geglu_tanh, "silu" -> swiglu. The fused `attn.Wqkv` [3D, D] ->
+    geglu, the tanh GELUs -> geglu_tanh (exported as gelu_pytorch_tanh), "silu" -> swiglu. The fused `attn.Wqkv` [3D, D] ->
     q/k/v_proj. attention_bias -> the q/k/v/o biases, mlp_bias -> the FFN biases.
   * The classification head: pooling classifier_pooling ("cls": token 0, "mean": over the
     attention mask), then `head.dense` (classifier_bias) + classifier_activation + `head.norm`
@@ -27,7 +27,9 @@ Mapping and its deliberate details (docs/numerics.md §36):
     here, so a nonzero attention_dropout gets a note (training only; eval outputs equal).
   * Ignored: deterministic_flash_attn and reference_compile (kernel choices), the masked-LM
     head's options (decoder_bias, sparse_prediction, sparse_pred_ignore_index,
-    tie_word_embeddings), initializer_cutoff_factor, bos/eos token ids.
+    tie_word_embeddings), initializer_cutoff_factor, bos/eos token ids; layer_norm_eps and
+    position_embedding_type, which some published configs carry and transformers does not read
+    (a layer_norm_eps unlike norm_eps gets a note).
   * Unsupported (an error naming the option): a rope_type other than "default" in either
     entry of rope_parameters (or rope_scaling), activations without a jaxformer gated FFN.
   * HF attends to every token when attention_mask is None (and mean-pools all of them);
@@ -63,10 +65,13 @@ IGNORED = {"deterministic_flash_attn": "a flash-attention kernel choice", "refer
            "sparse_prediction": "ModernBertForMaskedLM's loss, which is not imported",
            "sparse_pred_ignore_index": "ModernBertForMaskedLM's loss, which is not imported",
            "tie_word_embeddings": "ties ModernBertForMaskedLM's decoder, which is not imported",
-           "repad_logits_with_grad": "ModernBertForMaskedLM's flash-attention path only"}
-GATED = {"gelu": "geglu", "gelu_new": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh", "gelu_fast": "geglu_tanh",
+           "repad_logits_with_grad": "ModernBertForMaskedLM's flash-attention path only",
+           "position_embedding_type": "not read by transformers' ModernBertConfig (RoPE is built in)"}
+# HF activation -> jaxformer kind; export writes the first name of a kind (gelu_pytorch_tanh for
+# the tanh GELU: HF's gelu_new computes the same formula with other rounding)
+GATED = {"gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu_fast": "geglu_tanh",
          "silu": "swiglu"}
-POOLER_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
+POOLER_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh",
                "relu": "relu", "silu": "silu", "tanh": "tanh"}
 LAYER = "layers.{i}."
 RULES = Renamer([
@@ -129,11 +134,17 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
     if attn_drop:
         o.notes.append(f"attention_dropout={attn_drop}: HF also drops the attention output with it; "
                        "jaxformer drops only the attention weights (training only)")
+    eps = float(o["norm_eps"])
+    if "layer_norm_eps" in raw:  # sentence-transformers' spelling; transformers reads norm_eps only
+        o.used.add("layer_norm_eps")
+        if raw["layer_norm_eps"] != eps:
+            o.notes.append(f"layer_norm_eps={raw['layer_norm_eps']!r} is not read by transformers; "
+                           f"norm_eps={eps} is the eps, as in HF")
     vocab = o["vocab_size"]
     fields = dict(
         vocab_size=vocab, d_model=o["hidden_size"], num_heads=o["num_attention_heads"],
         d_ff=o["intermediate_size"], num_layers=n, ffn=GATED.get(act, "geglu"), norm="layernorm",
-        norm_eps=float(o["norm_eps"]), norm_bias=bool(o["norm_bias"]), norm_position="pre", final_norm=True,
+        norm_eps=eps, norm_bias=bool(o["norm_bias"]), norm_position="pre", final_norm=True,
         first_attn_norm=False, embed_norm=True, bias=bool(o["attention_bias"]), ffn_bias=bool(o["mlp_bias"]),
         dropout=0.0, attn_dropout=attn_drop, ffn_dropout=float(o["mlp_dropout"]),
         embed_dropout=float(o["embedding_dropout"]), position="rope", max_len=o["max_position_embeddings"],
