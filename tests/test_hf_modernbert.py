@@ -169,3 +169,6 @@ def test_export_refuses_what_modernbert_cannot_express():
     for name, cfg, msg in (("classifier", cls, "pooler_norm=False"), ("lm", lm, "first_attn_norm=False")):
         with pytest.raises(ConversionError, match=msg):
             hf.save_pretrained(abstract_model(name, cfg), name, cfg, "/nonexistent/never-written")
+    # a scanned stack is one layer's structure: layer 0 without attn_norm cannot be stacked
+    with pytest.raises(ConfigError, match="scan_layers.*first_attn_norm"):
+        abstract_model("classifier", dataclasses.replace(cls, scan_layers=True))

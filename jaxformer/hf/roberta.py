@@ -51,12 +51,15 @@ HEAD = {"classifier.dense.weight": "pooler.weight", "classifier.dense.bias": "po
 
 def _strip(key: str, arch: str) -> str | None:
     """The RobertaModel-relative name of a key (`roberta.` removed; legacy gamma/beta read as
-    weight/bias); the classification head's keys as they are; None for another model's key."""
+    weight/bias, bert._strip); the classification head's keys as they are; None for a key a
+    classification checkpoint has no place for."""
     if arch.endswith("ForSequenceClassification") and key in HEAD:
         return key
-    k = bert._strip(key.replace("roberta.", "bert.", 1) if key.startswith("roberta.") else key,
-                    "BertModel")
-    return k
+    if key.startswith("roberta."):
+        key = key[len("roberta."):]
+    elif arch.endswith("ForSequenceClassification"):
+        return None
+    return bert._strip(key, "BertModel")
 
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
@@ -108,7 +111,7 @@ def tensor_fn(name: str, cfg, arch: str):
         if arch.endswith("ForMaskedLM") and key.startswith("lm_head."):
             return None  # the masked-LM head: not part of the encoder (a note says so)
         new = None if k is None else bert.RULES.to_torch(k)
-        if new is None or (arch.endswith("ForSequenceClassification") and not key.startswith("roberta.")):
+        if new is None:
             raise MappingError(f"unmapped: {key} has no jaxformer {name} (RoBERTa) equivalent")
         return {new: x}
     return fn
