@@ -5,7 +5,7 @@ Tiny random HF models of odd configurations (no download), each built once: the 
 on real tokens, the pooled vector and the logits of a batch with a right-padded and a
 left-padded row within 1e-5 x max(1, max|out|) fp32; the export loads back in transformers
 with identical weights and outputs; options not implemented are refused by name. Worst
-measured difference (fp32, -s prints them): 6.0e-7 (max |out| 1.6).
+measured difference (fp32, -s prints them): 7.2e-7 (max |out| 1.6; roberta_model_pooler's hidden states).
 """
 from __future__ import annotations
 
@@ -82,18 +82,20 @@ def test_import_matches_hf_and_export_round_trips(tag, saved, tmp_path):
         assert np.abs(wrong - ref)[mask.astype(bool)].max() > 1e-2
 
 
-def test_masked_lm_imports_as_its_encoder(tmp_path):
-    """RobertaForMaskedLM (roberta-base's architecture) imports as its encoder, the lm_head skipped
-    and noted, with RobertaModel's (no pooler) outputs."""
-    hf_model = randomize(T.RobertaForMaskedLM(T.RobertaConfig(**dict(BASE, type_vocab_size=1))))
-    hf_model.save_pretrained(tmp_path)
-    model, name, cfg, report = hf.from_pretrained(str(tmp_path), return_report=True)
-    assert name == "encoder" and not cfg.pooler and any("lm_head" in n for n in report["notes"])
-    ids, mask = _batch(1, seed=1)
-    ref = hf_encoder_outputs(hf_model.roberta, ids, mask)[0]
-    ours = np.asarray(jit_call(model, jnp.asarray(ids), jnp.asarray(mask)))
-    real = mask.astype(bool)
-    assert np.abs(ref - ours)[real].max() <= 1e-5 * max(1.0, np.abs(ref).max())
+def test_masked_lm_imports_as_its_encoder():
+    """RobertaForMaskedLM (roberta-base's architecture) imports as its encoder: lm_head.* skipped
+    and noted, every other weight mapped (no pooler: RobertaForMaskedLM has none)."""
+    from torch_ref.models import build_model as tbuild
+    hf_model = T.XLMRobertaForMaskedLM(T.XLMRobertaConfig(**dict(BASE, type_vocab_size=1)))
+    sd = hf_model.state_dict()
+    arch = "XLMRobertaForMaskedLM"
+    name, cfg, notes = roberta.config_from_hf(hf_model.config.to_dict(), arch, tuple(sd))
+    assert name == "encoder" and not cfg.pooler and any("lm_head" in n for n in notes)
+    fn = roberta.tensor_fn(name, cfg, arch)
+    mapped = {}
+    for k, x in sd.items():
+        mapped.update(fn(k, x.numpy()) or {})
+    assert set(mapped) == set(tbuild("encoder", cfg).state_dict())
 
 
 REFUSED = {
