@@ -266,28 +266,6 @@ def _sinusoid_offset():
     return patched(positional.SinusoidalPositionalEncoding, "__call__", call)
 
 
-def _padding_positions_from_pad():
-    import jax.numpy as jnp
-
-    from jaxformer.layers import positional
-
-    def positions(ids, pad_id):  # RoBERTa's real tokens counted from pad_id, not pad_id + 1
-        real = (ids != pad_id).astype(jnp.int32)
-        return (jnp.cumsum(real, axis=1) - 1) * real + pad_id
-    return patched(positional, "padding_positions", positions)
-
-
-def _band_inclusive():
-    import jax.numpy as jnp
-
-    from jaxformer.layers import transformer
-
-    def band(t, window):  # |i - j| <= window: HF's half-width read as jaxformer's band
-        d = jnp.abs(jnp.arange(t)[:, None] - jnp.arange(t)[None, :])
-        return (d <= window)[None, None]
-    return patched(transformer, "_band_mask", band)
-
-
 def _moe():
     from jaxformer.layers import moe
     return moe
@@ -440,10 +418,6 @@ for _m in [
              ("embedding_scaled",)),
     Mutation("sinusoid_positions_from_1", "sinusoidal positions counted from 1", _sinusoid_offset,
              ("pos_sinusoidal", "text_embedding_sinusoidal_scaled")),
-    Mutation("roberta_positions_from_pad", "RoBERTa's positions counted from pad_id instead of pad_id + 1",
-             _padding_positions_from_pad, ("classifier_roberta_positions_from_padding",), grads_too=True),
-    Mutation("encoder_band_inclusive", "the encoder's bidirectional window one wider (|i - j| <= W, not < W)",
-             _band_inclusive, ("classifier_modernbert_local_global",), grads_too=True),
     Mutation("moe_topk_not_renormalised", "MoE top-k weights not renormalised to sum to 1",
              _moe_no_renormalise, ("router_softmax_topk", "router_sigmoid_grouped", "moe_softmax_topk")),
     Mutation("moe_aux_on_topk_weights", "load-balancing loss on the renormalised top-k weights, not the full softmax",
