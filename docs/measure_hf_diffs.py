@@ -76,7 +76,8 @@ def enc_check(fam, cls, kw, inputs):
         if name in ("vit", "swin"):
             ours = np.asarray(j(jnp.asarray(inputs["pixel_values"].transpose(0, 2, 3, 1))))
         else:
-            ours = np.asarray(j(jnp.asarray(inputs["input_ids"]), jnp.asarray(inputs["attention_mask"]).astype(bool)))
+            ours = j(jnp.asarray(inputs["input_ids"]), jnp.asarray(inputs["attention_mask"]).astype(bool))
+            ours = np.asarray(ours[0] if isinstance(ours, tuple) else ours)  # (hidden, pooled): hidden
         if ref.ndim == 3:
             real = inputs["attention_mask"].astype(bool); ref, ours = ref[real], ours[real]
         out.setdefault(fam, []).append((float(np.abs(ref - ours).max()), float(np.abs(ref).max())))
@@ -85,6 +86,16 @@ def enc_check(fam, cls, kw, inputs):
 ids = rng.randint(3, 97, size=(2, 9)); am = np.ones_like(ids); am[1, 6:] = 0
 bert = dict(vocab_size=97, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72, max_position_embeddings=32)
 enc_check("bert_cls", T.BertForSequenceClassification, dict(bert, num_labels=3), {"input_ids": ids, "attention_mask": am})
+# RoBERTa / XLM-R and ModernBERT (docs/numerics.md §36): rows padded on the right and on the left
+# with the pad id (RoBERTa's positions come from it); ModernBERT windows shorter than the 11 tokens;
+# their own RandomState leaves the other families' inputs as before
+pid = np.random.RandomState(36).randint(3, 97, size=(3, 11)); pam = np.ones_like(pid); pam[1, 7:] = 0; pam[2, :3] = 0
+rob = dict(bert, max_position_embeddings=40, type_vocab_size=1)
+enc_check("roberta", T.RobertaModel, rob, {"input_ids": np.where(pam == 1, pid, 1), "attention_mask": pam})
+enc_check("roberta", T.XLMRobertaForSequenceClassification, dict(rob, num_labels=3, pad_token_id=2, num_hidden_layers=3, hidden_act="gelu_new"), {"input_ids": np.where(pam == 1, pid, 2), "attention_mask": pam})
+mb = dict(vocab_size=97, hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2, global_rope_theta=500.0, local_rope_theta=50.0)
+enc_check("modernbert", T.ModernBertModel, dict(mb, local_attention=4, global_attn_every_n_layers=2), {"input_ids": np.where(pam == 1, pid, 0), "attention_mask": pam})
+enc_check("modernbert", T.ModernBertForSequenceClassification, dict(mb, local_attention=5, num_labels=3, classifier_pooling="mean", attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True, hidden_activation="gelu_pytorch_tanh"), {"input_ids": np.where(pam == 1, pid, 0), "attention_mask": pam})
 px = rng.randn(2, 3, 32, 32).astype(np.float32)
 enc_check("vit", T.ViTForImageClassification, dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72, num_labels=5, qkv_bias=False), {"pixel_values": px})
 enc_check("swin", T.SwinForImageClassification, dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=5, layer_norm_eps=1e-6), {"pixel_values": px})

@@ -74,3 +74,53 @@ def host_devices_env(n: int) -> dict:
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
     return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}".strip(),
             "JAX_PLATFORMS": "cpu"}
+def hf_encoder_outputs(model, ids, mask) -> list:
+    """An HF encoder's fp32 outputs: [last_hidden_state (and pooler_output)] or [logits]."""
+    import torch
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    if hasattr(out, "logits"):
+        return [out.logits.numpy()]
+    pooled = getattr(out, "pooler_output", None)
+    return [out.last_hidden_state.numpy()] + ([] if pooled is None else [pooled.numpy()])
+
+
+def jit_call(model, *args):
+    """model(*args) as one XLA compilation (op by op, a tiny encoder's forward takes seconds of
+    CPU time on a loaded machine)."""
+    from flax import nnx
+    return nnx.jit(lambda m, *a: m(*a))(model, *args)
+
+
+def check_hf_encoder(tag: str, hf_model, path: str, ids, mask, auto, out_dir: str):
+    """Import `path` (the HF encoder's save_pretrained directory) and compare with transformers
+    on a padded batch: the hidden states on real tokens (a pad token's row is never used),
+    the pooled vector and the logits of every row, within 1e-5 x max(1, max|out|) (fp32);
+    then export, load the export with `auto` (no missing, unexpected or mismatched keys) and
+    check the weights and outputs are identical to the original's. -> (max diff, model, cfg)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxformer import hf
+    model, name, cfg = hf.from_pretrained(path)
+    ref = hf_encoder_outputs(hf_model, ids, mask)
+    ours = jit_call(model, jnp.asarray(ids), jnp.asarray(mask))
+    ours = [np.asarray(x) for x in (ours if isinstance(ours, tuple) else (ours,))]
+    assert len(ours) == len(ref), (tag, len(ours), len(ref))
+    real = mask.astype(bool)
+    worst = 0.0
+    for r, o in zip(ref, ours):
+        r, o = (r[real], o[real]) if r.ndim == 3 else (r, o)
+        d, scale = float(np.abs(r - o).max()), max(1.0, float(np.abs(r).max()))
+        print(f"[hf encoder] {tag}: max |diff| {d:.2e}, max |out| {scale:.2f}")
+        assert d <= 1e-5 * scale, f"{tag}: max |diff| vs HF {d:.2e}"
+        worst = max(worst, d)
+    hf.save_pretrained(model, name, cfg, out_dir)
+    back, info = auto.from_pretrained(out_dir, output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    back = realigned(back.eval())
+    sd, sd2 = hf_model.state_dict(), back.state_dict()
+    assert set(sd) == set(sd2) and all(np.array_equal(sd[k].numpy(), sd2[k].numpy()) for k in sd)
+    for a, b in zip(hf_encoder_outputs(realigned(hf_model), ids, mask), hf_encoder_outputs(back, ids, mask)):
+        np.testing.assert_array_equal(a, b)
+    return worst, model, cfg

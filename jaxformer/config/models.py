@@ -27,6 +27,7 @@ from jaxformer.config.transformer import TransformerConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 POOLINGS = ("cls", "mean")
+POOLER_ACTIVATIONS = ("tanh", "gelu", "gelu_tanh", "relu", "silu")
 
 # Test sizes shared by the tiny presets (parity cases, unit tests): D 32, 2 layers, vocab 64.
 TINY_SIZES = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=2, max_len=32, pad_id=0)
@@ -91,12 +92,18 @@ class ClassifierConfig(TransformerConfig):
     (TransformerConfig's BERT options).
 
     dtype: compute dtype; "bfloat16" runs the matmuls in bf16 (params stay float32).
+    pooler_act, pooler_bias, pooler_norm: the pooler's activation, its dense bias, and a norm
+        (`norm`, `norm_eps`, `norm_bias`) after the activation: BERT/RoBERTa's tanh with a
+        bias and no norm (the defaults), ModernBERT's head (GELU, optional bias, LayerNorm).
     """
 
     num_classes: int = 2
     pooling: str = "cls"
     dtype: str = "float32"
     classifier_dropout: float | None = None  # before the head; None = dropout (HF BERT's rule)
+    pooler_act: str = "tanh"
+    pooler_bias: bool = True
+    pooler_norm: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,6 +112,10 @@ class ClassifierConfig(TransformerConfig):
             check_prob(self, "classifier_dropout")
         check_choice(self, "pooling", POOLINGS)
         check_choice(self, "dtype", COMPUTE_DTYPES)
+        check_choice(self, "pooler_act", POOLER_ACTIVATIONS)
+        if not self.pooler:
+            check((self.pooler_act, self.pooler_bias, self.pooler_norm) == ("tanh", True, False), "pooler_act",
+                  "pooler_act / pooler_bias / pooler_norm describe the pooler; set pooler: true")
 
     @classmethod
     def tiny(cls, **overrides) -> ClassifierConfig:

@@ -138,6 +138,11 @@ class TransformerConfig:
     type_vocab_size: int = 0  # token type (segment) embeddings added to the tokens; 0 = none
     embed_norm: bool = False  # a norm (`norm`, `norm_eps`) on the summed embeddings
     pooler: bool = False  # encoder / classifier: dense + tanh on the pooled ([CLS]) vector
+    # RoBERTa / ModernBERT options (docs/numerics.md §36); the defaults leave every other model unchanged
+    positions_from_padding: bool = False  # absolute positions count the non-pad tokens (ids != pad_id)
+    #   from pad_id + 1, pad tokens sit at pad_id (HF RoBERTa's create_position_ids_from_input_ids)
+    rope_local_base: float | None = None  # RoPE base of the sliding-window layers; None = rope_base
+    first_attn_norm: bool = True  # False: layer 0 has no attn_norm (ModernBERT: the embedding norm precedes it)
     # Mixture of experts and DeepSeek / gpt-oss attention (jaxformer/config/moe.py)
     moe: MoEConfig | None = None  # the sparse layers' FFN is a mixture of experts; None = dense
     mla: MLAConfig | None = None  # multi-head latent attention in place of q/k/v projections
@@ -200,6 +205,20 @@ class TransformerConfig:
                     n = len(getattr(self.rope_scaling, name))
                     check(n == rotated // 2, "rope_scaling", f"longrope {name} has {n} entries; the "
                           f"rotated head width {rotated} needs {rotated // 2}")
+        if self.positions_from_padding:
+            check(self.position in ("learned", "sinusoidal"), "positions_from_padding",
+                  f"offsets absolute position tables; position is {self.position!r}")
+            check(self.pad_id + 1 < self.max_len, "positions_from_padding",
+                  f"the first position is pad_id + 1 = {self.pad_id + 1}, outside max_len={self.max_len}")
+        if self.rope_local_base is not None:
+            check(isinstance(self.rope_local_base, (int, float)) and not isinstance(self.rope_local_base, bool)
+                  and self.rope_local_base > 0, "rope_local_base",
+                  f"must be a number > 0 or null (rope_base), got {self.rope_local_base!r}")
+            check(self.position == "rope" and self.mla is None, "rope_local_base",
+                  f"is the RoPE base of sliding-window layers; position is {self.position!r}"
+                  + (" with mla" if self.mla is not None else ""))
+        check(self.first_attn_norm or self.norm_position == "pre", "first_attn_norm",
+              f"only a Pre-LN stack can drop layer 0's attn_norm; norm_position is {self.norm_position!r}")
         check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
@@ -246,6 +265,14 @@ class TransformerConfig:
         if self.layer_types is None:
             return (True,) * self.num_layers
         return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    def layer_options(self, i: int) -> dict:
+        """The construction options of layer i that can differ between layers: sparse (its FFN
+        is the MoE), rope_base (rope_local_base on a sliding-window layer), attn_norm (False on
+        layer 0 without first_attn_norm). Both trees build layer i with these."""
+        local = self.local_layers()[i] and self.rope_local_base is not None
+        return dict(sparse=self.sparse_layers()[i], rope_base=self.rope_local_base if local else self.rope_base,
+                    attn_norm=self.first_attn_norm or i > 0)
 
     @property
     def score_scale(self) -> float | None:

@@ -14,7 +14,9 @@ Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaFor
 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
 (`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
 dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
-`classifier`),
+`classifier`), RoBERTa and XLM-R (`RobertaModel`, `XLMRobertaModel` <-> `encoder`, their
+`*ForSequenceClassification` <-> `classifier`), ModernBERT (`ModernBertModel` <-> `encoder`,
+`ModernBertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification`, `ViTModel` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
@@ -48,7 +50,7 @@ from jaxformer.hf.common import typed_for_hf
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
                   "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss",
-                  "jaxformer.hf.phi3")
+                  "jaxformer.hf.phi3", "jaxformer.hf.roberta", "jaxformer.hf.modernbert")
 
 
 def _families():
@@ -309,8 +311,8 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, phi3, qwen,
-                              qwen_moe, t5, vision)
+    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, modernbert, phi3,
+                              qwen, qwen_moe, roberta, t5, vision)
     scaling = getattr(cfg, "rope_scaling", None)
     if name == "lm" and scaling is not None and scaling.rope_type == "longrope":  # only Phi-3 has it
         fam = phi3
@@ -329,6 +331,10 @@ def exporter(name: str, cfg):
         fam = qwen if qwen_like else phi3 if cfg.dropout else mistral if cfg.sliding_window is not None else llama
     elif name == "lm":
         fam = gpt2
+    elif name in ("encoder", "classifier") and cfg.positions_from_padding:  # RoBERTa's offset positions
+        fam = roberta
+    elif name in ("encoder", "classifier") and cfg.position == "rope":
+        fam = modernbert
     elif name in ("encoder", "classifier"):
         fam = bert
     elif name in ("vit", "swin"):
@@ -339,6 +345,10 @@ def exporter(name: str, cfg):
         raise ConversionError([f"model {name!r} has no Hugging Face export (supported: lm, encoder, "
                                "classifier, vit, swin, seq2seq)"])
     problems = fam.export_problems(name, cfg)
+    if fam not in (roberta, modernbert):  # the options only these encoder families write (§36)
+        problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (the family has none)" for k, neutral in
+                                 (("positions_from_padding", False), ("first_attn_norm", True),
+                                  ("rope_local_base", None)) if getattr(cfg, k, neutral) != neutral)]
     if getattr(cfg, "attn_scale", None) is not None and fam is not t5:  # only T5 writes a score scale
         problems = [*problems, f"attn_scale={cfg.attn_scale} (the family scales scores by 1/sqrt(head_dim))"]
     if problems:

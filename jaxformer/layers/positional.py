@@ -141,6 +141,13 @@ def default_positions(batch: int, length: int, offset=0) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :] + offset, (batch, length))
 
 
+def padding_positions(ids: jax.Array, pad_id: int) -> jax.Array:
+    """RoBERTa's positions (docs/numerics.md §36): ids [B, T] -> [B, T] int32. Real tokens
+    (ids != pad_id) count from pad_id + 1 wherever they sit, pad tokens sit at pad_id."""
+    real = (ids != pad_id).astype(jnp.int32)  # [B, T]
+    return jnp.cumsum(real, axis=1) * real + pad_id
+
+
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding",
-           "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions",
+           "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions", "padding_positions",
            "check_length"]

@@ -42,7 +42,9 @@ from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
-def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -> MultiHeadAttention:
+def make_attention(cfg: TransformerConfig, *, self_attn: bool, rope_base: float | None = None,
+                   rngs: nnx.Rngs) -> MultiHeadAttention:
+    """rope_base: this layer's RoPE base (cfg.layer_options); None = cfg.rope_base."""
     if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
@@ -55,7 +57,8 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
+        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None,
+        rope_base=cfg.rope_base if rope_base is None else rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
         scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn, rngs=rngs)
 
@@ -97,9 +100,10 @@ def residual(cfg: TransformerConfig, norm, sublayer, x: jax.Array, record: dict 
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
     `post_norm` on the sublayer's output too). The residual stream keeps x's dtype (a
     bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
-    the sublayer's output (before the add) goes to record[name]."""
+    the sublayer's output (before the add) goes to record[name]. norm None (Pre-LN only): the
+    sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
     pre = cfg.norm_position != "post"
-    h = sublayer(norm(x) if pre else x).astype(x.dtype)
+    h = sublayer(norm(x) if pre and norm is not None else x).astype(x.dtype)
     if post_norm is not None:
         h = post_norm(h)
     if record is not None:
@@ -138,12 +142,14 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 
 
 class EncoderLayer(nnx.Module):
-    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
+    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D].
+    sparse, rope_base, attn_norm: this layer's options (TransformerConfig.layer_options)."""
 
-    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, rope_base: float | None = None,
+                 attn_norm: bool = True, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
-        self.attn_norm = _norm(cfg, rngs)
+        self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base, rngs=rngs)
+        self.attn_norm = _norm(cfg, rngs) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg, rngs)
         self.ffn = make_ffn(cfg, sparse=sparse, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
@@ -173,10 +179,10 @@ class DecoderLayer(nnx.Module):
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
-                 rngs: nnx.Rngs):
+                 rope_base: float | None = None, attn_norm: bool = True, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
-        self.attn_norm = _norm(cfg, rngs)
+        self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base, rngs=rngs)
+        self.attn_norm = _norm(cfg, rngs) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg, rngs)
         self.cross_attn = make_attention(cfg, self_attn=False, rngs=rngs) if cross_attention else None
         self.cross_attn_norm = _norm(cfg, rngs) if cross_attention else None
@@ -311,23 +317,21 @@ class _Stack(nnx.Module):
         return jnp.asarray(local)
 
     def make_layers(self, make, rngs: nnx.Rngs):
-        """num_layers layers from make(rngs, sparse) (sparse: the layer's FFN is the MoE,
-        cfg.sparse_layers()): a list, or with scan_layers one module whose params carry a
-        leading layer axis [L, ...] (nnx.vmap over split RNG streams; its layers must be alike)."""
+        """num_layers layers from make(rngs, options) (options: the layer's
+        cfg.layer_options(i), e.g. sparse: its FFN is the MoE): a list, or with scan_layers one
+        module whose params carry a leading layer axis [L, ...] (nnx.vmap over split RNG
+        streams; its layers must be alike)."""
         n = self.cfg.num_layers
-        sparse = self.cfg.sparse_layers()
+        options = [self.cfg.layer_options(i) for i in range(n)]
         if not self.scan_layers:
-            return nnx.List([make(rngs, sparse[i]) for i in range(n)])
-        if len(set(sparse)) > 1:
-            raise ConfigError("model.scan_layers: the scanned layers must be alike, but moe.dense_layers "
-                              f"{list(self.cfg.moe.dense_layers)} mixes dense and MoE layers; set "
-                              "scan_layers: false (or make every layer sparse)")
+            return nnx.List([make(rngs, options[i]) for i in range(n)])
+        check_alike(self.cfg, options)
 
         @nnx.split_rngs(splits=n)
         @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n,
                   transform_metadata={nnx.PARTITION_NAME: partitioning.LAYERS_AXIS})
         def stacked(rngs):
-            return make(rngs, sparse[0])
+            return make(rngs, options[0])
         return stacked(rngs)
 
     def run_layers(self, x, call, intermediates: dict | None, aux: dict | None = None):
@@ -387,6 +391,22 @@ class _Stack(nnx.Module):
         return (x, intermediates) if intermediates is not None else x
 
 
+def check_alike(cfg: TransformerConfig, options: list[dict]) -> None:
+    """ConfigError unless every layer has the same construction options (scan_layers stacks
+    one layer's structure)."""
+    if len({o["sparse"] for o in options}) > 1:
+        raise ConfigError("model.scan_layers: the scanned layers must be alike, but moe.dense_layers "
+                          f"{list(cfg.moe.dense_layers)} mixes dense and MoE layers; set "
+                          "scan_layers: false (or make every layer sparse)")
+    if len({o["rope_base"] for o in options}) > 1:
+        raise ConfigError(f"model.scan_layers: the scanned layers must be alike, but rope_local_base="
+                          f"{cfg.rope_local_base} gives the sliding-window layers another RoPE base than "
+                          f"rope_base={cfg.rope_base}; set scan_layers: false")
+    if len({o["attn_norm"] for o in options}) > 1:
+        raise ConfigError("model.scan_layers: the scanned layers must be alike, but first_attn_norm=false "
+                          "removes layer 0's attn_norm only; set scan_layers: false")
+
+
 def _remat_call(layer, x, call, policy, record: dict | None = None, local: bool = False):
     """call(layer, x, record, local) under jax.checkpoint, threading the layer's state (dropout
     RNG) through; with `record`, the recorded sub-layer outputs come out too."""
@@ -435,7 +455,7 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.layers = self.make_layers(lambda r, sparse: EncoderLayer(cfg, sparse=sparse, rngs=r), rngs)
+        self.layers = self.make_layers(lambda r, options: EncoderLayer(cfg, **options, rngs=r), rngs)
 
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                  return_attention: bool = False):
@@ -468,8 +488,8 @@ class Decoder(_Stack):
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True,
                  rngs: nnx.Rngs):
         super().__init__(cfg, causal=causal, rngs=rngs)
-        self.layers = self.make_layers(lambda r, sparse: DecoderLayer(cfg, cross_attention=cross_attention,
-                                                                       sparse=sparse, rngs=r),
+        self.layers = self.make_layers(lambda r, options: DecoderLayer(cfg, cross_attention=cross_attention,
+                                                                        **options, rngs=r),
                                        rngs)
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,

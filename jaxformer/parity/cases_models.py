@@ -69,6 +69,24 @@ for tag, kw in {"postln_cls": dict(norm_position="post", pooling="cls"),
     cfg = ClassifierConfig.tiny(**kw)
     case(f"classifier_{tag}", "classifier_model", model_pair("classifier", cfg),
          lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4])(r)})  # mask from pad_id
+# RoBERTa (jaxformer/hf/roberta.py): positions from the padding, counted from pad_id + 1 = 2,
+# rows padded on the right and on the left; the pooler (dense + tanh) before the head (§36)
+case("classifier_roberta_positions_from_padding", "classifier_model",
+     model_pair("classifier", ClassifierConfig.tiny(position="learned", positions_from_padding=True, pad_id=1,
+                                                    type_vocab_size=1, embed_norm=True, final_norm=False,
+                                                    scale_embedding=False, pooler=True, ffn="gelu")),
+     lambda r: {"ids": np.concatenate([token_ids(1, T, V, lengths=[4], pad_id=1)(r),
+                                       token_ids(1, T, V, lengths=[5], left=True, pad_id=1)(r)])})
+# ModernBERT (jaxformer/hf/modernbert.py): global, local, local layers with a bidirectional
+# window of 2 (|i - j| < 2) over T = 7, a RoPE base per layer type, no attn_norm before layer 0,
+# the embedding and final norms, GeGLU without biases, mean pooling through dense + GELU + norm
+case("classifier_modernbert_local_global", "classifier_model",
+     model_pair("classifier", ClassifierConfig.tiny(
+         num_layers=3, position="rope", rope_base=500.0, rope_local_base=20.0, sliding_window=2,
+         layer_types=("full_attention", "sliding_attention", "sliding_attention"), norm_position="pre",
+         first_attn_norm=False, embed_norm=True, scale_embedding=False, ffn="geglu", bias=False, norm_bias=False,
+         pooling="mean", pooler=True, pooler_act="gelu", pooler_bias=False, pooler_norm=True)),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 5])(r)})
 case("classifier_preln_mean_intermediates", "classifier_model",
      model_pair("classifier", ClassifierConfig.tiny(norm_position="pre", pooling="mean")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[5, 7])(r), "return_intermediates": True})

@@ -129,6 +129,13 @@ def default_positions(batch: int, length: int, offset=0, device=None) -> torch.T
     return (torch.arange(length, device=device)[None, :] + offset).expand(batch, length)
 
 
+def padding_positions(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """RoBERTa's positions (docs/numerics.md §36): ids [B, T] -> [B, T] int64. Real tokens
+    (ids != pad_id) count from pad_id + 1 wherever they sit, pad tokens sit at pad_id."""
+    real = (ids != pad_id).long()  # [B, T]
+    return torch.cumsum(real, dim=1) * real + pad_id
+
+
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding",
-           "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions",
+           "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions", "padding_positions",
            "check_length"]

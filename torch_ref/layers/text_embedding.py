@@ -8,13 +8,15 @@ from torch import nn
 from jaxformer.config import TransformerConfig
 from torch_ref.layers.embedding import Embedding
 from torch_ref.layers.norm import make_norm
-from torch_ref.layers.positional import absolute_positions, default_positions
+from torch_ref.layers.positional import absolute_positions, default_positions, padding_positions
 
 class TextEmbedding(nn.Module):
     """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
     type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,
     learned), then an optional norm (BERT, embed_norm) and dropout. RoPE/ALiBi/T5 act inside
-    attention instead. The sum's order (tokens + types + positions) is HF BERT's.
+    attention instead. The sum's order (tokens + types + positions) is HF BERT's. With
+    positions_from_padding (RoBERTa), the positions come from the ids: the non-pad tokens
+    count from pad_id + 1, pads sit at pad_id (docs/numerics.md §36).
 
     Shapes: ids [B, T] int, positions [B, T] int, token_type_ids [B, T] int (None = all 0)
     -> [B, T, D].
@@ -30,6 +32,7 @@ class TextEmbedding(nn.Module):
             if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.embed_dropout)
         self.max_len = cfg.max_len
+        self.pad_id = cfg.pad_id if cfg.positions_from_padding else None
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -37,7 +40,10 @@ class TextEmbedding(nn.Module):
         if positions is None:
             if t > self.max_len:
                 raise ValueError(f"sequence length {t} exceeds max_len={self.max_len}")
-            positions = default_positions(b, t, device=ids.device)
+            positions = default_positions(b, t, device=ids.device) if self.pad_id is None else padding_positions(ids, self.pad_id)
+        elif self.pad_id is not None:
+            raise ValueError("positions given, but the config derives them from the padding "
+                             "(positions_from_padding)")
         x = self.embed_tokens(ids)  # [B, T, D]
         if self.embed_token_types is not None:
             types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids  # [B, T]

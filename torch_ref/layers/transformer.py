@@ -40,7 +40,8 @@ from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
-def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
+def make_attention(cfg: TransformerConfig, *, self_attn: bool, rope_base: float | None = None) -> MultiHeadAttention:
+    """rope_base: this layer's RoPE base (cfg.layer_options); None = cfg.rope_base."""
     if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
@@ -53,7 +54,8 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAtten
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
+        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None,
+        rope_base=cfg.rope_base if rope_base is None else rope_base,
         rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
         scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn)
 
@@ -95,9 +97,10 @@ def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: di
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
     `post_norm` on the sublayer's output too). The residual stream keeps x's dtype (a
     bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
-    the sublayer's output (before the add) goes to record[name]."""
+    the sublayer's output (before the add) goes to record[name]. norm None (Pre-LN only): the
+    sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
     pre = cfg.norm_position != "post"
-    h = sublayer(norm(x) if pre else x).to(x.dtype)
+    h = sublayer(norm(x) if pre and norm is not None else x).to(x.dtype)
     if post_norm is not None:
         h = post_norm(h)
     if record is not None:
@@ -131,13 +134,15 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
+    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D].
+    sparse, rope_base, attn_norm: this layer's options (TransformerConfig.layer_options)."""
 
-    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False):
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, rope_base: float | None = None,
+                 attn_norm: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True)
-        self.attn_norm = _norm(cfg)
+        self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
+        self.attn_norm = _norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
         self.ffn = make_ffn(cfg, sparse=sparse)
         self.ffn_norm = _norm(cfg)
@@ -166,11 +171,12 @@ class DecoderLayer(nn.Module):
     ring of sliding_window slots (MultiHeadAttention).
     """
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False):
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
+                 rope_base: float | None = None, attn_norm: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True)
-        self.attn_norm = _norm(cfg)
+        self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
+        self.attn_norm = _norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
         self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
         self.cross_attn_norm = _norm(cfg) if cross_attention else None
@@ -358,7 +364,7 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__(cfg)
-        self.layers = nn.ModuleList([EncoderLayer(cfg, sparse=sparse) for sparse in cfg.sparse_layers()])
+        self.layers = nn.ModuleList([EncoderLayer(cfg, **cfg.layer_options(i)) for i in range(cfg.num_layers)])
 
     def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                 return_attention: bool = False):
@@ -388,8 +394,8 @@ class Decoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True):
         super().__init__(cfg, causal=causal)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention, sparse=sparse)
-                                     for sparse in cfg.sparse_layers()])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention, **cfg.layer_options(i))
+                                     for i in range(cfg.num_layers)])
 
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,

@@ -1,0 +1,175 @@
+"""RoBERTa and XLM-RoBERTa (`RobertaModel` / `XLMRobertaModel` <-> `encoder`,
+`RobertaForSequenceClassification` / `XLMRobertaForSequenceClassification` <-> `classifier`;
+`*ForMaskedLM` -> `encoder`).
+
+RoBERTa is BERT's network (jaxformer/hf/bert.py: Post-LN, no final norm, learned absolute
+positions, token types, the embedding LayerNorm, exact GELU, the same weight names under a
+`roberta.` prefix) with two differences, both mapped:
+  * positions come from the padding (docs/numerics.md §36): the non-pad tokens (ids !=
+    pad_token_id) count from pad_token_id + 1, pads sit at pad_token_id, wherever the padding
+    is (HF create_position_ids_from_input_ids) -> positions_from_padding=True. The table keeps
+    all max_position_embeddings rows (514 for roberta-base: 512 tokens after the offset of 2).
+  * the classification head (`classifier.dense` + tanh + `classifier.out_proj` on <s>) is
+    BERT's pooler + classifier in eval mode -> pooler (dense, tanh) and classifier. HF also
+    drops the <s> vector before `dense` in training; jaxformer drops only before the
+    classifier (noted: training only, the outputs are the same).
+XLM-R (model_type xlm-roberta) is the same code with other defaults; export writes
+`RobertaModel` / `RobertaForSequenceClassification` (model_type roberta), which compute the same.
+
+Unsupported (an error naming the option): position_embedding_type other than "absolute",
+is_decoder / add_cross_attention (RobertaForCausalLM-style decoders), pruned heads.
+The masked-LM head (`lm_head.*`) of *ForMaskedLM is skipped, with a note (as AutoModel loads
+it). HF attends to every token when attention_mask is None (its positions still skip pads);
+jaxformer's classifier masks ids == pad_id then: pass attention_mask to compare.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.config import TransformerConfig
+from jaxformer.config.models import ClassifierConfig
+from jaxformer.hf import bert
+from jaxformer.hf.common import (MappingError, Options, build_config, exportable_ffns, ffn_from_hf,
+                                 ffn_to_hf, rename_all, token_ids)
+
+ARCHITECTURES = {"RobertaModel": "encoder", "RobertaForSequenceClassification": "classifier",
+                 "RobertaForMaskedLM": "encoder", "XLMRobertaModel": "encoder",
+                 "XLMRobertaForSequenceClassification": "classifier", "XLMRobertaForMaskedLM": "encoder"}
+MODEL_TYPES = {a: "xlm-roberta" if a.startswith("XLM") else "roberta" for a in ARCHITECTURES}
+MODEL_TYPE = "roberta"
+DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, hidden_act="gelu", hidden_dropout_prob=0.1,
+                attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
+                layer_norm_eps=1e-12, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                position_embedding_type="absolute", classifier_dropout=None, is_decoder=False,
+                add_cross_attention=False, problem_type=None, pruned_heads={}, tie_word_embeddings=True)
+IGNORED = {"tie_word_embeddings": "ties *ForMaskedLM's prediction head, which is not imported",
+           "bos_token_id": "no generation (tokenizer metadata)", "eos_token_id": "no generation (tokenizer metadata)"}
+HEAD = {"classifier.dense.weight": "pooler.weight", "classifier.dense.bias": "pooler.bias",
+        "classifier.out_proj.weight": "classifier.weight", "classifier.out_proj.bias": "classifier.bias"}
+
+
+def _strip(key: str, arch: str) -> str | None:
+    """The RobertaModel-relative name of a key (`roberta.` removed; legacy gamma/beta read as
+    weight/bias, bert._strip); the classification head's keys as they are; None for a key a
+    classification checkpoint has no place for."""
+    if arch.endswith("ForSequenceClassification") and key in HEAD:
+        return key
+    if key.startswith("roberta."):
+        key = key[len("roberta."):]
+    elif arch.endswith("ForSequenceClassification"):
+        return None
+    return bert._strip(key, "BertModel")
+
+
+def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
+    family = f"{MODEL_TYPES[arch]} {arch}"
+    o = Options(raw, DEFAULTS, family=family, ignored=IGNORED)
+    ffn = ffn_from_hf(o, "hidden_act")
+    o.require("position_embedding_type", ("absolute",),
+              "jaxformer's RoBERTa has absolute learned positions only")
+    o.require("is_decoder", (False,), "a decoder RoBERTa has no jaxformer equivalent")
+    o.require("add_cross_attention", (False,), "a RoBERTa with cross-attention has no jaxformer equivalent")
+    o.require("pruned_heads", lambda v: not v, "pruned heads give layers different widths")
+    drop = float(o["hidden_dropout_prob"])
+    vocab = o["vocab_size"]
+    fields = dict(
+        vocab_size=vocab, d_model=o["hidden_size"], num_heads=o["num_attention_heads"],
+        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ffn,
+        norm="layernorm", norm_eps=float(o["layer_norm_eps"]), norm_position="post", final_norm=False,
+        bias=True, norm_bias=True, dropout=drop, attn_dropout=float(o["attention_probs_dropout_prob"]),
+        ffn_dropout=0.0, embed_dropout=drop, position="learned", max_len=o["max_position_embeddings"],
+        positions_from_padding=True, scale_embedding=False, type_vocab_size=o["type_vocab_size"],
+        embed_norm=True, **token_ids(o, vocab, need_bos_eos=False))
+    if arch.endswith("ForMaskedLM"):
+        o.notes.append(f"{arch}: the encoder is imported (as transformers' AutoModel loads it); "
+                       "the masked-LM head lm_head.* is not")
+    if ARCHITECTURES[arch] == "encoder":
+        fields["pooler"] = any((_strip(k, arch) or "").startswith("pooler.") for k in keys)
+        o["classifier_dropout"], o["problem_type"]  # no head: they do not apply
+        return "encoder", build_config(TransformerConfig, fields, o), o.notes
+    head_drop = o.require("classifier_dropout", lambda v: v is None or (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1), "must be null or in [0, 1]")
+    problem = o.require("problem_type", bert.PROBLEM_TYPES, f"HF's problem types are {bert.PROBLEM_TYPES}")
+    if problem not in (None, "single_label_classification") and problem in bert.PROBLEM_TYPES:
+        o.notes.append(f"problem_type={problem!r} selects HF's training loss only (the logits are "
+                       "the same); `jaxformer train` trains with single-label cross-entropy")
+    o.notes.append("the classification head's dense + tanh is the pooler; HF's head also drops the <s> "
+                   "vector before dense in training, jaxformer only before the classifier (eval outputs equal)")
+    fields.update(pooler=True, pooling="cls", num_classes=o.num_labels(), dtype="float32",
+                  classifier_dropout=None if not isinstance(head_drop, (int, float)) else float(head_drop))
+    return "classifier", build_config(ClassifierConfig, fields, o), o.notes
+
+
+def tensor_fn(name: str, cfg, arch: str):
+    def fn(key: str, x: np.ndarray):
+        k = _strip(key, arch)
+        if k in HEAD:
+            return {HEAD[k]: x}
+        if k in ("embeddings.position_ids", "embeddings.token_type_ids"):
+            return None  # buffers: arange(max_len), zeros
+        if arch.endswith("ForMaskedLM") and key.startswith("lm_head."):
+            return None  # the masked-LM head: not part of the encoder (a note says so)
+        new = None if k is None else bert.RULES.to_torch(k)
+        if new is None:
+            raise MappingError(f"unmapped: {key} has no jaxformer {name} (RoBERTa) equivalent")
+        return {new: x}
+    return fn
+
+
+# ----------------------------------------------------------------------------- export
+def export_problems(name: str, cfg) -> list[str]:
+    want = dict(position="learned", positions_from_padding=True, norm="layernorm", norm_position="post",
+                final_norm=False, bias=True, norm_bias=True, scale_embedding=False, sliding_window=None,
+                embed_norm=True, ffn_dropout=0.0, attn_logit_softcap=None, query_pre_attn_scalar=None,
+                attn_qkv_bias=None, attn_out_bias=None, ffn_bias=None, qk_norm=False, moe=None, mla=None,
+                attn_sinks=False, first_attn_norm=True)
+    out = [f"{k}={getattr(cfg, k)!r} (RoBERTa needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+    if cfg.ffn not in exportable_ffns():
+        out.append(f"ffn={cfg.ffn!r} (RoBERTa activations: {exportable_ffns()})")
+    if cfg.type_vocab_size < 1:
+        out.append("type_vocab_size=0 (RoBERTa always has token type embeddings)")
+    if cfg.resolved_kv_heads != cfg.num_heads or cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
+        out.append("grouped-query attention or a custom head_dim (RoBERTa has neither)")
+    if cfg.embed_dropout != cfg.dropout:
+        out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (RoBERTa has one "
+                   "hidden_dropout_prob)")
+    if name == "classifier":
+        head = (cfg.pooler, cfg.pooling, cfg.pooler_act, cfg.pooler_bias, cfg.pooler_norm)
+        if head != (True, "cls", "tanh", True, False):
+            out.append(f"pooler={cfg.pooler}, pooling={cfg.pooling!r}, pooler_act={cfg.pooler_act!r}, "
+                       f"pooler_bias={cfg.pooler_bias}, pooler_norm={cfg.pooler_norm} (RoBERTa's head is "
+                       "dense + tanh on <s>, with a bias, without a norm)")
+        if cfg.dtype != "float32":
+            out.append(f"dtype={cfg.dtype!r} (export float32 models)")
+    return out
+
+
+def config_to_hf(name: str, cfg) -> dict:
+    arch = "RobertaModel" if name == "encoder" else "RobertaForSequenceClassification"
+    out = {"architectures": [arch], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
+           "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
+           "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.d_ff,
+           "hidden_act": ffn_to_hf(cfg.ffn), "hidden_dropout_prob": cfg.dropout,
+           "attention_probs_dropout_prob": cfg.attn_dropout, "max_position_embeddings": cfg.max_len,
+           "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.norm_eps,
+           "pad_token_id": cfg.pad_id, "position_embedding_type": "absolute",
+           "classifier_dropout": getattr(cfg, "classifier_dropout", None), "is_decoder": False,
+           "add_cross_attention": False, "initializer_range": 0.02, "dtype": "float32"}
+    if name == "classifier":
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
+    return out
+
+
+def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.ndarray]:
+    if name == "encoder":
+        return rename_all(sd, bert.RULES.to_hf, "RoBERTa")
+    head = {v: k for k, v in HEAD.items()}
+
+    def rename(key: str) -> str | None:
+        if key in head:
+            return head[key]
+        new = bert.RULES.to_hf(key)
+        return None if new is None else "roberta." + new
+    return rename_all(sd, rename, "RoBERTa")

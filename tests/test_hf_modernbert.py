@@ -1,0 +1,174 @@
+"""ModernBERT (jaxformer/hf/modernbert.py) against transformers 5.x: alternating local
+(bidirectional sliding window) and global attention, RoPE with a base per layer type, GeGLU
+from the fused Wi, the embedding norm, no attn_norm before layer 0, the final norm, the
+classification head (cls or mean pooling, dense + activation + norm); docs/numerics.md §36.
+
+Tiny random HF models of odd configurations (no download), each built once, with windows
+(local_attention 2 to 5) much shorter than the 11-token rows: the hidden states on real
+tokens and the logits of a batch with a right-padded and a left-padded row within
+1e-5 x max(1, max|out|) fp32; the export loads back in transformers with identical weights and
+outputs; options not implemented are refused by name. Worst measured difference (fp32, -s
+prints them): 8.3e-7 (max |out| 4.1; model_w4_every2's hidden states).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from helpers import check_hf_encoder, hf_encoder_outputs, jit_call, randomize
+from jaxformer import hf
+from jaxformer.config import ConfigError
+from jaxformer.convert import ConversionError
+from jaxformer.hf import modernbert
+from jaxformer.models import build_model
+from jaxformer.parity import setup_precision
+
+T = pytest.importorskip("transformers")
+V = 97
+BASE = dict(vocab_size=V, hidden_size=48, intermediate_size=40, num_hidden_layers=3, num_attention_heads=4,
+            max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+            sep_token_id=2, global_rope_theta=500.0, local_rope_theta=50.0)
+# tag -> (HF class, config kwargs, Auto class of the export)
+CASES = {
+    # global, local, global; no biases (ModernBERT's default)
+    "model_w4_every2": (T.ModernBertModel, dict(BASE, local_attention=4, global_attn_every_n_layers=2),
+                        T.AutoModel),
+    # an odd window (5 -> |i - j| <= 2), biases everywhere, the tanh GELU, mean pooling
+    "cls_mean_w5_biases_tanh_gelu": (T.ModernBertForSequenceClassification, dict(
+        BASE, local_attention=5, global_attn_every_n_layers=3, attention_bias=True, mlp_bias=True, norm_bias=True,
+        classifier_bias=True, hidden_activation="gelu_pytorch_tanh", classifier_pooling="mean", num_labels=3,
+        norm_eps=1e-6), T.AutoModelForSequenceClassification),
+    # layer 0 local (layer_types given), SwiGLU, a silu head, cls pooling, 6 heads of 6
+    "cls_w2_local_first_silu": (T.ModernBertForSequenceClassification, dict(
+        BASE, hidden_size=36, num_attention_heads=6, intermediate_size=24, local_attention=2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], hidden_activation="silu",
+        classifier_activation="silu", classifier_pooling="cls", num_labels=2,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 20.0}}),
+        T.AutoModelForSequenceClassification),
+}
+
+
+def _batch(seed: int = 0):
+    """ids [3, 11]: a full row, a right-padded row (7 tokens), a left-padded row (8 tokens)."""
+    ids = np.random.RandomState(seed).randint(3, V, size=(3, 11))
+    mask = np.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[2, :3] = 0
+    ids[mask == 0] = 0
+    return ids, mask
+
+
+@pytest.fixture(autouse=True)
+def _precision():
+    setup_precision()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("modernbert")
+    out = {}
+    for tag, (cls, kw, _) in CASES.items():
+        model = randomize(cls(cls.config_class(**kw)))
+        model.save_pretrained(root / tag)
+        out[tag] = (model, str(root / tag))
+    return out
+
+
+@pytest.mark.parametrize("tag", sorted(CASES))
+def test_import_matches_hf_and_export_round_trips(tag, saved, tmp_path):
+    hf_model, path = saved[tag]
+    cls, kw, auto = CASES[tag]
+    ids, mask = _batch()
+    _, model, cfg = check_hf_encoder(tag, hf_model, path, ids, mask, auto, str(tmp_path / "out"))
+    local = cfg.local_layers()
+    assert any(local) and not all(local) and not cfg.first_attn_norm and cfg.embed_norm and cfg.final_norm
+    assert cfg.sliding_window == kw["local_attention"] // 2 + 1 and cfg.rope_local_base != cfg.rope_base
+    if tag == "model_w4_every2":
+        # the checks can fail: a window one narrower than HF's, or one RoPE base for every layer
+        ref = hf_encoder_outputs(hf_model, ids, mask)[0]
+        for change in (dict(sliding_window=cfg.sliding_window - 1), dict(rope_local_base=None)):
+            wrong = build_model("encoder", dataclasses.replace(cfg, **change), seed=0)
+            nnx.update(wrong, nnx.state(model, nnx.Param))
+            out = np.asarray(jit_call(wrong, jnp.asarray(ids), jnp.asarray(mask)))
+            assert np.abs(out - ref)[mask.astype(bool)].max() > 1e-3, change
+
+
+def test_masked_lm_imports_as_its_encoder(tmp_path):
+    """ModernBertForMaskedLM (the published checkpoints' architecture) imports as its encoder:
+    head.* and decoder.* skipped and noted, every other weight mapped."""
+    hf_model = T.ModernBertForMaskedLM(T.ModernBertConfig(**dict(BASE, local_attention=4)))
+    sd = hf_model.state_dict()
+    name, cfg, notes = modernbert.config_from_hf(hf_model.config.to_dict(), "ModernBertForMaskedLM", tuple(sd))
+    assert name == "encoder" and any("head.*" in n for n in notes)
+    fn = modernbert.tensor_fn(name, cfg, "ModernBertForMaskedLM")
+    mapped = {}
+    for k, x in sd.items():
+        mapped.update(fn(k, x.numpy()) or {})
+    from torch_ref.models import build_model as tbuild
+    assert set(mapped) == set(tbuild("encoder", cfg).state_dict())
+
+
+def _raw(**changes):
+    arch = "ModernBertForSequenceClassification"
+    return {"architectures": [arch], "model_type": "modernbert", **changes}
+
+
+REFUSED = {
+    "hidden_activation": dict(hidden_activation="relu"),
+    "classifier_activation": dict(classifier_activation="mish"),
+    "classifier_pooling": dict(classifier_pooling="max"),
+    "rope_parameters": dict(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                "rope_theta": 1e4},
+                                             "sliding_attention": {"rope_type": "default"}}),
+    "rope_scaling": dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+    "layer_types": dict(layer_types=["full_attention"], num_hidden_layers=2),
+    "global_attn_every_n_layers": dict(global_attn_every_n_layers=0),
+    "unknown_option": dict(unknown_option=1),
+}
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED))
+def test_unsupported_options_are_refused_by_name(key):
+    with pytest.raises(ConfigError, match=f"{key}="):
+        modernbert.config_from_hf(_raw(**REFUSED[key]), "ModernBertForSequenceClassification")
+
+
+def test_published_config_keys_are_accepted():
+    """A ModernBERT config.json in the 4.48 format (global/local_rope_theta,
+    global_attn_every_n_layers, no layer_types), sizes shrunk, with the keys some published
+    checkpoints add that transformers does not read (layer_norm_eps, position_embedding_type)."""
+    raw = _raw(architectures=["ModernBertForMaskedLM"], attention_bias=False, attention_dropout=0.0, bos_token_id=50281,
+               classifier_activation="gelu", classifier_bias=False, classifier_dropout=0.0,
+               classifier_pooling="mean", cls_token_id=50281, decoder_bias=True, deterministic_flash_attn=False,
+               embedding_dropout=0.0, eos_token_id=50282, global_attn_every_n_layers=3, global_rope_theta=160000.0,
+               gradient_checkpointing=False, hidden_activation="gelu", hidden_size=48,
+               initializer_cutoff_factor=2.0, initializer_range=0.02, intermediate_size=64, layer_norm_eps=2e-05,
+               local_attention=128, local_rope_theta=10000.0, max_position_embeddings=8192, mlp_bias=False,
+               mlp_dropout=0.0, norm_bias=False, norm_eps=1e-05, num_attention_heads=4, num_hidden_layers=4,
+               pad_token_id=50283, position_embedding_type="absolute", sep_token_id=50282, tie_word_embeddings=True,
+               torch_dtype="float32", transformers_version="4.48.0.dev0", vocab_size=50368)
+    name, cfg, notes = modernbert.config_from_hf(raw, "ModernBertForMaskedLM")
+    assert cfg.local_layers() == (False, True, True, False) and cfg.sliding_window == 65
+    assert (cfg.rope_base, cfg.rope_local_base, cfg.ffn, cfg.norm_eps) == (160000.0, 10000.0, "geglu", 1e-5)
+    assert any("layer_norm_eps=2e-05" in n for n in notes)
+
+
+def test_export_refuses_what_modernbert_cannot_express():
+    from jaxformer.config.models import ClassifierConfig, LMConfig
+    from jaxformer.models import abstract_model
+    cls = ClassifierConfig.tiny(position="rope", norm_position="pre", first_attn_norm=False, embed_norm=True,
+                                ffn="geglu", pooler=True, pooler_act="gelu", pooler_norm=False, scale_embedding=False)
+    lm = LMConfig.tiny("llama", first_attn_norm=False)
+    for name, cfg, msg in (("classifier", cls, "pooler_norm=False"), ("lm", lm, "first_attn_norm=False")):
+        with pytest.raises(ConversionError, match=msg):
+            hf.save_pretrained(abstract_model(name, cfg), name, cfg, "/nonexistent/never-written")
+    # a scanned stack is one layer's structure: layer 0 without attn_norm cannot be stacked
+    with pytest.raises(ConfigError, match="scan_layers.*first_attn_norm"):
+        abstract_model("classifier", dataclasses.replace(cls, scan_layers=True))
