@@ -15,6 +15,7 @@ Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaFor
 dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
 `classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
+DINOv2 (`Dinov2Model`, `Dinov2ForImageClassification` <-> `vit` with LayerScale),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
 Modules: files (reading checkpoint directories safely), streaming (the shard-by-shard
@@ -46,7 +47,8 @@ from jaxformer.hf.common import typed_for_hf
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
-                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss")
+                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.dinov2", "jaxformer.hf.t5",
+                  "jaxformer.hf.gpt_oss")
 
 
 def _families():
@@ -307,8 +309,8 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, qwen, qwen_moe,
-                              t5, vision)
+    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, qwen,
+                              qwen_moe, t5, vision)
     if name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
         fam = gpt_oss
     elif name == "lm" and getattr(cfg, "mla", None) is not None:  # multi-head latent attention
@@ -325,6 +327,8 @@ def exporter(name: str, cfg):
         fam = gpt2
     elif name in ("encoder", "classifier"):
         fam = bert
+    elif name == "vit" and dinov2.is_dinov2(cfg):  # LayerScale, the cls_mean head or no head
+        fam = dinov2
     elif name in ("vit", "swin"):
         fam = vision
     elif name == "seq2seq":
