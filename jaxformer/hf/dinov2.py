@@ -52,7 +52,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxformer.config import ConfigError
 from jaxformer.config.vision import ViTConfig
 from jaxformer.hf.common import MappingError, Options, Renamer, exportable_ffns, ffn_to_hf, rename_all
 from jaxformer.hf.vision import TANH_GELU, _act, _labels, _pos_from_hf, _square, _wrap
