@@ -94,7 +94,8 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
 
 class LayerScale(nnx.Module):
     """LayerScale (Touvron et al. 2021, "Going deeper with Image Transformers"): a learned
-    per-channel scale on a sublayer's output, y = x * gamma (HF DINOv2's lambda1, timm's gamma).
+    per-channel scale on a sublayer's output, y = x * gamma (HF DINOv2's lambda1, timm's gamma;
+    docs/numerics.md §37).
 
     Args:
         dim: D.  init: the initial value of every gamma entry (HF layerscale_value).

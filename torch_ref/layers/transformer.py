@@ -92,7 +92,8 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
 
 class LayerScale(nn.Module):
     """LayerScale (Touvron et al. 2021): y = x * gamma, a learned per-channel scale on a
-    sublayer's output (HF DINOv2's lambda1, timm's gamma). Shapes: x [..., D] -> [..., D]."""
+    sublayer's output (HF DINOv2's lambda1, timm's gamma; docs/numerics.md §37).
+    Shapes: x [..., D] -> [..., D]."""
 
     def __init__(self, dim: int, *, init: float):
         super().__init__()
