@@ -74,11 +74,15 @@ def enc_check(fam, cls, kw, inputs):
             o = m(**{k: torch.from_numpy(v) for k, v in inputs.items()})
         ref = (o.logits if hasattr(o, "logits") else o.last_hidden_state).numpy()
         if name in ("vit", "swin"):
-            ours = np.asarray(j(jnp.asarray(inputs["pixel_values"].transpose(0, 2, 3, 1))))
+            x = jnp.asarray(inputs["pixel_values"].transpose(0, 2, 3, 1))
+            if ref.ndim == 3:  # Dinov2Model: last_hidden_state, the final norm's output
+                ours = np.asarray(j(x, return_intermediates=True)[1]["encoder.final_norm"])
+            else:
+                ours = np.asarray(j(x))
         else:
             ours = j(jnp.asarray(inputs["input_ids"]), jnp.asarray(inputs["attention_mask"]).astype(bool))
             ours = np.asarray(ours[0] if isinstance(ours, tuple) else ours)  # (hidden, pooled): hidden
-        if ref.ndim == 3:
+        if ref.ndim == 3 and "attention_mask" in inputs:
             real = inputs["attention_mask"].astype(bool); ref, ours = ref[real], ours[real]
         out.setdefault(fam, []).append((float(np.abs(ref - ours).max()), float(np.abs(ref).max())))
 
@@ -99,6 +103,11 @@ enc_check("modernbert", T.ModernBertForSequenceClassification, dict(mb, local_at
 px = rng.randn(2, 3, 32, 32).astype(np.float32)
 enc_check("vit", T.ViTForImageClassification, dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=72, num_labels=5, qkv_bias=False), {"pixel_values": px})
 enc_check("swin", T.SwinForImageClassification, dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=5, layer_norm_eps=1e-6), {"pixel_values": px})
+# DINOv2 at sizes other than the config's (bicubic positions, docs/numerics.md §37); its own
+# RandomState, so that the families below keep their inputs
+dino_rng = np.random.RandomState(37)
+enc_check("dinov2", T.Dinov2ForImageClassification, dict(image_size=32, patch_size=8, hidden_size=36, num_hidden_layers=2, num_attention_heads=3, mlp_ratio=3, layerscale_value=0.37, num_labels=5), {"pixel_values": dino_rng.randn(2, 3, 24, 40).astype(np.float32)})
+enc_check("dinov2", T.Dinov2Model, dict(image_size=20, patch_size=4, hidden_size=40, num_hidden_layers=2, num_attention_heads=5, mlp_ratio=2, use_swiglu_ffn=True, qkv_bias=False, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-5), {"pixel_values": dino_rng.randn(2, 3, 28, 16).astype(np.float32)})
 # DeepSeek-V3 last: its draws from `rng` leave the other families' inputs as before
 DS = dict(SMALL, num_key_value_heads=6, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=10,
           n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, moe_intermediate_size=12,

@@ -199,3 +199,37 @@ def _window_partition(x: np.ndarray, window: int) -> np.ndarray:
     b, h, w, c = x.shape
     x = x.reshape(b, h // window, window, w // window, window, c).transpose(0, 1, 3, 2, 4, 5)
     return x.reshape(-1, window * window, c)
+
+
+@functools.lru_cache(maxsize=None)
+def bicubic_weights(in_size: int, out_size: int) -> np.ndarray:
+    """[out_size, in_size] float32: one axis of torch's bicubic resize (F.interpolate
+    mode="bicubic", align_corners=False, antialias=False, `size` given, no scale_factor),
+    as a matrix, so that out = W @ in along that axis (docs/numerics.md §37).
+
+    Torch's kernel (aten UpSample.h): scale = in / out; output i reads the source coordinate
+    x = scale * (i + 0.5) - 0.5 (not clamped at 0 for cubic), taps floor(x) - 1 .. floor(x) + 2
+    with Keys' cubic convolution weights at A = -0.75 of t = x - floor(x); a tap outside
+    [0, in) reads the edge sample (index clamped), so its weight adds to the edge column.
+    Computed in float32 as torch computes them for float32 input. jax.image.resize's "cubic"
+    differs on each point: A = -0.5, taps outside the image dropped and the weights
+    renormalised, and a kernel widened by the scale when downsampling (antialiasing)."""
+    a = np.float32(-0.75)
+    one, two = np.float32(1.0), np.float32(2.0)
+    scale = np.float32(in_size) / np.float32(out_size)
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + one
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    w = np.zeros((out_size, in_size), np.float32)
+    for i in range(out_size):
+        x = scale * (np.float32(i) + np.float32(0.5)) - np.float32(0.5)
+        x0 = np.floor(x)
+        t = np.float32(x - x0)
+        taps = (far(t + one), near(t), near(one - t), far(two - t))
+        for k, coeff in enumerate(taps):
+            j = min(max(int(x0) - 1 + k, 0), in_size - 1)
+            w[i, j] += np.float32(coeff)
+    return w

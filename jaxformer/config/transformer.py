@@ -147,6 +147,9 @@ class TransformerConfig:
     moe: MoEConfig | None = None  # the sparse layers' FFN is a mixture of experts; None = dense
     mla: MLAConfig | None = None  # multi-head latent attention in place of q/k/v projections
     attn_sinks: bool = False  # a learned per-head logit in every softmax denominator (gpt-oss)
+    # LayerScale (Touvron et al. 2021, CaiT; DINOv2, timm ViTs with init_values): a learned
+    # per-channel scale `gamma` on every sublayer output, initialised to this value; None = none
+    layer_scale: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len",
@@ -223,6 +226,11 @@ class TransformerConfig:
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
               f"must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+        if self.layer_scale is not None:
+            check(isinstance(self.layer_scale, (int, float)) and not isinstance(self.layer_scale, bool),
+                  "layer_scale", f"must be a number (the initial scale) or null, got {self.layer_scale!r}")
+            check(self.norm_position != "sandwich", "layer_scale",
+                  "is not defined with norm_position='sandwich' (the post-norm would rescale it)")
         if self.moe is not None:
             self.moe.sparse_layers(self.num_layers)  # checks dense_layers against num_layers
         if self.mla is not None:

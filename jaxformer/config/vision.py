@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
 from jaxformer.config.transformer import FFN_KINDS, NORM_POSITIONS, TransformerConfig
 
-VIT_POOLS = ("cls", "mean")
+VIT_POOLS = ("cls", "mean", "cls_mean")
 VIT_HEADS = ("classifier", "pooler")
 TCN_PADDINGS = ("causal", "same")
 TS_POSITIONS = ("sinusoidal", "learned", "none")
@@ -26,12 +26,18 @@ def _check_eps(obj, name: str = "norm_eps") -> None:
 @dataclass(frozen=True)
 class ViTConfig:
     """ViT (Dosovitskiy et al. 2021): patchify conv, [CLS] token, learned positions, Pre-LN
-    encoder, classification head. HF ViT uses norm_eps=1e-12 and exact GELU ("gelu")."""
+    encoder, classification head. HF ViT uses norm_eps=1e-12 and exact GELU ("gelu").
 
-    image_size: int = 16  # square images, H = W = image_size
+    DINOv2 (Oquab et al. 2023; HF Dinov2Model / Dinov2ForImageClassification) is this model
+    with layer_scale (LayerScale on every sublayer output, also timm's ViTs with init_values),
+    interpolate_positions (other image sizes, the position table resampled bicubically as
+    torch does; docs/numerics.md §37) and pool="cls_mean" (the head reads [CLS] concatenated
+    with the mean of the patch outputs); num_classes=0 is the headless model (Dinov2Model)."""
+
+    image_size: int = 16  # square images, H = W = image_size (the position table's grid)
     patch_size: int = 4
     num_channels: int = 3
-    num_classes: int = 10
+    num_classes: int = 10  # 0 = no head: the model returns the pooled features (timm's convention)
     d_model: int = 64
     num_heads: int = 4
     d_ff: int = 128
@@ -41,9 +47,13 @@ class ViTConfig:
     bias: bool = True  # biases on o_proj and the FFN, and on q/k/v unless qkv_bias says otherwise
     qkv_bias: bool | None = None  # biases on q/k/v; None = bias (HF ViT's qkv_bias)
     class_token: bool = True
-    pool: str = "cls"  # "cls": the [CLS] output; "mean": mean of the patch outputs
-    # "classifier": logits [B, num_classes]; "pooler": HF ViTModel's pooler, tanh(dense) of the
-    # [CLS] output -> [B, D] (num_classes unused)
+    pool: str = "cls"  # "cls": the [CLS] output; "mean": mean of the patch outputs;
+    #   "cls_mean": [CLS] concatenated with the mean of the patch outputs, [B, 2D] (DINOv2's head)
+    layer_scale: float | None = None  # LayerScale's initial value; None = no LayerScale
+    interpolate_positions: bool = False  # accept H x W other than image_size x image_size: the
+    #   patch positions are resampled bicubically to the image's grid (HF DINOv2; §37)
+    # "classifier": logits [B, num_classes] (num_classes=0: the pooled features); "pooler": HF
+    # ViTModel's pooler, tanh(dense) of the [CLS] output -> [B, D] (num_classes unused)
     head: str = "classifier"
     scan_layers: bool = False  # JAX: run the encoder layers with lax.scan over stacked params
     dropout: float = 0.0
@@ -51,19 +61,24 @@ class ViTConfig:
     embed_dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        check_positive(self, "image_size", "patch_size", "num_channels", "num_classes", "d_model",
+        check_positive(self, "image_size", "patch_size", "num_channels", "d_model",
                        "num_heads", "d_ff", "num_layers")
         check_choice(self, "head", VIT_HEADS)
         check(self.head != "pooler" or self.pool == "cls", "head",
               "head='pooler' (HF ViTModel's pooler) pools the [CLS] output: it needs pool='cls'")
+        check(isinstance(self.num_classes, int) and self.num_classes >= 0, "num_classes",
+              f"must be an int >= 0 (0 = no head), got {self.num_classes!r}")
         check(self.image_size % self.patch_size == 0, "image_size",
               f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}")
         check(self.d_model % self.num_heads == 0, "d_model",
               f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         check_choice(self, "ffn", FFN_KINDS)
         check_choice(self, "pool", VIT_POOLS)
-        check(self.pool != "cls" or self.class_token, "pool",
-              "pool='cls' needs class_token=True (use pool='mean' without a class token)")
+        check(self.pool not in ("cls", "cls_mean") or self.class_token, "pool",
+              f"pool={self.pool!r} needs class_token=True (use pool='mean' without a class token)")
+        check(self.layer_scale is None or (isinstance(self.layer_scale, (int, float))
+                                           and not isinstance(self.layer_scale, bool)), "layer_scale",
+              f"must be a number (LayerScale's initial value) or null, got {self.layer_scale!r}")
         check_prob(self, "dropout", "attn_dropout", "embed_dropout")
         _check_eps(self)
 
@@ -79,6 +94,11 @@ class ViTConfig:
     def num_tokens(self) -> int:
         return self.num_patches + int(self.class_token)
 
+    @property
+    def pooled_dim(self) -> int:
+        """The width of the pooled vector the head reads: 2D for "cls_mean", else D."""
+        return 2 * self.d_model if self.pool == "cls_mean" else self.d_model
+
     def encoder_config(self) -> TransformerConfig:
         """The Pre-LN encoder stack; positions are added by the model, not the stack."""
         return TransformerConfig(
@@ -87,7 +107,7 @@ class ViTConfig:
             norm_position="pre", final_norm=True, bias=self.bias, attn_qkv_bias=self.qkv_bias,
             dropout=self.dropout,
             attn_dropout=self.attn_dropout, position="none", max_len=self.num_tokens,
-            scale_embedding=False, scan_layers=self.scan_layers)
+            scale_embedding=False, scan_layers=self.scan_layers, layer_scale=self.layer_scale)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassi
 `*ForSequenceClassification` <-> `classifier`), ModernBERT (`ModernBertModel` <-> `encoder`,
 `ModernBertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification`, `ViTModel` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
+DINOv2 (`Dinov2Model`, `Dinov2ForImageClassification` <-> `vit` with LayerScale),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
 Modules: files (reading checkpoint directories safely), streaming (the shard-by-shard
@@ -49,8 +50,8 @@ from jaxformer.hf.common import typed_for_hf
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
-                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss",
-                  "jaxformer.hf.phi3", "jaxformer.hf.roberta", "jaxformer.hf.modernbert")
+                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.dinov2", "jaxformer.hf.t5",
+                  "jaxformer.hf.gpt_oss", "jaxformer.hf.phi3", "jaxformer.hf.roberta", "jaxformer.hf.modernbert")
 
 
 def _families():
@@ -311,7 +312,7 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, modernbert, phi3,
+    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, modernbert, phi3,
                               qwen, qwen_moe, roberta, t5, vision)
     scaling = getattr(cfg, "rope_scaling", None)
     if name == "lm" and scaling is not None and scaling.rope_type == "longrope":  # only Phi-3 has it
@@ -337,6 +338,8 @@ def exporter(name: str, cfg):
         fam = modernbert
     elif name in ("encoder", "classifier"):
         fam = bert
+    elif name == "vit" and dinov2.is_dinov2(cfg):  # LayerScale, the cls_mean head or no head
+        fam = dinov2
     elif name in ("vit", "swin"):
         fam = vision
     elif name == "seq2seq":

@@ -310,7 +310,7 @@ def export_problems(name: str, cfg) -> list[str]:
     if cfg.ffn not in exportable_ffns():
         out.append(f"ffn={cfg.ffn!r} (HF {name} activations: {exportable_ffns()})")
     if name == "vit":
-        want = dict(class_token=True, pool="cls", bias=True)
+        want = dict(class_token=True, pool="cls", bias=True, layer_scale=None)
         out += [f"{k}={getattr(cfg, k)!r} (HF ViT needs {v!r})" for k, v in want.items()
                 if getattr(cfg, k) != v]
         if cfg.embed_dropout != cfg.dropout:

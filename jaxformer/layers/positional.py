@@ -137,6 +137,24 @@ class T5RelativePositionBias(nnx.Module):
         return jnp.transpose(bias, (0, 3, 1, 2))
 
 
+def resize_bicubic(grid: jax.Array, height: int, width: int) -> jax.Array:
+    """Resample a grid of vectors bicubically as torch's F.interpolate(mode="bicubic",
+    align_corners=False, size=(height, width)) does (HF DINOv2's position interpolation),
+    in float32. Hand-written as two small matrix products with tables.bicubic_weights:
+    jax.image.resize's "cubic" uses another kernel (Keys A = -0.5 against torch's -0.75) and
+    other edges (taps dropped and renormalised, not clamped), docs/numerics.md §37.
+
+    Shapes: grid [h, w, D] -> [height, width, D].
+    """
+    h, w, _ = grid.shape
+    dtype = grid.dtype
+    wy = jnp.asarray(tables.bicubic_weights(h, height))  # [height, h]
+    wx = jnp.asarray(tables.bicubic_weights(w, width))  # [width, w]
+    x = jnp.einsum("oh,hwd->owd", wy, grid.astype(jnp.float32))  # [height, w, D]
+    x = jnp.einsum("pw,owd->opd", wx, x)  # [height, width, D]
+    return x.astype(dtype)
+
+
 def default_positions(batch: int, length: int, offset=0) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None, :] + offset, (batch, length))
 
@@ -150,4 +168,4 @@ def padding_positions(ids: jax.Array, pad_id: int) -> jax.Array:
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding",
            "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions", "padding_positions",
-           "check_length"]
+           "check_length", "resize_bicubic"]

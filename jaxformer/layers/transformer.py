@@ -95,15 +95,40 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
              "cross_attn_residual", "ffn")
 
 
+class LayerScale(nnx.Module):
+    """LayerScale (Touvron et al. 2021, "Going deeper with Image Transformers"): a learned
+    per-channel scale on a sublayer's output, y = x * gamma (HF DINOv2's lambda1, timm's gamma;
+    docs/numerics.md §37).
+
+    Args:
+        dim: D.  init: the initial value of every gamma entry (HF layerscale_value).
+    Shapes: x [..., D] -> [..., D].
+    """
+
+    def __init__(self, dim: int, *, init: float, rngs: nnx.Rngs | None = None):
+        self.gamma = partitioning.param(jnp.full((dim,), init, jnp.float32), ("embed",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (x * self.gamma[...]).astype(x.dtype)
+
+
+def _layer_scale(cfg: TransformerConfig, rngs: nnx.Rngs):
+    """The LayerScale on a sublayer's output (None unless cfg.layer_scale is set)."""
+    return LayerScale(cfg.d_model, init=cfg.layer_scale, rngs=rngs) if cfg.layer_scale is not None else None
+
+
 def residual(cfg: TransformerConfig, norm, sublayer, x: jax.Array, record: dict | None = None,
-             name: str = "", post_norm=None) -> jax.Array:
+             name: str = "", post_norm=None, layer_scale=None) -> jax.Array:
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
-    `post_norm` on the sublayer's output too). The residual stream keeps x's dtype (a
-    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
-    the sublayer's output (before the add) goes to record[name]. norm None (Pre-LN only): the
-    sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
+    `post_norm` on the sublayer's output too; `layer_scale` scales the sublayer's output). The
+    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as under
+    torch autocast). With `record`, the sublayer's output (before the add) goes to record[name].
+    norm None (Pre-LN only): the sublayer reads x itself (ModernBERT's first layer,
+    first_attn_norm=False)."""
     pre = cfg.norm_position != "post"
     h = sublayer(norm(x) if pre and norm is not None else x).astype(x.dtype)
+    if layer_scale is not None:
+        h = layer_scale(h)
     if post_norm is not None:
         h = post_norm(h)
     if record is not None:
@@ -151,9 +176,11 @@ class EncoderLayer(nnx.Module):
         self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg, rngs)
+        self.attn_layer_scale = _layer_scale(cfg, rngs)
         self.ffn = make_ffn(cfg, sparse=sparse, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
         self.post_ffn_norm = _post_norm(cfg, rngs)
+        self.ffn_layer_scale = _layer_scale(cfg, rngs)
 
     def __call__(self, x: jax.Array, *, mask=None, bias=None, positions=None,
                  record: dict | None = None, return_attention: bool = False) -> jax.Array:
@@ -162,10 +189,10 @@ class EncoderLayer(nnx.Module):
         x = residual(self.cfg, self.attn_norm,
                      lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
                                        mask=mask, bias=bias, positions=positions), x, record, "attn",
-                     self.post_attn_norm)
+                     self.post_attn_norm, self.attn_layer_scale)
         put_record(record, "attn_residual", x)
         return residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
-                        self.post_ffn_norm)
+                        self.post_ffn_norm, self.ffn_layer_scale)
 
 
 class DecoderLayer(nnx.Module):
@@ -184,12 +211,15 @@ class DecoderLayer(nnx.Module):
         self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg, rngs)
+        self.attn_layer_scale = _layer_scale(cfg, rngs)
         self.cross_attn = make_attention(cfg, self_attn=False, rngs=rngs) if cross_attention else None
         self.cross_attn_norm = _norm(cfg, rngs) if cross_attention else None
         self.post_cross_attn_norm = _post_norm(cfg, rngs) if cross_attention else None
+        self.cross_attn_layer_scale = _layer_scale(cfg, rngs) if cross_attention else None
         self.ffn = make_ffn(cfg, sparse=sparse, rngs=rngs)
         self.ffn_norm = _norm(cfg, rngs)
         self.post_ffn_norm = _post_norm(cfg, rngs)
+        self.ffn_layer_scale = _layer_scale(cfg, rngs)
 
     def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask=None, bias=None,
                  memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
@@ -214,16 +244,17 @@ class DecoderLayer(nnx.Module):
                                                       cache=cache["cross"])
             return out
 
-        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm)
+        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm,
+                     self.attn_layer_scale)
         put_record(record, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
             x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
-                         self.post_cross_attn_norm)
+                         self.post_cross_attn_norm, self.cross_attn_layer_scale)
             put_record(record, "cross_attn_residual", x)
         x = residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
-                     self.post_ffn_norm)
+                     self.post_ffn_norm, self.ffn_layer_scale)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,

@@ -4,6 +4,10 @@ Twin: torch_ref/models/vit.py.
 
 Images are channels-last [B, H, W, C] in both trees (HF and torchvision use NCHW; transpose
 with x.permute(0, 2, 3, 1) before calling). P = patches, N = P + 1 tokens with [CLS].
+
+DINOv2 (HF Dinov2Model / Dinov2ForImageClassification) is this model with LayerScale
+(cfg.layer_scale), other image sizes by a bicubic resampling of the patch positions
+(cfg.interpolate_positions; docs/numerics.md §37) and the "cls_mean" pool.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from jaxformer.layers import partitioning
 from jaxformer.layers.conv import Conv2d
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
-from jaxformer.layers.positional import LearnedPositionalEmbedding, default_positions
+from jaxformer.layers.positional import LearnedPositionalEmbedding, default_positions, resize_bicubic
 from jaxformer.layers.transformer import Encoder
 
 
@@ -67,8 +71,10 @@ class ViT(nnx.Module):
 
     Args:
         cfg: ViTConfig.
-    Shapes: images [B, H, W, C] (H = W = image_size) -> logits [B, num_classes] (head
-    "pooler": the pooler output [B, D]; the last hidden state is "encoder.final_norm"). With
+    Shapes: images [B, H, W, C] (H = W = image_size, or any multiples of patch_size with
+    interpolate_positions) -> logits [B, num_classes] (num_classes=0: the pooled features
+    [B, D], or [B, 2D] for pool="cls_mean"; head "pooler": the pooler output [B, D], the last
+    hidden state is "encoder.final_norm"). With
     return_intermediates, also {"patch_embed": [B, P, D], "embeddings": [B, N, D],
     "encoder.layers.i": [B, N, D], "encoder.final_norm": [B, N, D], "pooled": [B, D]}.
     """
@@ -81,32 +87,51 @@ class ViT(nnx.Module):
         self.embed_positions = LearnedPositionalEmbedding(cfg.num_tokens, cfg.d_model, rngs=rngs)
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.encoder = Encoder(cfg.encoder_config(), rngs=rngs)
-        self.classifier = (Linear(cfg.d_model, cfg.num_classes, axes=("embed", None), rngs=rngs)
-                           if cfg.head == "classifier" else None)
+        self.classifier = (Linear(cfg.pooled_dim, cfg.num_classes, axes=("embed", None), rngs=rngs)
+                           if cfg.head == "classifier" and cfg.num_classes else None)  # 0: pooled features out
         self.pooler = Linear(cfg.d_model, cfg.d_model, axes=("embed", None), rngs=rngs) if cfg.head == "pooler" else None
+
+    def positions(self, gh: int, gw: int) -> jax.Array:
+        """The position table of a gh x gw patch grid, [1, N, D]: the learned table at the
+        config's grid; otherwise its patch rows resampled bicubically to gh x gw as HF DINOv2
+        does (the [CLS] row kept; docs/numerics.md §37)."""
+        cfg, g = self.cfg, self.cfg.grid_size
+        table = self.embed_positions(default_positions(1, cfg.num_tokens))  # [1, N, D]
+        if (gh, gw) == (g, g):
+            return table
+        k = int(cfg.class_token)
+        grid = resize_bicubic(table[0, k:].reshape(g, g, cfg.d_model), gh, gw)  # [gh, gw, D]
+        return jnp.concatenate([table[:, :k], grid.reshape(1, gh * gw, cfg.d_model)], axis=1)
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False,
                  return_attention: bool = False):
         cfg = self.cfg
-        check_images(images.shape, cfg.num_channels, cfg.patch_size, cfg.image_size)
-        b = images.shape[0]
+        check_images(images.shape, cfg.num_channels, cfg.patch_size,
+                     None if cfg.interpolate_positions else cfg.image_size)
+        b, gh, gw = images.shape[0], images.shape[1] // cfg.patch_size, images.shape[2] // cfg.patch_size
         # 1) patchify: [B, H, W, C] -> [B, H/p, W/p, D] -> [B, P, D]
-        patches = self.patch_embed(images).reshape(b, cfg.num_patches, cfg.d_model)  # [B, P, D]
+        patches = self.patch_embed(images).reshape(b, gh * gw, cfg.d_model)  # [B, P, D]
         # 2) prepend [CLS], add learned positions
         x = patches
         if self.cls_token is not None:
             cls = jnp.broadcast_to(self.cls_token[...], (b, 1, cfg.d_model))  # [B, 1, D]
             x = jnp.concatenate([cls, x], axis=1)  # [B, N, D]
-        x = self.dropout(x + self.embed_positions(default_positions(b, cfg.num_tokens)))  # [B, N, D]
+        x = self.dropout(x + self.positions(gh, gw))  # [B, N, D]
         # 3) Pre-LN encoder with its final norm
         out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, N, D]
-        # 4) pool, then classify (or HF ViTModel's pooler: tanh of a dense layer)
-        pooled = h[:, 0] if cfg.pool == "cls" else jnp.mean(h[:, int(cfg.class_token):], axis=1)  # [B, D]
-        if self.classifier is not None:
-            logits = self.classifier(pooled)  # [B, num_classes]
-        else:
+        # 4) pool, then classify (or HF ViTModel's pooler)
+        n_cls = int(cfg.class_token)
+        if cfg.pool == "cls":
+            pooled = h[:, 0]  # [B, D]
+        elif cfg.pool == "mean":
+            pooled = jnp.mean(h[:, n_cls:], axis=1)  # [B, D]
+        else:  # cls_mean
+            pooled = jnp.concatenate([h[:, 0], jnp.mean(h[:, n_cls:], axis=1)], axis=-1)  # [B, 2D]
+        if self.pooler is not None:  # HF ViTModel's pooler: tanh of a dense layer
             logits = jnp.tanh(self.pooler(pooled))  # [B, D]
+        else:
+            logits = self.classifier(pooled) if self.classifier is not None else pooled  # [B, num_classes]
         if not return_intermediates:
             return logits
         return logits, {"patch_embed": patches, "embeddings": x,

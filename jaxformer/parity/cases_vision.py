@@ -7,13 +7,17 @@ gradients of all parameters and inputs at the foundation tolerances. Images are 
 Swin coverage: W-MSA and SW-MSA blocks, two and three stages, an odd window (shift 1), a stage
 whose map equals the window (shift dropped), a stage smaller than the window (window clamped),
 and an input that needs padding at the patch embedding, at the window and at patch merging.
+DINOv2 coverage (docs/numerics.md §37): LayerScale (random gammas, so a wrong scale shows)
+with the cls_mean head at a non-square size whose patch positions are resampled bicubically
+(JAX's hand-written kernel against torch's F.interpolate), and the resampling on its own
+(down and up in one call; a 2x3 grid where every output reads clamped edge taps).
 TCN coverage (docs/numerics.md §5): causal and same pads, k = 7, even k (asymmetric same pads),
 dilation 2 and 4.
 """
 from __future__ import annotations
 
 from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
-from jaxformer.parity.registry import case, model_pair, normal
+from jaxformer.parity.registry import case, mirror_fn, model_pair, normal
 
 B = 2
 
@@ -54,6 +58,33 @@ case("vit_mean_pool_with_cls_eps1e-12", "vit",
 case("vit_no_qkv_bias", "vit", model_pair("vit", _vit(qkv_bias=False)), _images(8, 8))
 # HF ViTModel: no classifier; the output is tanh(pooler([CLS] output)) [B, D]
 case("vit_pooler_head", "vit", model_pair("vit", _vit(head="pooler")), _images(8, 8))
+
+# ---------------------------------------------------------------- DINOv2 (LayerScale, bicubic positions)
+def _random_gammas(build):
+    """model_pair's builder with every LayerScale gamma redrawn in torch (the harness copies
+    torch's weights into the JAX twin): a constant init would hide a gamma applied to the
+    wrong sublayer."""
+    def b(seed):
+        import torch
+        t, j = build(seed)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in t.named_parameters():
+                if name.endswith(".gamma"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        return t, j
+    b.model, b.cfg = build.model, build.cfg
+    return b
+
+
+_DINO = dict(layer_scale=0.1, interpolate_positions=True, pool="cls_mean", num_heads=4, norm_eps=1e-6)
+# 8x8 config (2x2 grid) run on 12x20 (3x5): rows up x1.5, columns up x2.5; LayerScale, cls_mean head
+case("dinov2_interpolated_positions_12x20", "vit", _random_gammas(model_pair("vit", _vit(**_DINO))),
+     _images(12, 20))
+case("resize_bicubic_5x5_to_3x8", "positional", mirror_fn("layers.positional.resize_bicubic", height=3, width=8),
+     lambda r: (normal(5, 5, 6)(r),))
+case("resize_bicubic_2x3_to_7x1", "positional", mirror_fn("layers.positional.resize_bicubic", height=7, width=1),
+     lambda r: (normal(2, 3, 4)(r),))
 
 # ---------------------------------------------------------------- Swin
 # 16/2 = 8x8 map, window 4: stage 0 = W-MSA + SW-MSA (shift 2); stage 1 is 4x4 = window: no shift

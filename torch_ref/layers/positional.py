@@ -3,6 +3,7 @@ Twin: jaxformer/layers/positional.py."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from jaxformer import tables
@@ -125,6 +126,17 @@ class T5RelativePositionBias(nn.Module):
         return bias.permute(0, 3, 1, 2)
 
 
+def resize_bicubic(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Resample a grid of vectors with torch's F.interpolate(mode="bicubic",
+    align_corners=False, size=(height, width)) in float32, as HF DINOv2 resamples its
+    position table (docs/numerics.md §37). Shapes: grid [h, w, D] -> [height, width, D].
+    """
+    dtype = grid.dtype
+    x = grid.permute(2, 0, 1)[None].float()  # [1, D, h, w]
+    x = F.interpolate(x, size=(height, width), mode="bicubic", align_corners=False)  # [1, D, height, width]
+    return x[0].permute(1, 2, 0).to(dtype)
+
+
 def default_positions(batch: int, length: int, offset=0, device=None) -> torch.Tensor:
     return (torch.arange(length, device=device)[None, :] + offset).expand(batch, length)
 
@@ -138,4 +150,4 @@ def padding_positions(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnedPositionalEmbedding", "RotaryEmbedding",
            "T5RelativePositionBias", "alibi_bias", "rotate_half", "default_positions", "padding_positions",
-           "check_length"]
+           "check_length", "resize_bicubic"]

@@ -92,15 +92,36 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
              "cross_attn_residual", "ffn")
 
 
+class LayerScale(nn.Module):
+    """LayerScale (Touvron et al. 2021): y = x * gamma, a learned per-channel scale on a
+    sublayer's output (HF DINOv2's lambda1, timm's gamma; docs/numerics.md §37).
+    Shapes: x [..., D] -> [..., D]."""
+
+    def __init__(self, dim: int, *, init: float):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * self.gamma).to(x.dtype)
+
+
+def _layer_scale(cfg: TransformerConfig):
+    """The LayerScale on a sublayer's output (None unless cfg.layer_scale is set)."""
+    return LayerScale(cfg.d_model, init=cfg.layer_scale) if cfg.layer_scale is not None else None
+
+
 def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: dict | None = None,
-             name: str = "", post_norm=None) -> torch.Tensor:
+             name: str = "", post_norm=None, layer_scale=None) -> torch.Tensor:
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
-    `post_norm` on the sublayer's output too). The residual stream keeps x's dtype (a
-    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
-    the sublayer's output (before the add) goes to record[name]. norm None (Pre-LN only): the
-    sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
+    `post_norm` on the sublayer's output too; `layer_scale` scales the sublayer's output). The
+    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as under
+    torch autocast). With `record`, the sublayer's output (before the add) goes to record[name].
+    norm None (Pre-LN only): the sublayer reads x itself (ModernBERT's first layer,
+    first_attn_norm=False)."""
     pre = cfg.norm_position != "post"
     h = sublayer(norm(x) if pre and norm is not None else x).to(x.dtype)
+    if layer_scale is not None:
+        h = layer_scale(h)
     if post_norm is not None:
         h = post_norm(h)
     if record is not None:
@@ -144,9 +165,11 @@ class EncoderLayer(nn.Module):
         self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
         self.attn_norm = _norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
+        self.attn_layer_scale = _layer_scale(cfg)
         self.ffn = make_ffn(cfg, sparse=sparse)
         self.ffn_norm = _norm(cfg)
         self.post_ffn_norm = _post_norm(cfg)
+        self.ffn_layer_scale = _layer_scale(cfg)
 
     def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None,
                 record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
@@ -155,10 +178,10 @@ class EncoderLayer(nn.Module):
         x = residual(self.cfg, self.attn_norm,
                      lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
                                        mask=mask, bias=bias, positions=positions), x, record, "attn",
-                     self.post_attn_norm)
+                     self.post_attn_norm, self.attn_layer_scale)
         put_record(record, "attn_residual", x)
         return residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
-                        self.post_ffn_norm)
+                        self.post_ffn_norm, self.ffn_layer_scale)
 
 
 class DecoderLayer(nn.Module):
@@ -178,12 +201,15 @@ class DecoderLayer(nn.Module):
         self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
         self.attn_norm = _norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
+        self.attn_layer_scale = _layer_scale(cfg)
         self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
         self.cross_attn_norm = _norm(cfg) if cross_attention else None
         self.post_cross_attn_norm = _post_norm(cfg) if cross_attention else None
+        self.cross_attn_layer_scale = _layer_scale(cfg) if cross_attention else None
         self.ffn = make_ffn(cfg, sparse=sparse)
         self.ffn_norm = _norm(cfg)
         self.post_ffn_norm = _post_norm(cfg)
+        self.ffn_layer_scale = _layer_scale(cfg)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
@@ -208,16 +234,17 @@ class DecoderLayer(nn.Module):
                                                       cache=cache["cross"])
             return out
 
-        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm)
+        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm,
+                     self.attn_layer_scale)
         put_record(record, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
             x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
-                         self.post_cross_attn_norm)
+                         self.post_cross_attn_norm, self.cross_attn_layer_scale)
             put_record(record, "cross_attn_residual", x)
         x = residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
-                     self.post_ffn_norm)
+                     self.post_ffn_norm, self.ffn_layer_scale)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,

@@ -4,6 +4,10 @@ Twin: jaxformer/models/vit.py.
 
 Images are channels-last [B, H, W, C] in both trees (HF and torchvision use NCHW; transpose
 with x.permute(0, 2, 3, 1) before calling). P = patches, N = P + 1 tokens with [CLS].
+
+DINOv2 (HF Dinov2Model / Dinov2ForImageClassification) is this model with LayerScale
+(cfg.layer_scale), other image sizes by a bicubic resampling of the patch positions
+(cfg.interpolate_positions; docs/numerics.md §37) and the "cls_mean" pool.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from torch import nn
 from jaxformer.config.vision import ViTConfig
 from torch_ref.layers.conv import Conv2d
 from torch_ref.layers.norm import LayerNorm
-from torch_ref.layers.positional import LearnedPositionalEmbedding, default_positions
+from torch_ref.layers.positional import LearnedPositionalEmbedding, default_positions, resize_bicubic
 from torch_ref.layers.transformer import Encoder
 
 
@@ -58,9 +62,9 @@ class PatchEmbedding(nn.Module):
 
 class ViT(nn.Module):
     """ViT classifier (cfg.head "classifier"), or HF ViTModel's backbone with its pooler
-    (cfg.head "pooler"). Shapes: images [B, H, W, C] -> logits [B, num_classes] (head
-    "pooler": the pooler output [B, D]); with return_intermediates, also the named
-    intermediates of the JAX twin."""
+    (cfg.head "pooler"). Shapes: images [B, H, W, C] -> logits [B, num_classes] (num_classes=0:
+    the pooled features; head "pooler": the pooler output [B, D]); with return_intermediates,
+    also the named intermediates of the JAX twin."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -70,31 +74,52 @@ class ViT(nn.Module):
         self.embed_positions = LearnedPositionalEmbedding(cfg.num_tokens, cfg.d_model)
         self.dropout = nn.Dropout(cfg.embed_dropout)
         self.encoder = Encoder(cfg.encoder_config())
-        self.classifier = nn.Linear(cfg.d_model, cfg.num_classes) if cfg.head == "classifier" else None
+        self.classifier = nn.Linear(cfg.pooled_dim, cfg.num_classes) \
+            if cfg.head == "classifier" and cfg.num_classes else None  # 0: pooled features out
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.head == "pooler" else None
+
+    def positions(self, gh: int, gw: int) -> torch.Tensor:
+        """The position table of a gh x gw patch grid, [1, N, D]: the learned table at the
+        config's grid; otherwise its patch rows resampled bicubically to gh x gw as HF DINOv2
+        does (the [CLS] row kept; docs/numerics.md §37)."""
+        cfg, g = self.cfg, self.cfg.grid_size
+        table = self.embed_positions(default_positions(1, cfg.num_tokens,
+                                                       device=self.embed_positions.weight.device))  # [1, N, D]
+        if (gh, gw) == (g, g):
+            return table
+        k = int(cfg.class_token)
+        grid = resize_bicubic(table[0, k:].reshape(g, g, cfg.d_model), gh, gw)  # [gh, gw, D]
+        return torch.cat([table[:, :k], grid.reshape(1, gh * gw, cfg.d_model)], dim=1)
 
     def forward(self, images: torch.Tensor, *, return_intermediates: bool = False,
                 return_attention: bool = False):
         cfg = self.cfg
-        check_images(images.shape, cfg.num_channels, cfg.patch_size, cfg.image_size)
-        b = images.shape[0]
+        check_images(images.shape, cfg.num_channels, cfg.patch_size,
+                     None if cfg.interpolate_positions else cfg.image_size)
+        b, gh, gw = images.shape[0], images.shape[1] // cfg.patch_size, images.shape[2] // cfg.patch_size
         # 1) patchify: [B, H, W, C] -> [B, H/p, W/p, D] -> [B, P, D]
-        patches = self.patch_embed(images).reshape(b, cfg.num_patches, cfg.d_model)  # [B, P, D]
+        patches = self.patch_embed(images).reshape(b, gh * gw, cfg.d_model)  # [B, P, D]
         # 2) prepend [CLS], add learned positions
         x = patches
         if self.cls_token is not None:
             cls = self.cls_token.expand(b, 1, cfg.d_model)  # [B, 1, D]
             x = torch.cat([cls, x], dim=1)  # [B, N, D]
-        x = self.dropout(x + self.embed_positions(default_positions(b, cfg.num_tokens, device=x.device)))  # [B, N, D]
+        x = self.dropout(x + self.positions(gh, gw))  # [B, N, D]
         # 3) Pre-LN encoder with its final norm
         out = self.encoder(x, return_intermediates=return_intermediates, return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, N, D]
-        # 4) pool, then classify (or HF ViTModel's pooler: tanh of a dense layer)
-        pooled = h[:, 0] if cfg.pool == "cls" else h[:, int(cfg.class_token):].mean(dim=1)  # [B, D]
-        if self.classifier is not None:
-            logits = self.classifier(pooled)  # [B, num_classes]
-        else:
+        # 4) pool, then classify (or HF ViTModel's pooler)
+        n_cls = int(cfg.class_token)
+        if cfg.pool == "cls":
+            pooled = h[:, 0]  # [B, D]
+        elif cfg.pool == "mean":
+            pooled = h[:, n_cls:].mean(dim=1)  # [B, D]
+        else:  # cls_mean
+            pooled = torch.cat([h[:, 0], h[:, n_cls:].mean(dim=1)], dim=-1)  # [B, 2D]
+        if self.pooler is not None:  # HF ViTModel's pooler: tanh of a dense layer
             logits = torch.tanh(self.pooler(pooled))  # [B, D]
+        else:
+            logits = self.classifier(pooled) if self.classifier is not None else pooled  # [B, num_classes]
         if not return_intermediates:
             return logits
         return logits, {"patch_embed": patches, "embeddings": x,
