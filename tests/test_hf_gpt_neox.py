@@ -34,7 +34,8 @@ MASK = np.ones_like(IDS)
 MASK[1, :3] = 0  # a left-padded row
 SMALL = dict(vocab_size=V, hidden_size=48, intermediate_size=72, num_hidden_layers=2, bos_token_id=1,
              eos_token_id=2, pad_token_id=0, max_position_embeddings=64)
-# name -> (config kwargs, expected rotary_dim, parallel_residual)
+# name -> (config kwargs, expected rotary_dim, parallel_residual); generate runs on the first
+# only (its greedy and beam loops compile for seconds per model; CI time, tests/README)
 CASES = {
     # Pythia's layout: rotary_pct 0.25 of head_dim 24 -> 6, parallel, untied, exact GELU
     "pct25_parallel_untied": (dict(SMALL, num_attention_heads=2, rotary_pct=0.25, rotary_emb_base=500.0,
@@ -45,6 +46,8 @@ CASES = {
         tie_word_embeddings=True, attention_bias=False, num_hidden_layers=3,
         rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=300.0, partial_rotary_factor=0.5)), 6, False),
 }
+
+GENERATE = "pct25_parallel_untied"
 
 
 @pytest.fixture(autouse=True)
@@ -83,6 +86,19 @@ def test_gpt_neox_matches_transformers(tag, saved, tmp_path):
     assert (name, cfg.rotary_dim, cfg.parallel_residual) == ("lm", rotary_dim, parallel)
     ref = hf_lm_logits(hf_model, IDS, MASK)
     check_hf_logits(tag, ref, np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK))), MASK)
+    if tag == GENERATE:
+        _check_generate(hf_model, model)
+    # the export loads back as the same class, with the same options and logits
+    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
+    back = realigned(T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval())
+    assert type(back) is T.GPTNeoXForCausalLM
+    for key in ("use_parallel_residual", "tie_word_embeddings", "attention_bias", "hidden_act"):
+        assert getattr(back.config, key) == getattr(hf_model.config, key), key
+    assert back.gpt_neox.layers[0].attention.rotary_ndims == rotary_dim
+    np.testing.assert_array_equal(hf_lm_logits(back, IDS, MASK), hf_lm_logits(realigned(hf_model), IDS, MASK))
+
+
+def _check_generate(hf_model, model):
     # greedy (the model's eos) and beam (eos never produced, so both stopping rules agree)
     greedy = _hf_generate(hf_model, 8)
     ours = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=8))
@@ -96,14 +112,6 @@ def test_gpt_neox_matches_transformers(tag, saved, tmp_path):
     ours, _ = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=6, strategy="beam",
                                                                    num_beams=3, eos_id=V + 7))
     np.testing.assert_array_equal(ours, beam)
-    # the export loads back as the same class, with the same options and logits
-    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
-    back = realigned(T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval())
-    assert type(back) is T.GPTNeoXForCausalLM
-    for key in ("use_parallel_residual", "tie_word_embeddings", "attention_bias", "hidden_act"):
-        assert getattr(back.config, key) == getattr(hf_model.config, key), key
-    assert back.gpt_neox.layers[0].attention.rotary_ndims == rotary_dim
-    np.testing.assert_array_equal(hf_lm_logits(back, IDS, MASK), hf_lm_logits(realigned(hf_model), IDS, MASK))
 
 
 def test_legacy_rotary_keys_and_refusals(saved):
