@@ -132,3 +132,22 @@ def test_legacy_rotary_keys_and_refusals(saved):
     for word, changed in refused.items():
         with pytest.raises(ConfigError, match=word):
             fam.config_from_hf(changed, arch)
+
+
+def test_config_checks_and_export_refusals_name_the_field():
+    """rotary_dim: even, in (0, head_dim], RoPE only; parallel_residual: pre-norm only; and an
+    LM whose family cannot write rotary_dim / parallel_residual (LLaMA's, GPT-2's) is refused
+    by name."""
+    from jaxformer.config.models import LMConfig
+    from jaxformer.convert import ConversionError
+    for kw in (dict(rotary_dim=3), dict(rotary_dim=10), dict(rotary_dim=0), dict(rotary_dim=4, position="alibi")):
+        with pytest.raises(ConfigError, match="rotary_dim"):
+            LMConfig.tiny("llama", **kw)  # head_dim 8
+    with pytest.raises(ConfigError, match="parallel_residual"):
+        LMConfig.tiny("llama", parallel_residual=True, norm_position="post")
+    with pytest.raises(ConfigError, match="qk_norm_full"):
+        LMConfig.tiny("llama", qk_norm=True, qk_norm_full=True)
+    for cfg, word in ((LMConfig.tiny("llama", rotary_dim=4), "rotary_dim"),
+                      (LMConfig.tiny("gpt2", parallel_residual=True), "parallel_residual")):  # learned positions
+        with pytest.raises(ConversionError, match=word):
+            hf.config_to_hf("lm", cfg)

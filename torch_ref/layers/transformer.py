@@ -97,9 +97,10 @@ SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cro
 def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: dict | None = None,
              name: str = "", post_norm=None) -> torch.Tensor:
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
-    `post_norm` on the sublayer's output too; post_sublayer: `norm` is None, only `post_norm`). The residual stream keeps x's dtype (a
-    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
-    the sublayer's output (before the add) goes to record[name]."""
+    `post_norm` on the sublayer's output too; post_sublayer: `norm` is None, only `post_norm`).
+    The residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as
+    under torch autocast). With `record`, the sublayer's output (before the add) goes to
+    record[name]."""
     pre = cfg.norm_position != "post"
     h = sublayer(norm(x) if pre and norm is not None else x).to(x.dtype)
     if post_norm is not None:
