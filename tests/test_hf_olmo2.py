@@ -6,8 +6,8 @@ that is not hidden_size / heads, RoPE scaling, tied and untied heads (docs/numer
 Each tiny random HF model is built once (module fixture); one test per config checks fp32
 logits with a left-padded row (within 1e-5 x max(1, max|logit|)), the export loading back in
 transformers with identical logits, and on one config greedy and beam ids equal to HF
-generate's. Worst measured |logit| differences: printed by check_hf_logits (-s), recorded in
-docs/numerics.md §35.
+generate's. Worst measured |logit| difference (printed by check_hf_logits, -s): 1.3e-6 at
+max |logit| 2.6 (mqa_bias_tied_yarn; docs/numerics.md §35).
 """
 from __future__ import annotations
 

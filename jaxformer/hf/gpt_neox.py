@@ -63,7 +63,8 @@ RULES = Renamer([
     ("embed_out.weight", "lm_head.weight"),  # older files' name of the head
 ])
 QKV = re.compile(r"gpt_neox\.layers\.(\d+)\.attention\.query_key_value\.(weight|bias)")
-BUFFERS = re.compile(r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)")
+BUFFERS = re.compile(r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)"
+                     r"|rotary_emb\.inv_freq)")
 
 
 def _rotary_dim(o: Options, head_dim: int) -> int | None:
