@@ -158,3 +158,6 @@ def test_config_checks_and_export_refusals_name_the_field():
                       (LMConfig.tiny("gpt2", parallel_residual=True), "parallel_residual")):  # learned positions
         with pytest.raises(ConversionError, match=word):
             hf.config_to_hf("lm", cfg)
+    # export's partial_rotary_factor gives rotary_dim back through HF's int(head_dim * factor)
+    from jaxformer.hf.gpt_neox import partial_factor
+    assert all(int(h * partial_factor(r, h)) == r for h in range(2, 300) for r in range(2, h + 1, 2))
