@@ -125,4 +125,16 @@ lm_check("phi3", T.Phi3ForCausalLM, dict(SMALL, hidden_size=40, num_attention_he
          sliding_window=5, tie_word_embeddings=True, original_max_position_embeddings=16, rope_parameters=dict(
              rope_type="longrope", rope_theta=500.0, attention_factor=1.2, short_factor=[1.0, 1.1, 1.4, 2.0, 2.5],
              long_factor=[2.0, 3.0, 5.0, 8.0, 13.0])))
+# GPT-NeoX (partial rotary 6 of 12 and 6 of 20 dims, parallel and sequential blocks) and OLMo 2
+# (post-sublayer norms, full-width q/k norms; GQA / MQA, odd head_dim, RoPE scaling), §35
+NEOX = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=64)
+lm_check("gpt_neox", T.GPTNeoXForCausalLM, dict(NEOX, rotary_pct=0.5, rotary_emb_base=500.0, use_parallel_residual=True))
+lm_check("gpt_neox", T.GPTNeoXForCausalLM, dict(NEOX, hidden_size=40, num_attention_heads=2, rotary_pct=0.3, hidden_act="gelu_new",
+         use_parallel_residual=False, tie_word_embeddings=True, attention_bias=False,
+         rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=300.0, partial_rotary_factor=0.3)))
+lm_check("olmo2", T.Olmo2ForCausalLM, dict(SMALL, head_dim=10))
+lm_check("olmo2", T.Olmo2ForCausalLM, dict(SMALL, num_key_value_heads=1, head_dim=6, attention_bias=True, tie_word_embeddings=True,
+         rope_parameters=dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=8)))
 print(json.dumps({k: {"worst_diff": max(d for d, _ in v), "tol_share": max(d / (1e-5 * max(1, m)) for d, m in v), "max_logit": max(m for _, m in v), "runs": len(v)} for k, v in out.items()}, indent=0))

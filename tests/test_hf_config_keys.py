@@ -40,7 +40,8 @@ def test_gemma2_hidden_act_that_disagrees_is_refused_by_name():
 
 
 FAMILIES = ["gpt2", "llama", "mistral", "qwen", "gemma2", "t5", "bert", "vision", "dinov2", "mixtral",
-            "qwen_moe", "deepseek", "gpt_oss", "phi3", "roberta", "modernbert"]
+            "qwen_moe", "deepseek", "gpt_oss", "phi3", "roberta", "modernbert",
+            "gpt_neox", "olmo2"]
 # keys real config.json files carry that never change the maths
 HOUSEKEEPING = dict(use_cache=True, torch_dtype="bfloat16", dtype="bfloat16", transformers_version="4.44.0",
                     initializer_range=0.02, attn_implementation="eager", cache_implementation="hybrid",

@@ -8,7 +8,7 @@ from jaxformer.config.moe import MLAConfig, MoEConfig
 
 FFN_KINDS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 NORM_KINDS = ("layernorm", "rmsnorm", "rmsnorm_offset")
-NORM_POSITIONS = ("pre", "post", "sandwich")
+NORM_POSITIONS = ("pre", "post", "sandwich", "post_sublayer")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # HF's layer_types names
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn", "longrope")
@@ -107,7 +107,9 @@ class TransformerConfig:
     ffn: str = "relu"
     norm: str = "layernorm"  # rmsnorm_offset: RMSNorm scaled by (1 + w), w stored around 0 (Gemma)
     norm_eps: float = 1e-5
-    norm_position: str = "post"  # sandwich: pre norm and a norm on the sublayer output (Gemma2)
+    norm_position: str = "post"  # sandwich: pre norm and a norm on the sublayer output (Gemma2);
+    #   post_sublayer: only the norm on the sublayer output, x + norm(sublayer(x)) (OLMo 2)
+    parallel_residual: bool = False  # x + attn(attn_norm(x)) + ffn(ffn_norm(x)), pre-norm only (GPT-NeoX)
     final_norm: bool = True
     bias: bool = True  # biases in attention and FFN projections (default of the three below)
     attn_qkv_bias: bool | None = None  # biases on q/k/v projections; None = bias
@@ -122,7 +124,11 @@ class TransformerConfig:
     max_len: int = 512
     rope_base: float = 10000.0
     rope_scaling: RopeScaling | None = None  # RoPE frequency scaling (Llama 3.x, YaRN, ...)
+    rotary_dim: int | None = None  # RoPE rotates the first rotary_dim dims of each head; None = all
+    #   (GPT-NeoX's rotary_pct, partial_rotary_factor; docs/numerics.md §35)
     qk_norm: bool = False  # a per-head norm (`norm`, `norm_eps`) on q and k before RoPE (Qwen3)
+    qk_norm_full: bool = False  # one norm over all heads' q (H*K) and k (G*K) before the head
+    #   split and RoPE (OLMo 2; docs/numerics.md §35)
     rel_num_buckets: int = 32  # T5 relative position bias
     rel_max_distance: int = 128
     attn_scale: float | None = None  # attention score scale; None = 1/sqrt(head_dim) (T5: 1.0)
@@ -197,13 +203,29 @@ class TransformerConfig:
             value = getattr(self, name)
             check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
                                     and value > 0), name, f"must be a number > 0 or null, got {value!r}")
+        if self.rotary_dim is not None:
+            check(self.position == "rope" and self.mla is None, "rotary_dim",
+                  f"rotates part of each head under RoPE; position is {self.position!r}"
+                  + (" with mla" if self.mla is not None else ""))
+            check(isinstance(self.rotary_dim, int) and not isinstance(self.rotary_dim, bool)
+                  and 0 < self.rotary_dim <= self.resolved_head_dim and self.rotary_dim % 2 == 0,
+                  "rotary_dim", f"must be an even int in (0, head_dim={self.resolved_head_dim}], "
+                  f"got {self.rotary_dim!r}")
+        check(not (self.qk_norm and self.qk_norm_full), "qk_norm_full",
+              "set qk_norm (per head, Qwen3) or qk_norm_full (the full width, OLMo 2), not both")
+        check(not self.qk_norm_full or self.mla is None, "qk_norm_full", "is not supported with mla")
+        check(not self.parallel_residual or self.norm_position == "pre", "parallel_residual",
+              f"runs both sublayers on pre-norms of the layer input; norm_position is {self.norm_position!r}")
+        check(not self.parallel_residual or (self.layer_scale is None and self.first_attn_norm), "parallel_residual",
+              "GPT-NeoX's parallel block has no LayerScale and a norm before both sublayers "
+              "(layer_scale null, first_attn_norm true)")
         if self.rope_scaling is not None:
             check(self.position == "rope", "rope_scaling",
                   f"scales RoPE; position is {self.position!r}")
-            check(self.rope_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2 or self.mla, "rope_scaling",
-                  "dynamic scaling needs head_dim > 2 (its exponent is K / (K - 2))")
+            check(self.rope_scaling.rope_type != "dynamic" or self.resolved_rotary_dim > 2 or self.mla, "rope_scaling",
+                  "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))")
             if self.rope_scaling.rope_type == "longrope":  # one factor per rotated frequency
-                rotated = self.mla.qk_rope_head_dim if self.mla else self.resolved_head_dim
+                rotated = self.mla.qk_rope_head_dim if self.mla else self.resolved_rotary_dim
                 for name in ("short_factor", "long_factor"):
                     n = len(getattr(self.rope_scaling, name))
                     check(n == rotated // 2, "rope_scaling", f"longrope {name} has {n} entries; the "
@@ -252,6 +274,11 @@ class TransformerConfig:
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def resolved_rotary_dim(self) -> int:
+        """The dims of each head RoPE rotates (rotary_dim, else the whole head)."""
+        return self.resolved_head_dim if self.rotary_dim is None else self.rotary_dim
 
     @property
     def resolved_qkv_bias(self) -> bool:

@@ -13,7 +13,8 @@ Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaFor
 `Qwen3MoeForCausalLM` <-> `lm`), Phi-3 (`Phi3ForCausalLM` <-> `lm`, longrope), DeepSeek-V3
 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
 (`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
-dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
+dequantized by `mxfp4`), GPT-NeoX / Pythia (`GPTNeoXForCausalLM` <-> `lm`), OLMo 2
+(`Olmo2ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
 `classifier`), RoBERTa and XLM-R (`RobertaModel`, `XLMRobertaModel` <-> `encoder`, their
 `*ForSequenceClassification` <-> `classifier`), ModernBERT (`ModernBertModel` <-> `encoder`,
 `ModernBertForSequenceClassification` <-> `classifier`),
@@ -51,7 +52,10 @@ from jaxformer.hf.common import typed_for_hf
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
                   "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.dinov2", "jaxformer.hf.t5",
-                  "jaxformer.hf.gpt_oss", "jaxformer.hf.phi3", "jaxformer.hf.roberta", "jaxformer.hf.modernbert")
+                  "jaxformer.hf.gpt_oss", "jaxformer.hf.phi3", "jaxformer.hf.roberta", "jaxformer.hf.modernbert",
+                  # partial rotary and the parallel residual; post-sublayer norms and full-width
+                  # q/k norms (docs/numerics.md §35)
+                  "jaxformer.hf.gpt_neox", "jaxformer.hf.olmo2")
 
 
 def _families():
@@ -312,8 +316,8 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, modernbert, phi3,
-                              qwen, qwen_moe, roberta, t5, vision)
+    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral,
+                              modernbert, olmo2, phi3, qwen, qwen_moe, roberta, t5, vision)
     scaling = getattr(cfg, "rope_scaling", None)
     if name == "lm" and scaling is not None and scaling.rope_type == "longrope":  # only Phi-3 has it
         fam = phi3
@@ -326,6 +330,10 @@ def exporter(name: str, cfg):
         fam = qwen_moe if moe_qwen else mixtral
     elif name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
         fam = gemma2
+    elif name == "lm" and (cfg.norm_position == "post_sublayer" or cfg.qk_norm_full):
+        fam = olmo2
+    elif name == "lm" and cfg.position == "rope" and (cfg.norm == "layernorm" or cfg.parallel_residual):
+        fam = gpt_neox
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
         # residual dropout: Phi-3 is the LLaMA-style HF decoder that has it (resid_pdrop)
@@ -352,6 +360,12 @@ def exporter(name: str, cfg):
         problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (the family has none)" for k, neutral in
                                  (("positions_from_padding", False), ("first_attn_norm", True),
                                   ("rope_local_base", None)) if getattr(cfg, k, neutral) != neutral)]
+    # the options only one family writes (docs/numerics.md §35)
+    only = {"rotary_dim": (None, gpt_neox), "parallel_residual": (False, gpt_neox),
+            "qk_norm_full": (False, olmo2)}
+    problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (only {f.__name__.rsplit('.', 1)[-1]} exports it)"
+                             for k, (neutral, f) in only.items()
+                             if fam is not f and getattr(cfg, k, neutral) != neutral)]
     if getattr(cfg, "attn_scale", None) is not None and fam is not t5:  # only T5 writes a score scale
         problems = [*problems, f"attn_scale={cfg.attn_scale} (the family scales scores by 1/sqrt(head_dim))"]
     if problems:

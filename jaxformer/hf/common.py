@@ -231,18 +231,19 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0):
+def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0, *, partial: bool = False):
     """-> (rope_base, RopeScaling or None) from config.json's rope_theta and rope_parameters
     (5.x) or rope_scaling (4.x), with HF's precedence: a non-empty rope_scaling wins, its
     rope_theta (else the top-level one, else default_theta) is the base; llama3/yarn's
     original_max_position_embeddings defaults to max_position_embeddings; dynamic's length
     is max_position_embeddings. Every other key, an unknown rope_type, partial_rotary_factor
-    != 1 or a mis-typed value is a problem naming it."""
+    != 1 or a mis-typed value is a problem naming it. partial: the family reads
+    partial_rotary_factor itself (rotary_dim, docs/numerics.md §35), so it is passed over here."""
     from jaxformer.config import RopeScaling
     params, legacy = o.get("rope_parameters"), o.get("rope_scaling")
     theta = o.get("rope_theta", default_theta)
     key, spec = ("rope_scaling", legacy) if legacy else ("rope_parameters", params)
-    if "partial_rotary_factor" in o.raw:
+    if "partial_rotary_factor" in o.raw and not partial:
         o.require("partial_rotary_factor", lambda v: v == 1, "jaxformer rotates the whole head (1.0)")
     if not spec:
         return float(theta), None
@@ -258,7 +259,7 @@ def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0):
         o.problem(key, f"rope_theta={theta!r} must be a number > 0")
         theta = default_theta
     for k in sorted(set(spec) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]}):
-        if k == "partial_rotary_factor" and spec[k] == 1:
+        if k == "partial_rotary_factor" and (spec[k] == 1 or partial):
             continue
         o.problem(key, f"{k}={spec[k]!r} is not a {kind} RoPE option jaxformer implements")
     if kind == "default":

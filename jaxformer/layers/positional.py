@@ -56,49 +56,54 @@ def rotate_half(x: jax.Array) -> jax.Array:
 
 class RotaryEmbedding(nnx.Module):
     """RoPE (Su et al. 2021) in the rotate-half layout of GPT-NeoX / HF LLaMA (docs/numerics.md §6):
-    dims i and i + K/2 form a rotated pair. No parameters. `scaling` (a RopeScaling) rescales
+    dims i and i + R/2 form a rotated pair. No parameters. `scaling` (a RopeScaling) rescales
     the frequencies as transformers does (docs/numerics.md §20); "dynamic" recomputes them
     from this call's largest position; "longrope" picks its short or long tables by it (§34).
+    rotary_dim R (None = K): only the first R dims of each head rotate, with the frequencies of
+    an R-wide head; the other K - R pass through (GPT-NeoX's partial rotary, docs/numerics.md §35).
 
     Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K].
     """
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None):
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None,
+                 rotary_dim: int | None = None):
         self.head_dim, self.max_len, self.base, self.scaling = head_dim, max_len, base, scaling
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
 
     def cos_sin(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """positions [B, T] -> cos, sin [B, T, K] float32."""
+        """positions [B, T] -> cos, sin [B, T, R] float32."""
         if self.scaling is not None and self.scaling.rope_type == "longrope":
             # HF longrope_frequency_update: the long factors for the whole call once seq_len =
             # largest position + 1 of the batch exceeds original_max_len, else the short ones
             use_long = jnp.max(positions) + 1 > self.scaling.original_max_len
-            cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling)
-            cos_long, sin_long = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling, True)
+            cos, sin = tables.rope_tables(self.max_len, self.rotary_dim, self.base, self.scaling)
+            cos_long, sin_long = tables.rope_tables(self.max_len, self.rotary_dim, self.base, self.scaling, True)
             take = lambda t: jnp.take(jnp.asarray(t), positions, axis=0)  # noqa: E731
             return (jnp.where(use_long, take(cos_long), take(cos)),
                     jnp.where(use_long, take(sin_long), take(sin)))
         if self.scaling is None or self.scaling.rope_type != "dynamic":
-            cos, sin = tables.rope_tables(self.max_len, self.head_dim, self.base, self.scaling)
+            cos, sin = tables.rope_tables(self.max_len, self.rotary_dim, self.base, self.scaling)
             return jnp.take(jnp.asarray(cos), positions, axis=0), jnp.take(jnp.asarray(sin), positions, axis=0)
         # dynamic NTK (HF dynamic_rope_update): the base grows with seq_len = largest position + 1
         # of the whole batch once that exceeds original_max_len; fp32 as HF computes it
-        factor, m, k = self.scaling.factor, self.scaling.original_max_len, self.head_dim
+        factor, m, k = self.scaling.factor, self.scaling.original_max_len, self.rotary_dim
         seq_len = jnp.max(positions) + 1
         grown = self.base * ((factor * seq_len.astype(jnp.float32) / m) - (factor - 1)) ** (k / (k - 2))
         inv_grown = 1.0 / grown ** jnp.asarray(tables.rope_exponents(k))  # [K/2]
         inv_plain = jnp.asarray(tables.rope_inv_freq(k, self.base)[0], jnp.float32)
         inv_freq = jnp.where(seq_len > m, inv_grown, inv_plain)  # [K/2]
-        angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, K/2]
-        angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, K]
+        angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, R/2]
+        angles = jnp.concatenate([angles, angles], axis=-1)  # [B, T, R]
         return jnp.cos(angles), jnp.sin(angles)
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         check_ids(positions, self.max_len, "position", "max_len")
         cos, sin = self.cos_sin(positions)
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, K]
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, R]
         dtype = x.dtype
-        x = x.astype(jnp.float32)
-        return (x * cos + rotate_half(x) * sin).astype(dtype)
+        rot, rest = x[..., :self.rotary_dim].astype(jnp.float32), x[..., self.rotary_dim:]  # [B, T, H, R], [.., K - R]
+        rot = (rot * cos + rotate_half(rot) * sin).astype(dtype)
+        return rot if self.rotary_dim == self.head_dim else jnp.concatenate([rot, rest], axis=-1)
 
 
 def alibi_bias(num_heads: int, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:

@@ -127,6 +127,12 @@ for tag, top in (("short", 16), ("long", 64)):
          mirror("layers.positional.RotaryEmbedding", K, 64, 500.0, LONGROPE),
          lambda r, top=top: {"x": normal(B, T, H, K)(r),
                              "positions": r.randint(top - 16, top, (B, T)).astype(np.int32)})
+# partial rotary (GPT-NeoX's rotary_pct, docs/numerics.md §35): 6 of 12 dims rotate, alone and
+# under dynamic scaling (its base grows with the rotated width's exponent R / (R - 2))
+for tag, scaling in {"": None, "_dynamic": ROPE_SCALINGS["dynamic"]}.items():
+    case(f"pos_rope_partial_rotary{tag}", "positional",
+         mirror("layers.positional.RotaryEmbedding", 12, 64, 500.0, scaling, rotary_dim=6),
+         lambda r: {"x": normal(B, T, H, 12)(r), "positions": r.randint(0, 64, (B, T)).astype(np.int32)})
 # Qwen2 / Qwen3 attention: q/k/v biases without an o_proj bias; per-head RMSNorm on q and k
 case("mha_qkv_bias_qk_norm_rope", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, out_bias=False,

@@ -186,6 +186,18 @@ GEMMA2 = LMConfig.tiny(position="rope", norm="rmsnorm_offset", norm_eps=1e-6, ff
 case("lm_gemma2_left_padding", "lm_model", model_pair("lm", GEMMA2),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4])})
+# GPT-NeoX (jaxformer/hf/gpt_neox.py): the first 6 of 12 dims of each head rotated (3
+# frequencies), LayerNorm with biases, the parallel residual and the sequential block; OLMo 2
+# (jaxformer/hf/olmo2.py): norms on the sublayer outputs only and q/k RMSNorm over the full
+# projected width, GQA (docs/numerics.md §35); left padding. (The sequential GPT-NeoX block is
+# the plain pre-norm one; partial rotary under scaling: pos_rope_partial_rotary_dynamic.)
+NEOX = LMConfig.tiny("gpt2", position="rope", head_dim=12, rotary_dim=6, parallel_residual=True, ffn="gelu",
+                     tie_embeddings=False, rope_base=500.0)
+OLMO2 = LMConfig.tiny("llama", norm_position="post_sublayer", qk_norm_full=True, num_kv_heads=2, head_dim=12)
+for tag, cfg in {"gpt_neox_partial_rotary_parallel": NEOX, "olmo2_post_sublayer_qk_norm_full": OLMO2}.items():
+    case(f"lm_{tag}_left_padding", "lm_model", model_pair("lm", cfg),
+         lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                    "attention_mask": left_padding(B, T, [7, 4])})
 case("lm_gpt2_left_padding_position_ids", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4]),

@@ -211,7 +211,9 @@ class MultiHeadAttention(nn.Module):
     kdim, vdim: input widths of k_proj and v_proj (None = D); add_bias_kv: learned key/value
     slots `bias_k`, `bias_v` [G * K] appended after the projected keys/values; add_zero_attn:
     then an all-zero slot (torch.nn.MultiheadAttention's options; see the JAX twin); sinks: a
-    learned per-head logit `sinks` [H] in every softmax denominator (gpt-oss).
+    learned per-head logit `sinks` [H] in every softmax denominator (gpt-oss); qk_norm_full:
+    one q/k norm over all heads' width before the split (OLMo 2); rotary_dim: RoPE rotates the
+    first rotary_dim dims of each head (GPT-NeoX; docs/numerics.md §35).
     Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
     kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
 
@@ -235,7 +237,8 @@ class MultiHeadAttention(nn.Module):
                  scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
                  qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
                  vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
-                 softcap: float | None = None, sinks: bool = False):
+                 softcap: float | None = None, sinks: bool = False, qk_norm_full: bool = False,
+                 rotary_dim: int | None = None):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -259,10 +262,13 @@ class MultiHeadAttention(nn.Module):
         # one learned logit per query head in every softmax denominator (gpt-oss), [H]
         self.sinks = nn.Parameter(0.02 * torch.randn(num_heads)) if sinks else None
         self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias if out_bias is None else out_bias)
-        # per-head norms of q and k before RoPE (Qwen3), weights [K]
-        self.q_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False) if qk_norm else None
-        self.k_norm = make_norm(qk_norm, head_dim, eps=norm_eps, bias=False) if qk_norm else None
-        self.rope = (RotaryEmbedding(head_dim, rope_max_len, rope_base, rope_scaling)
+        # norms of q and k before RoPE: per head (Qwen3), weights [K]; or over all heads at
+        # once (qk_norm_full, OLMo 2), weights [H * K] and [G * K]
+        self.qk_norm_full = qk_norm_full
+        q_width, k_width = (num_heads * head_dim, num_kv_heads * head_dim) if qk_norm_full else (head_dim, head_dim)
+        self.q_norm = make_norm(qk_norm, q_width, eps=norm_eps, bias=False) if qk_norm else None
+        self.k_norm = make_norm(qk_norm, k_width, eps=norm_eps, bias=False) if qk_norm else None
+        self.rope = (RotaryEmbedding(head_dim, rope_max_len, rope_base, rope_scaling, rotary_dim)
                      if rope_max_len else None)
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.dropout = nn.Dropout(dropout)
@@ -275,10 +281,19 @@ class MultiHeadAttention(nn.Module):
         rotated = self.rope is not None or self.k_norm is not None
         # the slots of step 2c carry no b_k, so softmax does not cancel q . b_k (§23)
         rotated = rotated or self.bias_k is not None or self.add_zero_attn
-        k = key_projection(self.k_proj, kv, rotated=rotated).view(b, s, self.num_kv_heads, self.head_dim)  # [B, S, G, K]
+        k = self.split_heads(key_projection(self.k_proj, kv, rotated=rotated), self.k_norm,
+                             self.num_kv_heads)  # [B, S, G, K]
         value = kv if value is None else value
-        return {"k": k if self.k_norm is None else self.k_norm(k),
-                "v": self.v_proj(value).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+        return {"k": k, "v": self.v_proj(value).view(b, s, self.num_kv_heads, self.head_dim)}  # [B, S, G, K]
+
+    def split_heads(self, x, norm, heads: int):
+        """x [B, S, n * K] -> [B, S, n, K] (n = heads), normed by `norm` (None = none) over
+        the full width before the split (qk_norm_full) or per head after it."""
+        b, s, _ = x.shape
+        if norm is not None and self.qk_norm_full:
+            x = norm(x)
+        x = x.view(b, s, heads, self.head_dim)  # [B, S, n, K]
+        return x if norm is None or self.qk_norm_full else norm(x)
 
     def append_slots(self, k: torch.Tensor, v: torch.Tensor, mask, bias):
         """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
@@ -318,8 +333,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # [B, T, H, K]
-        q = q if self.q_norm is None else self.q_norm(q)
+        q = self.split_heads(self.q_proj(x), self.q_norm, self.num_heads)  # [B, T, H, K]
         if read_only:
             k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, S, G, K] views, projected once
         else:

@@ -54,23 +54,27 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     """RoPE in the rotate-half layout; `scaling` (a RopeScaling) rescales the frequencies as
-    transformers does (docs/numerics.md §20; longrope's short/long switch §34).
+    transformers does (docs/numerics.md §20; longrope's short/long switch §34). rotary_dim R
+    (None = K): only the first R dims of each head rotate, the other K - R pass through
+    (docs/numerics.md §35).
     Shapes: x [B, T, H, K], positions [B, T] -> [B, T, H, K]."""
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None):
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling=None,
+                 rotary_dim: int | None = None):
         super().__init__()
         self.head_dim, self.max_len, self.base, self.scaling = head_dim, max_len, base, scaling
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         dynamic = scaling is not None and scaling.rope_type == "dynamic"
-        cos, sin = tables.rope_tables(max_len, head_dim, base, None if dynamic else scaling)
+        cos, sin = tables.rope_tables(max_len, self.rotary_dim, base, None if dynamic else scaling)
         self.register_buffer("cos", torch.from_numpy(cos.copy()), persistent=False)
         self.register_buffer("sin", torch.from_numpy(sin.copy()), persistent=False)
         if scaling is not None and scaling.rope_type == "longrope":  # the long factors' tables (§34)
-            cos, sin = tables.rope_tables(max_len, head_dim, base, scaling, True)
+            cos, sin = tables.rope_tables(max_len, self.rotary_dim, base, scaling, True)
             self.register_buffer("cos_long", torch.from_numpy(cos.copy()), persistent=False)
             self.register_buffer("sin_long", torch.from_numpy(sin.copy()), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, T] -> cos, sin [B, T, K] float32."""
+        """positions [B, T] -> cos, sin [B, T, R] float32."""
         if self.scaling is not None and self.scaling.rope_type == "longrope":
             # HF longrope_frequency_update: the long factors for the whole call once seq_len =
             # largest position + 1 of the batch exceeds original_max_len, else the short ones
@@ -81,23 +85,24 @@ class RotaryEmbedding(nn.Module):
             return self.cos[positions], self.sin[positions]
         # dynamic NTK (HF dynamic_rope_update): the base grows with seq_len = largest position + 1
         # of the whole batch once that exceeds original_max_len; fp32 as HF computes it
-        factor, m, k = self.scaling.factor, self.scaling.original_max_len, self.head_dim
+        factor, m, k = self.scaling.factor, self.scaling.original_max_len, self.rotary_dim
         seq_len = positions.max() + 1
         grown = self.base * ((factor * seq_len.float() / m) - (factor - 1)) ** (k / (k - 2))
         inv_grown = 1.0 / grown ** torch.from_numpy(tables.rope_exponents(k).copy()).to(positions.device)  # [K/2]
         inv_plain = torch.from_numpy(tables.rope_inv_freq(k, self.base)[0].copy()).float().to(positions.device)
         inv_freq = torch.where(seq_len > m, inv_grown, inv_plain)  # [K/2]
-        angles = positions[..., None].float() * inv_freq  # [B, T, K/2]
-        angles = torch.cat([angles, angles], dim=-1)  # [B, T, K]
+        angles = positions[..., None].float() * inv_freq  # [B, T, R/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [B, T, R]
         return angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         check_ids(positions, self.max_len, "position", "max_len")
         cos, sin = self.cos_sin(positions)
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, K]
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [B, T, 1, R]
         dtype = x.dtype
-        x = x.float()
-        return (x * cos + rotate_half(x) * sin).to(dtype)
+        rot, rest = x[..., :self.rotary_dim].float(), x[..., self.rotary_dim:]  # [B, T, H, R], [.., K - R]
+        rot = (rot * cos + rotate_half(rot) * sin).to(dtype)
+        return rot if self.rotary_dim == self.head_dim else torch.cat([rot, rest], dim=-1)
 
 
 def alibi_bias(num_heads: int, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:

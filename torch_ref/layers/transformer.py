@@ -4,6 +4,9 @@ Twin: jaxformer/layers/transformer.py.
 Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
 Sandwich (Gemma2):                         x = x + post_norm(dropout(sublayer(norm(x))))
+Post-sublayer (OLMo 2):                    x = x + post_norm(dropout(sublayer(x)))
+Parallel (GPT-NeoX, pre-norm):             x = x + attn(attn_norm(x)) + ffn(ffn_norm(x))
+(docs/numerics.md §35: the last two; a post-sublayer layer has no attn_norm / ffn_norm.)
 
 Sliding-window layers (cfg.local_layers(): every layer with sliding_window, or the
 sliding_attention entries of layer_types) see the window - 1 keys before a query and the
@@ -56,7 +59,8 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, rope_base: float 
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
         dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None,
         rope_base=cfg.rope_base if rope_base is None else rope_base,
-        rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
+        rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm or cfg.qk_norm_full else None,
+        qk_norm_full=cfg.qk_norm_full, rotary_dim=cfg.rotary_dim, norm_eps=cfg.norm_eps,
         scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn)
 
 
@@ -113,11 +117,11 @@ def _layer_scale(cfg: TransformerConfig):
 def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: dict | None = None,
              name: str = "", post_norm=None, layer_scale=None) -> torch.Tensor:
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
-    `post_norm` on the sublayer's output too; `layer_scale` scales the sublayer's output). The
-    residual stream keeps x's dtype (a bf16-compute sublayer adds into an fp32 stream, as under
-    torch autocast). With `record`, the sublayer's output (before the add) goes to record[name].
-    norm None (Pre-LN only): the sublayer reads x itself (ModernBERT's first layer,
-    first_attn_norm=False)."""
+    `post_norm` on the sublayer's output too; post_sublayer: `norm` is None, only `post_norm`;
+    `layer_scale` scales the sublayer's output). The residual stream keeps x's dtype (a
+    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
+    the sublayer's output (before the add) goes to record[name]. norm None under Pre-LN: the
+    sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
     pre = cfg.norm_position != "post"
     h = sublayer(norm(x) if pre and norm is not None else x).to(x.dtype)
     if layer_scale is not None:
@@ -129,9 +133,23 @@ def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: di
     return x + h if pre else norm(x + h)
 
 
+def _pre_norm(cfg: TransformerConfig):
+    """The norm before a sublayer (Pre-LN, sandwich) or after the add (Post-LN); None for
+    post_sublayer, whose only norm is on the sublayer's output."""
+    return None if cfg.norm_position == "post_sublayer" else _norm(cfg)
+
+
 def _post_norm(cfg: TransformerConfig):
-    """The sandwich norm on a sublayer's output (None unless norm_position is sandwich)."""
-    return _norm(cfg) if cfg.norm_position == "sandwich" else None
+    """The norm on a sublayer's output (sandwich, post_sublayer; None otherwise)."""
+    return _norm(cfg) if cfg.norm_position in ("sandwich", "post_sublayer") else None
+
+
+def parallel_residual(x, attn_norm, attn, ffn_norm, ffn, record: dict | None = None):
+    """GPT-NeoX's parallel block (use_parallel_residual): both sublayers read the layer input,
+    x + attn(attn_norm(x)) + ffn(ffn_norm(x)), summed in HF's order (docs/numerics.md §35)."""
+    a = put_record(record, "attn", attn(attn_norm(x)).to(x.dtype))
+    f = put_record(record, "ffn", ffn(ffn_norm(x)).to(x.dtype))
+    return f + a + x
 
 
 def pick_mask(local: bool, if_local, if_full):
@@ -163,11 +181,11 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
-        self.attn_norm = _norm(cfg) if attn_norm else None
+        self.attn_norm = _pre_norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
         self.attn_layer_scale = _layer_scale(cfg)
         self.ffn = make_ffn(cfg, sparse=sparse)
-        self.ffn_norm = _norm(cfg)
+        self.ffn_norm = _pre_norm(cfg)
         self.post_ffn_norm = _post_norm(cfg)
         self.ffn_layer_scale = _layer_scale(cfg)
 
@@ -175,10 +193,13 @@ class EncoderLayer(nn.Module):
                 record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
         """record: a dict that receives the sub-layer intermediates (SUBLAYERS names);
         return_attention adds the attention weights to it."""
-        x = residual(self.cfg, self.attn_norm,
-                     lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
-                                       mask=mask, bias=bias, positions=positions), x, record, "attn",
-                     self.post_attn_norm, self.attn_layer_scale)
+        attend = lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,  # noqa: E731
+                                   mask=mask, bias=bias, positions=positions)
+        if self.cfg.parallel_residual:
+            return parallel_residual(x, self.attn_norm, attend, self.ffn_norm, ffn_sublayer(self.ffn, record),
+                                     record)
+        x = residual(self.cfg, self.attn_norm, attend, x, record, "attn", self.post_attn_norm,
+                     self.attn_layer_scale)
         put_record(record, "attn_residual", x)
         return residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
                         self.post_ffn_norm, self.ffn_layer_scale)
@@ -197,17 +218,19 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
                  rope_base: float | None = None, attn_norm: bool = True):
         super().__init__()
+        if cross_attention and cfg.parallel_residual:
+            raise ValueError("parallel_residual (GPT-NeoX) is for layers without cross-attention")
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
-        self.attn_norm = _norm(cfg) if attn_norm else None
+        self.attn_norm = _pre_norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
         self.attn_layer_scale = _layer_scale(cfg)
         self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
-        self.cross_attn_norm = _norm(cfg) if cross_attention else None
+        self.cross_attn_norm = _pre_norm(cfg) if cross_attention else None
         self.post_cross_attn_norm = _post_norm(cfg) if cross_attention else None
         self.cross_attn_layer_scale = _layer_scale(cfg) if cross_attention else None
         self.ffn = make_ffn(cfg, sparse=sparse)
-        self.ffn_norm = _norm(cfg)
+        self.ffn_norm = _pre_norm(cfg)
         self.post_ffn_norm = _post_norm(cfg)
         self.ffn_layer_scale = _layer_scale(cfg)
 
@@ -234,6 +257,10 @@ class DecoderLayer(nn.Module):
                                                       cache=cache["cross"])
             return out
 
+        if self.cfg.parallel_residual:  # no cross-attention (checked in __init__)
+            x = parallel_residual(x, self.attn_norm, self_block, self.ffn_norm, ffn_sublayer(self.ffn, record),
+                                  record)
+            return x if cache is None else (x, new_cache)
         x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm,
                      self.attn_layer_scale)
         put_record(record, "attn_residual", x)
