@@ -143,8 +143,8 @@ def test_legacy_rotary_keys_and_refusals(saved):
 
 def test_config_checks_and_export_refusals_name_the_field():
     """rotary_dim: even, in (0, head_dim], RoPE only; parallel_residual: pre-norm only; and an
-    LM whose family cannot write rotary_dim / parallel_residual (LLaMA's, GPT-2's) is refused
-    by name."""
+    LM whose family cannot write rotary_dim / parallel_residual (Qwen3's, GPT-2's) is refused
+    by name (a LLaMA-style LM with rotary_dim exports as Phi-3, Phi-4-mini's partial rotary)."""
     from jaxformer.config.models import LMConfig
     from jaxformer.convert import ConversionError
     for kw in (dict(rotary_dim=3), dict(rotary_dim=10), dict(rotary_dim=0), dict(rotary_dim=4, position="alibi")):
@@ -154,10 +154,10 @@ def test_config_checks_and_export_refusals_name_the_field():
         LMConfig.tiny("llama", parallel_residual=True, norm_position="post")
     with pytest.raises(ConfigError, match="qk_norm_full"):
         LMConfig.tiny("llama", qk_norm=True, qk_norm_full=True)
-    for cfg, word in ((LMConfig.tiny("llama", rotary_dim=4), "rotary_dim"),
+    for cfg, word in ((LMConfig.tiny("llama", rotary_dim=4, qk_norm=True), "rotary_dim"),
                       (LMConfig.tiny("gpt2", parallel_residual=True), "parallel_residual")):  # learned positions
         with pytest.raises(ConversionError, match=word):
             hf.config_to_hf("lm", cfg)
     # export's partial_rotary_factor gives rotary_dim back through HF's int(head_dim * factor)
-    from jaxformer.hf.gpt_neox import partial_factor
+    from jaxformer.hf.common import partial_factor
     assert all(int(h * partial_factor(r, h)) == r for h in range(2, 300) for r in range(2, h + 1, 2))

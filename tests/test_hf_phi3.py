@@ -43,11 +43,13 @@ def _longrope(n: int, seed: int, **kw) -> dict:
                 long_factor=[float(x) for x in 2 + 20 * r.rand(n)], **kw)
 
 
-# name -> config kwargs. head_dim 10 and 12 (5 and 6 factors); original_max 9 and 8: the 11-token
-# prompt runs the long factors, its first 7 tokens (tested too) the short ones
+# name -> config kwargs. head_dim 10 with Phi-4-mini's partial rotary (factor 0.6: 6 of 10 dims
+# rotate, 3 factors) and 12 (6 factors); original_max 9 and 8: the 11-token prompt runs the long
+# factors, its first 7 tokens (tested too) the short ones
 CASES = {
-    "longrope_gqa_hd10": dict(BASE, hidden_size=40, num_attention_heads=4, num_key_value_heads=2,
-                              original_max_position_embeddings=9, rope_parameters=_longrope(5, 0)),
+    "longrope_gqa_hd10_partial": dict(BASE, hidden_size=40, num_attention_heads=4, num_key_value_heads=2,
+                                      original_max_position_embeddings=9,
+                                      rope_parameters=_longrope(3, 0, partial_rotary_factor=0.6)),
     "longrope_attn_factor_window_mqa_tied": dict(
         BASE, hidden_size=36, num_attention_heads=3, num_key_value_heads=1, num_hidden_layers=3,
         original_max_position_embeddings=8, sliding_window=5, tie_word_embeddings=True, resid_pdrop=0.1,
@@ -57,7 +59,7 @@ CASES = {
                                         original_max_position_embeddings=6),
 }
 
-GEN = {"longrope_gqa_hd10": ("short", True), "longrope_attn_factor_window_mqa_tied": ("long", False),
+GEN = {"longrope_gqa_hd10_partial": ("short", True), "longrope_attn_factor_window_mqa_tied": ("long", False),
        "default_rope_window_dropout": (None, False)}  # -> (greedy regime, beam in the long one)
 
 
@@ -145,6 +147,7 @@ def test_phi3_matches_hf(tag, saved, tmp_path):
 
 
 REFUSED = {  # config.json changes -> the option the error names
+    # int(head_dim 10 * factor) must be even and nonzero
     "partial_rotary": dict(partial_rotary_factor=0.75, rope_parameters=None), "partial_rotary_in_params": dict(
         rope_parameters=dict(_longrope(5, 0), partial_rotary_factor=0.5)),
     "rope_type": dict(rope_parameters=dict(rope_type="linear", rope_theta=10.0, factor=2.0)),
@@ -158,7 +161,7 @@ WORDS = {"partial_rotary_in_params": "partial_rotary_factor", "short_factor_len"
 
 
 def test_refusals_name_the_option_and_legacy_names_load(saved):
-    _, path = saved["longrope_gqa_hd10"]
+    _, path = saved["longrope_gqa_hd10_partial"]
     with open(os.path.join(path, "config.json")) as f:
         raw = json.load(f)
     for row, changes in REFUSED.items():

@@ -337,7 +337,9 @@ def exporter(name: str, cfg):
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
         # residual dropout: Phi-3 is the LLaMA-style HF decoder that has it (resid_pdrop)
-        fam = qwen if qwen_like else phi3 if cfg.dropout else mistral if cfg.sliding_window is not None else llama
+        # and partial rotary (Phi-4-mini)
+        fam = (qwen if qwen_like else phi3 if cfg.dropout or cfg.rotary_dim is not None
+               else mistral if cfg.sliding_window is not None else llama)
     elif name == "lm":
         fam = gpt2
     elif name in ("encoder", "classifier") and cfg.positions_from_padding:  # RoBERTa's offset positions
@@ -361,11 +363,11 @@ def exporter(name: str, cfg):
                                  (("positions_from_padding", False), ("first_attn_norm", True),
                                   ("rope_local_base", None)) if getattr(cfg, k, neutral) != neutral)]
     # the options only one family writes (docs/numerics.md §35)
-    only = {"rotary_dim": (None, gpt_neox), "parallel_residual": (False, gpt_neox),
-            "qk_norm_full": (False, olmo2)}
-    problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (only {f.__name__.rsplit('.', 1)[-1]} exports it)"
-                             for k, (neutral, f) in only.items()
-                             if fam is not f and getattr(cfg, k, neutral) != neutral)]
+    only = {"rotary_dim": (None, (gpt_neox, phi3)), "parallel_residual": (False, (gpt_neox,)),
+            "qk_norm_full": (False, (olmo2,))}
+    problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (only {' and '.join(x.__name__.rsplit('.', 1)[-1] for x in f)} "
+                             "export it)" for k, (neutral, f) in only.items()
+                             if fam not in f and getattr(cfg, k, neutral) != neutral)]
     if getattr(cfg, "attn_scale", None) is not None and fam is not t5:  # only T5 writes a score scale
         problems = [*problems, f"attn_scale={cfg.attn_scale} (the family scales scores by 1/sqrt(head_dim))"]
     if problems:

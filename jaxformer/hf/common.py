@@ -426,3 +426,11 @@ def rename_all(state_dict: Mapping[str, Any], fn: Callable[[str], str | None], w
     if problems:
         raise ConversionError(problems)
     return out
+
+
+def partial_factor(rotary_dim: int, head_dim: int) -> float:
+    """A partial_rotary_factor whose int(head_dim * factor) is rotary_dim, as HF computes it."""
+    pct = rotary_dim / head_dim
+    while int(head_dim * pct) < rotary_dim:  # rotary_dim / head_dim rounded down
+        pct = math.nextafter(pct, 2.0)
+    return pct

@@ -28,7 +28,6 @@ Mapping and its deliberate details (docs/numerics.md §35):
 """
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
@@ -36,7 +35,8 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
 from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns, ffn_from_hf,
-                                 ffn_to_hf, hf_max_positions, rename_all, rope_from_hf, rope_to_hf, token_ids)
+                                 ffn_to_hf, hf_max_positions, partial_factor, rename_all, rope_from_hf, rope_to_hf,
+                                 token_ids)
 
 ARCHITECTURES = {"GPTNeoXForCausalLM": "lm"}
 MODEL_TYPE = "gpt_neox"
@@ -154,12 +154,6 @@ def export_problems(name: str, cfg) -> list[str]:
     return out
 
 
-def partial_factor(rotary_dim: int, head_dim: int) -> float:
-    """A partial_rotary_factor whose int(head_dim * factor) is rotary_dim, as HF computes it."""
-    pct = rotary_dim / head_dim
-    while int(head_dim * pct) < rotary_dim:  # rotary_dim / head_dim rounded down
-        pct = math.nextafter(pct, 2.0)
-    return pct
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:

@@ -16,8 +16,10 @@ biases) with two fused projections and its own RoPE scaling. How it maps:
     ln original_max_len), 1 for factor <= 1). Short or long factors by the call's largest
     position + 1, as HF's longrope_frequency_update; docs/numerics.md §34. Generation that would
     cross original_max_len mid-way is refused (HF recomputes its cache there: §34).
-  * partial_rotary_factor (top level or in rope_parameters) < 1 (Phi-4-mini: 0.75) is refused
-    by name until the LM rotates part of a head.
+  * partial_rotary_factor (top level or in rope_parameters; Phi-4-mini: 0.75) -> rotary_dim =
+    int(head_dim * factor), as HF computes it: only those first dims of each head rotate, and
+    longrope's factor lists then have rotary_dim / 2 entries (docs/numerics.md §35). A factor
+    giving an odd or zero width is refused.
   * sliding_window -> sliding_window on every layer (HF masks every layer with it; §21), null
     = full attention. resid_pdrop -> dropout (the residual dropout of both sublayers),
     attention_dropout -> attn_dropout; embd_pdrop is ignored: transformers 5.x's Phi3Model
@@ -36,7 +38,8 @@ import numpy as np
 from jaxformer.config import ConfigError, RopeScaling
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import MappingError, Options, Renamer, _number, build_config, rename_all
+from jaxformer.hf.common import (MappingError, Options, Renamer, _number, build_config, partial_factor,
+                                 rename_all)
 
 ARCHITECTURES = {"Phi3ForCausalLM": "lm"}
 MODEL_TYPE = "phi3"
@@ -56,7 +59,7 @@ FUSED = Renamer([  # an HF fused weight -> the stem of the jaxformer weights it 
 LONGROPE_KEYS = ("short_factor", "long_factor", "factor", "attention_factor", "original_max_position_embeddings")
 
 
-def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None]:
+def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None, int | None]:
     """-> (rope_base, RopeScaling or None): Phi3Config's reading of its RoPE options."""
     params, legacy = o["rope_parameters"], o["rope_scaling"]
     key, spec = ("rope_scaling", legacy) if legacy else ("rope_parameters", params)
@@ -65,22 +68,28 @@ def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None]:
     if not _number(theta) or theta <= 0:
         o.problem(key, f"rope_theta={theta!r} must be a number > 0")
         theta = 10000.0
-    # partial rotary: maps to rotary_dim once available (HF: int(head_dim * factor) dims rotated;
-    # the factor lists below then have rotary_dim // 2 entries, and so does LMConfig's check)
+    # partial rotary: HF rotates int(head_dim * factor) dims; the factor lists below then have
+    # rotary_dim // 2 entries, and so does LMConfig's check
     rotary = spec.pop("partial_rotary_factor", o["partial_rotary_factor"])  # rope_parameters' own wins, as HF
+    rotary_dim = None
     if rotary != 1:
-        o.problems.append(f"partial_rotary_factor={rotary!r} is not supported: it rotates only part of each "
-                          "head (Phi-4-mini); jaxformer's LM rotates the whole head (1.0)")
+        dim = int(head_dim * rotary) if _number(rotary) and 0 < rotary < 1 else 0
+        if dim <= 0 or dim % 2:
+            o.problems.append(f"partial_rotary_factor={rotary!r} must be in (0, 1] and rotate an even, "
+                              f"nonzero int(head_dim={head_dim} * factor) dims")
+        else:
+            rotary_dim = dim
+    rotated = rotary_dim or head_dim
     kind = spec.pop("rope_type", spec.pop("type", "default"))
     kind = "longrope" if kind in ("su", "yarn") else kind  # Phi3Config's renaming of old checkpoints
     orig_top = o["original_max_position_embeddings"]  # read whatever the kind: HF always stores it
     if kind == "default":
         for k in sorted(spec):
             o.problem(key, f"{k}={spec[k]!r} is not a default RoPE option")
-        return float(theta), None
+        return float(theta), None, rotary_dim
     if kind != "longrope":
         o.problem(key, f"rope_type {kind!r}: Phi3ForCausalLM accepts only 'default' and 'longrope'")
-        return float(theta), None
+        return float(theta), None, rotary_dim
     for k in sorted(set(spec) - set(LONGROPE_KEYS)):
         o.problem(key, f"{k}={spec[k]!r} is not a longrope option jaxformer implements")
     if spec.get("original_max_position_embeddings", orig_top) != orig_top:
@@ -93,16 +102,16 @@ def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None]:
     lengths = {name: len(spec[name]) if isinstance(spec.get(name), list) else None
                for name in ("short_factor", "long_factor")}
     for name, n in lengths.items():
-        if n != head_dim // 2:
-            o.problem(key, f"{name} must be a list of head_dim / 2 = {head_dim // 2} numbers, got "
+        if n != rotated // 2:
+            o.problem(key, f"{name} must be a list of rotated width / 2 = {rotated // 2} numbers, got "
                       f"{spec.get(name)!r}")
     try:
         return float(theta), RopeScaling(
             "longrope", factor, original_max_len=orig_top, attention_factor=spec.get("attention_factor"),
-            short_factor=spec.get("short_factor"), long_factor=spec.get("long_factor"))
+            short_factor=spec.get("short_factor"), long_factor=spec.get("long_factor")), rotary_dim
     except (ConfigError, TypeError) as e:
         o.problem(key, f"invalid longrope scaling: {e}")
-        return float(theta), None
+        return float(theta), None, rotary_dim
 
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
@@ -117,10 +126,10 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
     if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
         o.problem("sliding_window", "must be a positive integer or null")
         window = None
-    rope_base, scaling = _rope(o, head_dim or 2)
+    rope_base, scaling, rotary_dim = _rope(o, head_dim or 2)
     fields = llama.decoder_fields(o, qkv_bias=False, out_bias=False, ffn_bias=False, default_head_dim=head_dim,
                                   rope=(rope_base, scaling))
-    fields.update(sliding_window=window, dropout=float(o["resid_pdrop"]))
+    fields.update(sliding_window=window, dropout=float(o["resid_pdrop"]), rotary_dim=rotary_dim)
     return "lm", build_config(LMConfig, fields, o), o.notes
 
 
@@ -180,6 +189,8 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
         if s.attention_factor is not None:
             params["attention_factor"] = float(s.attention_factor)
         out.update(rope_parameters=params, original_max_position_embeddings=int(s.original_max_len))
+    if cfg.rotary_dim is not None:  # Phi-4-mini's partial rotary (§35)
+        out["rope_parameters"]["partial_rotary_factor"] = partial_factor(cfg.rotary_dim, cfg.resolved_head_dim)
     return out
 
 
