@@ -103,6 +103,9 @@ class TransformerConfig:
     max_len: int = 512
     rope_base: float = 10000.0
     rope_scaling: RopeScaling | None = None  # RoPE frequency scaling (Llama 3.x, YaRN, ...)
+    rope_local_base: float | None = None  # the sliding-window layers' own RoPE base (Gemma3);
+    #   None = they rotate as the full layers (rope_base, rope_scaling) (docs/numerics.md §33)
+    rope_local_scaling: RopeScaling | None = None  # their scaling, with rope_local_base; None = unscaled
     qk_norm: bool = False  # a per-head norm (`norm`, `norm_eps`) on q and k before RoPE (Qwen3)
     rel_num_buckets: int = 32  # T5 relative position bias
     rel_max_distance: int = 128
@@ -175,6 +178,16 @@ class TransformerConfig:
                   f"scales RoPE; position is {self.position!r}")
             check(self.rope_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2 or self.mla, "rope_scaling",
                   "dynamic scaling needs head_dim > 2 (its exponent is K / (K - 2))")
+        if self.rope_local_base is not None:
+            check(isinstance(self.rope_local_base, (int, float)) and not isinstance(self.rope_local_base, bool)
+                  and self.rope_local_base > 0, "rope_local_base",
+                  f"must be a number > 0 or null (local layers rotate as full ones), got {self.rope_local_base!r}")
+            check(self.position == "rope", "rope_local_base", f"is a RoPE base; position is {self.position!r}")
+        if self.rope_local_scaling is not None:
+            check(self.rope_local_base is not None, "rope_local_scaling",
+                  "scales the local layers' own RoPE; set rope_local_base with it")
+            check(self.rope_local_scaling.rope_type != "dynamic" or self.resolved_head_dim > 2, "rope_local_scaling",
+                  "dynamic scaling needs head_dim > 2 (its exponent is K / (K - 2))")
         check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
@@ -190,6 +203,7 @@ class TransformerConfig:
                 check(getattr(self, name) is None, name, "is not supported with mla (head widths are "
                       "mla's; no sliding-window ring cache holds a latent)")
             check(not self.qk_norm, "qk_norm", "is not supported with mla")
+            check(self.rope_local_base is None, "rope_local_base", "is not supported with mla (no local layers)")
             check(self.rope_scaling is None or self.rope_scaling.rope_type != "dynamic" or
                   self.mla.qk_rope_head_dim > 2, "rope_scaling", "dynamic scaling needs qk_rope_head_dim > 2")
 
@@ -221,6 +235,14 @@ class TransformerConfig:
         if self.layer_types is None:
             return (True,) * self.num_layers
         return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    def layer_rope(self, local: bool) -> tuple[float, RopeScaling | None]:
+        """(base, scaling) of a layer's RoPE: a sliding-window layer's own (rope_local_base,
+        rope_local_scaling) when rope_local_base is set (Gemma3, docs/numerics.md §33), else
+        rope_base and rope_scaling."""
+        if local and self.rope_local_base is not None:
+            return self.rope_local_base, self.rope_local_scaling
+        return self.rope_base, self.rope_scaling
 
     @property
     def score_scale(self) -> float | None:

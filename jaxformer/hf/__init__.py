@@ -11,9 +11,9 @@ Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaFor
 <-> `lm`), Qwen (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` <-> `lm`), Mistral (`MistralForCausalLM`
 <-> `lm`), Mixtral (`MixtralForCausalLM` <-> `lm`), Qwen-MoE (`Qwen2MoeForCausalLM`,
 `Qwen3MoeForCausalLM` <-> `lm`), DeepSeek-V3 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
-(`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
-dequantized by `mxfp4`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
-`classifier`),
+(`Gemma2ForCausalLM` <-> `lm`), Gemma3 (`Gemma3ForCausalLM` <-> `lm`, text only), gpt-oss
+(`GptOssForCausalLM` <-> `lm`, MXFP4 experts dequantized by `mxfp4`), BERT (`BertModel` <->
+`encoder`, `BertForSequenceClassification` <-> `classifier`),
 ViT (`ViTForImageClassification` <-> `vit`), Swin (`SwinForImageClassification` <-> `swin`),
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
@@ -46,7 +46,7 @@ from jaxformer.hf.common import typed_for_hf
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
-                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss")
+                  "jaxformer.hf.gemma3", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.t5", "jaxformer.hf.gpt_oss")
 
 
 def _families():
@@ -307,8 +307,8 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, gemma2, gpt2, gpt_oss, llama, mistral, mixtral, qwen, qwen_moe,
-                              t5, vision)
+    from jaxformer.hf import (bert, deepseek, gemma2, gemma3, gpt2, gpt_oss, llama, mistral, mixtral, qwen,
+                              qwen_moe, t5, vision)
     if name == "lm" and getattr(cfg, "attn_sinks", False):  # only gpt-oss has attention sinks
         fam = gpt_oss
     elif name == "lm" and getattr(cfg, "mla", None) is not None:  # multi-head latent attention
@@ -317,7 +317,7 @@ def exporter(name: str, cfg):
         moe_qwen = cfg.qk_norm or cfg.moe.shared_expert_gate or cfg.resolved_qkv_bias != cfg.resolved_out_bias
         fam = qwen_moe if moe_qwen else mixtral
     elif name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
-        fam = gemma2
+        fam = gemma3 if cfg.qk_norm or cfg.rope_local_base is not None else gemma2  # Gemma3: q/k norms, two RoPEs
     elif name == "lm" and cfg.position == "rope":
         qwen_like = cfg.qk_norm or cfg.resolved_qkv_bias != cfg.resolved_out_bias
         fam = qwen if qwen_like else mistral if cfg.sliding_window is not None else llama
@@ -335,6 +335,8 @@ def exporter(name: str, cfg):
     problems = fam.export_problems(name, cfg)
     if getattr(cfg, "attn_scale", None) is not None and fam is not t5:  # only T5 writes a score scale
         problems = [*problems, f"attn_scale={cfg.attn_scale} (the family scales scores by 1/sqrt(head_dim))"]
+    if getattr(cfg, "rope_local_base", None) is not None and fam is not gemma3:  # only Gemma3 has two RoPEs
+        problems = [*problems, f"rope_local_base={cfg.rope_local_base} (the family rotates every layer alike)"]
     if problems:
         raise ConversionError([f"{name} config has no {fam.__name__.rsplit('.', 1)[-1]} HF "
                                f"equivalent: {p}" for p in problems])

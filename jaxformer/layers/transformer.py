@@ -42,7 +42,10 @@ from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
-def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -> MultiHeadAttention:
+def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = False,
+                   rngs: nnx.Rngs) -> MultiHeadAttention:
+    """The attention of a layer; `local`: a sliding-window layer, which rotates with its own
+    RoPE when the config gives one (cfg.layer_rope, Gemma3, docs/numerics.md §33)."""
     if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
@@ -52,11 +55,12 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, rngs: nnx.Rngs) -
             attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
             softcap=cfg.attn_logit_softcap, rngs=rngs)
     use_rope = self_attn and cfg.position == "rope"
+    rope_base, rope_scaling = cfg.layer_rope(local)
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
-        rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
+        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=rope_base,
+        rope_scaling=rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
         scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn, rngs=rngs)
 
 
@@ -138,11 +142,12 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 
 
 class EncoderLayer(nnx.Module):
-    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
+    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D].
+    local: a sliding-window layer (its attention's RoPE: make_attention)."""
 
-    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, local: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
+        self.self_attn = make_attention(cfg, self_attn=True, local=local, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs)
         self.post_attn_norm = _post_norm(cfg, rngs)
         self.ffn = make_ffn(cfg, sparse=sparse, rngs=rngs)
@@ -169,13 +174,14 @@ class DecoderLayer(nnx.Module):
     With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
     ("cross" holds its keys/values, from init_cache). rolling: the self-attention cache is a
-    ring of sliding_window slots (MultiHeadAttention).
+    ring of sliding_window slots (MultiHeadAttention). local: a sliding-window layer (its
+    attention's RoPE: make_attention).
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
-                 rngs: nnx.Rngs):
+                 local: bool = False, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True, rngs=rngs)
+        self.self_attn = make_attention(cfg, self_attn=True, local=local, rngs=rngs)
         self.attn_norm = _norm(cfg, rngs)
         self.post_attn_norm = _post_norm(cfg, rngs)
         self.cross_attn = make_attention(cfg, self_attn=False, rngs=rngs) if cross_attention else None
@@ -311,23 +317,28 @@ class _Stack(nnx.Module):
         return jnp.asarray(local)
 
     def make_layers(self, make, rngs: nnx.Rngs):
-        """num_layers layers from make(rngs, sparse) (sparse: the layer's FFN is the MoE,
-        cfg.sparse_layers()): a list, or with scan_layers one module whose params carry a
-        leading layer axis [L, ...] (nnx.vmap over split RNG streams; its layers must be alike)."""
+        """num_layers layers from make(rngs, sparse, local) (sparse: the layer's FFN is the MoE,
+        cfg.sparse_layers(); local: a sliding-window layer, cfg.local_layers()): a list, or with
+        scan_layers one module whose params carry a leading layer axis [L, ...] (nnx.vmap over
+        split RNG streams; its layers must be alike)."""
         n = self.cfg.num_layers
-        sparse = self.cfg.sparse_layers()
+        sparse, local = self.cfg.sparse_layers(), self.cfg.local_layers()
         if not self.scan_layers:
-            return nnx.List([make(rngs, sparse[i]) for i in range(n)])
+            return nnx.List([make(rngs, sparse[i], local[i]) for i in range(n)])
         if len(set(sparse)) > 1:
             raise ConfigError("model.scan_layers: the scanned layers must be alike, but moe.dense_layers "
                               f"{list(self.cfg.moe.dense_layers)} mixes dense and MoE layers; set "
                               "scan_layers: false (or make every layer sparse)")
+        if len(set(local)) > 1 and self.cfg.rope_local_base is not None:  # two RoPE tables (§33)
+            raise ConfigError("model.scan_layers: the scanned layers must be alike, but rope_local_base "
+                              f"{self.cfg.rope_local_base} gives the sliding-window layers of layer_types a RoPE "
+                              "of their own; set scan_layers: false")
 
         @nnx.split_rngs(splits=n)
         @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n,
                   transform_metadata={nnx.PARTITION_NAME: partitioning.LAYERS_AXIS})
         def stacked(rngs):
-            return make(rngs, sparse[0])
+            return make(rngs, sparse[0], local[0])
         return stacked(rngs)
 
     def run_layers(self, x, call, intermediates: dict | None, aux: dict | None = None):
@@ -435,7 +446,8 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.layers = self.make_layers(lambda r, sparse: EncoderLayer(cfg, sparse=sparse, rngs=r), rngs)
+        self.layers = self.make_layers(lambda r, sparse, local: EncoderLayer(cfg, sparse=sparse, local=local,
+                                                                             rngs=r), rngs)
 
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                  return_attention: bool = False):
@@ -468,9 +480,8 @@ class Decoder(_Stack):
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True,
                  rngs: nnx.Rngs):
         super().__init__(cfg, causal=causal, rngs=rngs)
-        self.layers = self.make_layers(lambda r, sparse: DecoderLayer(cfg, cross_attention=cross_attention,
-                                                                       sparse=sparse, rngs=r),
-                                       rngs)
+        self.layers = self.make_layers(lambda r, sparse, local: DecoderLayer(
+            cfg, cross_attention=cross_attention, sparse=sparse, local=local, rngs=r), rngs)
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,

@@ -40,7 +40,9 @@ from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
-def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAttention:
+def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = False) -> MultiHeadAttention:
+    """The attention of a layer; `local`: a sliding-window layer, which rotates with its own
+    RoPE when the config gives one (cfg.layer_rope, Gemma3, docs/numerics.md §33)."""
     if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
@@ -50,11 +52,12 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool) -> MultiHeadAtten
             attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
             softcap=cfg.attn_logit_softcap)
     use_rope = self_attn and cfg.position == "rope"
+    rope_base, rope_scaling = cfg.layer_rope(local)
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=cfg.rope_base,
-        rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
+        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=rope_base,
+        rope_scaling=rope_scaling, qk_norm=cfg.norm if cfg.qk_norm else None, norm_eps=cfg.norm_eps,
         scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn)
 
 
@@ -131,12 +134,13 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 
 
 class EncoderLayer(nn.Module):
-    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D]."""
+    """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D].
+    local: a sliding-window layer (its attention's RoPE: make_attention)."""
 
-    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False):
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, local: bool = False):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True)
+        self.self_attn = make_attention(cfg, self_attn=True, local=local)
         self.attn_norm = _norm(cfg)
         self.post_attn_norm = _post_norm(cfg)
         self.ffn = make_ffn(cfg, sparse=sparse)
@@ -163,13 +167,15 @@ class DecoderLayer(nn.Module):
     With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
     ("cross" holds its keys/values, from init_cache). rolling: the self-attention cache is a
-    ring of sliding_window slots (MultiHeadAttention).
+    ring of sliding_window slots (MultiHeadAttention). local: a sliding-window layer (its
+    attention's RoPE: make_attention).
     """
 
-    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False):
+    def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
+                 local: bool = False):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True)
+        self.self_attn = make_attention(cfg, self_attn=True, local=local)
         self.attn_norm = _norm(cfg)
         self.post_attn_norm = _post_norm(cfg)
         self.cross_attn = make_attention(cfg, self_attn=False) if cross_attention else None
@@ -358,7 +364,8 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__(cfg)
-        self.layers = nn.ModuleList([EncoderLayer(cfg, sparse=sparse) for sparse in cfg.sparse_layers()])
+        self.layers = nn.ModuleList([EncoderLayer(cfg, sparse=sparse, local=local)
+                                     for sparse, local in zip(cfg.sparse_layers(), cfg.local_layers())])
 
     def forward(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                 return_attention: bool = False):
@@ -388,8 +395,8 @@ class Decoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True):
         super().__init__(cfg, causal=causal)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention, sparse=sparse)
-                                     for sparse in cfg.sparse_layers()])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, cross_attention=cross_attention, sparse=sparse, local=local)
+                                     for sparse, local in zip(cfg.sparse_layers(), cfg.local_layers())])
 
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
