@@ -97,4 +97,13 @@ lm_check("deepseek_v3", T.DeepseekV3ForCausalLM, dict(DS, q_lora_rank=10, attent
 lm_check("deepseek_v3", T.DeepseekV3ForCausalLM, dict(DS, num_attention_heads=5, num_key_value_heads=5, q_lora_rank=None,
          n_routed_experts=6, n_group=3, topk_group=1, num_experts_per_tok=2, n_shared_experts=2,
          first_k_dense_replace=0, norm_topk_prob=False, rope_interleave=False, tie_word_embeddings=True))
+# Gemma3 (after DeepSeek-V3 for the same reason): HF's default pattern of 6 (7 layers: both
+# kinds), the global RoPE scaled linear 8; a pattern of 2 with a scaled local RoPE and yarn on
+# the global one, biases, MQA, GeLU, an untied head and a final logit cap
+lm_check("gemma3", T.Gemma3ForCausalLM, dict(SMALL, num_hidden_layers=7, head_dim=16, sliding_window=4, query_pre_attn_scalar=20, rope_parameters=dict(
+    full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0), sliding_attention=dict(rope_type="default", rope_theta=1e4))))
+lm_check("gemma3", T.Gemma3ForCausalLM, dict(SMALL, num_hidden_layers=4, num_key_value_heads=1, head_dim=12, sliding_window=3, sliding_window_pattern=2,
+         query_pre_attn_scalar=12, hidden_activation="gelu", attention_bias=True, tie_word_embeddings=False, final_logit_softcapping=3.0,
+         rope_parameters=dict(full_attention=dict(rope_type="yarn", rope_theta=500.0, factor=4.0, original_max_position_embeddings=16),
+                              sliding_attention=dict(rope_type="linear", rope_theta=50.0, factor=2.0))))
 print(json.dumps({k: {"worst_diff": max(d for d, _ in v), "tol_share": max(d / (1e-5 * max(1, m)) for d, m in v), "max_logit": max(m for _, m in v), "runs": len(v)} for k, v in out.items()}, indent=0))
