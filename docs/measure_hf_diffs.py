@@ -137,4 +137,13 @@ lm_check("olmo2", T.Olmo2ForCausalLM, dict(SMALL, head_dim=10))
 lm_check("olmo2", T.Olmo2ForCausalLM, dict(SMALL, num_key_value_heads=1, head_dim=6, attention_bias=True, tie_word_embeddings=True,
          rope_parameters=dict(rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                               original_max_position_embeddings=8)))
+# Gemma3 (after DeepSeek-V3 for the same reason): HF's default pattern of 6 (7 layers: both
+# kinds), the global RoPE scaled linear 8; a pattern of 2 with a scaled local RoPE and yarn on
+# the global one, biases, MQA, GeLU, an untied head and a final logit cap
+lm_check("gemma3", T.Gemma3ForCausalLM, dict(SMALL, num_hidden_layers=7, head_dim=16, sliding_window=4, query_pre_attn_scalar=20, rope_parameters=dict(
+    full_attention=dict(rope_type="linear", rope_theta=1e6, factor=8.0), sliding_attention=dict(rope_type="default", rope_theta=1e4))))
+lm_check("gemma3", T.Gemma3ForCausalLM, dict(SMALL, num_hidden_layers=4, num_key_value_heads=1, head_dim=12, sliding_window=3, sliding_window_pattern=2,
+         query_pre_attn_scalar=12, hidden_activation="gelu", attention_bias=True, tie_word_embeddings=False, final_logit_softcapping=3.0,
+         rope_parameters=dict(full_attention=dict(rope_type="yarn", rope_theta=500.0, factor=4.0, original_max_position_embeddings=16),
+                              sliding_attention=dict(rope_type="linear", rope_theta=50.0, factor=2.0))))
 print(json.dumps({k: {"worst_diff": max(d for d, _ in v), "tol_share": max(d / (1e-5 * max(1, m)) for d, m in v), "max_logit": max(m for _, m in v), "runs": len(v)} for k, v in out.items()}, indent=0))

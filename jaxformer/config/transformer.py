@@ -126,6 +126,9 @@ class TransformerConfig:
     rope_scaling: RopeScaling | None = None  # RoPE frequency scaling (Llama 3.x, YaRN, ...)
     rotary_dim: int | None = None  # RoPE rotates the first rotary_dim dims of each head; None = all
     #   (GPT-NeoX's rotary_pct, partial_rotary_factor; docs/numerics.md §35)
+    rope_local_base: float | None = None  # the sliding-window layers' own RoPE base (Gemma3,
+    #   ModernBERT); None = they rotate as the full layers (rope_base, rope_scaling) (§33, §36)
+    rope_local_scaling: RopeScaling | None = None  # their scaling, with rope_local_base; None = unscaled
     qk_norm: bool = False  # a per-head norm (`norm`, `norm_eps`) on q and k before RoPE (Qwen3)
     qk_norm_full: bool = False  # one norm over all heads' q (H*K) and k (G*K) before the head
     #   split and RoPE (OLMo 2; docs/numerics.md §35)
@@ -147,7 +150,6 @@ class TransformerConfig:
     # RoBERTa / ModernBERT options (docs/numerics.md §36); the defaults leave every other model unchanged
     positions_from_padding: bool = False  # absolute positions count the non-pad tokens (ids != pad_id)
     #   from pad_id + 1, pad tokens sit at pad_id (HF RoBERTa's create_position_ids_from_input_ids)
-    rope_local_base: float | None = None  # RoPE base of the sliding-window layers; None = rope_base
     first_attn_norm: bool = True  # False: layer 0 has no attn_norm (ModernBERT: the embedding norm precedes it)
     # Mixture of experts and DeepSeek / gpt-oss attention (jaxformer/config/moe.py)
     moe: MoEConfig | None = None  # the sparse layers' FFN is a mixture of experts; None = dense
@@ -244,6 +246,11 @@ class TransformerConfig:
                   + (" with mla" if self.mla is not None else ""))
         check(self.first_attn_norm or self.norm_position == "pre", "first_attn_norm",
               f"only a Pre-LN stack can drop layer 0's attn_norm; norm_position is {self.norm_position!r}")
+        if self.rope_local_scaling is not None:
+            check(self.rope_local_base is not None, "rope_local_scaling",
+                  "scales the local layers' own RoPE; set rope_local_base with it")
+            check(self.rope_local_scaling.rope_type != "dynamic" or self.resolved_rotary_dim > 2, "rope_local_scaling",
+                  "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))")
         check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
               f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
         check(0 <= self.pad_id < self.vocab_size, "pad_id",
@@ -264,6 +271,7 @@ class TransformerConfig:
                 check(getattr(self, name) is None, name, "is not supported with mla (head widths are "
                       "mla's; no sliding-window ring cache holds a latent)")
             check(not self.qk_norm, "qk_norm", "is not supported with mla")
+            check(self.rope_local_base is None, "rope_local_base", "is not supported with mla (no local layers)")
             check(self.rope_scaling is None or self.rope_scaling.rope_type != "dynamic" or
                   self.mla.qk_rope_head_dim > 2, "rope_scaling", "dynamic scaling needs qk_rope_head_dim > 2")
 
@@ -303,11 +311,18 @@ class TransformerConfig:
 
     def layer_options(self, i: int) -> dict:
         """The construction options of layer i that can differ between layers: sparse (its FFN
-        is the MoE), rope_base (rope_local_base on a sliding-window layer), attn_norm (False on
-        layer 0 without first_attn_norm). Both trees build layer i with these."""
+        is the MoE), local (a sliding-window layer with a RoPE of its own: rope_local_base),
+        attn_norm (False on layer 0 without first_attn_norm). Both trees build layer i with these."""
         local = self.local_layers()[i] and self.rope_local_base is not None
-        return dict(sparse=self.sparse_layers()[i], rope_base=self.rope_local_base if local else self.rope_base,
-                    attn_norm=self.first_attn_norm or i > 0)
+        return dict(sparse=self.sparse_layers()[i], local=local, attn_norm=self.first_attn_norm or i > 0)
+
+    def layer_rope(self, local: bool) -> tuple[float, RopeScaling | None]:
+        """(base, scaling) of a layer's RoPE: a sliding-window layer's own (rope_local_base,
+        rope_local_scaling) when rope_local_base is set (Gemma3, docs/numerics.md §33), else
+        rope_base and rope_scaling."""
+        if local and self.rope_local_base is not None:
+            return self.rope_local_base, self.rope_local_scaling
+        return self.rope_base, self.rope_scaling
 
     @property
     def score_scale(self) -> float | None:

@@ -12,7 +12,7 @@ Families (one module each): GPT-2 (`GPT2LMHeadModel` <-> `lm`), LLaMA (`LlamaFor
 <-> `lm`), Mixtral (`MixtralForCausalLM` <-> `lm`), Qwen-MoE (`Qwen2MoeForCausalLM`,
 `Qwen3MoeForCausalLM` <-> `lm`), Phi-3 (`Phi3ForCausalLM` <-> `lm`, longrope), DeepSeek-V3
 (`DeepseekV3ForCausalLM` <-> `lm`), Gemma2
-(`Gemma2ForCausalLM` <-> `lm`), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
+(`Gemma2ForCausalLM` <-> `lm`), Gemma3 (`Gemma3ForCausalLM` <-> `lm`, text only), gpt-oss (`GptOssForCausalLM` <-> `lm`, MXFP4 experts
 dequantized by `mxfp4`), GPT-NeoX / Pythia (`GPTNeoXForCausalLM` <-> `lm`), OLMo 2
 (`Olmo2ForCausalLM` <-> `lm`), BERT (`BertModel` <-> `encoder`, `BertForSequenceClassification` <->
 `classifier`), RoBERTa and XLM-R (`RobertaModel`, `XLMRobertaModel` <-> `encoder`, their
@@ -51,8 +51,9 @@ from jaxformer.hf.common import typed_for_hf
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
                   "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
-                  "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.dinov2", "jaxformer.hf.t5",
-                  "jaxformer.hf.gpt_oss", "jaxformer.hf.phi3", "jaxformer.hf.roberta", "jaxformer.hf.modernbert",
+                  "jaxformer.hf.gemma3", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.dinov2",
+                  "jaxformer.hf.t5", "jaxformer.hf.gpt_oss", "jaxformer.hf.phi3", "jaxformer.hf.roberta",
+                  "jaxformer.hf.modernbert",
                   # partial rotary and the parallel residual; post-sublayer norms and full-width
                   # q/k norms (docs/numerics.md §35)
                   "jaxformer.hf.gpt_neox", "jaxformer.hf.olmo2")
@@ -316,7 +317,7 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral,
+    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral,
                               modernbert, olmo2, phi3, qwen, qwen_moe, roberta, t5, vision)
     scaling = getattr(cfg, "rope_scaling", None)
     if name == "lm" and scaling is not None and scaling.rope_type == "longrope":  # only Phi-3 has it
@@ -329,7 +330,7 @@ def exporter(name: str, cfg):
         moe_qwen = cfg.qk_norm or cfg.moe.shared_expert_gate or cfg.resolved_qkv_bias != cfg.resolved_out_bias
         fam = qwen_moe if moe_qwen else mixtral
     elif name == "lm" and (cfg.norm == "rmsnorm_offset" or cfg.norm_position == "sandwich"):
-        fam = gemma2
+        fam = gemma3 if cfg.qk_norm or cfg.rope_local_base is not None else gemma2  # Gemma3: q/k norms, two RoPEs
     elif name == "lm" and (cfg.norm_position == "post_sublayer" or cfg.qk_norm_full):
         fam = olmo2
     elif name == "lm" and cfg.position == "rope" and (cfg.norm == "layernorm" or cfg.parallel_residual):
@@ -358,12 +359,11 @@ def exporter(name: str, cfg):
         raise ConversionError([f"model {name!r} has no Hugging Face export (supported: lm, encoder, "
                                "classifier, vit, swin, seq2seq)"])
     problems = fam.export_problems(name, cfg)
-    if fam not in (roberta, modernbert):  # the options only these encoder families write (§36)
-        problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (the family has none)" for k, neutral in
-                                 (("positions_from_padding", False), ("first_attn_norm", True),
-                                  ("rope_local_base", None)) if getattr(cfg, k, neutral) != neutral)]
-    # the options only one family writes (docs/numerics.md §35)
-    only = {"rotary_dim": (None, (gpt_neox, phi3)), "parallel_residual": (False, (gpt_neox,)),
+    # options only some families write: RoBERTa's positions, ModernBERT's first layer (§36),
+    # a local RoPE (Gemma3 §33, ModernBERT), partial rotary and the parallel block (§35)
+    only = {"positions_from_padding": (False, (roberta,)), "first_attn_norm": (True, (modernbert,)),
+            "rope_local_base": (None, (gemma3, modernbert)), "rope_local_scaling": (None, (gemma3,)),
+            "rotary_dim": (None, (gpt_neox, phi3)), "parallel_residual": (False, (gpt_neox,)),
             "qk_norm_full": (False, (olmo2,))}
     problems = [*problems, *(f"{k}={getattr(cfg, k)!r} (only {' and '.join(x.__name__.rsplit('.', 1)[-1] for x in f)} "
                              "export it)" for k, (neutral, f) in only.items()

@@ -71,13 +71,14 @@ def _number_or_null(o: Options, key: str):
     return v
 
 
-def _layers(o: Options, n: int) -> tuple[tuple[str, ...] | None, int | None]:
-    """-> (layer_types, sliding_window) for LMConfig: HF's default pattern when absent; a stack
-    without sliding layers needs no window."""
+def _layers(o: Options, n: int, pattern: int = 2) -> tuple[tuple[str, ...] | None, int | None]:
+    """-> (layer_types, sliding_window) for LMConfig: HF's default pattern when absent (every
+    `pattern`-th layer full, the others sliding: Gemma2 2, Gemma3 sliding_window_pattern); a
+    stack without sliding layers needs no window."""
     o.used.update(("layer_types", "sliding_window"))
     types = o.raw.get("layer_types")
     if types is None:
-        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     if not (isinstance(types, list) and len(types) == n and all(t in LAYER_TYPES for t in types)):
         o.problem("layer_types", f"must be {n} entries (num_hidden_layers) of {list(LAYER_TYPES)}")
         return None, None

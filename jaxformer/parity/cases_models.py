@@ -198,6 +198,18 @@ for tag, cfg in {"gpt_neox_partial_rotary_parallel": NEOX, "olmo2_post_sublayer_
     case(f"lm_{tag}_left_padding", "lm_model", model_pair("lm", cfg),
          lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                     "attention_mask": left_padding(B, T, [7, 4])})
+# Gemma3 (jaxformer/hf/gemma3.py): Gemma2's layer with (1 + w) q/k norms and no caps; the
+# sliding layers rotate with their own RoPE (base 50, linear 2) and the full ones with base 1e4
+# scaled linear 4 (docs/numerics.md §33); left padding
+GEMMA3 = LMConfig.tiny(position="rope", norm="rmsnorm_offset", norm_eps=1e-6, ffn="geglu_tanh",
+                       norm_position="sandwich", bias=False, num_kv_heads=2, head_dim=12, scale_embedding=True,
+                       tie_embeddings=True, num_layers=3, sliding_window=3, qk_norm=True,
+                       layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+                       query_pre_attn_scalar=10.0, rope_scaling=RopeScaling("linear", 4.0), rope_local_base=50.0,
+                       rope_local_scaling=RopeScaling("linear", 2.0))
+case("lm_gemma3_local_rope_qk_norm_left_padding", "lm_model", model_pair("lm", GEMMA3),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
 case("lm_gpt2_left_padding_position_ids", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4]),

@@ -43,8 +43,9 @@ from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 
 
-def make_attention(cfg: TransformerConfig, *, self_attn: bool, rope_base: float | None = None) -> MultiHeadAttention:
-    """rope_base: this layer's RoPE base (cfg.layer_options); None = cfg.rope_base."""
+def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = False) -> MultiHeadAttention:
+    """The attention of a layer; `local`: a sliding-window layer, which rotates with its own
+    RoPE when the config gives one (cfg.layer_rope: Gemma3, ModernBERT; docs/numerics.md §33)."""
     if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
@@ -54,12 +55,12 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, rope_base: float 
             attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
             softcap=cfg.attn_logit_softcap)
     use_rope = self_attn and cfg.position == "rope"
+    rope_base, rope_scaling = cfg.layer_rope(local)
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None,
-        rope_base=cfg.rope_base if rope_base is None else rope_base,
-        rope_scaling=cfg.rope_scaling, qk_norm=cfg.norm if cfg.qk_norm or cfg.qk_norm_full else None,
+        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=rope_base,
+        rope_scaling=rope_scaling, qk_norm=cfg.norm if cfg.qk_norm or cfg.qk_norm_full else None,
         qk_norm_full=cfg.qk_norm_full, rotary_dim=cfg.rotary_dim, norm_eps=cfg.norm_eps,
         scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn)
 
@@ -174,13 +175,14 @@ def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *ar
 
 class EncoderLayer(nn.Module):
     """Self-attention then FFN, each with a residual and a norm. x [B, T, D] -> [B, T, D].
-    sparse, rope_base, attn_norm: this layer's options (TransformerConfig.layer_options)."""
+    sparse, local, attn_norm: this layer's options (TransformerConfig.layer_options; local: a
+    sliding-window layer with its own RoPE, make_attention)."""
 
-    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, rope_base: float | None = None,
+    def __init__(self, cfg: TransformerConfig, *, sparse: bool = False, local: bool = False,
                  attn_norm: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
+        self.self_attn = make_attention(cfg, self_attn=True, local=local)
         self.attn_norm = _pre_norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
         self.attn_layer_scale = _layer_scale(cfg)
@@ -212,16 +214,17 @@ class DecoderLayer(nn.Module):
     With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
     cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
     ("cross" holds its keys/values, from init_cache). rolling: the self-attention cache is a
-    ring of sliding_window slots (MultiHeadAttention).
+    ring of sliding_window slots (MultiHeadAttention). local: a sliding-window layer (its
+    attention's RoPE: make_attention).
     """
 
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
-                 rope_base: float | None = None, attn_norm: bool = True):
+                 local: bool = False, attn_norm: bool = True):
         super().__init__()
         if cross_attention and cfg.parallel_residual:
             raise ValueError("parallel_residual (GPT-NeoX) is for layers without cross-attention")
         self.cfg = cfg
-        self.self_attn = make_attention(cfg, self_attn=True, rope_base=rope_base)
+        self.self_attn = make_attention(cfg, self_attn=True, local=local)
         self.attn_norm = _pre_norm(cfg) if attn_norm else None
         self.post_attn_norm = _post_norm(cfg)
         self.attn_layer_scale = _layer_scale(cfg)
