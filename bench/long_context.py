@@ -113,7 +113,9 @@ def jax_child(impl: str, seq: int, steps: int, plain_limit: float) -> dict:
     fns = StepFns(cfg, model, tx, schedule)
     tokens = np.random.RandomState(0).randint(3, MODEL["vocab_size"], (1, 1, seq + 1)).astype(np.int32)
     with lowering.tracing(attention=impl):
-        step = jax.jit(fns.train_step, donate_argnums=0).lower(state, {"tokens": tokens}).compile()
+        # jitted as the trainer does (jax_trainer._wrap_steps), with the train steps' compiler options
+        step = jax.jit(fns.train_step, donate_argnums=0, compiler_options=lowering.train_compiler_options()).lower(
+            state, {"tokens": tokens}).compile()
     mem = step.memory_analysis()
     temp = int(mem.temp_size_in_bytes)
     # what the step allocates by XLA's own account: its temporaries (one preallocated buffer,
