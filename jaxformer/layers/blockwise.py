@@ -307,9 +307,11 @@ def _lse_for_backward(lse):
     return lse
 
 
-def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out, d_lse=None):
+def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out, d_lse=None,
+              slopes_grad: bool = True):
     """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed).
-    d_lse [B, G, R, Tp]: a cotangent of the lse too (None = 0). Ring attention passes its merged
+    d_lse [B, G, R, Tp]: a cotangent of the lse too (None = 0). slopes_grad=False: dslopes is
+    not computed (None), for a caller whose ALiBi slopes are constants. Ring attention passes its merged
     out and lse, and the cotangents of both, for each key block: p = exp(s - lse) is then the
     block's share of the whole softmax, so each block's gradients come without its own lse."""
     b, tp, g, r, dk_width = q.shape
@@ -372,9 +374,9 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out,
         return (dq_all, dk, dv, dbias, dslopes, dsinks), visits
 
     carry0 = _varying((q, k, v, bias, sinks, slopes, parts, d_out, lse, d_lse),
-                      f32(q), f32(k), f32(v), f32(bias), f32(slopes), f32(sinks))
+                      f32(q), f32(k), f32(v), f32(bias), f32(slopes if slopes_grad else None), f32(sinks))
     (dq, dk, dv, dbias, dslopes, dsinks), visits = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
-    cast = lambda d, a: None if a is None else d.astype(a.dtype)  # noqa: E731
+    cast = lambda d, a: None if a is None or d is None else d.astype(a.dtype)  # noqa: E731
     grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dbias, bias), cast(dsinks, sinks), cast(dslopes, slopes))
     return grads, jnp.sum(visits)
 
