@@ -232,7 +232,8 @@ def layer_memory(seq: int) -> list[dict]:
                 state = init_lib.abstract_state_of(model, tx)
                 tokens = jax.ShapeDtypeStruct((1, 1, seq + 1), np.int32)
                 with lowering.tracing(attention="blockwise"):
-                    compiled = jax.jit(StepFns(cfg, model, tx, schedule).train_step).lower(
+                    compiled = jax.jit(StepFns(cfg, model, tx, schedule).train_step,
+                                       compiler_options=lowering.train_compiler_options()).lower(
                         state, {"tokens": tokens}).compile()
                 temps[layers] = int(compiled.memory_analysis().temp_size_in_bytes)
             rows.append({"scan_layers": scan, "remat": remat, "seq_len": seq, "temp_bytes_2_layers": temps[2],
