@@ -14,7 +14,8 @@ Contenders (`impl`), each (impl, T) in its own child process:
 
 The model is a small Llama-style LM (RoPE, GQA 4/2 heads of 64, SwiGLU, RMSNorm, D 256, 2 layers,
 byte vocab), batch 1; the step is forward, backward and an AdamW update (jaxformer's train
-step, jitted with the state donated; torch: loss.backward() and torch.optim.AdamW).
+step, jitted as the trainer does: the state donated, lowering.train_compiler_options();
+torch: loss.backward() and torch.optim.AdamW).
 
 peak_bytes is what one training step adds to the process's resident memory at its peak, measured
 the same way for both frameworks: in a fresh child per (impl, T), everything resident before the
@@ -31,9 +32,10 @@ steps' figure (peak_bytes_repeat, with --steps > 1) is comparable too. What this
 activations kept for the backward pass, the gradients, the backward's temporaries, the new
 parameters and optimiser state before the old ones are freed (JAX: the outputs not aliased to
 the donated state; torch updates in place), and first-run costs of each runtime (thread pools,
-kernel scratch). JAX's peak exceeds its compiled_bytes by ~20 MB at T = 1k and ~110 MB at 16k:
-memory outside XLA's buffer assignment that grows with T (not traced further here; the
-runtime's own scratch, e.g. of its dot kernels, is the likely owner).
+kernel scratch). JAX's peak exceeds its compiled_bytes by memory outside XLA's buffer
+assignment that grows with T: YNNPACK's fusions' own buffers, ~110 MB at 16k when YNNPACK fused
+reductions and elementwise ops with the dots, ~60 MB with the train steps' dots-only option
+(lowering.TRAIN_CPU_COMPILER_OPTIONS; docs/numerics.md §38).
 
 Cross-checks in each row: `compiled_bytes` (JAX) is XLA's own account of the step,
 memory_analysis() temporaries (one preallocated buffer sized by the buffer assignment's heap
@@ -113,7 +115,9 @@ def jax_child(impl: str, seq: int, steps: int, plain_limit: float) -> dict:
     fns = StepFns(cfg, model, tx, schedule)
     tokens = np.random.RandomState(0).randint(3, MODEL["vocab_size"], (1, 1, seq + 1)).astype(np.int32)
     with lowering.tracing(attention=impl):
-        step = jax.jit(fns.train_step, donate_argnums=0).lower(state, {"tokens": tokens}).compile()
+        # jitted as the trainer does (jax_trainer._wrap_steps), with the train steps' compiler options
+        step = jax.jit(fns.train_step, donate_argnums=0, compiler_options=lowering.train_compiler_options()).lower(
+            state, {"tokens": tokens}).compile()
     mem = step.memory_analysis()
     temp = int(mem.temp_size_in_bytes)
     # what the step allocates by XLA's own account: its temporaries (one preallocated buffer,
@@ -228,7 +232,8 @@ def layer_memory(seq: int) -> list[dict]:
                 state = init_lib.abstract_state_of(model, tx)
                 tokens = jax.ShapeDtypeStruct((1, 1, seq + 1), np.int32)
                 with lowering.tracing(attention="blockwise"):
-                    compiled = jax.jit(StepFns(cfg, model, tx, schedule).train_step).lower(
+                    compiled = jax.jit(StepFns(cfg, model, tx, schedule).train_step,
+                                       compiler_options=lowering.train_compiler_options()).lower(
                         state, {"tokens": tokens}).compile()
                 temps[layers] = int(compiled.memory_analysis().temp_size_in_bytes)
             rows.append({"scan_layers": scan, "remat": remat, "seq_len": seq, "temp_bytes_2_layers": temps[2],

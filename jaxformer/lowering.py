@@ -272,6 +272,20 @@ def widen_each_step() -> bool:
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 
 
+# XLA:CPU options of the training steps (jaxformer/train/jax_trainer.py): YNNPACK fuses dots
+# only. Its fusions of a dot with the reductions and elementwise ops around it run on buffers
+# outside XLA's buffer assignment, which the schedule neither shares nor frees early: in the
+# long-context bench's step they added ~6 KB per token to the peak resident memory beyond
+# XLA's own temporaries, and their fusion boundaries ~5 KB per token to those (§38).
+TRAIN_CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
+
+
+def train_compiler_options() -> dict | None:
+    """compiler_options for jax.jit of a train step: TRAIN_CPU_COMPILER_OPTIONS on the CPU
+    backend, else none."""
+    return TRAIN_CPU_COMPILER_OPTIONS if on_cpu() else None
+
+
 @functools.cache
 def decode_jit(fn, static_argnums=(), static_argnames=(), donate_argnums=()):
     """jax.jit of a decode program, with CPU_COMPILER_OPTIONS on the CPU backend (built at the

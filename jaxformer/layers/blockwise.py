@@ -228,7 +228,8 @@ def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
     nq = tp // st.bq
     kv_width = v.shape[-1]
 
-    def q_block(i):
+    def q_block(i, carry):
+        out_all, lse_all, visits_all = carry
         qi = jax.lax.dynamic_slice_in_dim(q, i * st.bq, st.bq, 1)  # [B, bq, G, R, K]
         if sinks is None:
             m0 = jnp.full((b, g, r, st.bq), -jnp.inf, jnp.float32)
@@ -258,12 +259,26 @@ def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
                                                (jnp.int32(0), m0, l0, acc0))
         out = acc / jnp.where(l == 0, 1.0, l)[..., None]  # l = 0: no visible key (and no sink) -> 0
         lse = jnp.where(l == 0, -jnp.inf, m + jnp.log(jnp.where(l == 0, 1.0, l)))
-        return jnp.moveaxis(out, 3, 1), lse, visits  # [B, bq, G, R, Kv], [B, G, R, bq]
+        out_all = jax.lax.dynamic_update_slice_in_dim(out_all, jnp.moveaxis(out, 3, 1), i * st.bq, 1)
+        lse_all = jax.lax.dynamic_update_slice_in_dim(lse_all, lse, i * st.bq, 3)
+        return out_all, lse_all, visits_all + visits
 
-    out, lse, visits = jax.lax.map(q_block, jnp.arange(nq, dtype=jnp.int32))  # [nq, B, bq, ...], [nq, B, G, R, bq]
-    out = jnp.moveaxis(out, 0, 1).reshape(b, tp, g, r, kv_width)
-    lse = jnp.moveaxis(lse, 0, 3).reshape(b, g, r, tp)
-    return out, lse, jnp.sum(visits)  # visits: the loop bodies run (blocks computed)
+    # the output buffers are filled block by block; their zeros come from q (_zeros_from, §38)
+    init = _varying((q, k, v, bias, slopes, parts), _zeros_from(q, (b, tp, g, r, kv_width)),
+                    _zeros_from(q, (b, g, r, tp)), jnp.int32(0))
+    out, lse, visits = jax.lax.fori_loop(0, nq, q_block, init)  # [B, Tp, G, R, Kv], [B, G, R, Tp]
+    return out, lse, visits  # visits: the loop bodies run (blocks computed)
+
+
+def _zeros_from(x, shape):
+    """float32 zeros of `shape` computed from the array x (0 * |x's first element|, a non-finite
+    one taken as 0), not a constant. XLA:CPU shares one constant zero buffer between all loops
+    that fill a buffer of that shape (each layer's forward output, each layer's backward
+    accumulators), builds it and the copies the loops update in place at the start of the
+    program, and holds them through the forward pass: 4 [T, H, K] arrays per layer at the
+    step's peak. Computed from x, each is built where x is (docs/numerics.md §38)."""
+    x0 = jnp.ravel(x)[0].astype(jnp.float32)
+    return jnp.broadcast_to(jnp.abs(jnp.where(jnp.isfinite(x0), x0, 0.0)) * 0.0, shape)
 
 
 def _varying(inputs, *carries):
@@ -292,9 +307,11 @@ def _lse_for_backward(lse):
     return lse
 
 
-def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out, d_lse=None):
+def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out, d_lse=None,
+              slopes_grad: bool = True):
     """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed).
-    d_lse [B, G, R, Tp]: a cotangent of the lse too (None = 0). Ring attention passes its merged
+    d_lse [B, G, R, Tp]: a cotangent of the lse too (None = 0). slopes_grad=False: dslopes is
+    not computed (None), for a caller whose ALiBi slopes are constants. Ring attention passes its merged
     out and lse, and the cotangents of both, for each key block: p = exp(s - lse) is then the
     block's share of the whole softmax, so each block's gradients come without its own lse."""
     b, tp, g, r, dk_width = q.shape
@@ -305,10 +322,11 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out,
     delta = jnp.einsum("btgrk,btgrk->bgrt", d_out.astype(jnp.float32), out.astype(jnp.float32))
     if d_lse is not None:
         delta = delta - d_lse.astype(jnp.float32)
-    f32 = lambda a: None if a is None else jnp.zeros(a.shape, jnp.float32)  # noqa: E731
+    # the accumulators' zeros come from delta, so XLA builds them in the backward pass (§38)
+    f32 = lambda a: None if a is None else _zeros_from(delta, a.shape)  # noqa: E731
 
     def q_block(carry, i):
-        dk, dv, dbias, dslopes, dsinks = carry
+        dq_all, dk, dv, dbias, dslopes, dsinks = carry
         qi = jax.lax.dynamic_slice_in_dim(q, i * st.bq, st.bq, 1)  # [B, bq, G, R, K]
         doi = jax.lax.dynamic_slice_in_dim(d_out, i * st.bq, st.bq, 1)  # [B, bq, G, R, Kv]
         lse_i = jax.lax.dynamic_slice_in_dim(lse, i * st.bq, st.bq, 3)  # [B, G, R, bq]
@@ -352,13 +370,13 @@ def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out,
         if dsinks is not None:  # d / d sink = -sum over rows of p_sink * D
             p_sink = jnp.exp(sinks.astype(jnp.float32)[None, :, :, None] - lse_i)
             dsinks = dsinks - jnp.sum(p_sink * delta_i, axis=(0, 3))
-        return (dk, dv, dbias, dslopes, dsinks), (dq, visits)
+        dq_all = jax.lax.dynamic_update_slice_in_dim(dq_all, dq, i * st.bq, 1)
+        return (dq_all, dk, dv, dbias, dslopes, dsinks), visits
 
     carry0 = _varying((q, k, v, bias, sinks, slopes, parts, d_out, lse, d_lse),
-                      f32(k), f32(v), f32(bias), f32(slopes), f32(sinks))
-    (dk, dv, dbias, dslopes, dsinks), (dq, visits) = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
-    dq = jnp.moveaxis(dq, 0, 1).reshape(q.shape)
-    cast = lambda d, a: None if a is None else d.astype(a.dtype)  # noqa: E731
+                      f32(q), f32(k), f32(v), f32(bias), f32(slopes if slopes_grad else None), f32(sinks))
+    (dq, dk, dv, dbias, dslopes, dsinks), visits = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
+    cast = lambda d, a: None if a is None or d is None else d.astype(a.dtype)  # noqa: E731
     grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dbias, bias), cast(dsinks, sinks), cast(dslopes, slopes))
     return grads, jnp.sum(visits)
 

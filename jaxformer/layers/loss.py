@@ -7,6 +7,8 @@ Cross-entropy with label smoothing eps is torch's:
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -14,13 +16,47 @@ import jax.numpy as jnp
 def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
     """Summed smoothed cross-entropy over positions with weight 1; -> (loss_sum, correct).
     logits [..., V], labels [...] int, weights [...] of 0/1."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
-    loss = nll
-    if label_smoothing:
-        loss = (1.0 - label_smoothing) * nll + label_smoothing * -jnp.mean(logp, axis=-1)
+    loss = _smoothed_nll_sum(float(label_smoothing), logits.astype(jnp.float32), labels, weights)
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    return jnp.sum(loss * weights), jnp.sum(correct * weights)
+    return loss, jnp.sum(correct * weights)
+
+
+def _smoothed_nll(logits, labels, label_smoothing: float):
+    """Per position: (1 - eps) * -log p(label) + eps * mean over classes of -log p, and log p.
+    logits [..., V] float32 -> ([...], [..., V])."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        nll = (1.0 - label_smoothing) * nll + label_smoothing * -jnp.mean(logp, axis=-1)
+    return nll, logp
+
+
+# The loss's own backward: autodiff of log_softmax and of the label lookup builds the one-hot
+# scatter and the softmax from values all known in the forward pass, and XLA computes them
+# there and holds them to the backward pass (4 [..., V] arrays at a training step's peak).
+# This one keeps log p only (the logits are not needed after it) and forms
+# d loss / d logits = g * w * (softmax - (1 - eps) one_hot - eps / V) in one pass when the
+# cotangent arrives (docs/numerics.md §38).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _smoothed_nll_sum(label_smoothing: float, logits, labels, weights):
+    return jnp.sum(_smoothed_nll(logits, labels, label_smoothing)[0] * weights)
+
+
+def _smoothed_nll_sum_fwd(label_smoothing, logits, labels, weights):
+    nll, logp = _smoothed_nll(logits, labels, label_smoothing)
+    return jnp.sum(nll * weights), (logp, labels, weights)
+
+
+def _smoothed_nll_sum_bwd(label_smoothing, res, g):
+    logp, labels, weights = res
+    v = logp.shape[-1]
+    one_hot = (jnp.arange(v, dtype=labels.dtype) == labels[..., None]).astype(jnp.float32)
+    target = (1.0 - label_smoothing) * one_hot + label_smoothing / v
+    d_logits = (g * weights)[..., None] * (jnp.exp(logp) - target)
+    return d_logits, None, None
+
+
+_smoothed_nll_sum.defvjp(_smoothed_nll_sum_fwd, _smoothed_nll_sum_bwd)
 
 
 def target_weights(tokens, loss_mask=None, segment_ids=None):

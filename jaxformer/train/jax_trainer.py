@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.train import data as data_lib
 from jaxformer.train.data import pipeline
 from jaxformer.train import init as init_lib
@@ -214,7 +215,8 @@ class JaxTrainer:
             from jax.sharding import NamedSharding, PartitionSpec
             replicated = NamedSharding(self.mesh, PartitionSpec())
             train_kw, eval_kw = {"out_shardings": (self.shardings, replicated)}, {"out_shardings": replicated}
-        return (jax.jit(self.fns.train_step, donate_argnums=0, **train_kw),
+        return (jax.jit(self.fns.train_step, donate_argnums=0, compiler_options=lowering.train_compiler_options(),
+                        **train_kw),
                 jax.jit(self.fns.eval_step, **eval_kw))
 
     # ------------------------------------------------------------------ mesh

@@ -7,7 +7,9 @@ import torch.nn.functional as F
 
 
 def cross_entropy_sum(logits, labels, weights, label_smoothing: float):
-    """torch's CrossEntropyLoss(label_smoothing, reduction='sum') over positions with weight 1."""
+    """torch's CrossEntropyLoss(label_smoothing, reduction='sum') over positions with weight 1.
+    Its backward forms softmax - target from the saved log-softmax, as the JAX twin's own
+    backward does (docs/numerics.md §38)."""
     flat_logits = logits.float().reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1).long().masked_fill(weights.reshape(-1) == 0, -100)
     loss = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum",
