@@ -35,7 +35,7 @@ the donated state; torch updates in place), and first-run costs of each runtime 
 kernel scratch). JAX's peak exceeds its compiled_bytes by memory outside XLA's buffer
 assignment that grows with T: YNNPACK's fusions' own buffers, ~110 MB at 16k when YNNPACK fused
 reductions and elementwise ops with the dots, ~60 MB with the train steps' dots-only option
-(lowering.TRAIN_CPU_COMPILER_OPTIONS; docs/numerics.md §38).
+(lowering.CPU_COMPILER_OPTIONS; docs/numerics.md §38).
 
 Cross-checks in each row: `compiled_bytes` (JAX) is XLA's own account of the step,
 memory_analysis() temporaries (one preallocated buffer sized by the buffer assignment's heap

@@ -266,24 +266,21 @@ def widen_each_step() -> bool:
 
 
 # ----------------------------------------------------------------------------- compiler options
-# XLA:CPU options of the decode programs: YNNPACK fuses dots only, so the reductions of the
-# elementwise attention and of the norms go through XLA's own emitter (YNNPACK's reductions
-# made that attention slower than the dots).
+# XLA:CPU options of the decode programs and the training steps: YNNPACK fuses dots only.
+# Decode: the reductions of the elementwise attention and of the norms go through XLA's own
+# emitter (YNNPACK's reductions made that attention slower than the dots). Training
+# (jaxformer/train/jax_trainer.py): YNNPACK's fusions of a dot with the reductions and
+# elementwise ops around it run on buffers outside XLA's buffer assignment, which the schedule
+# neither shares nor frees early: in the long-context bench's step they added ~6 KB per token to
+# the peak resident memory beyond XLA's own temporaries, and their fusion boundaries ~5 KB per
+# token to those (§38).
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
 
 
-# XLA:CPU options of the training steps (jaxformer/train/jax_trainer.py): YNNPACK fuses dots
-# only. Its fusions of a dot with the reductions and elementwise ops around it run on buffers
-# outside XLA's buffer assignment, which the schedule neither shares nor frees early: in the
-# long-context bench's step they added ~6 KB per token to the peak resident memory beyond
-# XLA's own temporaries, and their fusion boundaries ~5 KB per token to those (§38).
-TRAIN_CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
-
-
 def train_compiler_options() -> dict | None:
-    """compiler_options for jax.jit of a train step: TRAIN_CPU_COMPILER_OPTIONS on the CPU
-    backend, else none."""
-    return TRAIN_CPU_COMPILER_OPTIONS if on_cpu() else None
+    """compiler_options for jax.jit of a train step: CPU_COMPILER_OPTIONS on the CPU backend,
+    else none."""
+    return CPU_COMPILER_OPTIONS if on_cpu() else None
 
 
 @functools.cache
