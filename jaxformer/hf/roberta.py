@@ -30,7 +30,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.config.models import ClassifierConfig
 from jaxformer.hf import bert
 from jaxformer.hf.common import (MappingError, Options, build_config, exportable_ffns, ffn_from_hf,
-                                 ffn_to_hf, rename_all, token_ids)
+                                 rename_all, token_ids)
 
 ARCHITECTURES = {"RobertaModel": "encoder", "RobertaForSequenceClassification": "classifier",
                  "RobertaForMaskedLM": "encoder", "XLMRobertaModel": "encoder",
@@ -146,20 +146,9 @@ def export_problems(name: str, cfg) -> list[str]:
 
 
 def config_to_hf(name: str, cfg) -> dict:
+    """BERT's config.json (the same fields) under RoBERTa's names."""
     arch = "RobertaModel" if name == "encoder" else "RobertaForSequenceClassification"
-    out = {"architectures": [arch], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
-           "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
-           "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.d_ff,
-           "hidden_act": ffn_to_hf(cfg.ffn), "hidden_dropout_prob": cfg.dropout,
-           "attention_probs_dropout_prob": cfg.attn_dropout, "max_position_embeddings": cfg.max_len,
-           "type_vocab_size": cfg.type_vocab_size, "layer_norm_eps": cfg.norm_eps,
-           "pad_token_id": cfg.pad_id, "position_embedding_type": "absolute",
-           "classifier_dropout": getattr(cfg, "classifier_dropout", None), "is_decoder": False,
-           "add_cross_attention": False, "initializer_range": 0.02, "dtype": "float32"}
-    if name == "classifier":
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_classes)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_classes)}
-    return out
+    return {**bert.config_to_hf(name, cfg), "architectures": [arch], "model_type": MODEL_TYPE}
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.ndarray]:
