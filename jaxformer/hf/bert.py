@@ -81,17 +81,18 @@ def _strip(key: str, arch: str) -> str | None:
     return key
 
 
-def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
-    o = Options(raw, DEFAULTS, family=f"bert {arch}", ignored=IGNORED)
+def encoder_fields(o: Options, what: str) -> dict:
+    """TransformerConfig fields of a BERT-layout config.json (BERT, RoBERTa / XLM-R), after
+    refusing by name what has no jaxformer equivalent; `what` names the family in the messages."""
     ffn = ffn_from_hf(o, "hidden_act")
     o.require("position_embedding_type", ("absolute",),
-              "jaxformer's BERT has absolute learned positions only")
-    o.require("is_decoder", (False,), "a decoder BERT has no jaxformer equivalent")
-    o.require("add_cross_attention", (False,), "a BERT with cross-attention has no jaxformer equivalent")
+              f"jaxformer's {what} has absolute learned positions only")
+    o.require("is_decoder", (False,), f"a decoder {what} has no jaxformer equivalent")
+    o.require("add_cross_attention", (False,), f"a {what} with cross-attention has no jaxformer equivalent")
     o.require("pruned_heads", lambda v: not v, "pruned heads give layers different widths")
     drop = float(o["hidden_dropout_prob"])
     vocab = o["vocab_size"]
-    fields = dict(
+    return dict(
         vocab_size=vocab, d_model=o["hidden_size"], num_heads=o["num_attention_heads"],
         d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ffn,
         norm="layernorm", norm_eps=float(o["layer_norm_eps"]), norm_position="post", final_norm=False,
@@ -99,12 +100,15 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
         ffn_dropout=0.0, embed_dropout=drop, position="learned", max_len=o["max_position_embeddings"],
         scale_embedding=False, type_vocab_size=o["type_vocab_size"], embed_norm=True,
         **token_ids(o, vocab, need_bos_eos=False))
-    if arch == "BertForMaskedLM":
-        o.notes.append("BertForMaskedLM: the encoder is imported (as transformers' AutoModel loads it); "
-                       "the masked-LM head cls.predictions.* is not")
-    if arch in ("BertModel", "BertForMaskedLM"):
-        fields["pooler"] = any((_strip(k, arch) or "").startswith("pooler.") for k in keys)
-        o["classifier_dropout"], o["problem_type"]  # BertModel has no head: they do not apply
+
+
+def build_encoder(o: Options, fields: dict, encoder: bool, pooler: bool, head_note: str | None = None):
+    """-> (name, config, notes): the encoder (with a pooler when the checkpoint has its weights)
+    or the classifier ([CLS] pooler + classifier) of `fields`, classifier_dropout and
+    problem_type read as HF does; `head_note` joins the classifier's notes."""
+    if encoder:
+        fields["pooler"] = pooler
+        o["classifier_dropout"], o["problem_type"]  # no head: they do not apply
         return "encoder", build_config(TransformerConfig, fields, o), o.notes
     head_drop = o.require("classifier_dropout", lambda v: v is None or (
         isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1), "must be null or in [0, 1]")
@@ -112,9 +116,22 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
     if problem not in (None, "single_label_classification") and problem in PROBLEM_TYPES:
         o.notes.append(f"problem_type={problem!r} selects HF's training loss only (the logits are "
                        "the same); `jaxformer train` trains with single-label cross-entropy")
+    if head_note:
+        o.notes.append(head_note)
     fields.update(pooler=True, pooling="cls", num_classes=o.num_labels(), dtype="float32",
                   classifier_dropout=None if not isinstance(head_drop, (int, float)) else float(head_drop))
     return "classifier", build_config(ClassifierConfig, fields, o), o.notes
+
+
+def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
+    o = Options(raw, DEFAULTS, family=f"bert {arch}", ignored=IGNORED)
+    fields = encoder_fields(o, "BERT")
+    if arch == "BertForMaskedLM":
+        o.notes.append("BertForMaskedLM: the encoder is imported (as transformers' AutoModel loads it); "
+                       "the masked-LM head cls.predictions.* is not")
+    encoder = arch in ("BertModel", "BertForMaskedLM")
+    return build_encoder(o, fields, encoder, encoder and any((_strip(k, arch) or "").startswith("pooler.")
+                                                             for k in keys))
 
 
 def tensor_fn(name: str, cfg, arch: str):

@@ -27,10 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config import TransformerConfig
-from jaxformer.config.models import ClassifierConfig
 from jaxformer.hf import bert
-from jaxformer.hf.common import (MappingError, Options, build_config, exportable_ffns, ffn_from_hf,
-                                 rename_all, token_ids)
+from jaxformer.hf.common import MappingError, Options, exportable_ffns, rename_all
 
 ARCHITECTURES = {"RobertaModel": "encoder", "RobertaForSequenceClassification": "classifier",
                  "RobertaForMaskedLM": "encoder", "XLMRobertaModel": "encoder",
@@ -63,42 +61,16 @@ def _strip(key: str, arch: str) -> str | None:
 
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
-    family = f"{MODEL_TYPES[arch]} {arch}"
-    o = Options(raw, DEFAULTS, family=family, ignored=IGNORED)
-    ffn = ffn_from_hf(o, "hidden_act")
-    o.require("position_embedding_type", ("absolute",),
-              "jaxformer's RoBERTa has absolute learned positions only")
-    o.require("is_decoder", (False,), "a decoder RoBERTa has no jaxformer equivalent")
-    o.require("add_cross_attention", (False,), "a RoBERTa with cross-attention has no jaxformer equivalent")
-    o.require("pruned_heads", lambda v: not v, "pruned heads give layers different widths")
-    drop = float(o["hidden_dropout_prob"])
-    vocab = o["vocab_size"]
-    fields = dict(
-        vocab_size=vocab, d_model=o["hidden_size"], num_heads=o["num_attention_heads"],
-        d_ff=o["intermediate_size"], num_layers=o["num_hidden_layers"], ffn=ffn,
-        norm="layernorm", norm_eps=float(o["layer_norm_eps"]), norm_position="post", final_norm=False,
-        bias=True, norm_bias=True, dropout=drop, attn_dropout=float(o["attention_probs_dropout_prob"]),
-        ffn_dropout=0.0, embed_dropout=drop, position="learned", max_len=o["max_position_embeddings"],
-        positions_from_padding=True, scale_embedding=False, type_vocab_size=o["type_vocab_size"],
-        embed_norm=True, **token_ids(o, vocab, need_bos_eos=False))
+    o = Options(raw, DEFAULTS, family=f"{MODEL_TYPES[arch]} {arch}", ignored=IGNORED)
+    fields = {**bert.encoder_fields(o, "RoBERTa"), "positions_from_padding": True}
     if arch.endswith("ForMaskedLM"):
         o.notes.append(f"{arch}: the encoder is imported (as transformers' AutoModel loads it); "
                        "the masked-LM head lm_head.* is not")
-    if ARCHITECTURES[arch] == "encoder":
-        fields["pooler"] = any((_strip(k, arch) or "").startswith("pooler.") for k in keys)
-        o["classifier_dropout"], o["problem_type"]  # no head: they do not apply
-        return "encoder", build_config(TransformerConfig, fields, o), o.notes
-    head_drop = o.require("classifier_dropout", lambda v: v is None or (
-        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1), "must be null or in [0, 1]")
-    problem = o.require("problem_type", bert.PROBLEM_TYPES, f"HF's problem types are {bert.PROBLEM_TYPES}")
-    if problem not in (None, "single_label_classification") and problem in bert.PROBLEM_TYPES:
-        o.notes.append(f"problem_type={problem!r} selects HF's training loss only (the logits are "
-                       "the same); `jaxformer train` trains with single-label cross-entropy")
-    o.notes.append("the classification head's dense + tanh is the pooler; HF's head also drops the <s> "
-                   "vector before dense in training, jaxformer only before the classifier (eval outputs equal)")
-    fields.update(pooler=True, pooling="cls", num_classes=o.num_labels(), dtype="float32",
-                  classifier_dropout=None if not isinstance(head_drop, (int, float)) else float(head_drop))
-    return "classifier", build_config(ClassifierConfig, fields, o), o.notes
+    encoder = ARCHITECTURES[arch] == "encoder"
+    return bert.build_encoder(
+        o, fields, encoder, encoder and any((_strip(k, arch) or "").startswith("pooler.") for k in keys),
+        head_note="the classification head's dense + tanh is the pooler; HF's head also drops the <s> "
+                  "vector before dense in training, jaxformer only before the classifier (eval outputs equal)")
 
 
 def tensor_fn(name: str, cfg, arch: str):
