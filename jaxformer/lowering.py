@@ -24,6 +24,16 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
   * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
     split; self-attention then runs as ring attention over it (jaxformer/layers/ring.py), whose
     steps run the blockwise kernel whatever `attention` says (blocks at most half a shard).
+  * platform: the backend the program is compiled for ("cpu", "gpu", "tpu"), None = the
+    default backend of this process. Ahead-of-time compilation for a TPU slice from a CPU host
+    (jaxformer/train/aot.py, `jaxformer compile`) traces with "tpu", so every backend choice
+    below (`platform()`) is the TPU's, not the host's.
+  * batch_axes / head_axes: the mesh axes the batch and the attention heads are split over
+    (the trainer's logical-axis rules "batch" and "heads"), for the kernels that run per
+    device under jax.shard_map (a Pallas kernel is one custom call XLA cannot partition).
+
+`recording_kernels()` collects which attention kernel each traced call ran, and why a kernel
+was passed over (`note_kernel`), for reports such as `jaxformer compile`'s attention_kernel.
 
 For expert parallelism (jaxformer/layers/moe_parallel.py): `expert_all_to_all`, the exchange
 of token rows between the devices of the `expert` mesh axis, as ragged_all_to_all or as
@@ -53,6 +63,7 @@ import jax.numpy as jnp
 
 # ----------------------------------------------------------------------------- trace-time switches
 ATTENTION = ("plain", "blockwise", "splash")
+PLATFORMS = ("cpu", "gpu", "tpu")
 
 
 @dataclass(frozen=True)
@@ -65,8 +76,13 @@ class Lowering:
     attention: str = "plain"
     attention_blocks: tuple[int, int] = (512, 512)
     context_axis: str | None = None
+    platform: str | None = None
+    batch_axes: tuple[str, ...] = ()
+    head_axes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.platform not in (None,) + PLATFORMS:
+            raise ValueError(f"platform must be one of {PLATFORMS} or None, got {self.platform!r}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
@@ -91,8 +107,35 @@ def tracing(**switches):
         _ACTIVE.reset(token)
 
 
+_KERNEL_LOG: contextvars.ContextVar[list | None] = contextvars.ContextVar("jaxformer_kernel_log", default=None)
+
+
+@contextlib.contextmanager
+def recording_kernels():
+    """Within: every attention call traced appends what ran to the yielded list (note_kernel)."""
+    log: list[str] = []
+    token = _KERNEL_LOG.set(log)
+    try:
+        yield log
+    finally:
+        _KERNEL_LOG.reset(token)
+
+
+def note_kernel(what: str) -> None:
+    """Record, at trace time, the attention kernel a call ran (e.g. "splash", "blockwise
+    (splash refused: attention bias)"); nothing when no recording is open."""
+    log = _KERNEL_LOG.get()
+    if log is not None:
+        log.append(what)
+
+
+def platform() -> str:
+    """The backend being traced for: the `platform` switch, else this process's default."""
+    return _ACTIVE.get().platform or jax.default_backend()
+
+
 def on_cpu() -> bool:
-    return jax.default_backend() == "cpu"
+    return platform() == "cpu"
 
 
 def decoding(transposed_kernels: bool, elementwise_attention: bool | None = None):
@@ -107,7 +150,7 @@ FUSED_ATTENTION = ("auto", "xla", "cudnn", "tokamax")
 
 
 def on_nvidia_gpu() -> bool:
-    if jax.default_backend() != "gpu":
+    if platform() != "gpu" or jax.default_backend() != "gpu":
         return False
     device = jax.devices()[0]
     return "nvidia" in device.device_kind.lower() or "cuda" in device.client.platform_version.lower()

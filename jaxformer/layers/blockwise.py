@@ -65,7 +65,7 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask, *, bias=
         raise ValueError(f"sinks must be [H] = ({h},), one logit per query head, got {sinks.shape}")
     if mask is None:
         mask = AttentionMask(jnp.arange(t, dtype=jnp.int32)[None], jnp.arange(s, dtype=jnp.int32)[None])
-    if lowering.active().attention == "splash" and jax.default_backend() == "tpu":
+    if lowering.active().attention == "splash" and lowering.platform() == "tpu":
         out = _splash(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
         if out is not None:
             return out

@@ -46,9 +46,12 @@ class StepFns:
         sequence split over it). Entered inside the step, so every wrapper (jit on one device or
         a mesh, pmap, a bench's own jit) traces the same program."""
         tc, mesh = self.cfg.train, self.cfg.parallel.mesh
-        context = CONTEXT_AXIS if self.cfg.parallel.mode == "mesh" and mesh.context > 1 else None
+        on_mesh = self.cfg.parallel.mode == "mesh"
+        context = CONTEXT_AXIS if on_mesh and mesh.context > 1 else None
+        rules = self.cfg.parallel.logical_axis_rules() if on_mesh else {}
         return lowering.tracing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks),
-                                context_axis=context)
+                                context_axis=context, batch_axes=tuple(rules.get("batch", ())),
+                                head_axes=tuple(rules.get("heads", ())))
 
     def _psum(self, x):
         return jax.lax.psum(x, self.axis_name) if self.axis_name else x
