@@ -24,6 +24,7 @@ COMMANDS = {
     "eval": ("eval", "evaluate a training run's weights (last, best or a step) on its eval split"),
     "data": ("data", "prepare your own text as a tokenized dataset (data prepare)"),
     "plot": ("plot", "overlay the loss, lr, grad-norm and eval curves of training runs (PNG)"),
+    "compile": ("compile", "compile the train or decode step for a TPU slice on this host: fits? estimated speed"),
 }
 
 

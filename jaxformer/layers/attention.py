@@ -215,6 +215,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         d_qk, d_v = q.shape[-1], v.shape[-1]
         width = max(d_qk, d_v)
         pad = lambda a: a if a.shape[-1] == width else jnp.pad(a, ((0, 0),) * 3 + ((0, width - a.shape[-1]),))
+        lowering.note_kernel(f"plain (fused: {backend or 'auto'})")
         out = lowering.fused_attention(pad(q), pad(k), pad(v), bias=bias, mask=mask, scale=scale,
                                        backend=backend)[..., :d_v]
         if visible is not None:
@@ -224,6 +225,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
 
     # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum.
     # Query head h reads key/value head h // R (R = H / G query heads per group).
+    lowering.note_kernel("plain (explicit)")
     if not kv_head_major:
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, G, S, K]
     b, t, _, d = q.shape

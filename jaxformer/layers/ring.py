@@ -115,20 +115,40 @@ def permute_mask(mask: AttentionMask, order) -> AttentionMask:
 
 
 def _batch_axes(mesh, batch: int) -> tuple:
-    axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+    """The mesh axes the batch is split over (the trainer's "batch" rule, lowering.active()
+    .batch_axes, else its default), those of size > 1; () when they do not divide `batch`."""
+    rule = lowering.active().batch_axes or BATCH_AXES
+    axes = tuple(a for a in rule if a in mesh.axis_names and mesh.shape[a] > 1)
     return axes if axes and batch % math.prod(mesh.shape[a] for a in axes) == 0 else ()
 
 
 def shard_sequence(x: jax.Array) -> jax.Array:
     """x [B, T, ...] constrained to the sequence split over the context axis (and the batch over
-    the batch axes) while a context axis is active; x itself otherwise. The stacks call it on
-    the activations between layers."""
+    the batch axes) while a context axis is active. Without one, on the trainer's mesh
+    (lowering.active().batch_axes set), the batch alone is constrained to the batch axes, the
+    other dims left to the partitioner: without it XLA's partitioner may split a dot over FSDP's
+    contracting dim and all-gather the whole batch's activations instead, which at Llama-3-8B's
+    sizes on a v6e-256 made the logits alone 1.49 TB per chip (docs/numerics.md §40). x itself
+    otherwise. The stacks call it on the activations between layers."""
     axis = lowering.active().context_axis
     mesh, n = _mesh_axis(axis)
-    if n <= 1 or x.ndim < 2 or x.shape[1] % n:
+    if n > 1 and x.ndim >= 2 and x.shape[1] % n == 0:
+        batch = _batch_axes(mesh, x.shape[0]) or None
+        return jax.lax.with_sharding_constraint(x, P(batch, axis))
+    return shard_batch(x)
+
+
+def shard_batch(x: jax.Array) -> jax.Array:
+    """x [B, ...] with its batch constrained to the batch axes of the trainer's mesh
+    (lowering.active().batch_axes), its other dims left to the partitioner; x itself off a
+    mesh, outside the trainer, or when the axes do not divide B."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not lowering.active().batch_axes or x.ndim < 2:
         return x
-    batch = _batch_axes(mesh, x.shape[0]) or None
-    return jax.lax.with_sharding_constraint(x, P(batch, axis))
+    batch = _batch_axes(mesh, x.shape[0])
+    if not batch:
+        return x
+    return jax.lax.with_sharding_constraint(x, P(batch, *([P.UNCONSTRAINED] * (x.ndim - 1))))
 
 
 # ----------------------------------------------------------------------------- one block
@@ -209,6 +229,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask
     if t % n:
         raise ValueError(f"ring attention over {n} context devices needs a sequence length divisible "
                          f"by {n}, got {t}")
+    lowering.note_kernel(f"ring over {axis} ({n}), blockwise steps")
 
     batch = _batch_axes(mesh, b) or None
     heads = HEAD_AXIS if (HEAD_AXIS in mesh.axis_names and mesh.shape[HEAD_AXIS] > 1

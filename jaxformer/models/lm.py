@@ -100,7 +100,7 @@ class LM(nnx.Module):
             h = ring.shard_sequence(ring.from_zigzag(h, n))  # the logits split over the context axis too
             if return_aux:  # router logits [n_sparse, B, T, E] in sequence order too
                 aux["router_logits"] = aux["router_logits"][:, :, np.argsort(order)]
-        logits = self.logits(h)  # [B, T, V]
+        logits = ring.shard_batch(self.logits(h))  # [B, T, V]
         if return_intermediates:
             out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
         if return_aux:

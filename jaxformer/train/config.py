@@ -126,7 +126,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class MeshConfig:
     data: int = -1  # -1: the rest of the devices
-    fsdp: int = 1
+    fsdp: int = 1  # -1 (with data set): the rest of the devices, e.g. data 1, fsdp -1 = pure FSDP
     tensor: int = 1
     expert: int = 1  # expert parallelism: MoE experts split over it; it also splits the batch
     # context parallelism: the sequence split over it, attention as ring attention
@@ -134,8 +134,11 @@ class MeshConfig:
     context: int = 1
 
     def __post_init__(self) -> None:
-        check_positive(self, "fsdp", "tensor", "expert", "context")
+        check_positive(self, "tensor", "expert", "context")
         check(self.data == -1 or self.data > 0, "data", f"must be -1 (the rest) or > 0, got {self.data}")
+        check(self.fsdp == -1 or self.fsdp > 0, "fsdp", f"must be -1 (the rest) or > 0, got {self.fsdp}")
+        check(not (self.data == -1 and self.fsdp == -1), "fsdp",
+              "-1 takes the devices the other axes leave, and so does data: set data to a number")
 
 
 # expert sits outside tensor: tensor is the innermost (fastest-linked) axis; context next to it
@@ -315,7 +318,7 @@ def check_sections(cfg: RunConfig) -> None:
          "train.attention: plain")
     if p.mesh.context > 1:
         problems += _context_problems(cfg)
-    if p.mode == "mesh" and p.mesh.data > 0:
+    if p.mode == "mesh" and p.mesh.data > 0 and p.mesh.fsdp > 0:
         shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert
         need(t.micro_batch % shards == 0, f"train.batch_size / grad_accum_steps = {t.micro_batch} "
              f"is not divisible by parallel.mesh data x fsdp x expert = {shards}: use a batch_size "

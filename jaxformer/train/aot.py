@@ -1,0 +1,663 @@
+"""Ahead-of-time compilation of the trainer's own programs for a TPU slice, from any host:
+`jaxformer compile` (jaxformer/cli/compile.py) and bench/tpu_plan.py.
+
+With libtpu installed (the `tpu` and `test` extras), XLA's TPU compiler runs on a CPU host:
+`jax.experimental.topologies.get_topology_desc` gives the devices of a slice ("v5p:4x4x4"),
+a Mesh is built from them, and `jax.jit(step).lower(ShapeDtypeStructs with NamedShardings)
+.compile()` returns the TPU executable, with its memory_analysis, its cost_analysis
+(including `optimal_seconds`, the compiler's own estimate of the step time) and its HLO. No
+weight is allocated: the state is `nnx.eval_shape`'s, placed by the trainer's own shardings.
+
+What is compiled is what `jaxformer train` runs on a mesh: StepFns.train_step (optimizer,
+precision, remat, scan, grad accumulation, MoE aux losses, LoRA), the same logical-axis rules,
+jit with the state donated and its shardings out, traced under StepFns.tracing() with the
+platform switch set to "tpu" (jaxformer/lowering.py), so every backend choice (the splash
+kernel, ragged_dot, ragged_all_to_all) is the TPU's. `--step decode` compiles generation's
+prefill and its one-token cached step (jaxformer.generation.lm_forward) the same way.
+
+Every time and MFU figure here is an ESTIMATE, never a measurement: the compiler's
+`optimal_seconds`, and a roofline of our own (compute, HBM traffic and collective bytes each
+over the chip's peak rate from CHIPS). Neither runs the program.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxformer import lowering
+from jaxformer.config import ConfigError
+from jaxformer.train import init as init_lib
+from jaxformer.train import lora as lora_lib
+from jaxformer.train import sharding
+from jaxformer.train.config import RunConfig, check_sections
+from jaxformer.train.optim import make_optax
+from jaxformer.train.steps import StepFns
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One TPU generation's published per-chip figures (Google Cloud's TPU pages): HBM bytes,
+    peak bf16 FLOP/s, HBM bytes/s and bidirectional ICI bytes/s."""
+
+    hbm_bytes: int
+    peak_flops: float
+    hbm_bytes_per_s: float
+    ici_bytes_per_s: float
+
+
+CHIPS = {
+    "v4": Chip(32 * GiB, 275e12, 1200e9, 300e9),
+    "v5e": Chip(16 * GiB, 197e12, 819e9, 400e9),
+    "v5p": Chip(95 * GiB, 459e12, 2765e9, 1200e9),
+    "v6e": Chip(32 * GiB, 918e12, 1640e9, 800e9),
+}
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute",
+               "ragged-all-to-all")
+
+
+# ----------------------------------------------------------------------------- the slice
+def chip_of(topology: str) -> Chip:
+    gen = topology.split(":")[0].lower()
+    if gen not in CHIPS:
+        raise ValueError(f"topology {topology!r}: unknown TPU generation {gen!r}; known: {', '.join(CHIPS)} "
+                         "(e.g. v5p:4x4x4, v5e:16x16, v6e:16x16, v4:2x2x2)")
+    return CHIPS[gen]
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    """libtpu writes its host-discovery warnings ("could not determine TPU accelerator type",
+    meaningless off a TPU VM) straight to file descriptor 2; they are dropped here, and shown
+    only when the topology cannot be made."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield sink
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def tpu_devices(topology: str) -> list:
+    """The devices of a TPU slice ("v5p:4x4x4"), for compiling without one (needs libtpu)."""
+    chip_of(topology)
+    # libtpu takes a machine-wide lock file (/tmp/libtpu_lockfile) meant for processes that
+    # drive real chips; a compiler-only process needs none, and two compiles (two test workers,
+    # a bench beside a CLI run) would otherwise refuse each other
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    try:
+        from jax.experimental import topologies
+        with _quiet_fd2():
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+    except ImportError as e:
+        raise ValueError(f"compiling for TPU needs libtpu: pip install 'jaxformer[tpu]' ({e})") from None
+    except (RuntimeError, ValueError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "unknown backend" in msg.lower() or "no such file" in msg.lower() or "not found" in msg.lower():
+            raise ValueError(f"compiling for TPU needs libtpu (pip install 'jaxformer[tpu]'): {msg}") from None
+        raise ValueError(f"topology {topology!r}: {msg}") from None
+    return list(desc.devices)
+
+
+def mesh_for(cfg: RunConfig, devices: list):
+    """The trainer's (data, fsdp, expert, context, tensor) mesh over `devices`, sized by
+    parallel.mesh (data -1 takes the rest)."""
+    m = cfg.parallel.mesh
+    return sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context)
+
+
+def as_mesh_run(cfg: RunConfig) -> RunConfig:
+    """A config as compiled for a slice: parallel.mode mesh (a config written for one device
+    becomes data parallel over the slice, mesh.data -1), its mesh and rules otherwise as set."""
+    if cfg.parallel.mode == "mesh":
+        return cfg
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, mode="mesh", num_devices=None))
+
+
+# ----------------------------------------------------------------------------- programs
+@dataclasses.dataclass
+class Program:
+    """A lowered-and-compiled program with what the report needs beside it."""
+
+    name: str
+    compiled: object
+    compile_s: float
+    state_bytes: dict  # per chip: {"params": n, "opt_state": n, ...}
+    kernels: list  # lowering.note_kernel's records while tracing
+    largest: list  # the largest per-chip state leaves: (path, bytes)
+    program_flops: float  # jaxpr_flops of the whole program (all chips)
+
+
+def _itemsize(dtype) -> int:
+    """Bytes per element; a PRNG key (threefry: two uint32 words) counts its key data."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return 8
+    return np.dtype(dtype).itemsize
+
+
+def _per_chip_bytes(tree) -> int:
+    """Bytes one chip holds of an abstract tree of ShapeDtypeStructs with shardings (the
+    largest shard of each leaf: shards are equal, or replicated)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+        total += math.prod(shape) * _itemsize(x.dtype)
+    return total
+
+
+def _leaf_report(tree, top: int = 3) -> list[tuple[str, int]]:
+    """The `top` largest per-chip leaves of an abstract sharded tree: (path, bytes)."""
+    rows = []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+        rows.append((sharding._key_of(path), math.prod(shape) * _itemsize(x.dtype)))
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+def _abstract_train(cfg: RunConfig, mesh):
+    """(StepFns, the abstract state with its shardings, the batch specs, out shardings)."""
+    from jaxformer.convert import scan_prefixes
+    from jaxformer.train.jax_trainer import model_config_for_training, set_remat
+    tc = cfg.train
+    model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed, tc.lora)
+    set_remat(model, tc.remat_policy if tc.remat else None)
+    _, params, _, _ = lora_lib.split(model)
+    tx, schedule = make_optax(tc, params, scan_prefixes(model))
+    abstract = init_lib.abstract_state_of(model, tx)
+    rules = cfg.parallel.logical_axis_rules()
+    shardings = sharding.state_shardings(abstract, mesh, rules)
+    state = init_lib.with_shardings(abstract, shardings)
+    fns = StepFns(cfg, model, tx, schedule)
+    return fns, state, shardings, rules
+
+
+def batch_specs(cfg: RunConfig, mesh, rules, packed: bool = False) -> dict:
+    """The train step's batch as ShapeDtypeStructs [A, micro, T + 1] in the trainer's batch
+    sharding; packed: with the segment ids a packed tokens dataset carries (data.packing)."""
+    tc = cfg.train
+    shape = (tc.grad_accum_steps, tc.micro_batch, cfg.data.seq_len + 1)
+    sh = sharding.batch_sharding(mesh, axes=rules["batch"])
+    out = {"tokens": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sh)}
+    if packed:
+        out["segment_ids"] = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sh)
+    return out
+
+
+class DoesNotFit(ValueError):
+    """The TPU compiler refused the program: its buffers exceed the chip's HBM. `needed` is
+    the compiler's figure for them (bytes), `state_bytes` the per-chip state."""
+
+    def __init__(self, message: str, needed: float | None, state_bytes: dict, largest: list):
+        super().__init__(message)
+        self.needed, self.state_bytes, self.largest = needed, state_bytes, largest
+
+
+_SIZE = re.compile(r"([\d.]+)([KMGTP]?)\b")
+
+
+def _compiler_bytes(text: str) -> float | None:
+    """"1.49T" -> bytes (the compiler's binary units)."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        return None
+    return float(m.group(1)) * (1 << (10 * " KMGTP".index(m.group(2) or " ")))
+
+
+def _compile(name: str, fn, args, mesh, state_bytes: dict, largest: list) -> tuple[object, float, list, float]:
+    """Trace, lower and compile `fn` for the TPU mesh (traced for the TPU platform) ->
+    (compiled, seconds, kernels, the jaxpr's FLOPs). A program over the chip's HBM raises
+    DoesNotFit."""
+    t0 = time.perf_counter()
+    try:
+        with jax.set_mesh(mesh), lowering.recording_kernels() as kernels, lowering.tracing(platform="tpu"):
+            traced = fn.trace(*args)
+            compiled = traced.lower().compile()
+    except jax.errors.JaxRuntimeError as e:
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" not in text:
+            raise
+        m = re.search(r"required for [^(]*\(([^)]+)\) exceeds available HBM \(([^)]+)\)", text)
+        needed = _compiler_bytes(m.group(1)) if m else None
+        raise DoesNotFit(f"{name}: the TPU compiler ran out of HBM: {text.splitlines()[0].split(': ', 1)[-1]}",
+                         needed, state_bytes, largest) from None
+    return compiled, time.perf_counter() - t0, kernels, jaxpr_flops(traced.jaxpr.jaxpr)
+
+
+def compile_train(cfg: RunConfig, mesh, packed: bool = False) -> tuple[Program, dict]:
+    """Compile the trainer's train step for `mesh` (TPU devices) -> (Program, facts about the
+    model: param_count, active_params, tokens_per_step)."""
+    fns, state, shardings, rules = _abstract_train(cfg, mesh)
+    batch = batch_specs(cfg, mesh, rules, packed)
+    replicated = NamedSharding(mesh, P())
+    step = jax.jit(fns.train_step, donate_argnums=0, out_shardings=(shardings, replicated))
+    state_bytes = {k: _per_chip_bytes(v) for k, v in state.items()}
+    largest = _leaf_report({"params": state["params"], "opt_state": state["opt_state"]})
+    compiled, secs, kernels, flops = _compile("train", step, (state, batch), mesh, state_bytes, largest)
+    prog = Program("train", compiled, secs, state_bytes, kernels, largest, flops)
+    return prog, model_facts(cfg, state["params"])
+
+
+def cache_shardings(cache, mesh, rules, scanned: bool):
+    """KV cache leaves [(layers,) B, G, L, K] (MLA: [(layers,) B, L, C]): the batch split like
+    the train batch, the key/value heads like the attention heads."""
+    def f(x):
+        axes = ("layers",) if scanned else ()
+        axes += ("batch", "heads") + (None,) * (x.ndim - len(axes) - 2) if x.ndim - len(axes) >= 4 else \
+            ("batch",) + (None,) * (x.ndim - len(axes) - 1)
+        return NamedSharding(mesh, sharding.spec_for(x.shape, axes[:x.ndim], mesh, rules))
+    return jax.tree.map(f, cache)
+
+
+def compile_decode(cfg: RunConfig, mesh, prompt_len: int | None = None, cache_len: int | None = None):
+    """Compile generation's prefill (a [B, prompt_len] prompt into an empty cache) and its
+    one-token cached step, B = train.batch_size, for `mesh` -> ([Program, Program], facts)."""
+    from jaxformer.generation import lm_forward
+    from jaxformer.train.jax_trainer import model_config_for_training
+    mcfg = model_config_for_training(cfg)
+    b = cfg.train.batch_size
+    p = prompt_len or cfg.data.seq_len
+    length = cache_len or mcfg.max_len
+    if p > length:
+        raise ValueError(f"--prompt-len {p} exceeds the cache length {length} (--cache-len / model.max_len)")
+    model = init_lib.abstract_model(cfg.model_name, mcfg, cfg.train.seed)
+    model.eval()
+    graphdef, state = nnx.split(model)
+    rules = cfg.parallel.logical_axis_rules()
+    params = nnx.split(model, nnx.Param, ...)[1]
+    replicated = NamedSharding(mesh, P())
+    by_path = dict(nnx.to_flat_state(sharding.param_shardings(params, mesh, rules)))
+
+    def placed(path, v):  # params by their logical axes; RNG streams and buffers replicated
+        sh = by_path[path].get_value() if path in by_path else replicated
+        x = v.get_value()
+        return path, v.replace(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh))
+    state_in = nnx.from_flat_state([placed(path, v) for path, v in nnx.to_flat_state(state)])
+    scanned = bool(getattr(mcfg, "scan_layers", False))
+    cache = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(b, length))
+    c_sh = cache_shardings(cache, mesh, rules, scanned)
+    cache_in = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), cache, c_sh)
+    row = sharding.batch_sharding(mesh, accum_axis=False, axes=rules["batch"])
+    slot_mask = jax.ShapeDtypeStruct((b, length), jnp.int32, sharding=row)
+    index = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+
+    def forward(state, ids, slot_mask, cache, cache_index):
+        return lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=False)
+
+    progs = []
+    for name, t in (("prefill", p), ("decode_step", 1)):
+        ids = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=row)
+        fn = jax.jit(forward, donate_argnums=(3,), out_shardings=(None, c_sh))
+        state_bytes = {"params": _per_chip_bytes(state_in), "kv_cache": _per_chip_bytes(cache_in)}
+        largest = _leaf_report({"params": state_in, "kv_cache": cache_in})
+        compiled, secs, kernels, flops = _compile(name, fn, (state_in, ids, slot_mask, cache_in, index), mesh,
+                                                  state_bytes, largest)
+        progs.append(Program(name, compiled, secs, state_bytes, kernels, largest, flops))
+    facts = model_facts(cfg, params)
+    facts["tokens_per_step"] = {"prefill": b * p, "decode_step": b}
+    return progs, facts
+
+
+# ----------------------------------------------------------------------------- model FLOPs
+def _is_embedding_table(path: str) -> bool:
+    return bool(re.search(r"(^|\.)(embed_tokens|wte|wpe|embed_positions|position_embedding)\.embedding$", path))
+
+
+def model_facts(cfg: RunConfig, params) -> dict:
+    """param_count (every parameter), active_params (those one token's forward multiplies by:
+    the lookup tables left out unless the LM head is the tied table; each MoE expert weight
+    scaled by top_k / num_experts) and tokens_per_step."""
+    m = cfg.model
+    moe = getattr(m, "moe", None)
+    total = active = 0
+    tied = getattr(m, "tie_embeddings", False)
+    for path, v in nnx.to_flat_state(params):
+        key = ".".join(str(p) for p in path)
+        n = math.prod(v.get_value().shape) if hasattr(v, "get_value") else math.prod(v.shape)
+        total += n
+        if _is_embedding_table(key):
+            active += n if (tied and "embed_tokens" in key) else 0
+        elif moe is not None and re.search(r"experts\.(gate_proj|up_proj|down_proj)", key):
+            active += n * moe.top_k / moe.num_experts
+        else:
+            active += n
+    tc = cfg.train
+    return {"param_count": int(total), "active_params": int(active),
+            "tokens_per_step": tc.batch_size * cfg.data.seq_len}
+
+
+def attention_flops(cfg: RunConfig, batch: int, t: int) -> float:
+    """Training FLOPs of the attention scores and weighted sum, as MaxText counts them: 4 B T^2
+    heads head_dim per layer forward (two matmuls), x3 for forward + backward, halved under a
+    causal mask; a sliding-window layer attends to at most `window` keys."""
+    m = cfg.model
+    head_dim = getattr(m, "head_dim", None) or m.d_model // m.num_heads
+    total = 0.0
+    local = m.local_layers() if hasattr(m, "local_layers") else [False] * m.num_layers
+    for is_local in local:
+        keys = min(t, m.sliding_window) if is_local and m.sliding_window else t
+        total += 4 * batch * t * keys * m.num_heads * head_dim * (0.5 if keys == t else 1.0)
+    return 3 * total
+
+
+def model_flops_per_step(cfg: RunConfig, facts: dict) -> float:
+    """6 x active params x tokens (forward 2, backward 4) plus attention_flops."""
+    tc = cfg.train
+    return 6.0 * facts["active_params"] * facts["tokens_per_step"] + attention_flops(cfg, tc.batch_size, cfg.data.seq_len)
+
+
+# ----------------------------------------------------------------------------- the HLO
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e5m2fnuz": 1,
+                "f8e4m3fnuz": 1, "s4": 0.5, "u4": 0.5, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+                "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+_SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+_COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) (?:\(|\{)")
+_COLLECTIVE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_CALLEES = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?(%[^}\s]*(?:, %[^}\s]*)*)")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def _shape_bytes(text: str) -> float:
+    return sum(_DTYPE_BYTES[d] * math.prod(int(n) for n in dims.split(",") if n) for d, dims in _SHAPE.findall(text))
+
+
+def _group_size(line: str) -> int:
+    """Devices in one replica group of a collective (`mesh[...] {'axis'}` or {{0,1,..}})."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        sizes = dict((k.strip("' "), int(v)) for k, v in (kv.split("=") for kv in m.group(1).split(",")))
+        return math.prod(sizes.get(a.strip("' "), 1) for a in m.group(2).split(",") if a.strip())
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+    return len(m.group(1).split(",")) if m else 1
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
+    """The optimized HLO text -> ({computation name: its instruction lines}, the entry's name)."""
+    comps: dict[str, list[str]] = {}
+    entry, cur = None, None
+    for line in hlo.splitlines():
+        m = _COMP.match(line)
+        if m and not line.startswith(" "):
+            cur = m.group(2)
+            comps[cur] = []
+            if m.group(1):
+                entry = cur
+        elif cur is not None:
+            comps[cur].append(line)
+    return comps, entry
+
+
+def _executions(comps: dict[str, list[str]], entry: str | None) -> tuple[dict[str, float], set[str]]:
+    """How often one run of the program executes each computation (a while loop's body its
+    known_trip_count times per run of its caller), and which computations are fusion bodies
+    (their values stay on chip). The parts of TPU's asynchronous collectives other than their
+    start (the `async_collective_fusion` continuations, which run the same collective
+    interleaved with compute, and the fusion of `async-collective-done`) are left out, so that
+    each collective counts once."""
+    runs: dict[str, float] = {}
+    fused: set[str] = set()
+
+    def visit(name: str, times: float, depth: int) -> None:
+        if name not in comps or runs.get(name, 0) >= times or depth > 64:
+            return
+        runs[name] = times
+        for line in comps[name]:
+            if line.lstrip().startswith(("%async-collective-done", "ROOT %async-collective-done")):
+                continue
+            trip = _TRIP.search(line) if " while(" in line else None
+            is_fusion = " fusion(" in line
+            for group in _CALLEES.findall(line):
+                for callee in re.findall(r"%([\w.\-]+)", group):
+                    if callee.startswith("async_collective_fusion"):
+                        continue
+                    if is_fusion or "to_apply=" in line:
+                        fused.add(callee)
+                    k = int(trip.group(1)) if trip and f"body=%{callee}" in line else 1
+                    visit(callee, times * k, depth + 1)
+    if entry is not None:
+        visit(entry, 1, 0)
+    return runs, fused
+
+
+_DEF = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\(.*?\)|[\w\[\],{}:()\d]+?) ([\w\-]+)\((.*)$")
+_NO_TRAFFIC = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "call", "conditional",
+               "after-all", "partition-id", "replica-id", "iota", "opt-barrier")
+
+
+def hlo_hbm_bytes(hlo: str) -> tuple[float, int]:
+    """Per chip, one run of the program, loop trip counts applied (XLA's cost_analysis counts a
+    while loop's body once, so a scanned model's figures there are one layer's): the bytes the
+    top-level instructions read and write (operands and results of each fusion, copy,
+    collective, custom call...; fusion bodies work on chip), and the number of while loops
+    without a known trip count (counted once: the bytes are then a lower bound)."""
+    comps, entry = _computations(hlo)
+    runs, fused = _executions(comps, entry)
+    hbm = 0.0
+    unknown = 0
+    for name, times in runs.items():
+        shapes: dict[str, str] = {}
+        for line in comps[name]:
+            m = _DEF.match(line)
+            if not m:
+                continue
+            var, shape, op, rest = m.groups()
+            shapes[var] = shape
+            if op == "while" and not _TRIP.search(line):
+                unknown += 1
+            if name not in fused and op not in _NO_TRAFFIC:
+                operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
+                hbm += times * (_shape_bytes(shape) + sum(_shape_bytes(shapes.get(o, "")) for o in operands))
+    return hbm, unknown
+
+
+def jaxpr_flops(jaxpr) -> float:
+    """The matmul FLOPs of a (closed) jaxpr, the whole program's, every device's together: 2 x
+    the multiply-adds of each dot_general and ragged_dot, a scan's body times its length, a
+    while loop's body once, the larger branch of a cond, a rematerialised forward where the
+    backward recomputes it. (XLA's HLO of a TPU program hides its dots inside convolutions
+    with dilations and strides, and its cost_analysis counts loop bodies once; the jaxpr says
+    what the program multiplies.)"""
+    from jax.extend import core as jcore
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (lc, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lc)
+            continue
+        if name in ("ragged_dot_general", "ragged_dot"):
+            m, k = eqn.invars[0].aval.shape[0], eqn.invars[0].aval.shape[-1]
+            total += 2.0 * m * k * eqn.outvars[0].aval.shape[-1]
+            continue
+        subs = [v for v in eqn.params.values() if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr))]
+        subs += [b for v in eqn.params.values() if isinstance(v, (tuple, list))
+                 for b in v if isinstance(b, (jcore.ClosedJaxpr, jcore.Jaxpr))]
+        inner = [jaxpr_flops(b.jaxpr if isinstance(b, jcore.ClosedJaxpr) else b) for b in subs]
+        if not inner:
+            continue
+        if name == "scan":
+            total += eqn.params["length"] * sum(inner)
+        elif name == "cond":
+            total += max(inner)
+        else:
+            total += sum(inner)
+    return total
+
+
+def collectives(hlo: str) -> dict:
+    """Count and bytes per kind of the collectives one run of the program executes, per chip,
+    read from the optimized HLO (_executions says what runs how often). Bytes: the buffer the
+    collective produces, for a reduce-scatter its input (output x group). TPU lowers a
+    reduce-scatter as an all-reduce inside an `all-reduce-scatter` fusion: counted as one."""
+    comps, entry = _computations(hlo)
+    out = {k: {"count": 0, "bytes": 0} for k in COLLECTIVES}
+    for name, times in _executions(comps, entry)[0].items():
+        for line in comps[name]:
+            m = _COLLECTIVE.match(line)
+            if not m:
+                continue
+            kind = "reduce-scatter" if name.startswith("all-reduce-scatter") else m.group(3)
+            nbytes = _shape_bytes(m.group(2))
+            if m.group(3) == "reduce-scatter":
+                nbytes *= _group_size(line)
+            out[kind]["count"] += int(times)
+            out[kind]["bytes"] += int(times * nbytes)
+    return out
+
+
+# ----------------------------------------------------------------------------- the report
+def _cost(compiled) -> dict:
+    ca = compiled.cost_analysis()
+    ca = (ca[0] if ca else {}) if isinstance(ca, (list, tuple)) else (ca or {})
+    return {"flops": float(ca.get("flops", 0.0)), "bytes_accessed": float(ca.get("bytes accessed", 0.0)),
+            "optimal_seconds": float(ca.get("optimal_seconds", 0.0))}
+
+
+def attention_kernel(kernels: list) -> str:
+    """What the traced attention calls ran, most frequent first ("splash x32")."""
+    if not kernels:
+        return "none"
+    counts: dict[str, int] = {}
+    for k in kernels:
+        counts[k] = counts.get(k, 0) + 1
+    return "; ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, tokens: int) -> dict:
+    """The figures of one compiled program, per chip.
+
+    Two estimates of its time, neither a measurement:
+      * the compiler's `optimal_seconds` (cost_analysis). It covers the whole program only
+        when the program has no while loop: XLA counts a loop body once (a scanned model's
+        figure is one layer's), and for some loops (MoE's ragged exchange, ring attention)
+        it returns a negative number. est_step_s takes it where it is whole;
+      * a roofline of our own, loop-aware: the program's matmul FLOPs (jaxpr_flops, split
+        evenly over the chips) over the chip's peak bf16 rate, the HBM bytes of its top-level
+        instructions (hlo_hbm_bytes) over HBM bandwidth, and its collectives' bytes
+        (`collectives`) over ICI bandwidth; the bound is the largest of the three (perfect
+        overlap). est_step_s takes it where the compiler's figure is not whole.
+    """
+    mem = prog.compiled.memory_analysis()
+    cost = _cost(prog.compiled)
+    hlo = prog.compiled.as_text()
+    coll = collectives(hlo)
+    hbm_bytes, unknown_loops = hlo_hbm_bytes(hlo)
+    flops = prog.program_flops / chips
+    arg, out, alias, temp = (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
+                             mem.temp_size_in_bytes)
+    total = arg + out - alias + temp + mem.generated_code_size_in_bytes
+    coll_bytes = sum(v["bytes"] for v in coll.values())
+    roofline = {"compute_s": flops / chip.peak_flops, "hbm_s": hbm_bytes / chip.hbm_bytes_per_s,
+                "collective_s": coll_bytes / chip.ici_bytes_per_s}
+    roofline["bound_s"] = max(roofline.values())
+    roofline["bound_by"] = max(("compute_s", "hbm_s", "collective_s"), key=roofline.get)[:-2]
+    loops = len(re.findall(r" while\(", hlo))
+    whole = cost["optimal_seconds"] > 0 and loops == 0
+    est = cost["optimal_seconds"] if whole else roofline["bound_s"]
+    if whole:
+        source = "compiler (optimal_seconds)"
+    else:
+        source = (f"roofline (the compiler's optimal_seconds, {cost['optimal_seconds']:.3g} s, covers "
+                  f"{loops} while loop(s) once)")
+    return {
+        "bytes_per_chip": {**prog.state_bytes, "temp": int(temp), "code": int(mem.generated_code_size_in_bytes),
+                           "total": int(total)},
+        "compiler_flops_per_chip": cost["flops"],
+        "compiler_optimal_seconds": cost["optimal_seconds"],
+        "program_flops_per_chip": flops,
+        "hbm_bytes_per_chip": hbm_bytes,
+        "model_flops_per_step": model_flops,
+        "est_step_s": est,
+        "est_source": source,
+        "est_mfu": model_flops / (chips * chip.peak_flops * est) if est > 0 else None,
+        "est_tokens_per_s_per_chip": tokens / est / chips if est > 0 else None,
+        "roofline": roofline,
+        "roofline_mfu": model_flops / (chips * chip.peak_flops * roofline["bound_s"]) if roofline["bound_s"] else None,
+        "while_loops": loops,
+        "unknown_trip_loops": unknown_loops,
+        "collectives": coll,
+        "attention_kernel": attention_kernel(prog.kernels),
+        "compile_s": round(prog.compile_s, 2),
+        "largest": prog.largest,
+    }
+
+
+def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: bool = False,
+                   prompt_len: int | None = None, cache_len: int | None = None) -> dict:
+    """Compile `cfg`'s train step (or its decode programs) for `topology` and report it (the
+    fields of `jaxformer compile --json`)."""
+    if cfg.model_name != "lm":
+        raise ConfigError(f"jaxformer compile takes lm configs (LMs and MoE LMs); model.name is {cfg.model_name!r}")
+    if step not in ("train", "decode"):
+        raise ValueError(f"--step must be train or decode, got {step!r}")
+    cfg = as_mesh_run(cfg)
+    chip = chip_of(topology)
+    devices = tpu_devices(topology)
+    mesh = mesh_for(cfg, devices)
+    if step == "train":
+        check_sections(cfg)
+    head = {"topology": topology, "chips": len(devices), "device_kind": devices[0].device_kind,
+            "mesh": {k: int(v) for k, v in mesh.shape.items()}, "step": step}
+    if step == "train":
+        prog, facts = compile_train(cfg, mesh, packed)
+        flops = model_flops_per_step(cfg, facts)
+        body = program_report(prog, chip, len(devices), flops, facts["tokens_per_step"])
+        programs = None
+    else:
+        progs, facts = compile_decode(cfg, mesh, prompt_len, cache_len)
+        programs = {}
+        for prog in progs:
+            tokens = facts["tokens_per_step"][prog.name]
+            flops = 2.0 * facts["active_params"] * tokens  # forward only
+            programs[prog.name] = program_report(prog, chip, len(devices), flops, tokens)
+        body = dict(programs["decode_step"])
+        body["compile_s"] = round(sum(p["compile_s"] for p in programs.values()), 2)
+        body["bytes_per_chip"] = dict(body["bytes_per_chip"])
+        body["bytes_per_chip"]["total"] = max(p["bytes_per_chip"]["total"] for p in programs.values())
+        body["bytes_per_chip"]["temp"] = max(p["bytes_per_chip"]["temp"] for p in programs.values())
+    report = {**head, "param_count": facts["param_count"], "active_params": facts["active_params"],
+              "tokens_per_step": facts["tokens_per_step"], **body, "hbm_per_chip_bytes": chip.hbm_bytes,
+              "peak_flops_per_chip": chip.peak_flops}
+    report["fits"] = report["bytes_per_chip"]["total"] <= chip.hbm_bytes
+    if programs is not None:
+        report["programs"] = programs
+    return report
+
+
+def advice(cfg: RunConfig, step: str, chips: int, by: dict) -> str:
+    """The settings that would lower the bytes per chip (`by`: bytes_per_chip, temp may be the
+    compiler's figure) of a config that does not fit."""
+    tips = []
+    cfg = as_mesh_run(cfg)
+    tc, m = cfg.train, cfg.parallel.mesh
+    if step == "train":
+        if by.get("temp", 0) > by.get("params", 0) and not tc.remat:
+            tips.append("train.remat=true")
+        elif tc.remat and tc.remat_policy != "nothing_saveable":
+            tips.append("train.remat_policy=nothing_saveable")
+        if m.fsdp != -1 and m.fsdp < chips:
+            tips.append("a larger parallel.mesh.fsdp (params and optimizer state split over it)")
+        if tc.micro_batch > 1:
+            tips.append("a smaller train.batch_size or more train.grad_accum_steps")
+        if tc.precision != "bf16":
+            tips.append("train.precision=bf16")
+        if tc.attention == "plain":
+            tips.append("train.attention=splash (no [B, H, T, T] scores)")
+    else:
+        tips.append("a smaller train.batch_size, --cache-len or --prompt-len, or a larger parallel.mesh.tensor")
+    return ", ".join(tips) or "more chips"
