@@ -13,6 +13,10 @@ os.environ["XLA_FLAGS"] = " ".join([_set] + [f"{k}={v}" for k, v in _FLAGS.items
 # tiny LM's eager forwards measured 6-30x slower on the loaded 2-core machine). Set before torch
 # loads; CLI subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The suite runs on the CPU backend. libtpu (the test extra brings it, for the TPU compile
+# tests: jaxformer/train/aot.py) would otherwise be tried as a backend at the first jax call in
+# every process, CLI subprocesses included, and print its host-discovery warnings to stderr.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from jaxformer.parity import setup_precision  # noqa: E402
 
