@@ -17,6 +17,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
@@ -102,7 +103,10 @@ class AttentionMask:
     def self_attention(cls, batch: int, length: int, *, causal: bool, key_valid=None, segment_ids=None,
                        offset=0) -> AttentionMask:
         """Self-attention over `length` tokens at slots offset.. (key_valid [B, T], segment_ids [B, T])."""
-        slots = default_positions(1, length, offset)
+        # a static offset gives numpy slots, known at trace time: a kernel that takes the mask as
+        # a static pattern (Pallas' splash, layers/blockwise.py) can then see it is the default one
+        slots = (np.arange(length, dtype=np.int32)[None] + np.int32(offset) if isinstance(offset, int)
+                 else default_positions(1, length, offset))
         return cls(slots, slots, k_valid=None if key_valid is None else key_valid.astype(bool),
                    q_segments=segment_ids, k_segments=segment_ids, causal=causal)
 

@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
 from jaxformer.layers.attention import AttentionMask
@@ -63,12 +64,14 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask, *, bias=
         raise ValueError(f"query heads {h} are not a multiple of key/value heads {g}")
     if sinks is not None and sinks.shape != (h,):
         raise ValueError(f"sinks must be [H] = ({h},), one logit per query head, got {sinks.shape}")
-    if mask is None:
-        mask = AttentionMask(jnp.arange(t, dtype=jnp.int32)[None], jnp.arange(s, dtype=jnp.int32)[None])
+    if mask is None:  # numpy slots: a static pattern splash can take
+        mask = AttentionMask(np.arange(t, dtype=np.int32)[None], np.arange(s, dtype=np.int32)[None])
     if lowering.active().attention == "splash" and lowering.platform() == "tpu":
         out = _splash(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
         if out is not None:
             return out
+    else:
+        lowering.note_kernel("blockwise")
     st, args = _prepare(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
                         block_q=block_q, block_k=block_k)
     out = _attend(st, *args)  # [B, Tp, G, R, Kv]
@@ -403,51 +406,159 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 # ----------------------------------------------------------------------------- splash (TPU)
-def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interpret: bool = False):
-    """Pallas' TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention)
-    for the cases it takes, else None (the caller runs the blockwise path). UNTESTED ON A TPU: there
-    is none in this project's CI or machines. Checked once, by hand, in Pallas' interpret mode on
-    CPU (interpret=True; the forward only, GQA at T = 256: causal, a causal window with
-    soft-cap, a bidirectional window): within 7.2e-7 of the plain path. Not in the suite
-    (interpreting the kernel takes seconds per mask).
+_SPLASH_LANES = 128  # splash's blocks are multiples of the TPU's 128 lanes
+_NEUTRAL_SINK = -1e30  # a sink logit whose exp(sink - m) is exactly 0 in fp32 beside any real score
+# the matmul precisions Mosaic lowers the kernel's dots at: default, and highest on fp32 operands
+_SPLASH_PRECISIONS = (None, "default", "bfloat16", "fastest", "highest", "float32")
 
-    Taken: causal or full masks over default slots (0..T-1, known at trace time), optionally a
-    static sliding window, soft-cap; no bias, ALiBi, sinks, key padding or segment ids (splash
-    takes the mask as a static pattern and treats segment 0 as a document of its own, so
-    run-time slots, padding and packing stay blockwise)."""
-    if (bias is not None or sinks is not None or mask.alibi_slopes is not None or mask.k_valid is not None
-            or mask.q_segments is not None):
+
+def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interpret: bool = False):
+    """Pallas' TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) for
+    the calls it takes, else None (the caller runs the blockwise path). Either way it notes the
+    kernel (lowering.note_kernel): "splash", or "blockwise (splash refused: <reason>)".
+    interpret=True runs the kernel in Pallas' interpreter on any backend. Never run on a TPU
+    (this project has none): tests/test_splash.py checks it in interpret mode on CPU against
+    the plain path (outputs within 6e-7, gradients within 3.6e-6, fp32) and compiles it for a
+    TPU slice with libtpu.
+
+    Taken: causal or full masks over the default slots (0..T-1 and 0..S-1, concrete at trace
+    time), a window concrete at trace time (causal q - k < window, else |q - k| < window), key
+    padding, segment ids, GQA, soft-cap, attention sinks; lengths that are multiples of 128.
+    How our semantics map onto the kernel's:
+      * the static pattern: CausalMask / FullMask / LocalMask, one per query head;
+      * segment ids: the kernel's SegmentIds show key j to query i iff their ids are equal, 0
+        included; ours iff equal and not 0. Key padding joins them as id 0 on the key side (no
+        segments: every query in 1). Queries of segment 0 see only keys of segment 0 in the
+        kernel; their rows are set to 0 afterwards (ours see nothing), which also makes their
+        output cotangent 0, so they add nothing to any gradient;
+      * a row no key is visible to outputs 0 (ours) where the kernel would average the values of
+        its masked block (its masked scores all equal mask_value): every call passes sinks,
+        ours or _NEUTRAL_SINK, which starts each row's running max at the sink and its sum at
+        1; beside any real score exp(-1e30 - m) is exactly 0, so a row with a visible key is
+        computed as without a sink, and an empty one ends as 0 / 1 = 0, in the backward too
+        (exp(mask_value - lse) = 0);
+      * scale: q is multiplied by it before the kernel, whose soft-cap then applies to the
+        scaled scores, softcap * tanh(scale q.k / softcap), as dot_product_attention does
+        (in fp32, then rounded once to q's dtype);
+      * matmul precision: the kernel's dots take jax's default matmul precision at trace time.
+        Mosaic lowers "default" on any operands and "highest" on fp32 ones only (bf16 operands
+        fail to compile: "Bad lhs type"), so under "highest" (the parity tests') q, k, v enter
+        the kernel in fp32 and the output is cast back.
+    Refused (run blockwise, by name): a bias, ALiBi, a value head width other than q's, slots or
+    a window known only at run time (traced), slots other than 0..T-1, a window < 1, lengths
+    not multiples of 128, a matmul precision Mosaic does not lower ("high", dot algorithms).
+    Slots and windows made inside a jit trace are traced (AttentionMask.self_attention's
+    jnp.arange slots, with_window's jnp scalar), so a model's masks built in its forward are
+    refused ("traced slots") unless they come in as NumPy constants.
+    Blocks: the largest multiple of 128 up to lowering.active().attention_blocks (at least
+    128) that divides the length, in the forward and both backward kernels.
+    Under a mesh (jax.set_mesh) the kernel is one custom call the SPMD partitioner cannot split:
+    it runs in jax.shard_map, the batch split over the lowering's batch_axes and the key/value
+    heads (with their query heads) over its head_axes where they divide them, the rest
+    replicated."""
+    def refuse(why):
+        lowering.note_kernel(f"blockwise (splash refused: {why})")
         return None
-    try:  # the pattern must be static: default slots and a concrete window
-        q_slots, k_slots = np.asarray(mask.q_slots), np.asarray(mask.k_slots)
-        window = None if mask.window is None else int(np.asarray(mask.window))
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
-        return None
-    t, s = q.shape[1], k.shape[1]
-    if (q_slots.shape[0] != 1 or not np.array_equal(q_slots[0], np.arange(t))
-            or not np.array_equal(k_slots[0], np.arange(s))):
-        return None
-    try:
-        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-        from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-    except ImportError:
-        return None
-    h, g = q.shape[2], k.shape[2]
-    if window is not None:  # keys j with i - window < j <= i (causal) or |i - j| < window
-        one = sm.LocalMask((t, s), (window - 1, 0 if mask.causal else window - 1), offset=0)
+
+    b, t, h, d = q.shape
+    s, g = k.shape[1], k.shape[2]
+    if bias is not None:
+        return refuse("attention bias")
+    if mask.alibi_slopes is not None:
+        return refuse("ALiBi")
+    if v.shape[-1] != d:
+        return refuse("value head dim differs")
+    q_slots, k_slots, window = _concrete(mask.q_slots), _concrete(mask.k_slots), _concrete(mask.window)
+    if q_slots is None or k_slots is None:
+        return refuse("traced slots")
+    if not ((q_slots == np.arange(t)).all() and (k_slots == np.arange(s)).all()):
+        return refuse("slots not 0..T-1")
+    if mask.window is not None and window is None:
+        return refuse("traced window")
+    if window is not None and window < 1:
+        return refuse("window < 1")
+    if t % _SPLASH_LANES or s % _SPLASH_LANES:
+        return refuse(f"length not a multiple of {_SPLASH_LANES}")
+    precision = jax.config.jax_default_matmul_precision  # what the kernel's dots are traced with
+    if precision not in _SPLASH_PRECISIONS:
+        return refuse(f"matmul precision {precision}")
+    lowering.note_kernel("splash")
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    if window is not None and window < max(t, s):  # keys j with i - window < j <= i, or |i - j| < window
+        pattern = sm.LocalMask((t, s), (int(window) - 1, 0 if mask.causal else int(window) - 1), offset=0)
     elif mask.causal:
-        one = sm.CausalMask((t, s))
+        pattern = sm.CausalMask((t, s))
     else:
-        one = sm.FullMask((t, s))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    # one MQA kernel per (batch, kv head): R query heads [R, T, K] against keys [S, K]
-    # splash's 512 blocks, or the whole sequence when shorter (the lengths must be multiples)
-    sizes = sk.BlockSizes(block_q=min(512, t), block_kv=min(512, s), block_kv_compute=min(512, s),
-                          block_q_dkv=min(512, t), block_kv_dkv=min(512, s), block_kv_dkv_compute=min(512, s),
-                          block_q_dq=min(512, t), block_kv_dq=min(512, s))
-    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask(tuple([one] * (h // g))), block_sizes=sizes,
-                                              attn_logits_soft_cap=softcap, interpret=interpret)
-    qh = jnp.moveaxis(q.reshape(q.shape[0], t, g, h // g, -1), 1, 3) * scale  # [B, G, R, T, K]
-    kh, vh = jnp.moveaxis(k, 1, 2), jnp.moveaxis(v, 1, 2)  # [B, G, S, K]
-    out = jax.vmap(jax.vmap(kernel))(qh, kh, vh)  # [B, G, R, T, Kv]
-    return jnp.moveaxis(out, 3, 1).reshape(q.shape[:3] + (v.shape[-1],))
+        pattern = sm.FullMask((t, s))
+    blocks = lowering.active().attention_blocks
+    bq, bk = _splash_block(t, blocks[0]), _splash_block(s, blocks[1])
+    sizes = sk.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
+                          block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    # segment ids with the key padding as id 0 (None: neither)
+    q_seg = k_seg = None
+    if mask.q_segments is not None or mask.k_valid is not None:
+        q_seg = jnp.ones((1, t), jnp.int32) if mask.q_segments is None else mask.q_segments.astype(jnp.int32)
+        k_seg = jnp.ones((1, s), jnp.int32) if mask.k_segments is None else mask.k_segments.astype(jnp.int32)
+        if mask.k_valid is not None:
+            k_seg = jnp.where(mask.k_valid, k_seg, 0)
+        q_seg, k_seg = jnp.broadcast_to(q_seg, (b, t)), jnp.broadcast_to(k_seg, (b, s))  # [B, T], [B, S]
+    zero_rows = mask.q_segments is not None  # queries of segment 0
+    dtype = q.dtype
+    wide = precision in ("highest", "float32")  # the kernel then runs on fp32 q, k, v
+
+    def attend(q, k, v, q_seg, k_seg, sinks):  # this device's batch rows and heads
+        if wide:
+            q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+        n = q.shape[2]  # query heads here
+        kernel = sk.make_splash_mha_single_device(sm.MultiHeadMask((pattern,) * n), block_sizes=sizes,
+                                                  attn_logits_soft_cap=softcap, interpret=interpret)
+        sinks = jnp.full((n,), _NEUTRAL_SINK, jnp.float32) if sinks is None else sinks  # [H]
+        qh = jnp.swapaxes((q.astype(jnp.float32) * scale).astype(q.dtype), 1, 2)  # [B, H, T, K]
+        kh, vh = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, G, S, K]
+        if q_seg is None:
+            out = jax.vmap(lambda q, k, v: kernel(q, k, v, sinks=sinks))(qh, kh, vh)
+        else:
+            out = jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=sk.SegmentIds(qs, ks), sinks=sinks))(
+                qh, kh, vh, q_seg, k_seg)  # [B, H, T, K]
+        out = jnp.swapaxes(out, 1, 2).astype(dtype)  # [B, T, H, K]
+        return jnp.where((q_seg != 0)[:, :, None, None], out, 0) if zero_rows else out
+
+    mesh = jax.sharding.get_abstract_mesh()
+    free = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
+    if not free:
+        return attend(q, k, v, q_seg, k_seg, sinks)
+    switches = lowering.active()
+    batch = _dividing_axes(mesh, free, switches.batch_axes, b)
+    heads = _dividing_axes(mesh, tuple(a for a in free if a not in (batch or ())), switches.head_axes, g)
+    seq = P(batch, None)
+    qkv = P(batch, None, heads, None)  # the query heads split as their key/value heads
+    # check_vma=False: the kernel's pallas_calls give their outputs no varying-axes type
+    return jax.shard_map(attend, mesh=mesh, axis_names=set(free), check_vma=False,
+                         in_specs=(qkv, qkv, qkv, None if q_seg is None else seq, None if k_seg is None else seq,
+                                   None if sinks is None else P(heads)),
+                         out_specs=qkv)(q, k, v, q_seg, k_seg, sinks)
+
+
+def _concrete(x) -> np.ndarray | None:
+    """x as a NumPy array when its value is known at trace time, else None (also for None)."""
+    try:
+        return None if x is None else np.asarray(x)
+    except jax.errors.TracerArrayConversionError:
+        return None
+
+
+def _splash_block(n: int, want: int) -> int:
+    """The largest multiple of 128 that divides n (a multiple of 128) and is at most max(want, 128)."""
+    top = max(want, _SPLASH_LANES) // _SPLASH_LANES * _SPLASH_LANES
+    return next(blk for blk in range(min(top, n), 0, -_SPLASH_LANES) if n % blk == 0)
+
+
+def _dividing_axes(mesh, free: tuple, names: tuple, n: int) -> tuple | None:
+    """The mesh axes among `names` (those in `free`, of size > 1) if their product divides n, else
+    None (that dim stays whole on every device)."""
+    axes = tuple(a for a in names if a in free and mesh.shape[a] > 1)
+    return axes if axes and n % math.prod(mesh.shape[a] for a in axes) == 0 else None
