@@ -38,7 +38,7 @@ ROWS = {
                   "no host offload of the layer inputs and q/k/v/o projections (MaxText's custom remat); "
                   "splash blocks 512 (MaxText 2048, fused backward kernel)"),
     "llama3_70b": ("llama3_70b", "v6e:16x16", [], 0.5033, 0.470,
-                   "2 sequences per chip where MaxText runs 5 with its layer inputs offloaded to host"),
+                   "1 sequence per chip where MaxText runs 5 with its layer inputs offloaded to host"),
     "mixtral_8x7b": ("mixtral_8x7b", "v5p:8x4x4", [], 0.5256, 0.505,
                      "fp32 params and Adam state (MaxText bf16); 16 sequences per chip (MaxText 36)"),
     "llama2_70b": ("llama3_70b", "v5p:8x8x4",

@@ -85,3 +85,27 @@ def test_no_expert_axis_keeps_the_one_device_program():
     ((_, (y2, _)), _), hlo = _run(m, x, make_mesh(8, 1, 1, 1))
     assert " all-to-all(" not in hlo
     np.testing.assert_allclose(np.asarray(y2), np.asarray(y1), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["softmax_topk", "capacity"])
+def test_tokens_stay_local_on_an_accelerator_mesh_without_expert_axis(case):
+    """Traced for a TPU (or GPU) under the trainer's mesh with no expert axis (data 4 x fsdp 2),
+    each device routes and runs its own tokens with every expert (moe_parallel.expert_mesh): no
+    exchange, and no gather of the tokens' activations, yet the one-device layer's outputs and
+    gradients (run here on the CPU devices: the accelerator path's ragged_dot runs anywhere)."""
+    from jaxformer import lowering
+    cfg = MoEConfig(d_expert=16, **CASES[case])
+    m = _layer(cfg)
+    x = jax.random.normal(jax.random.key(1), (8, 6, D))
+    ((_, (y1, r1)), g1), _ = _run(m, x)
+    with lowering.tracing(platform="tpu", batch_axes=("data", "fsdp")):
+        ((_, (y2, r2)), g2), hlo = _run(m, x, make_mesh(4, 2, 1, 1))
+    assert " all-to-all(" not in hlo and "ragged-all-to-all" not in hlo
+    gathered = [ln for ln in hlo.splitlines() if " all-gather(" in ln and f",{D}]" in ln.split("=")[1].split(" ")[1]
+                and ln.split("=")[1].split("[")[1].split(",")[0] == "48"]
+    assert not gathered, gathered  # no [48 tokens, D] activations gathered
+    np.testing.assert_array_equal(np.asarray(r1["expert_load"]), np.asarray(r2["expert_load"]))
+    worst = float(jnp.max(jnp.abs(y1 - y2)) / max(1.0, float(jnp.max(jnp.abs(y1)))))
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        worst = max(worst, float(jnp.max(jnp.abs(a - b)) / max(1.0, float(jnp.max(jnp.abs(a))))))
+    assert worst <= 1e-6, worst

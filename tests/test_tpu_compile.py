@@ -113,11 +113,24 @@ def test_cli_json_and_does_not_fit(capsys):
     assert err[1].strip().startswith("try:") and "fsdp" in err[1]
 
 
+def test_gpu_target_compiles_without_a_gpu():
+    """h200:2x4 (2 hosts of 4): jax's CUDA plugin compiles for an H200 from a target config
+    (aot.gpu_target_config) with no GPU. The test extra does not bring the plugin (800 MB);
+    where it is installed (`pip install 'jaxformer[cuda12]'`) this runs."""
+    pytest.importorskip("jax_plugins.xla_cuda12")
+    r = _report("llama", "h200:2x4", "parallel.mode=mesh", "parallel.mesh.fsdp=2")
+    assert r["chips"] == 8 and r["device_kind"] == "NVIDIA H200 141GB HBM3e" and r["fits"]
+    assert r["mesh"]["data"] == 4 and r["collectives"]["all-gather"]["count"] > 0
+    assert r["est_source"].startswith("roofline") and r["est_step_s"] > 0
+
+
 def test_bad_topology_is_named():
-    with pytest.raises(ValueError, match="unknown TPU generation 'v9x'"):
+    with pytest.raises(ValueError, match="unknown TPU generation or GPU 'v9x'"):
         aot.tpu_devices("v9x:2x2")
     with pytest.raises(ValueError, match="topology 'v5e:3x7'"):
         aot.tpu_devices("v5e:3x7")
+    with pytest.raises(ValueError, match="name the GPUs as h100:N"):
+        aot.devices_for("h100:eight")
 
 
 # ----------------------------------------------------------------------------- accounting

@@ -1,7 +1,8 @@
 """`jaxformer compile --config CFG --topology NAME [--set ...] [--step train|decode] [--json]`:
-compile the trainer's own step (or generation's prefill and cached step) for a TPU slice on
-this host, with no TPU, and report whether it fits and the compiler's estimate of its speed
-(jaxformer/train/aot.py). Needs libtpu (`pip install 'jaxformer[tpu]'`).
+compile the trainer's own step (or generation's prefill and cached step) for a TPU slice or
+NVIDIA GPUs on this host, with none of them, and report whether it fits and estimates of its
+speed (jaxformer/train/aot.py). Needs libtpu (`pip install 'jaxformer[tpu]'`) for a TPU, jax's
+CUDA plugin (`pip install 'jaxformer[cuda12]'`) for a GPU.
 
 Exit codes: 0 it fits; 2 a user error, or it does not fit (one or two lines naming the bytes
 per chip against HBM, the largest buffers and the settings that would help)."""
@@ -15,7 +16,8 @@ import sys
 def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="a packaged config's name (llama, moe, llama3_8b, ...) or a YAML path")
     p.add_argument("--topology", required=True,
-                   help="a TPU slice: v4:2x2x2, v5e:2x2, v5e:16x16, v5p:2x2x1, v5p:4x4x4, v6e:16x16, ...")
+                   help="a TPU slice (v4:2x2x2, v5e:2x2, v5e:16x16, v5p:2x2x1, v5p:4x4x4, v6e:16x16, ...) or "
+                        "NVIDIA GPUs (h100:8, h200:8, h200:2x8 = 2 hosts of 8)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any nested key, e.g. --set parallel.mesh.fsdp=64 (repeatable)")
     p.add_argument("--step", choices=["train", "decode"], default="train",
@@ -40,6 +42,7 @@ def _pct(x) -> str:
 
 
 def text_report(r: dict) -> str:
+    """The readable report (every figure of `r` that a person reads first)."""
     by = r["bytes_per_chip"]
     lines = [f"{r['step']} step of {r['param_count'] / 1e9:.3f} B params ({r['active_params'] / 1e9:.3f} B active) "
              f"on {r['topology']} ({r['chips']} x {r['device_kind']}), mesh "
@@ -54,7 +57,7 @@ def text_report(r: dict) -> str:
              f"  compiler: optimal_seconds {r['compiler_optimal_seconds']:.4g} s, FLOPs/chip "
              f"{r['compiler_flops_per_chip']:.3e} (loop bodies once)",
              f"  roofline: compute {_ms(r['roofline']['compute_s'])}, HBM {_ms(r['roofline']['hbm_s'])}, "
-             f"collectives over ICI {_ms(r['roofline']['collective_s'])} -> {r['roofline']['bound_by']}-bound, "
+             f"collectives over the interconnect {_ms(r['roofline']['collective_s'])} -> {r['roofline']['bound_by']}-bound, "
              f"MFU {_pct(r['roofline_mfu'])}",
              f"  model FLOPs/step {r['model_flops_per_step']:.3e} ("
              + ("6N per token + attention" if r["step"] == "train" else "2N per token") + "), program FLOPs/chip "
@@ -66,10 +69,11 @@ def text_report(r: dict) -> str:
 
 
 def run(args) -> int:
+    # libtpu and the CUDA plugin are only compilers here; the process itself runs on the CPU
+    # (set before jax starts: the CUDA plugin loads without a GPU only then)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from jaxformer.train.config import load_config
     from jaxformer.train import aot
-    # libtpu is only used as a compiler here; the process itself runs on the CPU
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     cfg = load_config(args.config, args.overrides)
     try:
         report = aot.compile_report(cfg, args.topology, args.step, packed=args.packed,
@@ -78,7 +82,7 @@ def run(args) -> int:
         hbm = aot.chip_of(args.topology).hbm_bytes
         state = sum(e.state_bytes.values())
         by = {**e.state_bytes, "temp": e.needed or 0}
-        chips = len(aot.tpu_devices(args.topology))
+        chips = len(aot.devices_for(args.topology))
         return _does_not_fit(f"the compiler needs {_gib(e.needed) if e.needed else 'more than HBM'} for "
                              f"temporaries beside the state's {_gib(state)} per chip, > {_gib(hbm)} HBM",
                              args, e.largest, aot.advice(cfg, args.step, chips, by))

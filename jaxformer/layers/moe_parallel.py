@@ -48,12 +48,24 @@ BATCH_AXES = ("data", "fsdp", "expert")  # the trainer's default "batch" rule (t
 
 def expert_mesh(num_tokens: int):
     """(mesh, token axes) when the active mesh has `expert` > 1 and num_tokens divides by the
-    token axes' devices; else None (the one-device form)."""
+    token axes' devices; else None (the one-device form).
+
+    Also, on a TPU or GPU (lowering.platform()) under the trainer's mesh (lowering.active()
+    .batch_axes set) whose batch axes split the tokens but which has no expert axis: each
+    device then routes and runs its own tokens with every expert (the weights gathered, as FSDP
+    gathers any weight), with no exchange. Left to XLA's partitioner, the one-device form's
+    sort and gathers over all N tokens of the global batch are replicated on every chip:
+    Mixtral-8x7B at 16 x 4096 tokens per chip on a v5p-256 needed 2.93 TB per chip that way
+    (docs/numerics.md §40). On the CPU backend the one-device form stays (its blocked layout,
+    moe.blocked_dispatch, is the fast one there)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.shape.get(EXPERT, 1) <= 1:
+    if mesh.empty:
         return None
-    axes = tuple(a for a in BATCH_AXES if mesh.shape.get(a, 1) > 1)
-    if num_tokens % math.prod(mesh.shape[a] for a in axes):
+    local = mesh.shape.get(EXPERT, 1) <= 1
+    if local and (lowering.on_cpu() or not lowering.active().batch_axes):
+        return None
+    axes = tuple(a for a in (lowering.active().batch_axes or BATCH_AXES) if mesh.shape.get(a, 1) > 1)
+    if (local and not axes) or num_tokens % math.prod(mesh.shape[a] for a in axes):
         return None
     return mesh, axes
 
@@ -70,7 +82,8 @@ def routed(router, experts, h: jax.Array, mesh, axes: tuple):
         load = jax.lax.psum(jnp.bincount(idx.reshape(-1), length=router.cfg.num_experts), axes)
         return logits, out, load.astype(jnp.float32)
 
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(EXPERT), P(axes)),
+    experts_spec = P(EXPERT) if mesh.shape[EXPERT] > 1 else P()  # no expert axis: every device has all
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), experts_spec, P(axes)),
                          out_specs=(P(axes), P(axes), P()))(rstate, estate, h)
 
 
@@ -97,16 +110,18 @@ def dispatch(experts, h: jax.Array, indices: jax.Array, weights: jax.Array, axes
     d = h.shape[-1]
     send_x = jnp.zeros((s * cap, d), h.dtype).at[slot].set(h[token_sorted], mode="drop")
     send_e = jnp.zeros((s * cap,), jnp.int32).at[slot].set(expert_sorted % e_local, mode="drop")
-    recv_sizes = jax.lax.all_to_all(send_sizes, EXPERT, 0, 0, tiled=True)  # [S] rows from each source
-    recv_x = lowering.expert_all_to_all(send_x.reshape(s, cap, d), send_sizes, recv_sizes, EXPERT)
-    recv_e = lowering.expert_all_to_all(send_e.reshape(s, cap), send_sizes, recv_sizes, EXPERT)
+    exchange = (lambda x, sent, received: x) if s == 1 else \
+        (lambda x, sent, received: lowering.expert_all_to_all(x, sent, received, EXPERT))  # S = 1: all local
+    recv_sizes = send_sizes if s == 1 else jax.lax.all_to_all(send_sizes, EXPERT, 0, 0, tiled=True)  # [S]
+    recv_x = exchange(send_x.reshape(s, cap, d), send_sizes, recv_sizes)
+    recv_e = exchange(send_e.reshape(s, cap), send_sizes, recv_sizes)
     filled = jnp.arange(cap)[None, :] < recv_sizes[:, None]  # [S, C]
     local = jnp.where(filled, recv_e, e_local).reshape(-1)  # [S*C] local expert; e_local = empty
     rank = jnp.argsort(local, stable=True)
     group_sizes = jnp.bincount(local, length=e_local).astype(jnp.int32)  # [E/S]
     y = experts.grouped_ffn(recv_x.reshape(s * cap, d)[rank], local[rank], group_sizes)
     y = jnp.zeros_like(y).at[rank].set(y)  # [S*C, D] back in received order
-    back = lowering.expert_all_to_all(y.reshape(s, cap, d), recv_sizes, send_sizes, EXPERT)
+    back = exchange(y.reshape(s, cap, d), recv_sizes, send_sizes)
     y_sorted = jnp.take(back.reshape(s * cap, d), slot, axis=0, mode="fill", fill_value=0)  # [n*k, D]
     return jnp.zeros_like(h).at[token_sorted].add(y_sorted * w_sorted[:, None])  # [n, D]
 

@@ -50,13 +50,22 @@ GiB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One TPU generation's published per-chip figures (Google Cloud's TPU pages): HBM bytes,
-    peak bf16 FLOP/s, HBM bytes/s and bidirectional ICI bytes/s."""
+    """One accelerator's published per-chip figures: HBM bytes, peak dense bf16 FLOP/s, HBM
+    bytes/s and bidirectional interconnect bytes/s (TPU: ICI, Google Cloud's TPU pages; NVIDIA:
+    NVLink, NVIDIA's H100/H200 data sheets). A GPU also carries what XLA's GPU compiler needs
+    to target it without one (gpu_target_config): streaming multiprocessors, clock (GHz), L2
+    bytes, compute capability."""
 
     hbm_bytes: int
     peak_flops: float
     hbm_bytes_per_s: float
     ici_bytes_per_s: float
+    platform: str = "tpu"
+    name: str = ""
+    sms: int = 0
+    clock_ghz: float = 0.0
+    l2_bytes: int = 0
+    capability: tuple[int, int] = (0, 0)
 
 
 CHIPS = {
@@ -64,6 +73,8 @@ CHIPS = {
     "v5e": Chip(16 * GiB, 197e12, 819e9, 400e9),
     "v5p": Chip(95 * GiB, 459e12, 2765e9, 1200e9),
     "v6e": Chip(32 * GiB, 918e12, 1640e9, 800e9),
+    "h100": Chip(80 * 10**9, 989e12, 3.35e12, 900e9, "gpu", "NVIDIA H100 80GB HBM3", 132, 1.98, 50 * 2**20, (9, 0)),
+    "h200": Chip(141 * 10**9, 989e12, 4.8e12, 900e9, "gpu", "NVIDIA H200 141GB HBM3e", 132, 1.98, 50 * 2**20, (9, 0)),
 }
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute",
                "ragged-all-to-all")
@@ -73,9 +84,67 @@ COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "coll
 def chip_of(topology: str) -> Chip:
     gen = topology.split(":")[0].lower()
     if gen not in CHIPS:
-        raise ValueError(f"topology {topology!r}: unknown TPU generation {gen!r}; known: {', '.join(CHIPS)} "
-                         "(e.g. v5p:4x4x4, v5e:16x16, v6e:16x16, v4:2x2x2)")
+        raise ValueError(f"topology {topology!r}: unknown TPU generation or GPU {gen!r}; known: {', '.join(CHIPS)} "
+                         "(e.g. v5p:4x4x4, v5e:16x16, v6e:16x16, v4:2x2x2, h100:8, h200:2x8)")
     return CHIPS[gen]
+
+
+def devices_for(topology: str) -> list:
+    """The compile-only devices of a TPU slice ("v5p:4x4x4") or of NVIDIA GPUs ("h200:8", "h100:2x8"
+    = 2 hosts of 8)."""
+    return gpu_devices(topology) if chip_of(topology).platform == "gpu" else tpu_devices(topology)
+
+
+def gpu_target_config(chip: Chip) -> str:
+    """XLA's GpuTargetConfigProto, as text, for a GPU described by `chip`: what the GPU compiler
+    reads off a device when there is one (the per-SM limits are those of every Hopper GPU)."""
+    major, minor = chip.capability
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_block_optin: 232448
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: {chip.sms}
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {int(chip.hbm_bytes_per_s)}
+  l2_cache_size: {chip.l2_bytes}
+  clock_rate_ghz: {chip.clock_ghz}
+  device_memory_size: {chip.hbm_bytes}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+  cuda_compute_capability {{ major: {major} minor: {minor} }}
+}}
+platform_name: "CUDA"
+device_description_str: "{chip.name}"
+"""
+
+
+def gpu_devices(topology: str) -> list:
+    """Compile-only devices of `topology` ("h200:8": one host of 8; "h100:2x8": 2 hosts of 8)
+    from jax's CUDA plugin and a target config (gpu_target_config): no GPU needed, but the
+    plugin must load without one (JAX_PLATFORMS=cpu, which `jaxformer compile` sets) and XLA
+    needs ptxas and libdevice (the nvidia-cuda-nvcc-cu12 wheel that jax[cuda12] brings)."""
+    chip = chip_of(topology)
+    shape = topology.split(":", 1)[1] if ":" in topology else ""
+    parts = shape.split("x")
+    if not shape or len(parts) > 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"topology {topology!r}: name the GPUs as {topology.split(':')[0]}:N (one host of N) "
+                         f"or {topology.split(':')[0]}:HxN (H hosts of N)")
+    hosts, per_host = (1, int(parts[0])) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+    try:
+        from jax.experimental import topologies
+        desc = topologies.get_topology_desc("", "cuda", target_config=gpu_target_config(chip),
+                                            topology=f"1x{hosts}x{per_host}")
+    except (NotImplementedError, RuntimeError, ValueError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"compiling for {chip.name} needs jax's CUDA plugin, loaded with JAX_PLATFORMS=cpu "
+                         f"(pip install 'jaxformer[cuda12]'): {msg}") from None
+    return list(desc.devices)
 
 
 @contextlib.contextmanager
@@ -224,7 +293,8 @@ def _compile(name: str, fn, args, mesh, state_bytes: dict, largest: list) -> tup
     DoesNotFit."""
     t0 = time.perf_counter()
     try:
-        with jax.set_mesh(mesh), lowering.recording_kernels() as kernels, lowering.tracing(platform="tpu"):
+        platform = "gpu" if mesh.devices.flat[0].platform in ("gpu", "cuda") else "tpu"
+        with jax.set_mesh(mesh), lowering.recording_kernels() as kernels, lowering.tracing(platform=platform):
             traced = fn.trace(*args)
             compiled = traced.lower().compile()
     except jax.errors.JaxRuntimeError as e:
@@ -589,8 +659,8 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
     if whole:
         source = "compiler (optimal_seconds)"
     elif cost["optimal_seconds"] <= 0:
-        source = (f"roofline (the compiler's optimal_seconds is {cost['optimal_seconds']:.3g} s: it costs "
-                  "no Pallas kernel and no ragged exchange)")
+        source = (f"roofline (the compiler's optimal_seconds is {cost['optimal_seconds']:.3g} s: on TPU it "
+                  "costs no Pallas kernel and no ragged exchange; XLA's GPU compiler gives no cost analysis)")
     else:
         source = f"roofline (the compiler's optimal_seconds counts each of {loops} while loops once)"
     return {
@@ -626,7 +696,7 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
         raise ValueError(f"--step must be train or decode, got {step!r}")
     cfg = as_mesh_run(cfg)
     chip = chip_of(topology)
-    devices = tpu_devices(topology)
+    devices = devices_for(topology)
     mesh = mesh_for(cfg, devices)
     if step == "train":
         check_sections(cfg)
