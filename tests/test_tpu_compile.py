@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from jaxformer.cli import main
 from jaxformer.train import aot
@@ -201,3 +202,7 @@ def test_jaxpr_flops_count_scans_and_remat():
     jaxpr = jax.make_jaxpr(jax.value_and_grad(f, argnums=1))(jnp.ones((4, 8)), jnp.ones((3, 8, 8)))
     assert aot.jaxpr_flops(jaxpr.jaxpr) == 3 * 4 * (2 * 4 * 8 * 8)
     assert math.isclose(aot.jaxpr_flops(jax.make_jaxpr(lambda a: a @ a)(np.ones((5, 5))).jaxpr), 2 * 125)
+    # a shard_map body is one device's: 4 devices each multiply [2, 8] @ [8, 8]
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
+    per_device = jax.shard_map(lambda a, b: a @ b, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d"))
+    assert aot.jaxpr_flops(jax.make_jaxpr(per_device)(np.ones((8, 8)), np.ones((8, 8))).jaxpr) == 4 * 2 * 2 * 8 * 8

@@ -540,7 +540,7 @@ def jaxpr_flops(jaxpr) -> float:
     while loop's body once, the larger branch of a cond, a rematerialised forward where the
     backward recomputes it. (XLA's HLO of a TPU program hides its dots inside convolutions
     with dilations and strides, and its cost_analysis counts loop bodies once; the jaxpr says
-    what the program multiplies.)"""
+    what the program multiplies.) A shard_map body's FLOPs count once per device it runs on."""
     from jax.extend import core as jcore
     total = 0.0
     for eqn in jaxpr.eqns:
@@ -562,6 +562,10 @@ def jaxpr_flops(jaxpr) -> float:
             continue
         if name == "scan":
             total += eqn.params["length"] * sum(inner)
+        elif name == "shard_map":  # its body's shapes are one device's: times the devices it runs on
+            mesh = eqn.params["mesh"]
+            axes = eqn.params.get("newly_manual_axes") or eqn.params.get("manual_axes") or mesh.axis_names
+            total += math.prod(mesh.shape[a] for a in axes) * sum(inner)
         elif name == "cond":
             total += max(inner)
         else:
