@@ -308,6 +308,29 @@ def widen_each_step() -> bool:
     return not on_cpu()
 
 
+# ----------------------------------------------------------------------------- rematerialisation
+LAYER_INPUT = "layer_input"  # the checkpoint_name of each layer's input (layers/transformer.py)
+
+
+def remat_policy(name: str | None):
+    """The jax.checkpoint policy of train.remat_policy: one of jax.checkpoint_policies' names,
+    or "offload_layer_inputs": recompute everything in the backward pass (nothing_saveable),
+    and keep the one thing that must be kept, each layer's input, in the host's memory instead
+    of the accelerator's (MaxText's decoder_layer_input offload). A scanned model then holds
+    no [layers, B, T, D] stack of inputs in HBM (Llama-3.1-70B at one 8192-token sequence per
+    v6e chip: 21 GB of float32 residuals). On the CPU backend the host is the device: the same
+    as nothing_saveable."""
+    if name is None:
+        return None
+    if name != "offload_layer_inputs":
+        return getattr(jax.checkpoint_policies, name)
+    if on_cpu():
+        return jax.checkpoint_policies.nothing_saveable
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=(), names_which_can_be_offloaded=(LAYER_INPUT,),
+        offload_src="device", offload_dst="pinned_host")
+
+
 # ----------------------------------------------------------------------------- compiler options
 # XLA:CPU options of the decode programs and the training steps: YNNPACK fuses dots only.
 # Decode: the reductions of the elementwise attention and of the norms go through XLA's own

@@ -75,6 +75,15 @@ def test_moe_on_tpu_uses_ragged_exchange(moe_expert):
     assert moe_expert["fits"] and moe_expert["active_params"] < moe_expert["param_count"]
 
 
+def test_offloaded_layer_inputs_leave_hbm(fsdp_tensor):
+    """train.remat_policy=offload_layer_inputs: each scanned layer's input goes to host memory
+    (lowering.remat_policy), so the step's HBM temporaries shrink and host bytes appear."""
+    r = _report("llama", "v5e:2x2", "parallel.mode=mesh", "parallel.mesh.data=1", "parallel.mesh.fsdp=2",
+                "parallel.mesh.tensor=2", "model.scan_layers=true", "train.attention=splash",
+                "data.seq_len=128", "model.max_len=128", "train.remat=true", "train.remat_policy=offload_layer_inputs")
+    assert r["bytes_per_chip"]["host_offload"] > 0 and "host_offload" not in fsdp_tensor["bytes_per_chip"]
+
+
 def test_ring_attention_compiles_over_a_context_axis():
     """context 2 x data 2 on v5p:2x2x1: ring attention's key/value blocks travel as collective
     permutes over ICI."""

@@ -31,6 +31,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import lowering, tables
 from jaxformer.config import TransformerConfig
@@ -403,7 +404,7 @@ class _Stack(nnx.Module):
         With intermediates, call fills `record` (else None) with the layer's sub-layer outputs,
         stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i". With `aux` (a dict),
         the sparse layers' AUX records go to it, stacked in layer order ([n_sparse, ...])."""
-        policy = getattr(jax.checkpoint_policies, self.remat_policy) if self.remat_policy else None
+        policy = lowering.remat_policy(self.remat_policy)
         keep = intermediates is not None
         want = keep or aux is not None
         flags = self.layer_flags()
@@ -426,6 +427,7 @@ class _Stack(nnx.Module):
         uniform = isinstance(flags, tuple)
 
         def body(h, xs):
+            h = checkpoint_name(h, lowering.LAYER_INPUT)  # what an offloading policy keeps on the host
             layer_state, local = (xs, flags[0]) if uniform else xs
             layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
             record = {} if want else None
@@ -474,6 +476,7 @@ def _remat_call(layer, x, call, policy, record: dict | None = None, local: bool 
     graphdef, state = nnx.split(layer)
 
     def f(state, h):
+        h = checkpoint_name(h, lowering.LAYER_INPUT)  # what an offloading policy keeps on the host
         inner = nnx.merge(graphdef, jax.tree.map(lambda a: a, state))
         rec = {} if record is not None else None
         y = call(inner, h, rec, local)

@@ -667,9 +667,13 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
                   "costs no Pallas kernel and no ragged exchange; XLA's GPU compiler gives no cost analysis)")
     else:
         source = f"roofline (the compiler's optimal_seconds counts each of {loops} while loops once)"
+    host = (mem.host_argument_size_in_bytes + mem.host_output_size_in_bytes - mem.host_alias_size_in_bytes
+            + mem.host_temp_size_in_bytes)  # what the program keeps in host memory (remat offload)
+    by = {**prog.state_bytes, "temp": int(temp), "code": int(mem.generated_code_size_in_bytes), "total": int(total)}
+    if host:
+        by["host_offload"] = int(host)  # not HBM: not in the total
     return {
-        "bytes_per_chip": {**prog.state_bytes, "temp": int(temp), "code": int(mem.generated_code_size_in_bytes),
-                           "total": int(total)},
+        "bytes_per_chip": by,
         "compiler_flops_per_chip": cost["flops"],
         "compiler_optimal_seconds": cost["optimal_seconds"],
         "program_flops_per_chip": flops,
@@ -742,8 +746,10 @@ def advice(cfg: RunConfig, step: str, chips: int, by: dict) -> str:
     if step == "train":
         if by.get("temp", 0) > by.get("params", 0) and not tc.remat:
             tips.append("train.remat=true")
-        elif tc.remat and tc.remat_policy != "nothing_saveable":
+        elif tc.remat and tc.remat_policy not in ("nothing_saveable", "offload_layer_inputs"):
             tips.append("train.remat_policy=nothing_saveable")
+        elif tc.remat and tc.remat_policy == "nothing_saveable" and getattr(cfg.model, "scan_layers", False):
+            tips.append("train.remat_policy=offload_layer_inputs (each layer's input kept in host memory)")
         if m.fsdp != -1 and m.fsdp < chips:
             tips.append("a larger parallel.mesh.fsdp (params and optimizer state split over it)")
         if tc.micro_batch > 1:

@@ -20,8 +20,9 @@ from jaxformer.config.lora import LoRAConfig, _PEFT_OFF
 SCHEDULES = ("warmup_cosine", "constant", "inverse_sqrt")
 INITS = ("default", "xavier_uniform", "normal_0.02")
 PRECISIONS = ("fp32", "bf16")
+# jax.checkpoint_policies' names, and offload_layer_inputs (jaxformer/lowering.py remat_policy)
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
-                  "everything_saveable")
+                  "everything_saveable", "offload_layer_inputs")
 PARALLEL_MODES = ("none", "pmap", "mesh")
 NONFINITE = ("stop", "skip")
 LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/quant.py's reduced weights
