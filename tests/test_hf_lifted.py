@@ -90,7 +90,11 @@ def test_lifted_option_imports_and_exports_with_hf_logits(case, tmp_path):
     back = type(ref_model).from_pretrained(str(tmp_path / "out")).eval()
     for k, v in EXPORTED.get(case, {}).items():
         assert getattr(back.config, k) == v, (k, getattr(back.config, k))
-    np.testing.assert_array_equal(_hf_logits(back, bert), ref)
+    # against the source as transformers loads it: a model built in memory and the same weights
+    # from from_pretrained part in the last bit on some machines (BERT regression, 1 ulp on a Zen 4
+    # VM without AVX-512 exposed), both in transformers, so the round trip compares like with like
+    reloaded = type(ref_model).from_pretrained(str(tmp_path / "src")).eval()
+    np.testing.assert_array_equal(_hf_logits(back, bert), _hf_logits(reloaded, bert))
 
 
 def test_swin_patch_norms_keep_hf_eps():
