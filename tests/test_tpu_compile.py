@@ -152,6 +152,18 @@ _HLO = """HloModule m
   ROOT %f = f32[8,16]{1,0} fusion(%ag), kind=kLoop, calls=%fused.1
 }
 
+%cond.1 (c: (s32[], f32[8,16])) -> pred[] {
+  %limit = s32[] constant(5)
+  %c = (s32[], f32[8,16]) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  ROOT %lt = pred[] compare(%i, %limit), direction=LT
+}
+
+%body.3 (p3: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %y = f32[4]{0} parameter(0)
+  ROOT %cp = f32[4]{0} collective-permute(%y), channel_id=11, source_target_pairs={{0,1},{1,0}}
+}
+
 %fused.1 (q: f32[32,16]) -> f32[8,16] {
   %q = f32[32,16]{1,0} parameter(0)
   ROOT %s = f32[8,16]{1,0} slice(%q)
@@ -177,7 +189,8 @@ ENTRY %main (a: f32[8,16], b: f32[64], c: bf16[128]) -> f32[8,16] {
   %a = f32[8,16]{1,0} parameter(0)
   %b = f32[64]{0} parameter(1)
   %c = bf16[128]{0} parameter(2)
-  %w = (s32[], f32[8,16]) while(%a), condition=%cond.1, body=%body.1, backend_config={"known_trip_count":{"n":"5"}}
+  %w = (s32[], f32[8,16]) while(%a), condition=%cond.1, body=%body.1
+  %w3 = (s32[], f32[4]) while(%b), condition=%cond.3, body=%body.3, backend_config={"known_trip_count":{"n":"3"}}
   %s = f32[64]{0} fusion(%b), kind=kCustom, calls=%start.2
   %d = f32[64]{0} fusion(%s), kind=kLoop, calls=%async_collective_fusion.7
   %rs = bf16[32]{0} fusion(%c), kind=kCustom, calls=%all-reduce-scatter.4
@@ -187,8 +200,11 @@ ENTRY %main (a: f32[8,16], b: f32[64], c: bf16[128]) -> f32[8,16] {
 
 
 def test_collectives_count_loops_once_per_trip_and_async_parts_once():
+    """A loop's trip count from its condition (TPU: `i < 5`, no annotation) or its
+    known_trip_count (CPU, GPU: 3)."""
     c = aot.collectives(_HLO)
     assert c["all-gather"] == {"count": 5, "bytes": 5 * 32 * 16 * 4}  # in the while body, 5 trips
+    assert c["collective-permute"] == {"count": 3, "bytes": 3 * 4 * 4}
     assert c["all-reduce"] == {"count": 1, "bytes": 64 * 4}  # the start; its continuation is not counted
     assert c["reduce-scatter"] == {"count": 1, "bytes": 128 * 2}  # TPU's all-reduce-scatter fusion
 
@@ -197,7 +213,8 @@ def test_hbm_bytes_count_top_level_traffic_with_trip_counts():
     hbm, unknown = aot.hlo_hbm_bytes(_HLO)
     body = 32 * 16 * 4 + 8 * 16 * 4 + (8 * 16 * 4 + 32 * 16 * 4)  # all-gather out + in, fusion out + in
     entry = 2 * 64 * 4 + 2 * 64 * 4 + (32 + 128) * 2 + 2 * 8 * 16 * 4  # start, continuation, scatter, copy
-    assert unknown == 0 and hbm == 5 * body + entry
+    cond = 1 + 4 + 4  # the condition's compare (pred out, two s32 in), counted once
+    assert unknown == 0 and hbm == 5 * body + 3 * 2 * 4 * 4 + cond + entry
 
 
 def test_jaxpr_flops_count_scans_and_remat():

@@ -471,9 +471,26 @@ def _computations(hlo: str) -> tuple[dict[str, list[str]], str | None]:
     return comps, entry
 
 
+def _trip_count(comps: dict[str, list[str]], line: str) -> int | None:
+    """A while instruction's trip count: its known_trip_count annotation (CPU, GPU), else read
+    off its condition when that is `counter < constant` (TPU's optimized HLO carries no
+    annotation; jax's scan and fori loops count from 0 in tuple element 0). None if neither."""
+    m = _TRIP.search(line)
+    if m:
+        return int(m.group(1))
+    cond = re.search(r"condition=%([\w.\-]+)", line)
+    body = comps.get(cond.group(1), []) if cond else []
+    consts = dict(re.findall(r"%([\w.\-]+) = s32\[\][^ ]* constant\((\d+)\)", "\n".join(body)))
+    for ln in body:
+        m = re.search(r"ROOT %[\w.\-]+ = pred\[\][^ ]* compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", ln)
+        if m and m.group(2) in consts and any(f"%{m.group(1)} = s32[]" in b and "index=0" in b for b in body):
+            return int(consts[m.group(2)])
+    return None
+
+
 def _executions(comps: dict[str, list[str]], entry: str | None) -> tuple[dict[str, float], set[str]]:
     """How often one run of the program executes each computation (a while loop's body its
-    known_trip_count times per run of its caller), and which computations are fusion bodies
+    trip count times per run of its caller, _trip_count), and which computations are fusion bodies
     (their values stay on chip). The parts of TPU's asynchronous collectives other than their
     start (the `async_collective_fusion` continuations, which run the same collective
     interleaved with compute, and the fusion of `async-collective-done`) are left out, so that
@@ -488,7 +505,7 @@ def _executions(comps: dict[str, list[str]], entry: str | None) -> tuple[dict[st
         for line in comps[name]:
             if line.lstrip().startswith(("%async-collective-done", "ROOT %async-collective-done")):
                 continue
-            trip = _TRIP.search(line) if " while(" in line else None
+            trip = _trip_count(comps, line) if " while(" in line else None
             is_fusion = " fusion(" in line
             for group in _CALLEES.findall(line):
                 for callee in re.findall(r"%([\w.\-]+)", group):
@@ -496,7 +513,7 @@ def _executions(comps: dict[str, list[str]], entry: str | None) -> tuple[dict[st
                         continue
                     if is_fusion or "to_apply=" in line:
                         fused.add(callee)
-                    k = int(trip.group(1)) if trip and f"body=%{callee}" in line else 1
+                    k = trip if trip and f"body=%{callee}" in line else 1
                     visit(callee, times * k, depth + 1)
     if entry is not None:
         visit(entry, 1, 0)
@@ -526,7 +543,7 @@ def hlo_hbm_bytes(hlo: str) -> tuple[float, int]:
                 continue
             var, shape, op, rest = m.groups()
             shapes[var] = shape
-            if op == "while" and not _TRIP.search(line):
+            if op == "while" and _trip_count(comps, line) is None:
                 unknown += 1
             if name not in fused and op not in _NO_TRAFFIC:
                 operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
