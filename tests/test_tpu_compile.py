@@ -210,8 +210,11 @@ def test_collectives_count_loops_once_per_trip_and_async_parts_once():
 
 
 def test_hbm_bytes_count_top_level_traffic_with_trip_counts():
+    """Top-level instructions' operands and results, loop bodies per trip; a fusion that only
+    slices an operand reads the slice (a scanned layer's weights out of the stack)."""
     hbm, unknown = aot.hlo_hbm_bytes(_HLO)
-    body = 32 * 16 * 4 + 8 * 16 * 4 + (8 * 16 * 4 + 32 * 16 * 4)  # all-gather out + in, fusion out + in
+    # all-gather out + in; the fusion writes [8, 16] and reads only the [8, 16] slice of its operand
+    body = 32 * 16 * 4 + 8 * 16 * 4 + (8 * 16 * 4 + 8 * 16 * 4)
     entry = 2 * 64 * 4 + 2 * 64 * 4 + (32 + 128) * 2 + 2 * 8 * 16 * 4  # start, continuation, scatter, copy
     cond = 1 + 4 + 4  # the condition's compare (pred out, two s32 in), counted once
     assert unknown == 0 and hbm == 5 * body + 3 * 2 * 4 * 4 + cond + entry

@@ -525,14 +525,53 @@ _NO_TRAFFIC = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant",
                "after-all", "partition-id", "replica-id", "iota", "opt-barrier")
 
 
+_SLICING = ("dynamic-slice", "slice", "gather")
+
+
+def _fusion_traffic(body: list[str]) -> tuple[dict[int, float], float | None]:
+    """What a fusion reads of its operands and writes, where that is less than their whole
+    buffers: {operand index: bytes read} for a parameter used only through slices (a scan step
+    reading its layer's slice of the stacked weights), and the bytes written when the root
+    updates a parameter in place (dynamic-update-slice: the update, not the whole stack)."""
+    params, shapes, uses = {}, {}, {}
+    root = None
+    for line in body:
+        m = _DEF.match(line)
+        if not m:
+            continue
+        var, shape, op, rest = m.groups()
+        shapes[var] = shape
+        if op == "parameter":
+            params[var] = int(re.match(r"(\d+)", rest).group(1))
+            continue
+        operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
+        for i, o in enumerate(operands):
+            uses.setdefault(o, []).append((op, i, shape))
+        if line.lstrip().startswith("ROOT"):
+            root = (op, operands)
+    reads = {}
+    for var, index in params.items():
+        found = uses.get(var, [])
+        if found and all(op in _SLICING and i == 0 for op, i, _ in found):
+            reads[index] = sum(_shape_bytes(shape) for _, _, shape in found)
+    written = None
+    if root and root[0] == "dynamic-update-slice" and root[1] and root[1][0] in params:
+        reads[params[root[1][0]]] = 0.0  # updated in place: its other rows are not touched
+        written = _shape_bytes(shapes.get(root[1][1], ""))
+    return reads, written
+
+
 def hlo_hbm_bytes(hlo: str) -> tuple[float, int]:
     """Per chip, one run of the program, loop trip counts applied (XLA's cost_analysis counts a
     while loop's body once, so a scanned model's figures there are one layer's): the bytes the
     top-level instructions read and write (operands and results of each fusion, copy,
     collective, custom call...; fusion bodies work on chip), and the number of while loops
-    without a known trip count (counted once: the bytes are then a lower bound)."""
+    without a known trip count (counted once: the bytes are then a lower bound). A slice reads
+    only its slice and an in-place update writes only the update (_fusion_traffic): a scanned
+    layer reads its own weights out of the stack, not the stack."""
     comps, entry = _computations(hlo)
     runs, fused = _executions(comps, entry)
+    traffic: dict[str, tuple] = {}
     hbm = 0.0
     unknown = 0
     for name, times in runs.items():
@@ -545,9 +584,24 @@ def hlo_hbm_bytes(hlo: str) -> tuple[float, int]:
             shapes[var] = shape
             if op == "while" and _trip_count(comps, line) is None:
                 unknown += 1
-            if name not in fused and op not in _NO_TRAFFIC:
-                operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
-                hbm += times * (_shape_bytes(shape) + sum(_shape_bytes(shapes.get(o, "")) for o in operands))
+            if name in fused or op in _NO_TRAFFIC:
+                continue
+            operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
+            sizes = [_shape_bytes(shapes.get(o, "")) for o in operands]
+            out = _shape_bytes(shape)
+            if op in ("dynamic-slice", "slice"):
+                sizes = [out]
+            elif op == "dynamic-update-slice" and len(sizes) > 1:
+                sizes, out = [sizes[1]], sizes[1]
+            elif op == "fusion":
+                callee = re.search(r"calls=%([\w.\-]+)", line)
+                if callee and callee.group(1) in comps:
+                    if callee.group(1) not in traffic:
+                        traffic[callee.group(1)] = _fusion_traffic(comps[callee.group(1)])
+                    reads, written = traffic[callee.group(1)]
+                    sizes = [reads.get(i, b) for i, b in enumerate(sizes)]
+                    out = out if written is None else written
+            hbm += times * (out + sum(sizes))
     return hbm, unknown
 
 
