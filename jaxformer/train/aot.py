@@ -593,6 +593,12 @@ def hlo_hbm_bytes(hlo: str) -> tuple[float, int]:
                 sizes = [out]
             elif op == "dynamic-update-slice" and len(sizes) > 1:
                 sizes, out = [sizes[1]], sizes[1]
+            elif op in ("dynamic-slice-start", "dynamic-update-slice-start"):  # async (host offload):
+                sizes, out = sizes[1:2] if op == "dynamic-update-slice-start" else [], 0.0  # the update moves
+            elif op == "dynamic-update-slice-done":
+                sizes, out = [], 0.0
+            elif op == "dynamic-slice-done":  # the slice arrives
+                sizes = []
             elif op == "fusion":
                 callee = re.search(r"calls=%([\w.\-]+)", line)
                 if callee and callee.group(1) in comps:
