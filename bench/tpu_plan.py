@@ -44,7 +44,7 @@ ROWS = {
     "llama2_70b": ("llama3_70b", "v5p:8x8x4",
                    ["model.vocab_size=32000", "model.rope_base=10000.0", "model.rope_scaling=null",
                     "model.max_len=4096", "data.seq_len=4096", "train.batch_size=1024"], 0.654, 0.646,
-                   "remat nothing_saveable (MaxText save_dot_except_mlpwi)"),
+                   "layer inputs offloaded to host (MaxText: remat save_dot_except_mlpwi, no offload)"),
     "qwen3_30b_a3b": ("qwen3_30b_a3b", "v5p:4x4x4", [], None, None, "MaxText publishes no figure"),
 }
 
