@@ -134,6 +134,11 @@ def test_gpu_target_compiles_without_a_gpu():
     assert r["est_source"].startswith("roofline") and r["est_step_s"] > 0
 
 
+def test_batch_that_does_not_split_is_named():
+    with pytest.raises(ValueError, match=r"= 2 is not divisible by data x fsdp x expert = 4 on v5e:2x2"):
+        _report("llama", "v5e:2x2", "train.batch_size=2")
+
+
 def test_bad_topology_is_named():
     with pytest.raises(ValueError, match="unknown TPU generation or GPU 'v9x'"):
         aot.tpu_devices("v9x:2x2")

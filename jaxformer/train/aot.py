@@ -783,6 +783,13 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
     chip = chip_of(topology)
     devices = devices_for(topology)
     mesh = mesh_for(cfg, devices)
+    axes = cfg.parallel.logical_axis_rules()["batch"]
+    shards = math.prod(mesh.shape[a] for a in axes)
+    rows = cfg.train.micro_batch if step == "train" else cfg.train.batch_size
+    if rows % shards:  # as the trainer refuses it (jax_trainer._setup_mesh)
+        raise ValueError(f"{'train.batch_size / grad_accum_steps' if step == 'train' else 'train.batch_size'} = {rows} "
+                         f"is not divisible by {' x '.join(axes)} = {shards} on {topology}: use a multiple of "
+                         f"{shards * (cfg.train.grad_accum_steps if step == 'train' else 1)} (--set train.batch_size=N)")
     if step == "train":
         check_sections(cfg)
     head = {"topology": topology, "chips": len(devices), "device_kind": devices[0].device_kind,
