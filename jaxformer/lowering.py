@@ -20,7 +20,7 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     (jaxformer/layers/blockwise.py), O(T) memory on every backend; the stacks then keep their
     masks as `AttentionMask` parts and never build a [B, 1, T, S] boolean. "splash": the Pallas
     splash-attention kernel on TPU (blockwise elsewhere). attention_blocks = (query block, key
-    block) of the blockwise path.
+    block) of the blockwise path, and the most splash's blocks may be (multiples of 128).
   * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
     split; self-attention then runs as ring attention over it (jaxformer/layers/ring.py), whose
     steps run the blockwise kernel whatever `attention` says (blocks at most half a shard).
