@@ -21,6 +21,7 @@ over the chip's peak rate from CHIPS). Neither runs the program.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
@@ -219,27 +220,25 @@ def _itemsize(dtype) -> int:
     return np.dtype(dtype).itemsize
 
 
+def _shard_bytes(x) -> int:
+    """Bytes one chip holds of an abstract leaf with a sharding (shards are equal, or replicated)."""
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+    return math.prod(shape) * _itemsize(x.dtype)
+
+
 def _per_chip_bytes(tree) -> int:
-    """Bytes one chip holds of an abstract tree of ShapeDtypeStructs with shardings (the
-    largest shard of each leaf: shards are equal, or replicated)."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
-        total += math.prod(shape) * _itemsize(x.dtype)
-    return total
+    """Bytes one chip holds of an abstract tree of ShapeDtypeStructs with shardings."""
+    return sum(_shard_bytes(x) for x in jax.tree.leaves(tree))
 
 
 def _leaf_report(tree, top: int = 3) -> list[tuple[str, int]]:
     """The `top` largest per-chip leaves of an abstract sharded tree: (path, bytes)."""
-    rows = []
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
-        rows.append((sharding._key_of(path), math.prod(shape) * _itemsize(x.dtype)))
+    rows = [(sharding._key_of(path), _shard_bytes(x)) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
     return sorted(rows, key=lambda r: -r[1])[:top]
 
 
 def _abstract_train(cfg: RunConfig, mesh):
-    """(StepFns, the abstract state with its shardings, the batch specs, out shardings)."""
+    """(StepFns, the abstract state carrying its shardings, the shardings, the axis rules)."""
     from jaxformer.convert import scan_prefixes
     from jaxformer.train.jax_trainer import model_config_for_training, set_remat
     tc = cfg.train
@@ -368,12 +367,12 @@ def compile_decode(cfg: RunConfig, mesh, prompt_len: int | None = None, cache_le
     def forward(state, ids, slot_mask, cache, cache_index):
         return lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=False)
 
+    fn = jax.jit(forward, donate_argnums=(3,), out_shardings=(None, c_sh))
+    state_bytes = {"params": _per_chip_bytes(state_in), "kv_cache": _per_chip_bytes(cache_in)}
+    largest = _leaf_report({"params": state_in, "kv_cache": cache_in})
     progs = []
     for name, t in (("prefill", p), ("decode_step", 1)):
         ids = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=row)
-        fn = jax.jit(forward, donate_argnums=(3,), out_shardings=(None, c_sh))
-        state_bytes = {"params": _per_chip_bytes(state_in), "kv_cache": _per_chip_bytes(cache_in)}
-        largest = _leaf_report({"params": state_in, "kv_cache": cache_in})
         compiled, secs, kernels, flops = _compile(name, fn, (state_in, ids, slot_mask, cache_in, index), mesh,
                                                   state_bytes, largest)
         progs.append(Program(name, compiled, secs, state_bytes, kernels, largest, flops))
@@ -561,16 +560,21 @@ def _fusion_traffic(body: list[str]) -> tuple[dict[int, float], float | None]:
     return reads, written
 
 
-def hlo_hbm_bytes(hlo: str) -> tuple[float, int]:
+def _parse(hlo: str) -> tuple[dict[str, list[str]], dict[str, float], set[str]]:
+    """(computations, how often each runs, the fusion bodies) of an optimized HLO text."""
+    comps, entry = _computations(hlo)
+    return (comps, *_executions(comps, entry))
+
+
+def hlo_hbm_bytes(hlo) -> tuple[float, int]:
     """Per chip, one run of the program, loop trip counts applied (XLA's cost_analysis counts a
     while loop's body once, so a scanned model's figures there are one layer's): the bytes the
     top-level instructions read and write (operands and results of each fusion, copy,
     collective, custom call...; fusion bodies work on chip), and the number of while loops
     without a known trip count (counted once: the bytes are then a lower bound). A slice reads
     only its slice and an in-place update writes only the update (_fusion_traffic): a scanned
-    layer reads its own weights out of the stack, not the stack."""
-    comps, entry = _computations(hlo)
-    runs, fused = _executions(comps, entry)
+    layer reads its own weights out of the stack, not the stack. `hlo`: the text or _parse's."""
+    comps, runs, fused = _parse(hlo) if isinstance(hlo, str) else hlo
     traffic: dict[str, tuple] = {}
     hbm = 0.0
     unknown = 0
@@ -650,14 +654,15 @@ def jaxpr_flops(jaxpr) -> float:
     return total
 
 
-def collectives(hlo: str) -> dict:
+def collectives(hlo) -> dict:
     """Count and bytes per kind of the collectives one run of the program executes, per chip,
     read from the optimized HLO (_executions says what runs how often). Bytes: the buffer the
     collective produces, for a reduce-scatter its input (output x group). TPU lowers a
-    reduce-scatter as an all-reduce inside an `all-reduce-scatter` fusion: counted as one."""
-    comps, entry = _computations(hlo)
+    reduce-scatter as an all-reduce inside an `all-reduce-scatter` fusion: counted as one.
+    `hlo`: the text or _parse's."""
+    comps, runs, _ = _parse(hlo) if isinstance(hlo, str) else hlo
     out = {k: {"count": 0, "bytes": 0} for k in COLLECTIVES}
-    for name, times in _executions(comps, entry)[0].items():
+    for name, times in runs.items():
         for line in comps[name]:
             m = _COLLECTIVE.match(line)
             if not m:
@@ -683,10 +688,7 @@ def attention_kernel(kernels: list) -> str:
     """What the traced attention calls ran, most frequent first ("splash x32")."""
     if not kernels:
         return "none"
-    counts: dict[str, int] = {}
-    for k in kernels:
-        counts[k] = counts.get(k, 0) + 1
-    return "; ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return "; ".join(f"{k} x{n}" if n > 1 else k for k, n in collections.Counter(kernels).most_common())
 
 
 def splash_flops(cfg: RunConfig, kernels: list) -> float:
@@ -723,8 +725,9 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
     mem = prog.compiled.memory_analysis()
     cost = _cost(prog.compiled)
     hlo = prog.compiled.as_text()
-    coll = collectives(hlo)
-    hbm_bytes, unknown_loops = hlo_hbm_bytes(hlo)
+    parsed = _parse(hlo)
+    coll = collectives(parsed)
+    hbm_bytes, unknown_loops = hlo_hbm_bytes(parsed)
     flops = (prog.program_flops + kernel_flops) / chips
     arg, out, alias, temp = (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
                              mem.temp_size_in_bytes)
