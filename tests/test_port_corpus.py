@@ -1,0 +1,109 @@
+"""`jaxformer port` on the corpus (issue 33 §6): every model in tests/port_corpus/ is ported with
+the engine's API and checked with the parity harness at its default tolerances: every output
+leaf, and the gradient of every torch parameter (and float input), each against its own scale.
+The ported module is loaded through the strict converter (check_parity's convert=True), so its
+attribute paths must be the torch state_dict keys. An entry in REFUSED must instead be refused,
+by name, with its message fragment. There is no skip: without `jaxformer.port` these fail.
+
+The dropout entry is also checked in train mode. torch and JAX draw different masks, so what is
+checked is what holds for any correct dropout: at p = 0 the train-mode port equals torch's
+train-mode output; with only the output dropout on (p = 0.25) every element is 0 or the eval
+output / (1 - p), the dropped fraction is p within 4 binomial standard deviations (a fixed seed,
+so not flaky), and a second call draws a different mask.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from jaxformer.parity.harness import OUT_TOL, check_parity
+from port_corpus import CORPUS, REFUSED, dropout_mlp
+
+MAX_PARAMS = 200_000  # tiny models only: the whole file has a 40 s budget on 2 cores
+
+
+def _check_factory(module, inputs) -> None:
+    """The factory's contract: an eval-mode module, numpy inputs keyed by forward's arguments."""
+    assert isinstance(module, torch.nn.Module) and not module.training
+    assert isinstance(inputs, dict) and inputs
+    params = inspect.signature(module.forward).parameters
+    for k, v in inputs.items():
+        assert k in params, f"input {k!r} is not an argument of {type(module).__name__}.forward"
+        assert isinstance(v, np.ndarray), f"input {k!r} is {type(v).__name__}, not a numpy array"
+    assert sum(p.numel() for p in module.parameters()) <= MAX_PARAMS
+
+
+def test_refused_names_are_corpus_entries():
+    assert set(REFUSED) <= set(CORPUS), sorted(set(REFUSED) - set(CORPUS))
+    assert len(CORPUS) >= 20
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_port_corpus(name):
+    module, inputs = CORPUS[name]()
+    _check_factory(module, inputs)
+    from jaxformer.port import from_torch  # no skip: a missing engine fails here
+    if name in REFUSED:
+        from jaxformer.port import PortError
+        with pytest.raises(PortError, match=re.escape(REFUSED[name])):
+            from_torch(module, inputs)
+        return
+    ported = from_torch(module, inputs)
+    report = check_parity(module, ported, inputs, case=f"port:{name}")
+    print(report.row())
+    assert report.ok, report.message()
+    # nothing passes by comparing nothing: every output leaf and every parameter's gradient
+    assert report.outputs
+    missing = {n for n, _ in module.named_parameters()} - set(report.grads)
+    assert not missing, f"gradients not compared: {sorted(missing)}"
+
+
+# ----------------------------------------------------------------------------- dropout, train mode
+def _torch_out(module, inputs, *, train: bool) -> np.ndarray:
+    module.train(train)
+    with torch.no_grad():
+        out = module(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+    module.eval()
+    return out.numpy()
+
+
+def _jax_out(ported, inputs) -> np.ndarray:
+    return np.asarray(ported(**{k: jnp.asarray(v) for k, v in inputs.items()}))
+
+
+def test_port_dropout_train_mode_p0_equals_torch():
+    from jaxformer.port import from_torch
+    module, inputs = dropout_mlp.make(p_hidden=0.0, p_out=0.0)
+    ported = from_torch(module, inputs)
+    ported.train()
+    want = _torch_out(module, inputs, train=True)
+    got = _jax_out(ported, inputs)
+    assert np.abs(got - want).max() <= OUT_TOL.bound(float(np.abs(want).max()))
+
+
+def test_port_dropout_train_mode_mask():
+    from jaxformer.port import from_torch
+    p = 0.25
+    module, inputs = dropout_mlp.make(p_hidden=0.0, p_out=p)
+    ported = from_torch(module, inputs)
+    ported.eval()
+    eval_out = _torch_out(module, inputs, train=False)
+    assert np.abs(_jax_out(ported, inputs) - eval_out).max() <= OUT_TOL.bound(float(np.abs(eval_out).max()))
+    ported.train()
+    first, second = _jax_out(ported, inputs), _jax_out(ported, inputs)
+    live = np.abs(eval_out) > 1e-4  # elements whose dropped and kept values cannot be confused
+    kept_value = eval_out / (1 - p)
+    for out in (first, second):
+        dropped = out == 0
+        kept_ok = np.abs(out - kept_value) <= OUT_TOL.bound(float(np.abs(kept_value).max()))
+        assert np.all(dropped | kept_ok), "a train-mode element is neither 0 nor eval / (1 - p)"
+        rate = float(dropped[live].mean())
+        n = int(live.sum())
+        assert abs(rate - p) <= 4 * math.sqrt(p * (1 - p) / n), f"dropped {rate:.3f} of {n}, p = {p}"
+    assert np.any((first == 0) != (second == 0)), "two train-mode calls drew the same mask"
