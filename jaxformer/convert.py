@@ -9,7 +9,8 @@ the *leaf name* does the rest (see STYLE.md):
     embedding   weight       as is
     anything    same name    as is (bias, cls_token, ...)
 
-Conversion is strict: one ConversionError lists every missing, unexpected and mis-shaped key,
+A tied weight, which torch's state_dict lists under every name, loads once (its other names are
+the same tensor). Conversion is strict: one ConversionError lists every missing, unexpected and mis-shaped key,
 every dtype problem and every non-finite tensor. Files are written atomically, so a failed
 conversion leaves no output file. A torch -> flax -> torch round trip is bit-exact.
 """
@@ -126,6 +127,8 @@ def check_tensor(key: str, x: np.ndarray, expected_shape: tuple, expected_dtype,
     from file headers, on a stand-in array)."""
     expected_dtype = np.dtype(expected_dtype)
     problems: list[str] = []
+    if not _is_float(expected_dtype):  # an index or mask buffer: the same kind, values that fit
+        return _check_integer(key, x, expected_shape, expected_dtype, values)
     if not _is_float(x.dtype):
         problems.append(f"dtype: {key} is {x.dtype}, expected a floating dtype ({expected_dtype})")
     elif x.dtype != expected_dtype and x.dtype.itemsize > expected_dtype.itemsize and not allow_downcast:
@@ -137,15 +140,48 @@ def check_tensor(key: str, x: np.ndarray, expected_shape: tuple, expected_dtype,
     return problems
 
 
+def _check_integer(key: str, x: np.ndarray, expected_shape: tuple, expected_dtype: np.dtype,
+                   values: bool) -> list[str]:
+    """An integer or boolean buffer (torch int64 index tables held as JAX's int32): the same
+    kind of dtype, and every value representable in the target dtype."""
+    problems: list[str] = []
+    if x.dtype.kind != expected_dtype.kind and not {x.dtype.kind, expected_dtype.kind} <= {"i", "u"}:
+        problems.append(f"dtype: {key} is {x.dtype}, expected {expected_dtype}")
+    elif values and x.size and expected_dtype.kind in "iu":
+        info = np.iinfo(expected_dtype)
+        if x.min() < info.min or x.max() > info.max:
+            problems.append(f"dtype: {key} has values outside {expected_dtype}'s range")
+    if tuple(x.shape) != tuple(expected_shape):
+        problems.append(f"shape: {key} has torch shape {tuple(x.shape)}, expected {tuple(expected_shape)}")
+    return problems
+
+
+def _tied(state_dict: Mapping[str, Any], used: set[str]) -> set[str]:
+    """Keys of `state_dict` that are another used key's very tensor (a tied weight: torch's
+    state_dict lists it under every name, the NNX model holds it once)."""
+    def storage(x):
+        ptr = getattr(x, "data_ptr", None)
+        return (ptr(), tuple(x.shape), tuple(x.stride())) if ptr is not None else None
+    held = {storage(state_dict[k]) for k in used} - {None}
+    return {k for k, v in state_dict.items() if k not in used and storage(v) in held}
+
+
 # ----------------------------------------------------------------------------- model state
+def _ported_buffer(path, value) -> bool:
+    """A torch buffer in a file `jaxformer port` wrote: it imports only jax, flax and numpy, so
+    it declares its own `Buffer(nnx.Variable)` class."""
+    from flax import nnx
+    return isinstance(value, nnx.Variable) and type(value).__name__ == "Buffer"
+
+
 def param_leaves(model) -> dict[tuple, Any]:
     """Flattened nnx.Param leaves of `model` (concrete or abstract), and its saved untrained
-    arrays (layers/moe.py Buffer, torch buffers such as the router's score_bias): path tuple
-    -> Variable."""
+    arrays (layers/moe.py Buffer, torch buffers such as the router's score_bias, a ported
+    file's buffers): path tuple -> Variable."""
     from flax import nnx
 
     from jaxformer.layers.moe import SAVED
-    flat = nnx.to_flat_state(nnx.state(model, SAVED))
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Any(SAVED, _ported_buffer)))
     return {tuple(path): var for path, var in flat}
 
 
@@ -231,8 +267,9 @@ def torch_to_flax_arrays(state_dict: Mapping[str, Any], model, *, allow_downcast
         if ok:
             y = parts[0] if stacked_prefix(path, prefixes) is None else np.stack(parts)
             out[path] = y.astype(target_dtype, copy=False)
+    tied = _tied(state_dict, used)
     for k in state_dict:
-        if k not in used:
+        if k not in used and k not in tied:
             problems.append(f"unexpected: {k} (shape {tuple(getattr(state_dict[k], 'shape', ()))})")
     if problems:
         raise ConversionError(sorted(problems, key=lambda p: p.split(":")[0]))

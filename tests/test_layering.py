@@ -6,7 +6,7 @@ string naming a module, as importlib and the registries use) goes down, never up
     1. config, tables, fileio                                 framework-free
     2. lowering (jax only); then layers; then models      jax / flax
     3. convert; then checkpoint_io, generation, parity, interop (torch.nn import)
-    4. hf, train                                             (neither imports the other)
+    4. hf, train, port                                       (none imports another)
     5. cli, __main__
 
 torch_ref imports only torch_ref and the framework-free rank-1 modules. The core (config,
@@ -30,7 +30,7 @@ RANK = {
     "jaxformer.lowering": 1.5, "jaxformer.layers": 2, "jaxformer.models": 2.5,
     "jaxformer.convert": 3, "jaxformer.checkpoint_io": 3.5, "jaxformer.generation": 3.5,
     "jaxformer.parity": 3.5, "jaxformer.interop": 3.5,
-    "jaxformer.hf": 4, "jaxformer.train": 4,
+    "jaxformer.hf": 4, "jaxformer.train": 4, "jaxformer.port": 4,
     "jaxformer.cli": 5, "jaxformer.__main__": 6,
 }
 FRAMEWORK_FREE = ("jaxformer", "jaxformer.config", "jaxformer.tables", "jaxformer.fileio")

@@ -1,0 +1,133 @@
+"""The port's Python API: source text, the live NNX module with torch's weights, the check.
+
+Weights load through jaxformer.convert, strictly: every torch parameter (a tied weight under its
+first name) onto the NNX leaf at the same path. Buffers, which the converter does not carry, are
+copied by path (`load_torch_weights`); both fail with every missing or unexpected name listed."""
+from __future__ import annotations
+
+import dataclasses
+import linecache
+from typing import Any, Mapping
+
+from jaxformer.port.emit import RENAMED_LEAVES, Port
+from jaxformer.port.trace import PortError, trace
+
+
+@dataclasses.dataclass
+class PortResult:
+    source: str  # the written file
+    class_name: str  # its top-level class
+    notes: list[str]  # what the header notes (static shapes, train mode)
+
+    def build(self, seed: int = 0):
+        """A fresh instance of the written module (random weights)."""
+        from flax import nnx
+        return load_source(self.source, self.class_name)(rngs=nnx.Rngs(seed))
+
+
+def port(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None) -> PortResult:
+    """Trace `torch_module` at `inputs` (numpy arrays keyed by forward's argument names) and
+    write its NNX port. PortError names what cannot be ported."""
+    import torch
+    if not isinstance(torch_module, torch.nn.Module):
+        raise PortError(f"port takes a torch.nn.Module, got {type(torch_module).__name__}")
+    if class_name is not None and not class_name.isidentifier():
+        raise PortError(f"class name {class_name!r} is not a Python identifier")
+    traced = trace(torch_module, inputs)
+    writer = Port(traced, torch_module, class_name)
+    return PortResult(writer.source(), writer.class_name, list(traced.notes))
+
+
+def port_source(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None) -> str:
+    """The NNX source of `torch_module`, traced at `inputs` (see `port`)."""
+    return port(torch_module, inputs, class_name=class_name).source
+
+
+def load_source(source: str, class_name: str):
+    """The class `class_name` defined by `source` (kept in linecache, so tracebacks show it)."""
+    filename = f"<jaxformer port: {class_name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"__name__": f"jaxformer_port_{class_name}"}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[class_name]
+
+
+def converter_state(torch_state: Mapping[str, Any], flax_module) -> dict[str, Any]:
+    """`torch_state` (a state_dict, or the harness's gradients) with a custom module's `scale` /
+    `embedding` parameter under the key `weight`, where jaxformer.convert reads those flax
+    leaves from; every other key as it is."""
+    from jaxformer import convert
+    expected = {convert.torch_key(path) for path in convert.param_leaves(flax_module)}
+    out = {}
+    for key, value in torch_state.items():
+        prefix, _, leaf = key.rpartition(".")
+        renamed = f"{prefix}.weight" if prefix else "weight"
+        out[renamed if leaf in RENAMED_LEAVES and renamed in expected else key] = value
+    return out
+
+
+def load_torch_weights(flax_module, torch_module):
+    """Copy `torch_module`'s state_dict into the ported `flax_module` through jaxformer.convert
+    (strict: parameters, buffers, a tied weight once), then its tensors outside the state_dict
+    (non-persistent buffers, the file's `Constant`s) by path. Returns `flax_module`."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxformer import convert
+    convert.load_torch_state_dict(flax_module, converter_state(torch_module.state_dict(), flax_module))
+    problems = []
+    for path, var in nnx.to_flat_state(nnx.state(flax_module, _is_constant)):
+        key = ".".join(str(p) for p in path)
+        try:
+            value = convert.to_numpy(_torch_attr(torch_module, key))
+        except AttributeError:
+            problems.append(f"missing: torch tensor {key}")
+            continue
+        if tuple(value.shape) != tuple(var.shape):
+            problems.append(f"shape: {key} has torch shape {tuple(value.shape)}, expected {tuple(var.shape)}")
+            continue
+        var.set_value(jnp.asarray(value).astype(var.dtype))
+    if problems:
+        raise convert.ConversionError(problems)
+    return flax_module
+
+
+def _is_constant(path, value) -> bool:
+    return type(value).__name__ == "Constant" and hasattr(value, "get_value")
+
+
+def _torch_attr(module, key: str):
+    obj = module
+    for part in key.split("."):
+        obj = obj[int(part)] if part.isdigit() and hasattr(obj, "__getitem__") else getattr(obj, part)
+    return obj
+
+
+def check(torch_module, flax_module, inputs: Mapping[str, Any], *, case: str = "port"):
+    """check_parity of the port against torch: outputs and every parameter's gradient."""
+    from jaxformer.parity.harness import check_parity
+    return check_parity(torch_module, flax_module, dict(inputs), case=case,
+                        state_map=lambda state: converter_state(state, flax_module))
+
+
+def from_torch(torch_module, inputs: Mapping[str, Any], *, check: bool = False, class_name: str | None = None):
+    """The NNX port of `torch_module` with its weights loaded, in torch's train/eval mode.
+    With check=True the parity harness runs on `inputs` and prints its row; a failure raises
+    ParityError with the report (where the two first part)."""
+    result = port(torch_module, inputs, class_name=class_name)
+    model = load_torch_weights(result.build(), torch_module)
+    if check:
+        _checked(torch_module, model, inputs, result.class_name)
+    model.train() if torch_module.training else model.eval()
+    return model
+
+
+def _checked(torch_module, model, inputs, case: str):
+    from jaxformer.parity.harness import ParityError
+    was_training = torch_module.training
+    report = globals()["check"](torch_module, model, inputs, case=case)
+    torch_module.train(was_training)
+    print(report.row())
+    if not report.ok:
+        raise ParityError(report.message())
+    return report

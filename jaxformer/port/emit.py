@@ -1,0 +1,504 @@
+"""Writing the port: one NNX class per torch module class, nested as in torch, in one file.
+
+`Port(traced, model, class_name).source()` returns the formatted file. Attribute paths are the
+torch state_dict keys: known torch.nn layers become flax layers (jaxformer/port/layers.py),
+containers become `nnx.List` / `nnx.Dict`, every other module a class of its own whose
+`__call__` is written op by op (jaxformer/port/body.py). Parameters are `nnx.Param`, buffers a
+`Buffer` variable declared in the file (state that no optimiser trains)."""
+from __future__ import annotations
+
+import re
+
+from jaxformer.port import graph, layers
+from jaxformer.port.body import Body, attr_path, dtype_name, relative
+from jaxformer.port.helpers import HELPERS
+from jaxformer.port.source import identifier
+from jaxformer.port.trace import PortError, Traced
+
+RENAMED_LEAVES = {"scale": "weight", "embedding": "weight"}  # flax leaf names jaxformer.convert renames
+BUFFER_CLASS = '''class Buffer(nnx.Variable):
+    """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
+CONSTANT_CLASS = '''class Constant(nnx.Variable):
+    """A torch tensor outside the state_dict (a non-persistent buffer): never saved or trained."""'''
+LITERAL_LIMIT = 64  # constants up to this many elements are written out in the file
+
+
+class Port:
+    def __init__(self, traced: Traced, model, class_name: str | None = None):
+        self.traced, self.model = traced, model
+        self.program = traced.eval_program
+        self.weights = graph.weights(self.program, model)
+        self.by_fqn = {w.fqn: w for w in self.weights.values()}
+        self.root = graph.build_calls(self.program, model, self.weights)
+        self.first_call: dict[str, graph.Call] = {}
+        for call in self.root.calls():
+            self.first_call.setdefault(call.path, call)
+        self.train_nodes = _align(self.program, traced.train_program)
+        self.arg_names = _argument_names(self.program, model)
+        self.class_name = class_name or identifier(type(model).__name__, "Model")
+        self.helpers: set[str] = set()
+        self.classes: list[tuple[str, str]] = []  # (name, text), dependencies first
+        self.class_of: dict[str, str] = {}  # module path -> class name
+        self.takes_rngs: dict[str, bool] = {}  # class name -> whether its constructor takes rngs
+        self.orders: dict[str, list[int]] = {}  # module path -> argument order (first-use indices)
+        self.dim_args: dict[str, list[str]] = {}  # module path -> symbolic sizes it takes
+        self.variables: set[str] = set()  # "Buffer" / "Constant" when the file declares them
+        self.renames: dict[str, str] = {}  # torch key -> converter key (a custom 'scale' leaf)
+
+    # ------------------------------------------------------------------ classes
+    def source(self) -> str:
+        self.module_class("")
+        return _format(self._file())
+
+    def module_class(self, path: str, caller: Body | None = None) -> str:
+        """The class name written for the custom module at `path` (writing it first)."""
+        if path in self.class_of:
+            return self.class_of[path]
+        module = self.model.get_submodule(path)
+        body = None
+        if path in self.first_call:
+            body = Body(self, self.first_call[path], caller)
+            body.write()
+            self.dim_args[path] = list(body.dim_params)
+        init = self._init_lines(path, module, body)
+        base = self.class_name if not path else identifier(type(module).__name__, "Module")
+        if base in ("Buffer", *HELPERS):
+            base += "Module"
+        text = _class_text(init, body, root=not path)
+        name = next((n for n, t in self.classes if t == text and (n == base or re.fullmatch(base + r"\d+", n))), None)
+        if name is None:
+            taken = {n for n, _ in self.classes}
+            name, k = base, 2
+            while name in taken:
+                name, k = f"{base}{k}", k + 1
+            self.classes.append((name, text))
+            self.takes_rngs[name] = "rngs" in text.split("def __call__")[0]
+        self.class_of[path] = name
+        return name
+
+    def _init_lines(self, path: str, module, body: Body | None) -> list[str]:
+        lines = []
+        for name, child in module._modules.items():
+            expr = None if child is None else self._constructor(_join(path, name), child)
+            if expr is not None:
+                lines.append(f"self.{self._attr(path, name)} = {expr}")
+        lines += self._own_weights(path, module)
+        for attr, p in (body.dropouts if body else []):
+            lines.append(f"self.{attr} = nnx.Dropout({p!r}, rngs=rngs)")
+        lines += self._ties(path)
+        return lines
+
+    def _attr(self, path: str, name: str) -> str:
+        if not name.isidentifier():
+            raise PortError(f"cannot port attribute {name!r} of module `{path or '(top level)'}`: "
+                            "not a Python identifier, so no NNX attribute can have its torch name")
+        return name
+
+    def _constructor(self, path: str, module) -> str | None:
+        """The expression that builds the submodule at `path`, None when it needs no attribute."""
+        if layers.container(module):
+            return self._container(path, module)
+        if layers.parameterless_builtin(module):
+            return None
+        if layers.known(module):
+            return None if self._tied_away(path) else layers.constructor(module)
+        if path not in self.first_call and not _has_state(module):
+            return None
+        name = self.module_class(path)
+        return f"{name}(rngs=rngs)" if self.takes_rngs[name] else f"{name}()"
+
+    def _container(self, path: str, module) -> str | None:
+        import torch
+        items = {k: self._constructor(_join(path, k), m) for k, m in module._modules.items() if m is not None}
+        if all(v is None for v in items.values()):
+            return None
+        if isinstance(module, torch.nn.ModuleDict):
+            for k in items:
+                self._attr(path, k)
+            return "nnx.Dict({" + ", ".join(f"{k!r}: {v}" for k, v in items.items() if v is not None) + "})"
+        values = [items[k] or "None" for k in items]
+        if len(set(values)) == 1 and len(values) > 1:
+            return f"nnx.List([{values[0]} for _ in range({len(values)})])"
+        return f"nnx.List([{', '.join(values)}])"
+
+    def _own_weights(self, path: str, module) -> list[str]:
+        lines = []
+        for leaf, p in module._parameters.items():
+            w = self.by_fqn.get(_join(path, leaf))
+            if p is None or w is None:
+                continue  # None, or a tied alias: shared by the common parent (_ties)
+            lines.append(f"self.{self._param_attr(path, leaf, module)} = nnx.Param({_init_expr(p)})")
+        for leaf, b in list(module._buffers.items()) + self._constants(path):
+            w = self.by_fqn.get(_join(path, leaf))
+            if b is None or w is None:
+                continue
+            kind = "Buffer" if w.kind == "buffer" else "Constant"
+            self.variables.add(kind)
+            lines.append(f"self.{self._attr(path, leaf)} = {kind}({_buffer_expr(b, literal=kind == 'Constant')})")
+        return lines
+
+    def _constants(self, path: str) -> list[tuple[str, object]]:
+        """Plain tensor attributes the graph reads (export lifts them as constants)."""
+        out = []
+        for w in self.weights.values():
+            owner, _, leaf = w.fqn.rpartition(".")
+            if w.kind == "constant" and owner == path and leaf not in self.model.get_submodule(path)._buffers:
+                out.append((leaf, w.value))
+        return out
+
+    def _param_attr(self, path: str, leaf: str, module) -> str:
+        """The NNX attribute of a custom module's parameter: its torch name. jaxformer.convert
+        reads the flax leaves `scale`/`embedding` as torch `weight`, so those load renamed;
+        `kernel` (which it would transpose) is refused."""
+        name = self._attr(path, leaf)
+        if name == "kernel":
+            raise PortError(f"cannot port parameter `{_join(path, leaf)}`: jaxformer.convert reads a flax "
+                            "leaf named `kernel` as a transposed torch `weight`")
+        if name in RENAMED_LEAVES:
+            if "weight" in module._parameters or "weight" in module._buffers:
+                raise PortError(f"cannot port parameter `{_join(path, leaf)}` beside `{_join(path, 'weight')}`: "
+                                f"jaxformer.convert reads a flax leaf `{name}` as torch `weight`")
+            self.renames[_join(path, leaf)] = _join(path, "weight")
+        return name
+
+    def _tied_away(self, path: str) -> bool:
+        """A Linear whose weight is an Embedding's (GPT-2's tied head): written as the
+        embedding's `attend`, with no module of its own."""
+        import torch
+        module = self.model.get_submodule(path)
+        if not isinstance(module, torch.nn.Linear):
+            return False
+        first = self._first_name(module.weight)
+        if first == _join(path, "weight"):
+            return False
+        owner = self.model.get_submodule(first.rpartition(".")[0])
+        if not isinstance(owner, torch.nn.Embedding) or module.bias is not None:
+            raise PortError(f"cannot port the tied weight `{_join(path, 'weight')}` (= `{first}`): only a "
+                            "bias-free Linear tied to an Embedding (written as Embed.attend) is supported")
+        return True
+
+    def _first_name(self, tensor) -> str:
+        return next(w.fqn for w in self.weights.values() if w.value is tensor)
+
+    def _ties(self, path: str) -> list[str]:
+        """`self.b.weight = self.a.weight` for tied parameters whose common parent is `path`."""
+        import torch
+        lines = []
+        for w in self.weights.values():
+            for alias in w.aliases:
+                alias_owner = alias.rpartition(".")[0]
+                if isinstance(self.model.get_submodule(alias_owner), torch.nn.Linear) and self._tied_away(alias_owner):
+                    continue
+                if _common_parent(w.fqn, alias) != path:
+                    continue
+                if layers.known(self.model.get_submodule(w.fqn.rpartition(".")[0])):
+                    raise PortError(f"cannot port the tied weight `{alias}` (= `{w.fqn}`) of a flax layer")
+                lines.append(f"{attr_path(relative(alias, path))} = {attr_path(relative(w.fqn, path))}")
+        return lines
+
+    # ------------------------------------------------------------------ what bodies ask
+    def weight_ref(self, weight: graph.Weight, base: str) -> str:
+        owner, _, leaf = weight.fqn.rpartition(".")
+        rel = relative(owner, base)
+        if rel is None:
+            raise graph.PortError(f"weight `{weight.fqn}` is read outside its module")
+        module = self.model.get_submodule(owner)
+        if layers.known(module):
+            flax_leaf, layout = layers.leaf(module, leaf)
+            return layout.format(f"{attr_path(rel)}.{flax_leaf}[...]")
+        return f"{attr_path(rel)}.{identifier(leaf)}[...]"
+
+    def train_rate(self, node, p_eval: float) -> float:
+        """Dropout rate of `node` in train mode (0 when the train graph does not drop)."""
+        t = self.train_nodes.get(node) if self.train_nodes else None
+        if t is None:
+            return 0.0
+        from jaxformer.port.ops import bind
+        a = bind(t)
+        if graph.op_name(t) == "aten.dropout":
+            return float(a["p"]) if a["train"] else 0.0
+        return float(a.get("dropout_p") or 0.0)
+
+    def dropout_attr(self, body: Body, p: float) -> str:
+        for attr, rate in body.dropouts:
+            if rate == p:
+                return attr
+        taken = set(body.call.module._modules) | set(body.call.module._parameters) | {a for a, _ in body.dropouts}
+        attr, k = "dropout", 1
+        while attr in taken:
+            attr, k = f"dropout_{k}", k + 1
+        body.dropouts.append((attr, p))
+        return attr
+
+    def dim_name(self, symbol: str) -> str:
+        where = self.traced.symbols.get(symbol, symbol).split(",")[0]
+        return identifier(where.replace(".shape[", "_dim").replace("]", ""), "size")
+
+    def ordered_inputs(self, call: graph.Call) -> list:
+        if call.parent is None:
+            return [self._placeholder(n) for n in self.traced.input_names]
+        if call.path not in self.orders:
+            position = _positions(call.module)
+            keyed = [(position.get(self.arg_names.get(n.name), 1000 + i), i) for i, n in enumerate(call.inputs)]
+            self.orders[call.path] = [i for _, i in sorted(keyed)]
+        return [call.inputs[i] for i in self.orders[call.path]]
+
+    def _placeholder(self, name: str):
+        specs = [s for s in self.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        given = [n for n in self.traced.input_names if self.traced.values[n] is not None]
+        nodes = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
+        for spec, input_name in zip(specs, given):
+            if input_name == name:
+                return nodes.get(getattr(spec.arg, "name", None)) or _Absent(name)
+        return _Absent(name)
+
+    def input_names(self, call: graph.Call, caller: Body | None) -> list[str]:
+        """__call__'s parameter names: forward's argument names where torch.export kept the
+        call signature, else the caller's names for the values."""
+        if call.parent is None:
+            return list(self.traced.input_names)
+        names = []
+        for node in self.ordered_inputs(call):
+            w = self.weights.get(node.name)
+            name = self.arg_names.get(node.name) or (w.fqn.rpartition(".")[2] if w else None)
+            if name is None and caller is not None and node in caller.names:
+                name = caller.names[node]
+            names.append(name or "x")
+        return names
+
+    def call_expr(self, body: Body, call: graph.Call) -> str:
+        """The expression that calls submodule `call` from `body`'s module."""
+        rel = relative(call.path, body.call.path)
+        module = call.module
+        if layers.known(module):
+            return self._known_call(body, call, rel)
+        self.module_class(call.path, body)
+        args = [body.r(n) for n in self.ordered_inputs(call)]
+        args += [body.dim(_Sym(s)) for s in self.dim_args.get(call.path, [])]
+        return f"{attr_path(rel)}({', '.join(args)})"
+
+    def _known_call(self, body: Body, call: graph.Call, rel: str) -> str:
+        core = [n for n in call.nodes() if graph.op_name(n) not in graph.SKIPPED]
+        want = layers.CORE_OPS[type(call.module).__name__]
+        tensors = [n for n in call.inputs if n.name not in self.weights]
+        if len(core) != 1 or graph.op_name(core[0]) != want or len(tensors) != 1:
+            ops_seen = ", ".join(graph.op_name(n) for n in core)
+            raise PortError(f"cannot port the call of `{call.path}` ({type(call.module).__name__}): "
+                            f"expected one {want}, the graph has {ops_seen or 'nothing'} "
+                            f"{graph.where(core[0] if core else tensors[0], call.path)}")
+        x = body.r(tensors[0])
+        if self._tied_away(call.path):
+            owner = self._first_name(call.module.weight).rpartition(".")[0]
+            return f"{attr_path(relative(owner, body.call.path))}.attend({x})"
+        expr = layers.call(call.module, attr_path(rel), x)
+        pad = getattr(call.module, "padding_idx", None)
+        if pad is not None:  # torch gives the padding row no gradient
+            return f"jnp.where(({x} == {pad})[..., None], jax.lax.stop_gradient({expr}), {expr})"
+        return expr
+
+    def root_outputs(self, body: Body) -> str:
+        specs = [s for s in self.program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+        nodes = {n.name: n for n in self.program.graph.nodes}
+        leaves = []
+        for s in specs:
+            name = getattr(s.arg, "name", None)
+            leaves.append(body.r(nodes[name]) if name in nodes else repr(getattr(s.arg, "value", None)))
+        if any(s.kind.name != "USER_OUTPUT" for s in self.program.graph_signature.output_specs):
+            raise PortError(f"cannot port {type(self.model).__name__}: its forward updates a buffer in place")
+        return _render_tree(self.program.call_spec.out_spec, iter(leaves))
+
+    # ------------------------------------------------------------------ the file
+    def _file(self) -> str:
+        parts = [self._header(), "import jax\nimport jax.numpy as jnp\nfrom flax import nnx"]
+        parts += [text for kind, text in (("Buffer", BUFFER_CLASS), ("Constant", CONSTANT_CLASS))
+                  if kind in self.variables]
+        parts += [HELPERS[h] for h in sorted(self.helpers)]
+        parts += [text.replace("__CLASS__", name) for name, text in self.classes]
+        return "\n\n\n".join(parts) + "\n"
+
+    def _header(self) -> str:
+        import flax
+        import jax
+        import torch
+        shapes = ", ".join(f"{k} {_describe(v)}" for k, v in self.traced.values.items())
+        free = "; ".join(self.traced.symbols.values()) or "none (static shapes)"
+        notes = "".join(f"\nNote: {n}." for n in self.traced.notes)
+        train = ("Train mode: dropout as nnx.Dropout (model.train() / model.eval())."
+                 if self.train_nodes is not None else "Train mode: not ported (eval only).")
+        module = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
+        return (f'"""Flax NNX port of {module}, written by `jaxformer port` (torch {torch.__version__}, '
+                f"jax {jax.__version__}, flax {flax.__version__}).\n\n"
+                f"Traced at: {shapes}.\nFree dimensions: {free}; every other size is fixed.\n"
+                "Attribute paths are the torch state_dict keys: jaxformer.convert loads the parameters "
+                "strictly\n(jaxformer.port.load_torch_weights also fills the buffers).\n"
+                f"{train}{notes}\n" + '"""')
+
+
+class _Absent:
+    """A forward argument the graph never reads (None, or a Python scalar baked in)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.meta: dict = {}
+        self.users: dict = {}
+        self.op = "placeholder"
+
+
+class _Sym:
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _common_parent(a: str, b: str) -> str:
+    pa, pb = a.split(".")[:-1], b.split(".")[:-1]
+    common = []
+    for x, y in zip(pa, pb):
+        if x != y:
+            break
+        common.append(x)
+    return ".".join(common)
+
+
+def _has_state(module) -> bool:
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+
+
+def _positions(module) -> dict[str, int]:
+    import inspect
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+    return {p: i for i, p in enumerate(params)}
+
+
+def _argument_names(program, model) -> dict[str, str]:
+    """{graph node name: forward argument name} for every submodule call whose signature
+    torch.export kept (preserve_module_call_signature)."""
+    out: dict[str, str] = {}
+    for entry in program.module_call_graph:
+        sig = entry.signature
+        if not entry.fqn or sig is None:
+            continue
+        try:
+            module = model.get_submodule(entry.fqn.split("@")[0])
+        except AttributeError:
+            continue
+        params = list(_positions(module))
+        args_spec, kwargs_spec = sig.in_spec.children()
+        names = []
+        for i, child in enumerate(args_spec.children()):
+            names += [params[i] if i < len(params) else f"arg{i}"] * child.num_leaves
+        for key, child in zip(kwargs_spec.context, kwargs_spec.children()):
+            names += [key] * child.num_leaves
+        for arg, name in zip(sig.inputs, names):
+            if getattr(arg, "name", None) and arg.name not in out:
+                out[arg.name] = name
+    return out
+
+
+def _align(eval_program, train_program) -> dict | None:
+    """{eval node: train node}, op by op, when the two graphs run the same ops; else None."""
+    if train_program is None:
+        return None
+
+    def ops_of(p):
+        return [n for n in p.graph.nodes if n.op == "call_function" and graph.op_name(n) not in graph.SKIPPED]
+    e, t = ops_of(eval_program), ops_of(train_program)
+    if [graph.op_name(n) for n in e] != [graph.op_name(n) for n in t]:
+        return None
+    return dict(zip(e, t))
+
+
+def _render_tree(spec, leaves) -> str:
+    """Python source for forward's output structure (torch.utils._pytree TreeSpec)."""
+    if spec.is_leaf():
+        return next(leaves)
+    kids = [_render_tree(c, leaves) for c in spec.children()]
+    if spec.type is type(None):
+        return "None"
+    if spec.type in (tuple, list) or (isinstance(spec.type, type) and issubclass(spec.type, tuple)):
+        return f"({kids[0]},)" if len(kids) == 1 and spec.type is not list else \
+            ("[" + ", ".join(kids) + "]" if spec.type is list else ", ".join(kids))
+    keys = spec.context if isinstance(spec.context, (list, tuple)) else None
+    if keys is None or len(keys) != len(kids):
+        raise PortError(f"cannot port an output of type {spec.type.__name__}")
+    return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, kids)) + "}"
+
+
+def _shape(t) -> str:
+    return repr(tuple(int(d) for d in t.shape))
+
+
+def _init_expr(p) -> str:
+    """A parameter's initial value: ones or zeros when torch's is, else a normal draw at the
+    torch tensor's own scale."""
+    import torch
+    dtype = "" if p.dtype == torch.float32 else f", {dtype_name(p.dtype)}"
+    t = p.detach()
+    if t.numel() and bool((t == 1).all()):
+        return f"jnp.ones({_shape(t)}{dtype})"
+    if not t.numel() or bool((t == 0).all()):
+        return f"jnp.zeros({_shape(t)}{dtype})"
+    std = float(t.float().std()) if t.numel() > 1 else abs(float(t.float().flatten()[0]))
+    return f"jax.random.normal(rngs.params(), {_shape(t)}{dtype}) * {std:.2g}"
+
+
+def _buffer_expr(b, *, literal: bool) -> str:
+    """A buffer's value: written out when it is ones, a triangle of ones, an arange or (with
+    `literal`, for tensors outside the state_dict) small; else zeros of its shape, filled by
+    jaxformer.port.load_torch_weights."""
+    import torch
+    t = b.detach()
+    dtype = dtype_name(t.dtype)
+    shape = _shape(t)
+    if t.numel() and bool((t == 1).all()):
+        return f"jnp.ones({shape}, {dtype})"
+    if t.dim() >= 2 and bool((t == torch.tril(torch.ones_like(t))).all()):
+        return f"jnp.tril(jnp.ones({shape}, {dtype}))"
+    if t.dim() == 1 and bool((t == torch.arange(t.numel(), dtype=t.dtype)).all()):
+        return f"jnp.arange({t.numel()}, dtype={dtype})"
+    if literal and t.numel() <= LITERAL_LIMIT:
+        return f"jnp.array({t.flatten().tolist()!r}, {dtype}).reshape({shape})"
+    return f"jnp.zeros({shape}, {dtype})"
+
+
+def _describe(v) -> str:
+    if v is None or isinstance(v, (bool, int, float)):
+        return repr(v)
+    return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
+
+
+def _class_text(init: list[str], body: Body | None, root: bool) -> str:
+    takes_rngs = root or any("rngs" in line for line in init)
+    lines = ["class __CLASS__(nnx.Module):"]
+    if init or root:
+        sig = "self, *, rngs: nnx.Rngs" if takes_rngs else "self"
+        lines.append(f"    def __init__({sig}):")
+        lines += [f"        {ln}" for ln in init] or ["        del rngs  # no weights"]
+    if body is not None:
+        if init or root:
+            lines.append("")
+        lines.append(f"    def __call__(self{''.join(', ' + p for p in body.params)}):")
+        lines += [f"        {ln}" for ln in body.lines]
+    if len(lines) == 1:
+        lines.append("    pass")
+    return "\n".join(lines)
+
+
+def _format(text: str) -> str:
+    try:
+        import black
+    except ImportError:  # pragma: no cover - black is a dependency
+        raise PortError("the port formats its file with black: pip install black") from None
+    try:
+        return black.format_str(text, mode=black.Mode(line_length=100))
+    except Exception as e:  # black.InvalidInput: the writer produced invalid Python, a bug
+        raise RuntimeError(f"jaxformer port wrote invalid Python ({e}):\n{text}") from None

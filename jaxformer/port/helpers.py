@@ -1,0 +1,48 @@
+"""Functions a written file defines when its graph uses the torch op they stand for: torch's
+functional layers, written once, readable, with torch's numerics (docs/numerics.md §41)."""
+
+HELPERS = {
+    "scaled_dot_product_attention": '''def scaled_dot_product_attention(q, k, v, mask=None, *, causal=False, scale=None, grouped=False, dropout=None):
+    """torch.nn.functional.scaled_dot_product_attention: q [..., H, T, K], k and v [..., H, S, K].
+
+    A boolean mask keeps True, a float mask is added to the scores; a query row that sees no
+    key outputs 0, as torch's CPU kernels give."""
+    if grouped:  # grouped-query attention: each key/value head serves several query heads
+        k = jnp.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = jnp.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = (q @ k.swapaxes(-2, -1)) * scale
+    visible = jnp.ones(scores.shape, jnp.bool_)
+    if causal:
+        visible = jnp.tril(visible)
+    if mask is not None and mask.dtype == jnp.bool_:
+        visible = visible & mask
+    elif mask is not None:
+        scores = scores + mask
+    scores = jnp.where(visible, scores, -jnp.inf)
+    any_visible = visible.any(axis=-1, keepdims=True)
+    weights = jax.nn.softmax(jnp.where(any_visible, scores, 0.0), axis=-1)
+    weights = jnp.where(any_visible, weights, 0.0)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v''',
+    "layer_norm": '''def layer_norm(x, weight, bias, *, eps, axes=1):
+    """torch.nn.functional.layer_norm over the last `axes` dimensions (biased variance)."""
+    dims = tuple(range(-axes, 0))
+    mean = x.mean(axis=dims, keepdims=True)
+    var = jnp.square(x - mean).mean(axis=dims, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias''',
+    "rms_norm": '''def rms_norm(x, weight, *, eps, axes=1):
+    """torch.nn.functional.rms_norm over the last `axes` dimensions."""
+    dims = tuple(range(-axes, 0))
+    y = x * jax.lax.rsqrt(jnp.square(x).mean(axis=dims, keepdims=True) + eps)
+    return y if weight is None else y * weight''',
+    "conv": '''def conv(x, weight, bias, *, stride, padding, dilation, groups):
+    """torch's conv1d / conv2d: x [B, C, *spatial], weight [O, C // groups, *kernel]."""
+    y = jax.lax.conv_general_dilated(x, weight, stride, [(p, p) for p in padding],
+                                     rhs_dilation=dilation, feature_group_count=groups)
+    return y if bias is None else y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))''',
+}

@@ -1,0 +1,111 @@
+"""torch.nn modules that the port writes as flax layers, and how each is built and called.
+
+The flax layer's leaves are the ones jaxformer.convert's rule table expects for the torch
+module's keys (`kernel` <-> `weight` transposed, `scale` <-> `weight`, `embedding` <->
+`weight`), so the torch state_dict loads with no renaming. Each entry checks that the torch
+module is one the flax layer computes exactly (explicit eps, padding and use_fast_variance
+False: flax's E[x^2] - E[x]^2 variance is not torch's, docs/numerics.md §41)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def _linear(m) -> str:
+    return f"nnx.Linear({m.in_features}, {m.out_features}, use_bias={m.bias is not None}, rngs=rngs)"
+
+
+def _embedding(m) -> str:
+    return f"nnx.Embed({m.num_embeddings}, {m.embedding_dim}, rngs=rngs)"
+
+
+def _layer_norm(m) -> str | None:
+    if len(m.normalized_shape) != 1:
+        return None
+    affine = m.weight is not None
+    bias = getattr(m, "bias", None) is not None
+    return (f"nnx.LayerNorm({m.normalized_shape[0]}, epsilon={m.eps!r}, use_scale={affine}, "
+            f"use_bias={bias}, use_fast_variance=False, rngs=rngs)")
+
+
+def _rms_norm(m) -> str | None:
+    if len(m.normalized_shape) != 1 or m.eps is None:
+        return None  # torch's eps=None (finfo eps of the input dtype) is written op by op
+    return (f"nnx.RMSNorm({m.normalized_shape[0]}, epsilon={m.eps!r}, use_scale={m.weight is not None}, "
+            "use_fast_variance=False, rngs=rngs)")
+
+
+def _dropout(m) -> str:
+    return f"nnx.Dropout({m.p!r}, rngs=rngs)"
+
+
+def _conv(m) -> str | None:
+    if m.padding_mode != "zeros" or isinstance(m.padding, str) and m.padding != "valid":
+        return None
+    pads = [(0, 0)] * len(m.kernel_size) if isinstance(m.padding, str) else [(p, p) for p in m.padding]
+    return (f"nnx.Conv({m.in_channels}, {m.out_channels}, kernel_size={tuple(m.kernel_size)}, "
+            f"strides={tuple(m.stride)}, padding={pads}, kernel_dilation={tuple(m.dilation)}, "
+            f"feature_group_count={m.groups}, use_bias={m.bias is not None}, rngs=rngs)")
+
+
+def _channels_last_call(attr: str, x: str, ndim: int) -> str:
+    """A torch conv on [B, C, *spatial] through flax's channels-last conv."""
+    last = ndim - 1
+    to_last = (0,) + tuple(range(2, ndim)) + (1,)
+    to_first = (0, last) + tuple(range(1, last))
+    return f"{attr}({x}.transpose{to_last}).transpose{to_first}"
+
+
+# torch class name -> (constructor expression or None when unsupported, call writer,
+# {torch leaf: (flax leaf, expression that turns the flax value into torch's layout)})
+KNOWN: dict[str, tuple[Callable[[Any], str | None], Callable[[str, str, Any], str], dict[str, tuple[str, str]]]] = {
+    "Linear": (_linear, lambda a, x, m: f"{a}({x})", {"weight": ("kernel", "{}.T"), "bias": ("bias", "{}")}),
+    "NonDynamicallyQuantizableLinear": (_linear, lambda a, x, m: f"{a}({x})",
+                                        {"weight": ("kernel", "{}.T"), "bias": ("bias", "{}")}),
+    "Embedding": (_embedding, lambda a, x, m: f"{a}({x})", {"weight": ("embedding", "{}")}),
+    "LayerNorm": (_layer_norm, lambda a, x, m: f"{a}({x})", {"weight": ("scale", "{}"), "bias": ("bias", "{}")}),
+    "RMSNorm": (_rms_norm, lambda a, x, m: f"{a}({x})", {"weight": ("scale", "{}")}),
+    "Dropout": (_dropout, lambda a, x, m: f"{a}({x})", {}),
+    "Conv1d": (_conv, lambda a, x, m: _channels_last_call(a, x, 3),
+               {"weight": ("kernel", "{}.transpose(2, 1, 0)"), "bias": ("bias", "{}")}),
+    "Conv2d": (_conv, lambda a, x, m: _channels_last_call(a, x, 4),
+               {"weight": ("kernel", "{}.transpose(3, 2, 0, 1)"), "bias": ("bias", "{}")}),
+}
+CORE_OPS = {"Linear": "aten.linear", "NonDynamicallyQuantizableLinear": "aten.linear", "Embedding": "aten.embedding",
+            "LayerNorm": "aten.layer_norm", "RMSNorm": "aten.rms_norm", "Dropout": "aten.dropout",
+            "Conv1d": "aten.conv1d", "Conv2d": "aten.conv2d"}
+
+
+def known(module) -> bool:
+    """A torch.nn module the port writes as a flax layer."""
+    name = type(module).__name__
+    return (type(module).__module__.startswith("torch.nn.") and name in KNOWN
+            and KNOWN[name][0](module) is not None)
+
+
+def constructor(module) -> str:
+    return KNOWN[type(module).__name__][0](module)
+
+
+def call(module, attr: str, x: str) -> str:
+    return KNOWN[type(module).__name__][1](attr, x, module)
+
+
+def leaf(module, torch_leaf: str) -> tuple[str, str] | None:
+    """(flax leaf, layout expression) of a known module's torch leaf."""
+    return KNOWN[type(module).__name__][2].get(torch_leaf)
+
+
+def parameterless_builtin(module) -> bool:
+    """A torch.nn module with no weights of its own and no state (activations, Identity,
+    Flatten, ...): its ops are written inline where it is called."""
+    import torch
+    if not type(module).__module__.startswith("torch.nn."):
+        return False
+    if isinstance(module, (torch.nn.Dropout, torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential)):
+        return False
+    return not any(True for _ in module.parameters()) and not any(True for _ in module.buffers())
+
+
+def container(module) -> bool:
+    import torch
+    return isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))
