@@ -1,15 +1,19 @@
 """`jaxformer port` on the corpus (issue 33 §6): every model in tests/port_corpus/ is ported with
 the engine's API and checked with the parity harness at its default tolerances: every output
 leaf, and the gradient of every torch parameter (and float input), each against its own scale.
-The ported module is loaded through the strict converter (check_parity's convert=True), so its
-attribute paths must be the torch state_dict keys. An entry in REFUSED must instead be refused,
+The ported module is loaded again through the strict converter (check_parity's convert=True),
+so its attribute paths must be the torch state_dict keys (up to the converter's own leaf rule:
+a custom `scale` / `embedding` parameter is read from torch's `weight`, port.api.converter_state). An entry in REFUSED must instead be refused,
 by name, with its message fragment. There is no skip: without `jaxformer.port` these fail.
 
 The dropout entry is also checked in train mode. torch and JAX draw different masks, so what is
 checked is what holds for any correct dropout: at p = 0 the train-mode port equals torch's
 train-mode output; with only the output dropout on (p = 0.25) every element is 0 or the eval
 output / (1 - p), the dropped fraction is p within 4 binomial standard deviations (a fixed seed,
-so not flaky), and a second call draws a different mask.
+so not flaky), and a second call draws a different mask; with only the hidden dropout on
+(p = 0.5, before the last Linear), 256 train-mode draws average to the eval output (inverted
+dropout is unbiased) and their variance is the one that rate gives, computed from torch's
+weights: Var[y_j] = p / (1 - p) * sum_i W2[j, i]^2 h_i^2 (a wrong rate is off by a factor).
 """
 from __future__ import annotations
 
@@ -54,13 +58,17 @@ def test_port_corpus(name):
         with pytest.raises(PortError, match=re.escape(REFUSED[name])):
             from_torch(module, inputs)
         return
+    from jaxformer.port.api import converter_state
     ported = from_torch(module, inputs)
-    report = check_parity(module, ported, inputs, case=f"port:{name}")
+    # the converter reads a custom module's `scale` / `embedding` leaf from torch's `weight`:
+    # converter_state renames those keys (state dict and gradients alike), nothing else
+    rename = lambda state: converter_state(state, ported)  # noqa: E731
+    report = check_parity(module, ported, inputs, case=f"port:{name}", state_map=rename)
     print(report.row())
     assert report.ok, report.message()
     # nothing passes by comparing nothing: every output leaf and every parameter's gradient
     assert report.outputs
-    missing = {n for n, _ in module.named_parameters()} - set(report.grads)
+    missing = set(rename(dict(module.named_parameters()))) - set(report.grads)
     assert not missing, f"gradients not compared: {sorted(missing)}"
 
 
@@ -107,3 +115,27 @@ def test_port_dropout_train_mode_mask():
         n = int(live.sum())
         assert abs(rate - p) <= 4 * math.sqrt(p * (1 - p) / n), f"dropped {rate:.3f} of {n}, p = {p}"
     assert np.any((first == 0) != (second == 0)), "two train-mode calls drew the same mask"
+
+
+def test_port_dropout_train_mode_hidden_rate():
+    from flax import nnx
+
+    from jaxformer.port import from_torch
+    p, draws = 0.5, 256
+    module, inputs = dropout_mlp.make(p_hidden=p, p_out=0.0)
+    ported = from_torch(module, inputs)
+    eval_out = _torch_out(module, inputs, train=False)
+    with torch.no_grad():
+        h = module.act(module.fc1(torch.from_numpy(inputs["x"]))).double().numpy()  # [B, T, F]
+    w2 = module.fc2.weight.detach().double().numpy()  # [D, F]
+    var = p / (1 - p) * np.einsum("btf,df->btd", h ** 2, w2 ** 2)  # per output element
+    ported.train()
+    step = nnx.jit(lambda m, x: m(x))
+    x = jnp.asarray(inputs["x"])
+    samples = np.stack([np.asarray(step(ported, x)) for _ in range(draws)]).astype(np.float64)
+    assert np.any(samples[0] != samples[1]), "two train-mode calls gave the same output"
+    mean_err = np.abs(samples.mean(0) - eval_out)
+    assert np.all(mean_err <= 5 * np.sqrt(var / draws) + OUT_TOL.bound(float(np.abs(eval_out).max()))), \
+        f"train-mode mean is off the eval output by up to {float((mean_err / np.sqrt(var / draws)).max()):.1f} sigma"
+    ratio = float((samples.var(0, ddof=1) / var).mean())
+    assert 0.85 <= ratio <= 1.15, f"train-mode variance is {ratio:.2f}x the one dropout p={p} gives"
