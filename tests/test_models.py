@@ -20,6 +20,7 @@ from helpers import converted_pair
 from jaxformer import convert
 from jaxformer.config import model_config_from_dict
 from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig
+from jaxformer.config.moe import MoEConfig
 from jaxformer.parity import first_divergence, setup_precision
 
 setup_precision()
@@ -212,6 +213,8 @@ def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 BF16 = {
     "lm_gpt2": ("lm", LMConfig.tiny("gpt2")),
     "lm_llama": ("lm", LMConfig.tiny("llama")),
+    "lm_moe": ("lm", LMConfig.tiny("llama", moe=MoEConfig(num_experts=4, top_k=2, router="softmax_topk",
+                                                           d_expert=16))),
     "seq2seq": ("seq2seq", Seq2SeqConfig.tiny(norm_position="pre")),
     "classifier": ("classifier", ClassifierConfig.tiny(num_classes=8)),
 }

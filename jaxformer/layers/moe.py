@@ -185,11 +185,16 @@ class Experts(nnx.Module):
 
     Params: gate_proj [E, F, D] (gated kinds), up_proj [E, F, D], down_proj [E, D, F];
     gate_proj_bias / up_proj_bias [E, F], down_proj_bias [E, D] (bias).
-    Shapes: x [N, D], indices [N, k] int, weights [N, k] -> [N, D].
+    Shapes: x [N, D], indices [N, k] int, weights [N, k] -> [N, D] in x's dtype.
+    `dtype`: the compute dtype (None: x's), as nnx.Linear's, set by models/common.py
+    set_compute_dtype. The rows are gathered, exchanged and multiplied in it, as torch.autocast
+    runs F.linear in bf16; the weighted sum over a token's k experts is taken in x's dtype (the
+    float32 residual stream under bf16 compute; docs/numerics.md §41).
     """
 
     def __init__(self, d_model: int, cfg: MoEConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.dtype = None
         e, f, d = cfg.num_experts, cfg.d_expert, d_model
         init = nnx.initializers.normal(0.02)
 
@@ -215,6 +220,10 @@ class Experts(nnx.Module):
                               self.cfg.swiglu_limit)  # [M, F]
         return project("down_proj", h)  # [M, D]
 
+    def compute(self, x: jax.Array) -> jax.Array:
+        """x in the compute dtype."""
+        return x if self.dtype is None else x.astype(self.dtype)
+
     def __call__(self, x: jax.Array, indices: jax.Array, weights: jax.Array) -> jax.Array:
         n, k = indices.shape
         e = self.cfg.num_experts
@@ -235,8 +244,8 @@ class Experts(nnx.Module):
             token_sorted, expert_sorted = token_sorted[source], expert_sorted[source]
             w_sorted = jnp.where(real, w_sorted[source], 0)
 
-        y = self.grouped_ffn(x[token_sorted], expert_sorted, group_sizes, block_expert)  # [N*k, D]
-        return jnp.zeros_like(x).at[token_sorted].add(y * w_sorted[:, None])  # [N, D]
+        y = self.grouped_ffn(self.compute(x)[token_sorted], expert_sorted, group_sizes, block_expert)  # [N*k, D]
+        return jnp.zeros_like(x).at[token_sorted].add(y.astype(x.dtype) * w_sorted[:, None])  # [N, D]
 
     def grouped_ffn(self, rows: jax.Array, expert_sorted: jax.Array, group_sizes: jax.Array,
                     block_expert: jax.Array | None = None) -> jax.Array:
@@ -267,7 +276,7 @@ def dense_experts(experts: Experts, x: jax.Array, indices: jax.Array, weights: j
         b = getattr(experts, f"{name}_bias")
         return y if b is None else y + b[...].astype(y.dtype)
 
-    y = experts.ffn(x, project)  # [N, E, D]
+    y = experts.ffn(experts.compute(x), project).astype(x.dtype)  # [N, E, D]
     combine = jnp.zeros((n, experts.cfg.num_experts), x.dtype).at[jnp.arange(n)[:, None], indices].add(
         weights.astype(x.dtype))  # [N, E]
     return jnp.einsum("ne,ned->nd", combine, y)

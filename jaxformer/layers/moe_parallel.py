@@ -108,7 +108,8 @@ def dispatch(experts, h: jax.Array, indices: jax.Array, weights: jax.Array, axes
     cap = capacity_rows(cfg, n, e_local, axes)
     slot = jnp.where(dest < s, dest * cap + jnp.arange(n * k) - starts[jnp.minimum(dest, s - 1)], s * cap)
     d = h.shape[-1]
-    send_x = jnp.zeros((s * cap, d), h.dtype).at[slot].set(h[token_sorted], mode="drop")
+    rows = experts.compute(h)  # sent and multiplied in the compute dtype
+    send_x = jnp.zeros((s * cap, d), rows.dtype).at[slot].set(rows[token_sorted], mode="drop")
     send_e = jnp.zeros((s * cap,), jnp.int32).at[slot].set(expert_sorted % e_local, mode="drop")
     exchange = (lambda x, sent, received: x) if s == 1 else \
         (lambda x, sent, received: lowering.expert_all_to_all(x, sent, received, EXPERT))  # S = 1: all local
@@ -123,7 +124,7 @@ def dispatch(experts, h: jax.Array, indices: jax.Array, weights: jax.Array, axes
     y = jnp.zeros_like(y).at[rank].set(y)  # [S*C, D] back in received order
     back = exchange(y.reshape(s, cap, d), recv_sizes, send_sizes)
     y_sorted = jnp.take(back.reshape(s * cap, d), slot, axis=0, mode="fill", fill_value=0)  # [n*k, D]
-    return jnp.zeros_like(h).at[token_sorted].add(y_sorted * w_sorted[:, None])  # [n, D]
+    return jnp.zeros_like(h).at[token_sorted].add(y_sorted.astype(h.dtype) * w_sorted[:, None])  # [n, D]
 
 
 def capacity_rows(cfg, n: int, e_local: int, axes: tuple) -> int:

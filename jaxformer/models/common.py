@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.layers.embedding import check_ids, check_length
+from jaxformer.layers.moe import Experts
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -45,10 +46,11 @@ def compute_dtype(name: str):
 
 def set_compute_dtype(model: nnx.Module, name: str) -> None:
     """bf16 compute with fp32 params, as torch.autocast does it: every Linear casts its input,
-    kernel and bias to the compute dtype (nnx.Linear's `dtype`); embeddings, norms (which
-    compute in fp32) and the residual stream stay fp32."""
+    kernel and bias to the compute dtype (nnx.Linear's `dtype`), and so do the MoE experts
+    (layers/moe.py Experts.dtype); embeddings, norms (which compute in fp32) and the residual
+    stream stay fp32."""
     if name == "float32":
         return
     for _, module in nnx.iter_modules(model):
-        if isinstance(module, nnx.Linear):
+        if isinstance(module, (nnx.Linear, Experts)):
             module.dtype = COMPUTE_DTYPES[name]

@@ -165,7 +165,8 @@ class Experts(nn.Module):
                 return F.linear(h, getattr(self, name)[e], None if b is None else b[e])
 
             y = self.ffn(x[token], project)  # [M, D]
-            out = out.index_add(0, token, y * weights[token, slot, None].to(y.dtype))
+            # summed in x's dtype: under torch.autocast y is bf16 and x the float32 stream
+            out = out.index_add(0, token, y.to(out.dtype) * weights[token, slot, None].to(out.dtype))
         return out
 
 
