@@ -132,6 +132,26 @@ def test_ragged_dispatch_equals_dense_einsum_outputs_and_gradients(cfg, blocked,
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("blocked", [False, True], ids=["ragged_dot", "blocked"])
+def test_experts_multiply_in_the_compute_dtype_and_sum_in_the_stream_dtype(blocked, monkeypatch):
+    """Experts.dtype = bf16 (set_compute_dtype, docs/numerics.md §41): the routed rows and the
+    expert matmuls are bf16, the output (the k-way sum) is the float32 input's dtype."""
+    monkeypatch.setattr(jmoe, "blocked_dispatch", lambda: blocked)
+    cfg = _cfg()
+    experts = jmoe.Experts(D, cfg, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(2), (20, D))
+    _, w, idx = jmoe.Router(D, cfg, rngs=nnx.Rngs(1))(x)
+    experts.dtype = jnp.bfloat16
+    jaxpr = jax.make_jaxpr(lambda x: experts(x, idx, w))(x)
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name in ("ragged_dot_general", "dot_general")]
+    assert len(dots) == 3 and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars[:2])
+    y = experts(x, idx, w)
+    experts.dtype = None
+    y32 = experts(x, idx, w)
+    rel = float(jnp.abs(y - y32).max() / jnp.abs(y32).max())  # bf16 rounding, seen relative to the output
+    assert y.dtype == jnp.float32 and 1e-4 < rel < 3e-2, rel
+
+
 # ---------------------------------------------------------------- scan = loop, return_aux
 def _lm(**kw) -> LMConfig:
     return LMConfig.tiny("llama", moe=_cfg(**kw.pop("moe", {})), **kw)
