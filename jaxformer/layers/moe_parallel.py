@@ -94,7 +94,6 @@ def dispatch(experts, h: jax.Array, indices: jax.Array, weights: jax.Array, axes
     n, k = indices.shape
     e = cfg.num_experts
     s = jax.lax.axis_size(EXPERT)
-    e_local = e // s
     flat = indices.reshape(-1)  # [n*k] assignment a = token * k + slot
     keep = kept(flat, e, cfg, n * math.prod(jax.lax.axis_size(a) for a in axes), axes)
     key = jnp.where(keep, flat, e)  # dropped assignments sort last and are not sent
@@ -102,18 +101,33 @@ def dispatch(experts, h: jax.Array, indices: jax.Array, weights: jax.Array, axes
     expert_sorted = key[order]  # [n*k]
     token_sorted = order // k
     w_sorted = jnp.where(keep[order], weights.reshape(-1)[order], 0).astype(h.dtype)
+    rows = experts.compute(h)[token_sorted]  # [n*k, D] sent and multiplied in the compute dtype
+    if s == 1:  # every expert is on this device: no buffers, no exchange (dropped rows sort last)
+        y_sorted = experts.grouped_ffn(rows, expert_sorted, jnp.bincount(key, length=e).astype(jnp.int32))
+    else:
+        y_sorted = exchanged_ffn(experts, rows, expert_sorted, n, axes)
+    return jnp.zeros_like(h).at[token_sorted].add(y_sorted.astype(h.dtype) * w_sorted[:, None])  # [n, D]
+
+
+def exchanged_ffn(experts, rows: jax.Array, expert_sorted: jax.Array, n: int, axes: tuple) -> jax.Array:
+    """Inside shard_map: this device's kept rows [n*k, D] sorted by expert (expert_sorted; E =
+    dropped, sorted last) -> their expert outputs [n*k, D] (0 for dropped rows), the rows sent
+    to the devices of axis `expert` holding their experts and the results brought back."""
+    cfg = experts.cfg
+    s = jax.lax.axis_size(EXPERT)
+    e_local = cfg.num_experts // s
     dest = expert_sorted // e_local  # [n*k] the device holding the expert; s = dropped
     send_sizes = jnp.bincount(dest, length=s).astype(jnp.int32)  # [S]
     starts = jnp.cumsum(send_sizes) - send_sizes
     cap = capacity_rows(cfg, n, e_local, axes)
-    slot = jnp.where(dest < s, dest * cap + jnp.arange(n * k) - starts[jnp.minimum(dest, s - 1)], s * cap)
-    d = h.shape[-1]
-    rows = experts.compute(h)  # sent and multiplied in the compute dtype
-    send_x = jnp.zeros((s * cap, d), rows.dtype).at[slot].set(rows[token_sorted], mode="drop")
+    slot = jnp.where(dest < s, dest * cap + jnp.arange(rows.shape[0]) - starts[jnp.minimum(dest, s - 1)], s * cap)
+    d = rows.shape[-1]
+    send_x = jnp.zeros((s * cap, d), rows.dtype).at[slot].set(rows, mode="drop")
     send_e = jnp.zeros((s * cap,), jnp.int32).at[slot].set(expert_sorted % e_local, mode="drop")
-    exchange = (lambda x, sent, received: x) if s == 1 else \
-        (lambda x, sent, received: lowering.expert_all_to_all(x, sent, received, EXPERT))  # S = 1: all local
-    recv_sizes = send_sizes if s == 1 else jax.lax.all_to_all(send_sizes, EXPERT, 0, 0, tiled=True)  # [S]
+
+    def exchange(x, sent, received):
+        return lowering.expert_all_to_all(x, sent, received, EXPERT)
+    recv_sizes = jax.lax.all_to_all(send_sizes, EXPERT, 0, 0, tiled=True)  # [S]
     recv_x = exchange(send_x.reshape(s, cap, d), send_sizes, recv_sizes)
     recv_e = exchange(send_e.reshape(s, cap), send_sizes, recv_sizes)
     filled = jnp.arange(cap)[None, :] < recv_sizes[:, None]  # [S, C]
@@ -123,8 +137,7 @@ def dispatch(experts, h: jax.Array, indices: jax.Array, weights: jax.Array, axes
     y = experts.grouped_ffn(recv_x.reshape(s * cap, d)[rank], local[rank], group_sizes)
     y = jnp.zeros_like(y).at[rank].set(y)  # [S*C, D] back in received order
     back = exchange(y.reshape(s, cap, d), recv_sizes, send_sizes)
-    y_sorted = jnp.take(back.reshape(s * cap, d), slot, axis=0, mode="fill", fill_value=0)  # [n*k, D]
-    return jnp.zeros_like(h).at[token_sorted].add(y_sorted.astype(h.dtype) * w_sorted[:, None])  # [n, D]
+    return jnp.take(back.reshape(s * cap, d), slot, axis=0, mode="fill", fill_value=0)  # [n*k, D]
 
 
 def capacity_rows(cfg, n: int, e_local: int, axes: tuple) -> int:
