@@ -6,7 +6,7 @@ vocab 30000), JAX (jit) against torch eager, 2 threads, fp32, medians in ms.
 
 Not a test: it times things.
 """
-import json, time, statistics, sys
+import json, time, statistics
 import numpy as np, jax, jax.numpy as jnp, torch, optax
 torch.set_num_threads(2)
 B, T, D, H, F, V = 32, 128, 256, 8, 1024, 30000

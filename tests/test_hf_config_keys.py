@@ -101,7 +101,6 @@ def _flipped(cfg):
 
 
 def _exportable(fam, arch):
-    from jaxformer import hf
     raw = _raw(fam, arch)
     if fam.__name__.endswith("gemma2"):
         raw["query_pre_attn_scalar"] = 20

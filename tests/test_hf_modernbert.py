@@ -13,8 +13,6 @@ prints them): 8.3e-7 (max |out| 4.1; model_w4_every2's hidden states).
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import jax.numpy as jnp
 import numpy as np

@@ -3,7 +3,6 @@ freezing, merging, a frozen bf16/int8 base, and PEFT options refused by name. Ou
 gradients against torch are the parity registry's lora_* cases."""
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """LoRA fine-tuning in both trainers (`train.lora`, jaxformer/train/lora.py): the config
 section from one --set, a 20-step JAX/torch trajectory, the frozen base bit-identical (fp32,
 bf16, int8), adapters alone in the optimiser, pmap and mesh, resume, load and generate."""
-import os
 import shutil
 
 import jax

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxformer.train import tasks
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, StepFns, build_jax_model, init_state, shape_batch
 from jaxformer.train.optim import make_optax

@@ -4,7 +4,6 @@ fp32 and bf16; the checkpoint view that pairs blocks with scales; refusals."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest

@@ -300,6 +300,3 @@ class HFCheckpoint:
     @property
     def nbytes(self) -> int:
         return sum(math.prod(i.shape) * i.dtype.itemsize for i in self.tensors.values())
-
-    def shard_nbytes(self, shard: str) -> int:
-        return sum(math.prod(i.shape) * i.dtype.itemsize for i in self.tensors.values() if i.shard == shard)

@@ -8,9 +8,9 @@ GPT-2 (learned positions, LayerNorm, GELU-tanh, Pre-LN, biases, tied) and LLaMA 
 RMSNorm, SwiGLU, no biases, GQA) LMs, with left padding; ALiBi and T5-bias LMs.
 
 Token embeddings are rescaled from the constructor's N(0, 1) to N(0, 1/D) (realistic_
-embeddings), the scale jaxformer/train/init.py's xavier scheme draws. The per-leaf relative
-tolerance (docs/numerics.md §19) no longer needs it: `lm_default_init_tied_d88` keeps the N(0, 1)
-tied table (logits near 90) and passes.
+embeddings), the scale jaxformer/train/init.py's xavier scheme draws; `lm_default_init_tied_d88`
+keeps the N(0, 1) tied table (logits near 90), which the per-leaf relative tolerance
+(docs/numerics.md §19) also covers.
 """
 from __future__ import annotations
 

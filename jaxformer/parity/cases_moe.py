@@ -84,13 +84,6 @@ def _tie_rows(groups: list[list[int]]):
     return edit
 
 
-def _then(*edits):
-    def edit(module, rng):
-        for e in edits:
-            e(module, rng)
-    return edit
-
-
 # equal router rows: experts 1, 3, 5 (and 0, 7) always tie
 case("router_ties_equal_rows", "moe",
      _edited("layers.moe.Router", _moe(num_experts=8, top_k=2), _tie_rows([[1, 3, 5], [0, 7]])),

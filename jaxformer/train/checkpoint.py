@@ -199,8 +199,3 @@ def _check_same(expected, got, step: int) -> None:
         # checked where the shards are: a restored array is never gathered onto one host
         if np.issubdtype(np.dtype(b.dtype), np.floating) and not bool(jnp.isfinite(b).all()):
             raise CheckpointError(f"step {step}: non-finite values in a restored array")
-
-
-def remove_checkpoints(directory: str) -> None:
-    if os.path.isdir(directory):
-        shutil.rmtree(directory)

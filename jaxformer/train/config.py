@@ -4,7 +4,6 @@ validation, so a bad override fails exactly like a bad YAML value: with the key 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from importlib import resources
@@ -201,9 +200,6 @@ class RunConfig:
         return {"model": {"name": self.model_name, **to_dict(self.model)},
                 "data": {"name": self.data_name, **to_dict(self.data)},
                 "train": to_dict(self.train), "parallel": to_dict(self.parallel)}
-
-    def with_model(self, **changes) -> "RunConfig":
-        return dataclasses.replace(self, model=dataclasses.replace(self.model, **changes))
 
 
 SECTIONS = ("model", "data", "train", "parallel")
@@ -447,7 +443,3 @@ def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
             (breaking if k.split(".")[0] in ("model", "data") or k.startswith("train.lora")
              else allowed).append(line)
     return breaking, allowed
-
-
-def config_json(cfg: RunConfig) -> str:
-    return json.dumps(cfg.to_dict(), sort_keys=True)

@@ -174,12 +174,6 @@ def per_device_bytes(tree) -> dict[str, int]:
     return {"total": total, **{f"device {k}": v for k, v in sorted(per.items())}}
 
 
-def global_batch(local: dict, sharding: NamedSharding, global_shape_fn) -> dict:
-    """Assemble a global jax.Array per key from this process's slice (multi-host)."""
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v), global_shape_fn(k, v))
-            for k, v in local.items()}
-
-
 def place(tree, shardings):
     """Put a host-identical pytree onto (possibly multi-process) shardings. Each process builds
     only its addressable shards from its own copy (every process holds the same values, e.g.

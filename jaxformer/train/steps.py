@@ -11,7 +11,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.train import lora, tasks
