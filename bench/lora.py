@@ -37,8 +37,8 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def run_config(layers: int, lora: dict | None, seq: int, batch: int):
-    from jaxformer.config.models import LMConfig
     from jaxformer.config import to_dict
+    from jaxformer.config.models import LMConfig
     from jaxformer.train.config import config_from_dict
     model = {"name": "lm", **to_dict(LMConfig.llama(**{**LLAMA_1B, "num_layers": layers, "dropout": 0.0}))}
     train = {"steps": 10, "batch_size": batch, "lr": 1e-4, "warmup_steps": 0, "schedule": "constant"}

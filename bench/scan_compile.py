@@ -16,13 +16,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def compile_seconds(layers: int, scan: bool) -> float:
     import jax
+    import numpy as np
     from flax import nnx
 
+    from jaxformer.convert import scan_prefixes
     from jaxformer.train.config import config_from_dict
     from jaxformer.train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
     from jaxformer.train.optim import make_optax
-    from jaxformer.convert import scan_prefixes
-    import numpy as np
     cfg = config_from_dict({
         "model": {"name": "lm", "vocab_size": 259, "d_model": 128, "num_heads": 4, "d_ff": 512,
                   "num_layers": layers, "max_len": 128, "norm_position": "pre", "position": "rope",

@@ -30,6 +30,7 @@ def device_step_s(trainer, steps: int) -> float:
     """Seconds per step of the trainer's jitted step alone: one batch already on the device,
     `steps` dispatches, one wait at the end."""
     import jax
+
     from jaxformer.train import data as data_lib
     tc = trainer.cfg.train
     batch = jax.device_put(trainer._train_batch(data_lib.batch_at(trainer.train_data, 0, tc.batch_size, tc.seed)))

@@ -6,8 +6,16 @@ vocab 30000), JAX (jit) against torch eager, 2 threads, fp32, medians in ms.
 
 Not a test: it times things.
 """
-import json, time, statistics
-import numpy as np, jax, jax.numpy as jnp, torch, optax
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
 torch.set_num_threads(2)
 B, T, D, H, F, V = 32, 128, 256, 8, 1024, 30000
 K = D // H
@@ -25,6 +33,8 @@ x_np = rng.standard_normal((B, T, D)).astype(np.float32)
 # 1) FFN
 W1, W2 = rng.standard_normal((D, F)).astype(np.float32) * .05, rng.standard_normal((F, D)).astype(np.float32) * .05
 from jaxformer.layers.linear import matmul  # the Linear layers' matmul (hand-written backward)
+
+
 def jffn(p, x): return jnp.sum(matmul(jax.nn.relu(matmul(x, p[0])), p[1]) ** 2)
 g = jax.jit(jax.grad(jffn)); pj = (jnp.asarray(W1), jnp.asarray(W2)); xj = jnp.asarray(x_np)
 tw1, tw2 = torch.tensor(W1.T.copy(), requires_grad=True), torch.tensor(W2.T.copy(), requires_grad=True)

@@ -58,10 +58,10 @@ def time_rounds(runners: dict, steps: int, warmup: int) -> dict:
 
 def bench_jax(cfg, b):
     import jax
+    from flax import nnx
 
     from jaxformer.train.jax_trainer import StepFns, build_jax_model, init_state, shape_batch
     from jaxformer.train.optim import make_optax
-    from flax import nnx
     model = build_jax_model(cfg)
     _, params, _ = nnx.split(model, nnx.Param, ...)
     tx, sched = make_optax(cfg.train, params)
@@ -87,9 +87,9 @@ def profile_jax(run, directory):
 def bench_torch(cfg, b, compile_=False):
     import torch
 
+    from jaxformer.train.optim import make_torch_optimizer
     from jaxformer.train.torch_tasks import forward_loss
     from jaxformer.train.torch_trainer import build_torch_model
-    from jaxformer.train.optim import make_torch_optimizer
     module = build_torch_model(cfg)
     module.train()
     opt, sched = make_torch_optimizer(cfg.train, module)

@@ -490,9 +490,9 @@ def _restore_train_params(model, state_dir: str) -> None:
     host numpy arrays (whatever mesh wrote them)."""
     import jax
     import orbax.checkpoint as ocp
+    from etils import epath
 
     from jaxformer.convert import ConversionError, flax_key, param_leaves
-    from etils import epath
     ckptr = ocp.PyTreeCheckpointer()
     where = os.path.abspath(state_dir)  # orbax refuses relative paths
     try:  # the handler's metadata: the item's tree, without a step-metadata lookup that warns

@@ -35,8 +35,14 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.config.models import (GenerationConfig, check_lengths, check_longrope_switch,  # noqa: F401 (re-exported)
-                                     check_prefill_chunk, eos_ids, pad_prompts)
+from jaxformer.config.models import (  # noqa: F401 (re-exported)
+    GenerationConfig,
+    check_lengths,
+    check_longrope_switch,
+    check_prefill_chunk,
+    eos_ids,
+    pad_prompts,
+)
 from jaxformer.layers import linear, quant
 from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens

@@ -60,7 +60,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-
 # ----------------------------------------------------------------------------- trace-time switches
 ATTENTION = ("plain", "blockwise", "splash")
 PLATFORMS = ("cpu", "gpu", "tpu")

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from helpers import converted_pair as pair  # noqa: F401 (re-exported for the generation tests)
 
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
 from jaxformer.parity import setup_precision
-from helpers import converted_pair as pair  # noqa: F401 (re-exported for the generation tests)
 
 setup_precision()
 N = 32  # new tokens

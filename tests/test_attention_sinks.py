@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from generation_helpers import PROMPTS, N, jitted, pair
+from test_generation_cache import FORMS, _jax_lm_cached, _recompute, _torch_lm_cached
 
-from generation_helpers import N, PROMPTS, jitted, pair
 from jaxformer import convert
 from jaxformer import generation as jgen
 from jaxformer.layers import attention as jatt
 from jaxformer.parity.cases_sinks import GPT_OSS_ATTN
-from test_generation_cache import FORMS, _jax_lm_cached, _recompute, _torch_lm_cached
 from torch_ref.layers import attention as tatt
 
 B, T, H, G, K = 2, 6, 4, 2, 8

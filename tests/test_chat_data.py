@@ -9,14 +9,13 @@ import os
 
 import numpy as np
 import pytest
+from chat_helpers import conversations, hf_tokenizer_dir, write_jsonl
 
 from jaxformer import cli
 from jaxformer.train.data import chat
 from jaxformer.train.data import prepare as P
 from jaxformer.train.data import tokenizer as tk
 from jaxformer.train.data.tokens import TokensDir
-
-from chat_helpers import conversations, hf_tokenizer_dir, write_jsonl
 
 
 def documents(d: TokensDir, split: str = "train"):
@@ -213,6 +212,7 @@ def test_jax_and_torch_train_and_eval_on_the_answers_only(tmp_path):
     cross-entropy of the global batch (divided by its answer-token count, with 2 micro-batches),
     and eval_loss that of the eval windows, both against a float64 reference."""
     import torch
+
     from jaxformer.convert import load_torch_state_dict
     from jaxformer.models import build_model as jbuild
     from jaxformer.train.data import batch_at, load_sources

@@ -10,9 +10,17 @@ import yaml
 
 from jaxformer import models as jmodels
 from jaxformer.config import MODELS, TransformerConfig, model_config_class, model_module, to_dict
-from jaxformer.convert import (ConversionError, convert_file, flax_key, load_torch_state_dict,
-                               param_leaves, scan_prefixes, to_torch_state_dict, torch_keys_for,
-                               write_safetensors)
+from jaxformer.convert import (
+    ConversionError,
+    convert_file,
+    flax_key,
+    load_torch_state_dict,
+    param_leaves,
+    scan_prefixes,
+    to_torch_state_dict,
+    torch_keys_for,
+    write_safetensors,
+)
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity.registry import CASES, load_all
 from torch_ref import models as tmodels

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from generation_helpers import LMS, PROMPTS, S2S, SOURCES, N, pair
 
-from generation_helpers import LMS, N, PROMPTS, S2S, SOURCES, pair
 from jaxformer import generation as jgen
 from jaxformer import lowering
 from jaxformer.config.models import GenerationConfig

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from chat_helpers import conversations, hf_tokenizer_dir, write_jsonl
 from helpers import check_hf_logits, hf_lm_logits, randomize
+
 from jaxformer import checkpoint_io, cli
 from jaxformer.convert import flax_key, param_leaves
 from jaxformer.parity import setup_precision

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from generation_helpers import LMS, PROMPTS, S2S, SOURCES, N, jitted, pair
 
-from generation_helpers import LMS, N, PROMPTS, S2S, SOURCES, jitted, pair
 from jaxformer import generation as jgen
 from jaxformer import lowering
 from jaxformer.config.models import GenerationConfig, LMConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from generation_helpers import LMS, S2S, SOURCES, pair
+
 from jaxformer import cli, convert
 from jaxformer import generation as jgen
 from jaxformer.config.models import GenerationConfig

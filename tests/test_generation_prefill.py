@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from generation_helpers import pair
+
 from jaxformer import generation as jgen
 from jaxformer.config import ConfigError
 from jaxformer.config.models import GenerationConfig, LMConfig, Seq2SeqConfig

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from generation_helpers import LMS, PROMPTS, S2S, SOURCES, N, pair
 
-from generation_helpers import LMS, N, PROMPTS, S2S, SOURCES, pair
 from jaxformer import generation as jgen
 from jaxformer.config.models import GenerationConfig, Seq2SeqConfig
 from torch_ref import generation as tgen

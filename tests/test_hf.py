@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from helpers import randomize as _randomize
 
 from jaxformer import hf
 from jaxformer.checkpoint_io import load_model
@@ -25,7 +26,6 @@ from jaxformer.cli import main as cli
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError, param_leaves, torch_to_flax_arrays
 from jaxformer.parity import setup_precision
-from helpers import randomize as _randomize
 
 transformers = pytest.importorskip("transformers")
 T = transformers

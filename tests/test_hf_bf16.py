@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import randomize
 
 from jaxformer import hf
 from jaxformer.checkpoint_io import load_model
 from jaxformer.parity import setup_precision
-from helpers import randomize
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def bf16_llama(tmp_path_factory):
 
 
 def _leaves(model):
-    from flax import nnx
     import jax
+    from flax import nnx
     return jax.tree.leaves(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 

@@ -147,8 +147,8 @@ def randomize_router_bias(model, seed: int = 3):
 def saved(tmp_path_factory):
     """tag -> (HF model, its save_pretrained dir, our imported model): built once."""
     import transformers
-
     from helpers import randomize
+
     from jaxformer import hf
     root = tmp_path_factory.mktemp("hf_deepseek")
     out = {}
@@ -173,7 +173,6 @@ def test_forward_matches_hf(tag, saved):
     """Logits within tolerance, left-padded row included; zeroing our score_bias moves them
     well past it (the biased choice is exercised)."""
     import jax.numpy as jnp
-
     from helpers import check_hf_logits, hf_lm_logits
     hf_model, _, (model, _, cfg) = saved[tag]
     assert cfg.sparse_layers() == ((False, True) if "dense0" in tag else (True, True))
@@ -226,8 +225,8 @@ def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path
     """The export holds save_pretrained's keys, its config.json save_pretrained's keys with
     the same values and JSON types (ints as ints), and loads with identical logits."""
     import transformers
-
     from helpers import hf_lm_logits, realigned
+
     from jaxformer import hf
     hf_model, path, (model, name, cfg) = saved[tag]
     out = str(tmp_path / "out")
@@ -279,8 +278,8 @@ def test_mtp_layers_are_skipped_as_transformers_does(saved, tmp_path):
     as unexpected by transformers' DeepseekV3ForCausalLM, which computes the same logits
     without it; the import skips it with a note and gives the same params."""
     import transformers
-
     from helpers import hf_lm_logits, realigned
+
     from jaxformer import hf
     hf_model, path, (model, _, _) = saved["plainq_e6_g3_shared2_tied"]
     sd = load_file(os.path.join(path, "model.safetensors"))

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from helpers import check_hf_logits, hf_lm_logits
+from helpers import randomize as _randomize
 
 from jaxformer import hf
 from jaxformer.config import ConfigError
 from jaxformer.parity import setup_precision
-from helpers import check_hf_logits, hf_lm_logits
-from helpers import randomize as _randomize
 
 T = pytest.importorskip("transformers")
 V = 64

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import check_hf_logits, hf_lm_logits, randomize, realigned
+
 from jaxformer import convert, hf
 from jaxformer import generation as jgen
 from jaxformer.config import ConfigError, RopeScaling

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import check_hf_logits, hf_lm_logits, randomize, realigned
+
 from jaxformer import generation as jgen
 from jaxformer import hf
 from jaxformer.config import ConfigError

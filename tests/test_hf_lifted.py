@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from helpers import randomize
 
 from jaxformer import hf
 from jaxformer.parity import setup_precision
-from helpers import randomize
 
 T = pytest.importorskip("transformers")
 TOL = 1e-5
@@ -101,6 +101,7 @@ def test_swin_patch_norms_keep_hf_eps():
     """The comparison has teeth: with layer_norm_eps 0.1, using it in the patch and merge norms
     too (instead of HF's fixed 1e-5) gives different logits (torch_ref, loaded strictly)."""
     import dataclasses
+
     from jaxformer.hf import vision
     from torch_ref.models import build_model
     ref_model = randomize(_swin(layer_norm_eps=0.1))

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import check_hf_logits, converted_pair, hf_lm_logits, randomize
+
 from jaxformer import convert, hf
 from jaxformer import generation as jgen
 from jaxformer.config import ConfigError
@@ -287,6 +287,7 @@ def test_layer_types_config_errors_name_the_field():
 def test_window_semantics_match_transformers_mask():
     """Our mask equals transformers' sliding_window_causal_mask_function for every (q, kv)."""
     from transformers.masking_utils import sliding_window_causal_mask_function
+
     from jaxformer.layers.attention import make_sliding_window_mask
     fn = sliding_window_causal_mask_function(3)
     ours = np.asarray(make_sliding_window_mask(7, 7, 3))[0, 0]

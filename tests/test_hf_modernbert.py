@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-
 from helpers import check_hf_encoder, hf_encoder_outputs, jit_call, randomize
+
 from jaxformer import hf
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError

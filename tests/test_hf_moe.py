@@ -328,8 +328,8 @@ def _precision():
 def saved(tmp_path_factory):
     """tag -> (HF model, its save_pretrained dir, our imported model): built once."""
     import transformers
-
     from helpers import randomize
+
     from jaxformer import hf
     root = tmp_path_factory.mktemp("hf_moe")
     out = {}
@@ -415,9 +415,9 @@ def test_greedy_and_beam_match_hf(tag, saved):
 @pytest.mark.parametrize("tag", sorted(CASES))
 def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path):
     import transformers
+    from helpers import hf_lm_logits, realigned
     from safetensors.numpy import load_file
 
-    from helpers import hf_lm_logits, realigned
     from jaxformer import hf
     hf_model, path, (model, name, cfg) = saved[tag]
     hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
@@ -435,10 +435,10 @@ def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path
 def test_streaming_to_a_checkpoint_in_small_batches(saved, tmp_path):
     """convert_hf_to_flax (orbax partial saves of about one expert param each) restores the
     params from_pretrained gives."""
-    from jaxformer import hf
     import jax
     from flax import nnx
 
+    from jaxformer import hf
     from jaxformer.checkpoint_io import load_model_config, restore_params
     _, path, (model, _, cfg) = saved["qwen2_moe_e5_k3_dense1"]
     report = hf.convert_hf_to_flax(path, str(tmp_path / "ckpt"), flush_bytes=5 * 16 * 32 * 4)

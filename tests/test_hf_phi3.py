@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from helpers import check_hf_logits, hf_lm_logits, randomize, realigned
 
-from helpers import check_hf_logits, hf_lm_logits, realigned, randomize
 from jaxformer import hf
 from jaxformer.config import ConfigError
 from jaxformer.config.models import GenerationConfig, check_longrope_switch

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import check_hf_logits, hf_lm_logits, randomize
+
 from jaxformer import hf
 from jaxformer.config import ConfigError
 from jaxformer.parity import setup_precision

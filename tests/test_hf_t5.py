@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import randomize
+
 from jaxformer import hf, tables
 from jaxformer.config import ConfigError
 from jaxformer.config.models import GenerationConfig, Seq2SeqConfig

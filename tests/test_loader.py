@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import yaml
+from helpers import host_devices_env
 
 from jaxformer.config import ConfigError
 from jaxformer.train import data as data_lib
@@ -21,7 +22,6 @@ from jaxformer.train.config import config_from_dict
 from jaxformer.train.data import pipeline
 from jaxformer.train.data.tokens import TokensWriter
 from jaxformer.train.jax_trainer import JaxTrainer
-from helpers import host_devices_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 300  # above the byte vocab and below the model's: ids come from a "tokenizer" of 300

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from test_train import _pair, run_cfg
+
 from jaxformer.config import ConfigError, LoRAConfig
 from jaxformer.train.config import TrainLoRAConfig, apply_override, config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, params_numpy

@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from generation_helpers import jitted, pair
+
 from jaxformer import convert
 from jaxformer import generation as jgen
 from jaxformer.config import ConfigError, RopeScaling

@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 from flax import nnx
-
 from helpers import converted_pair
+
 from jaxformer import convert
 from jaxformer.config import model_config_from_dict
 from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from helpers import converted_pair
+
 from jaxformer.config import ConfigError
 from jaxformer.config.models import LMConfig
 from jaxformer.parity.cases_mla import MLA_Q_LORA

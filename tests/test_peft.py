@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import check_hf_logits, hf_lm_logits, randomize
+
 from jaxformer import checkpoint_io, cli, hf
 from jaxformer.config import ConfigError
 from jaxformer.config.lora import LoRAConfig

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-
 from helpers import converted_pair
+
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
 from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
 from jaxformer.parity import first_divergence, setup_precision

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from generation_helpers import LMS, PROMPTS, S2S, SOURCES, jitted, pair
+
 from jaxformer import cli, convert
 from jaxformer import generation as jgen
 from jaxformer.config import ConfigError

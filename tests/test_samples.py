@@ -39,6 +39,7 @@ def test_sample_uses_the_configs_settings_and_prints_text():
 
 def test_sample_settings_are_validated():
     import pytest
+
     from jaxformer.config import ConfigError
     for bad in ("train.sample_top_p=0", "train.sample_temperature=0"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].split(".")[1]):

@@ -9,10 +9,10 @@ import jax
 import numpy as np
 import pytest
 import yaml
+from helpers import host_devices_env
 
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
-from helpers import host_devices_env
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import FAMILIES, ROOT, run_cfg  # noqa: E402

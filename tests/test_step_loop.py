@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from workdir_helpers import tiny_run_config
 
 from jaxformer.train.jax_trainer import JaxTrainer
-from workdir_helpers import tiny_run_config
 
 FETCH = JaxTrainer._fetch
 

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import host_devices_env
 
 from jaxformer.config import ConfigError
 from jaxformer.convert import load_torch_state_dict
 from jaxformer.models import build_model as jbuild
-from torch_ref.models import build_model as tbuild
-from helpers import host_devices_env
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
 from jaxformer.train.torch_trainer import TorchTrainer
+from torch_ref.models import build_model as tbuild
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_TEXT = dict(d_model=32, num_heads=4, d_ff=64, num_layers=2, dropout=0.0)

@@ -276,9 +276,10 @@ def test_tcn_causal_padding_sees_no_future(padding, causal):
 
 
 def test_swin_drop_path_drops_whole_examples_in_both():
+    from flax import nnx
+
     from jaxformer.models.swin import SwinBlock as JBlock
     from torch_ref.models.swin import SwinBlock as TBlock
-    from flax import nnx
     j = JBlock(SWIN, 8, 2, shift=0, drop_path=0.5, rngs=nnx.Rngs(0))
     t = TBlock(SWIN, 8, 2, shift=0, drop_path=0.5)
     j.train()

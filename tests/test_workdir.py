@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
-
 from workdir_helpers import TINY_RUN, tiny_run_config
+
 from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps
 from jaxformer.train.logging_utils import read_metrics
 
@@ -65,7 +65,7 @@ def test_model_dirs(trained):
 def test_orbax_keeps_last_k_and_best_and_refuses_loudly(tmp_path):
     """LatestN(1) + BestN(1): of steps with eval losses 3, 1, 2, 4 the last (4) and the best (2)
     stay; saving a step at or below the newest is an error, not a silent skip."""
-    from jaxformer.train.checkpoint import CheckpointError, Checkpointer
+    from jaxformer.train.checkpoint import Checkpointer, CheckpointError
     ck = Checkpointer(str(tmp_path / "ck"), keep=1, async_save=False)
     state = {"w": np.zeros(3, np.float32)}
     for step, loss in zip([1, 2, 3, 4], [3.0, 1.0, 2.0, 4.0]):

@@ -14,8 +14,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from jaxformer.config.models import (GenerationConfig, check_lengths, check_longrope_switch,  # noqa: F401 (re-exported)
-                                     check_prefill_chunk, eos_ids, pad_prompts)
+from jaxformer.config.models import (  # noqa: F401 (re-exported)
+    GenerationConfig,
+    check_lengths,
+    check_longrope_switch,
+    check_prefill_chunk,
+    eos_ids,
+    pad_prompts,
+)
 from torch_ref.layers import quant
 from torch_ref.models.common import check_tokens
 

@@ -72,8 +72,8 @@ def run(args) -> int:
     # libtpu and the CUDA plugin are only compilers here; the process itself runs on the CPU
     # (set before jax starts: the CUDA plugin loads without a GPU only then)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from jaxformer.train.config import load_config
     from jaxformer.train import aot
+    from jaxformer.train.config import load_config
     cfg = load_config(args.config, args.overrides)
     try:
         report = aot.compile_report(cfg, args.topology, args.step, packed=args.packed,

@@ -27,10 +27,10 @@ def run(args) -> int:
     import jax
     from flax import nnx
 
-    from jaxformer.train import data as data_lib
-    from jaxformer.train import tasks
     from jaxformer.convert import scan_prefixes
+    from jaxformer.train import data as data_lib
     from jaxformer.train import init as init_lib
+    from jaxformer.train import tasks
     from jaxformer.train.jax_trainer import StepFns, checkpoint_steps, model_config_for_training
     from jaxformer.train.optim import make_optax
     # the model stays abstract: the weights are read straight into their arrays, never initialised

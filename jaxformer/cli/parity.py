@@ -114,8 +114,8 @@ def _row(name: str, fn) -> dict:
 
 
 def _self_test(args) -> int:
-    from jaxformer.train.trajectory import TRAIN_MUTATIONS, run_trajectory_mutation
     from jaxformer.parity.mutations import MUTATIONS, self_test
+    from jaxformer.train.trajectory import TRAIN_MUTATIONS, run_trajectory_mutation
     if args.list:
         for m in {**MUTATIONS, **TRAIN_MUTATIONS}.values():
             print(f"{m.name:34s} {', '.join(m.cases) or 'trajectory'}: {m.description}")

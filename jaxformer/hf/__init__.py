@@ -317,8 +317,27 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------------------- export
 def exporter(name: str, cfg):
     """The family module that exports this model, or ConversionError saying why none does."""
-    from jaxformer.hf import (bert, deepseek, dinov2, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, llama, mistral, mixtral,
-                              modernbert, olmo2, phi3, qwen, qwen_moe, roberta, t5, vision)
+    from jaxformer.hf import (
+        bert,
+        deepseek,
+        dinov2,
+        gemma2,
+        gemma3,
+        gpt2,
+        gpt_neox,
+        gpt_oss,
+        llama,
+        mistral,
+        mixtral,
+        modernbert,
+        olmo2,
+        phi3,
+        qwen,
+        qwen_moe,
+        roberta,
+        t5,
+        vision,
+    )
     scaling = getattr(cfg, "rope_scaling", None)
     if name == "lm" and scaling is not None and scaling.rope_type == "longrope":  # only Phi-3 has it
         fam = phi3

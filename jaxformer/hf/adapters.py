@@ -86,8 +86,8 @@ def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite
     base's path). -> {"modules", "tensors", "target_modules", "family"}."""
     from safetensors.numpy import save_file
 
-    from jaxformer.layers.lora import lora_modules
     from jaxformer.checkpoint_io import check_lora
+    from jaxformer.layers.lora import lora_modules
     adapted = lora_modules(model)
     if not adapted:
         raise ValueError("the model has no LoRA adapters: nothing to export --to peft (export the "

@@ -31,8 +31,17 @@ import numpy as np
 
 from jaxformer.config import TransformerConfig
 from jaxformer.config.models import ClassifierConfig
-from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns,
-                                 ffn_from_hf, ffn_to_hf, rename_all, token_ids)
+from jaxformer.hf.common import (
+    MappingError,
+    Options,
+    Renamer,
+    build_config,
+    exportable_ffns,
+    ffn_from_hf,
+    ffn_to_hf,
+    rename_all,
+    token_ids,
+)
 
 ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier",
                  "BertForMaskedLM": "encoder"}

@@ -31,9 +31,17 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.config.transformer import LAYER_TYPES
-from jaxformer.hf.common import (Options, Renamer, build_config, hf_max_positions, rename_all, rope_from_hf,
-                                 rope_to_hf, token_ids)
 from jaxformer.hf import llama
+from jaxformer.hf.common import (
+    Options,
+    Renamer,
+    build_config,
+    hf_max_positions,
+    rename_all,
+    rope_from_hf,
+    rope_to_hf,
+    token_ids,
+)
 
 ARCHITECTURES = {"Gemma2ForCausalLM": "lm"}
 MODEL_TYPE = "gemma2"

@@ -32,8 +32,16 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import gemma2, llama
-from jaxformer.hf.common import (Options, Renamer, build_config, hf_max_positions, rename_all, rope_from_hf,
-                                 rope_to_hf, token_ids)
+from jaxformer.hf.common import (
+    Options,
+    Renamer,
+    build_config,
+    hf_max_positions,
+    rename_all,
+    rope_from_hf,
+    rope_to_hf,
+    token_ids,
+)
 
 ARCHITECTURES = {"Gemma3ForCausalLM": "lm"}
 MODEL_TYPE = "gemma3_text"

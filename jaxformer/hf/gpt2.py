@@ -27,8 +27,17 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
-from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns,
-                                 ffn_from_hf, ffn_to_hf, rename_all, token_ids)
+from jaxformer.hf.common import (
+    MappingError,
+    Options,
+    Renamer,
+    build_config,
+    exportable_ffns,
+    ffn_from_hf,
+    ffn_to_hf,
+    rename_all,
+    token_ids,
+)
 
 ARCHITECTURES = {"GPT2LMHeadModel": "lm"}
 MODEL_TYPE = "gpt2"

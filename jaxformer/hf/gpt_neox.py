@@ -34,9 +34,21 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
-from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, exportable_ffns, ffn_from_hf,
-                                 ffn_to_hf, hf_max_positions, partial_factor, rename_all, rope_from_hf, rope_to_hf,
-                                 token_ids)
+from jaxformer.hf.common import (
+    MappingError,
+    Options,
+    Renamer,
+    build_config,
+    exportable_ffns,
+    ffn_from_hf,
+    ffn_to_hf,
+    hf_max_positions,
+    partial_factor,
+    rename_all,
+    rope_from_hf,
+    rope_to_hf,
+    token_ids,
+)
 
 ARCHITECTURES = {"GPTNeoXForCausalLM": "lm"}
 MODEL_TYPE = "gpt_neox"

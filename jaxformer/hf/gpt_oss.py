@@ -32,8 +32,17 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.config.moe import MoEConfig
 from jaxformer.hf import gemma2, llama
-from jaxformer.hf.common import (Options, Renamer, build_config, ffn_from_hf, hf_max_positions,
-                                 rename_all, rope_from_hf, rope_to_hf, token_ids)
+from jaxformer.hf.common import (
+    Options,
+    Renamer,
+    build_config,
+    ffn_from_hf,
+    hf_max_positions,
+    rename_all,
+    rope_from_hf,
+    rope_to_hf,
+    token_ids,
+)
 
 ARCHITECTURES = {"GptOssForCausalLM": "lm"}
 MODEL_TYPE = "gpt_oss"

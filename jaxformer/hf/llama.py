@@ -25,8 +25,19 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config.models import LMConfig
-from jaxformer.hf.common import (MappingError, Options, Renamer, build_config, ffn_from_hf, ffn_to_hf,
-                                 hf_max_positions, rename_all, rope_from_hf, rope_to_hf, token_ids)
+from jaxformer.hf.common import (
+    MappingError,
+    Options,
+    Renamer,
+    build_config,
+    ffn_from_hf,
+    ffn_to_hf,
+    hf_max_positions,
+    rename_all,
+    rope_from_hf,
+    rope_to_hf,
+    token_ids,
+)
 
 ARCHITECTURES = {"LlamaForCausalLM": "lm"}
 MODEL_TYPE = "llama"

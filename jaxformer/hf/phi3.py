@@ -38,8 +38,7 @@ import numpy as np
 from jaxformer.config import ConfigError, RopeScaling
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import (MappingError, Options, Renamer, _number, build_config, partial_factor,
-                                 rename_all)
+from jaxformer.hf.common import MappingError, Options, Renamer, _number, build_config, partial_factor, rename_all
 
 ARCHITECTURES = {"Phi3ForCausalLM": "lm"}
 MODEL_TYPE = "phi3"

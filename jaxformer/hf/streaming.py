@@ -30,9 +30,18 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from jaxformer.convert import (ConversionError, check_tensor, flax_key, param_leaves, scan_prefixes,
-                               stacked_prefix, to_numpy, torch_keys_for, torch_shape_of,
-                               torch_to_flax_layout)
+from jaxformer.convert import (
+    ConversionError,
+    check_tensor,
+    flax_key,
+    param_leaves,
+    scan_prefixes,
+    stacked_prefix,
+    to_numpy,
+    torch_keys_for,
+    torch_shape_of,
+    torch_to_flax_layout,
+)
 from jaxformer.hf.common import MappingError, expert_slice, split_slice
 from jaxformer.hf.files import HFCheckpoint
 

@@ -60,8 +60,16 @@ import numpy as np
 
 from jaxformer.config import ConfigError
 from jaxformer.config.vision import SwinConfig, ViTConfig
-from jaxformer.hf.common import (ACTIVATIONS, MappingError, Options, Renamer, activations,
-                                 exportable_ffns, ffn_to_hf, rename_all)
+from jaxformer.hf.common import (
+    ACTIVATIONS,
+    MappingError,
+    Options,
+    Renamer,
+    activations,
+    exportable_ffns,
+    ffn_to_hf,
+    rename_all,
+)
 
 ARCHITECTURES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}
 MODEL_TYPES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}

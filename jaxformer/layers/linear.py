@@ -23,8 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.layers import partitioning
-from jaxformer.layers import quant
+from jaxformer.layers import partitioning, quant
 
 
 def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> jax.Array:

@@ -11,6 +11,7 @@ from jaxformer.layers.embedding import Embedding
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import absolute_positions, default_positions, padding_positions
 
+
 class TextEmbedding(nnx.Module):
     """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
     type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,

@@ -34,14 +34,18 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import lowering, tables
-from jaxformer.config import TransformerConfig
-from jaxformer.layers.attention import (AttentionMask, MultiHeadAttention, combine_masks,
-                                        make_causal_mask, make_sliding_window_mask)
-from jaxformer.config import ConfigError
-from jaxformer.layers.ffn import FeedForward
-from jaxformer.layers.moe import MoE
-from jaxformer.layers.mla import MultiHeadLatentAttention
+from jaxformer.config import ConfigError, TransformerConfig
 from jaxformer.layers import partitioning, ring
+from jaxformer.layers.attention import (
+    AttentionMask,
+    MultiHeadAttention,
+    combine_masks,
+    make_causal_mask,
+    make_sliding_window_mask,
+)
+from jaxformer.layers.ffn import FeedForward
+from jaxformer.layers.mla import MultiHeadLatentAttention
+from jaxformer.layers.moe import MoE
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 

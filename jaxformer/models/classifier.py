@@ -11,8 +11,8 @@ from flax import nnx
 
 from jaxformer.config.models import ClassifierConfig, stack_config
 from jaxformer.layers.attention import make_padding_mask
-from jaxformer.layers.linear import Linear
 from jaxformer.layers.ffn import activation
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Encoder

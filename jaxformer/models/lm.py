@@ -11,16 +11,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.config.models import LMConfig
 from jaxformer import lowering
+from jaxformer.config.models import LMConfig
+from jaxformer.layers import ring
 from jaxformer.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
-from jaxformer.layers import ring
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder
-from jaxformer.models.common import (check_tokens, compute_dtype, positions_from_mask,
-                                     positions_from_segments, set_compute_dtype)
+from jaxformer.models.common import (
+    check_tokens,
+    compute_dtype,
+    positions_from_mask,
+    positions_from_segments,
+    set_compute_dtype,
+)
 
 
 class LM(nnx.Module):

@@ -5,6 +5,20 @@
 are the only places that hold both trees; torch and torch_ref are imported lazily, inside the
 functions that need them.
 """
-from jaxformer.parity.harness import (GRAD_TOL, OUT_TOL, LeafDiff, ParityError, ParityReport, Referee,  # noqa: F401
-                                      Tolerance, accepts, assert_parity, check_parity, first_divergence,
-                                      flatten, name_mapper, parity_precision, setup_precision)
+from jaxformer.parity.harness import (  # noqa: F401
+                                      GRAD_TOL,
+                                      OUT_TOL,
+                                      LeafDiff,
+                                      ParityError,
+                                      ParityReport,
+                                      Referee,
+                                      Tolerance,
+                                      accepts,
+                                      assert_parity,
+                                      check_parity,
+                                      first_divergence,
+                                      flatten,
+                                      name_mapper,
+                                      parity_precision,
+                                      setup_precision,
+)

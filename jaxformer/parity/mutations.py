@@ -298,8 +298,9 @@ def _moe_experts_reversed():
 
 
 def _segment_positions_not_restarted():
-    from jaxformer.models import common
     import jax.numpy as jnp
+
+    from jaxformer.models import common
     # packed documents keep the window's positions 0 .. T-1
     return patched(common, "positions_from_segments",
                    lambda seg: jnp.broadcast_to(jnp.arange(seg.shape[1], dtype=jnp.int32), seg.shape))

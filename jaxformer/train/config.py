@@ -6,15 +6,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from importlib import resources
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any, Mapping
 
 import yaml
 
 from jaxformer.config import ConfigError, from_dict, model_config_from_dict, to_dict
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
-from jaxformer.config.lora import LoRAConfig, _PEFT_OFF
+from jaxformer.config.lora import _PEFT_OFF, LoRAConfig
 
 SCHEDULES = ("warmup_cosine", "constant", "inverse_sqrt")
 INITS = ("default", "xavier_uniform", "normal_0.02")

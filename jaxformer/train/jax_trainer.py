@@ -29,13 +29,13 @@ from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.train import data as data_lib
-from jaxformer.train.data import pipeline
 from jaxformer.train import init as init_lib
 from jaxformer.train import lora as lora_lib
 from jaxformer.train import tasks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import RunConfig, save_config
+from jaxformer.train.data import pipeline
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_optax
 from jaxformer.train.steps import StepFns  # noqa: F401 (cli/eval.py and the benches import it from here)

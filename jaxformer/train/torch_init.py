@@ -14,6 +14,7 @@ def init_torch(module, scheme: str, seed: int) -> None:
     if scheme == "default":
         return
     import torch
+
     from torch_ref.layers.conv import _ConvNd
     from torch_ref.layers.embedding import Embedding
     from torch_ref.layers.norm import LayerNorm, RMSNorm

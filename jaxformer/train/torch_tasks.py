@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_ref.layers.loss import cross_entropy_sum, target_weights
 from jaxformer.train.tasks import CLASSIFICATION, EXPERT_LOAD, moe_of, objective  # noqa: F401 (objective: the twin's)
+from torch_ref.layers.loss import cross_entropy_sum, target_weights
 
 
 def moe_terms(aux: dict, moe, count) -> dict:

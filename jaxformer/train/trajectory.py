@@ -71,8 +71,9 @@ def run_trajectory_mutation(m: Mutation) -> Outcome:
 
 # ----------------------------------------------------------------------------- training bugs
 def _decay_everything():
-    from jaxformer.train import optim
     import jax
+
+    from jaxformer.train import optim
     return patched(optim, "decay_mask", lambda params, cfg, scan_prefixes=(): jax.tree.map(lambda _: True, params))
 
 

@@ -10,6 +10,7 @@ from torch_ref.layers.embedding import Embedding
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import absolute_positions, default_positions, padding_positions
 
+
 class TextEmbedding(nn.Module):
     """Token embedding (optionally * sqrt(D)), plus token type embeddings (BERT,
     type_vocab_size > 0), plus absolute positions when the scheme has them (sinusoidal,

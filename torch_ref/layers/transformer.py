@@ -34,11 +34,16 @@ from torch import nn
 from jaxformer import tables
 from jaxformer.config import TransformerConfig
 from torch_ref import lowering
-from torch_ref.layers.attention import (AttentionMask, MultiHeadAttention, combine_masks, make_causal_mask,
-                                        make_sliding_window_mask)
+from torch_ref.layers.attention import (
+    AttentionMask,
+    MultiHeadAttention,
+    combine_masks,
+    make_causal_mask,
+    make_sliding_window_mask,
+)
 from torch_ref.layers.ffn import FeedForward
-from torch_ref.layers.moe import MoE
 from torch_ref.layers.mla import MultiHeadLatentAttention
+from torch_ref.layers.moe import MoE
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
 

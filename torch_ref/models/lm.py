@@ -15,8 +15,7 @@ from torch_ref.layers.attention import AttentionMask, combine_masks, make_paddin
 from torch_ref.layers.positional import default_positions
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Decoder
-from torch_ref.models.common import (autocast, check_tokens, compute_dtype, positions_from_mask,
-                                    positions_from_segments)
+from torch_ref.models.common import autocast, check_tokens, compute_dtype, positions_from_mask, positions_from_segments
 
 
 class LM(nn.Module):

@@ -28,8 +28,7 @@ import numpy as np
 
 from jaxformer.config import ConfigError
 from jaxformer.config.base import check, check_positive
-from jaxformer.train.data.tokens import TokenSplit, TokensDir
-
+from jaxformer.train.data.tokens import TokensDir, TokenSplit
 
 PACKING = ("segments", "concat")
 
