@@ -273,3 +273,27 @@ def test_cli_failed_check_exits_1_and_writes_nothing(factory_dir, capsys, monkey
     assert "parity check failed; tiny.py not written" in err and "outputs part first" in err
     assert "layers.0.mlp" in err
     assert not (tmp / "tiny.py").exists()
+
+
+def test_ported_module_trains_in_an_optax_loop(tiny):
+    """The README's example: the ported module is an ordinary NNX module (dropout in train mode,
+    gradients through every parameter, including the tied embedding)."""
+    import optax
+    from flax import nnx
+    model, inputs, result = tiny
+    ported = api.load_torch_weights(result.build(), model)
+    ported.train()
+    optimizer = nnx.Optimizer(ported, optax.adam(1e-2), wrt=nnx.Param)
+    idx = jnp.asarray(inputs["idx"])
+    targets = jnp.roll(idx, -1, axis=1)
+
+    @nnx.jit
+    def step(ported, optimizer):
+        def loss_fn(ported):
+            return -jnp.take_along_axis(ported(idx), targets[..., None], axis=-1).mean()
+        loss, grads = nnx.value_and_grad(loss_fn)(ported)
+        optimizer.update(ported, grads)
+        return loss
+
+    losses = [float(step(ported, optimizer)) for _ in range(8)]
+    assert losses[-1] < 0.8 * losses[0], losses

@@ -181,8 +181,26 @@ class Body:
     def shape_of(self, x) -> str:
         return self.r(tuple(self.val(x).shape))
 
-    def dim(self, sym) -> str:
-        """A symbolic size as an expression over live locals' shapes (or a parameter)."""
+    def recv(self, x) -> str:
+        """`x` as the receiver of a method call."""
+        return self.paren(self.r(x))
+
+    def view_shape(self, x) -> str:
+        """The shape of a reshape's result, with -1 for the one size (if any) that no live
+        value's shape carries, as torch code writes it."""
+        dims = []
+        for d in self.val(x).shape:
+            try:
+                dims.append(self.dim(d, passed=False) if not isinstance(d, int) else str(d))
+            except ops.Unsupported:
+                dims.append(None)
+        if dims.count(None) > 1:
+            dims = [self.r(d) for d in self.val(x).shape]
+        return f"({', '.join(d if d is not None else '-1' for d in dims)}{',' if len(dims) == 1 else ''})"
+
+    def dim(self, sym, passed: bool = True) -> str:
+        """A symbolic size as an expression over live locals' shapes; with `passed`, a size no
+        live value carries becomes a parameter of the function, else it is Unsupported."""
         text = str(sym.node.expr) if hasattr(sym, "node") else str(sym)
         if not SYMBOL.search(text):
             return text
@@ -192,6 +210,8 @@ class Body:
         parts = {}
         for s in set(SYMBOL.findall(text)):
             found = self._shape_of_expr(s)
+            if found is None and not passed:
+                raise ops.Unsupported(f"no live value carries the size {s}")
             if found is None:
                 found = self._dim_param(s)
             parts[s] = found

@@ -20,7 +20,8 @@ BUFFER_CLASS = '''class Buffer(nnx.Variable):
     """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
 CONSTANT_CLASS = '''class Constant(nnx.Variable):
     """A torch tensor outside the state_dict (a non-persistent buffer): never saved or trained."""'''
-LITERAL_LIMIT = 64  # constants up to this many elements are written out in the file
+LITERAL_LIMIT = 64  # tensors up to this many elements are written as a list, larger ones as bytes
+BYTES_LIMIT = 1 << 20  # the largest tensor built in forward that the file spells out
 
 
 class Port:
@@ -112,7 +113,7 @@ class Port:
         items = {k: self._constructor(_join(path, k), m) for k, m in module._modules.items() if m is not None}
         if all(v is None for v in items.values()):
             return None
-        if isinstance(module, torch.nn.ModuleDict):
+        if isinstance(module, torch.nn.ModuleDict) or not all(k.isdigit() for k in items):
             for k in items:
                 self._attr(path, k)
             return "nnx.Dict({" + ", ".join(f"{k!r}: {v}" for k, v in items.items() if v is not None) + "})"
@@ -198,6 +199,8 @@ class Port:
 
     # ------------------------------------------------------------------ what bodies ask
     def weight_ref(self, weight: graph.Weight, base: str) -> str:
+        if weight.kind == "literal":  # a tensor the forward makes from Python values
+            return _literal(weight.value.detach())
         owner, _, leaf = weight.fqn.rpartition(".")
         rel = relative(owner, base)
         if rel is None:
@@ -231,7 +234,7 @@ class Port:
         return attr
 
     def dim_name(self, symbol: str) -> str:
-        where = self.traced.symbols.get(symbol, symbol).split(",")[0]
+        where = self.traced.symbols.get(symbol, symbol).split(" ")[0]
         return identifier(where.replace(".shape[", "_dim").replace("]", ""), "size")
 
     def ordered_inputs(self, call: graph.Call) -> list:
@@ -309,7 +312,11 @@ class Port:
 
     # ------------------------------------------------------------------ the file
     def _file(self) -> str:
-        parts = [self._header(), "import jax\nimport jax.numpy as jnp\nfrom flax import nnx"]
+        imports = "import jax\nimport jax.numpy as jnp\nfrom flax import nnx"
+        body = [text for _, text in self.classes]
+        if any("np.frombuffer" in text for text in body):
+            imports = "import jax\nimport jax.numpy as jnp\nimport numpy as np\nfrom flax import nnx"
+        parts = [self._header(), imports]
         parts += [text for kind, text in (("Buffer", BUFFER_CLASS), ("Constant", CONSTANT_CLASS))
                   if kind in self.variables]
         parts += [HELPERS[h] for h in sorted(self.helpers)]
@@ -468,6 +475,20 @@ def _buffer_expr(b, *, literal: bool) -> str:
     if literal and t.numel() <= LITERAL_LIMIT:
         return f"jnp.array({t.flatten().tolist()!r}, {dtype}).reshape({shape})"
     return f"jnp.zeros({shape}, {dtype})"
+
+
+def _literal(t) -> str:
+    """A tensor that torch's forward built from Python values (a window mask, a table), written
+    into the file: a list when small, else its bytes (np.frombuffer, one line)."""
+    dtype = dtype_name(t.dtype)
+    if t.numel() <= LITERAL_LIMIT:
+        return f"jnp.array({t.tolist()!r}, {dtype})"
+    data = t.contiguous().numpy()
+    if data.nbytes > BYTES_LIMIT:
+        raise PortError(f"cannot port a {list(t.shape)} tensor that forward builds from Python values "
+                        f"({data.nbytes} bytes): keep it as a registered buffer instead")
+    return (f"jnp.asarray(np.frombuffer(bytes.fromhex({data.tobytes().hex()!r}), {data.dtype.name!r})"
+            f".reshape({_shape(t)}), {dtype})")
 
 
 def _describe(v) -> str:

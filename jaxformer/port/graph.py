@@ -82,12 +82,26 @@ def _chain(node) -> list[tuple[str, str]] | None:
     return [(key, value[0]) for key, value in stack.items()][1:]  # the model itself is the root
 
 
+def live(program) -> set:
+    """The op nodes the outputs depend on. Runtime checks (asserts, and the `.item()` and
+    comparisons that feed only them) are not."""
+    out, todo = set(), [n for n in program.graph.nodes if n.op == "output"]
+    while todo:
+        node = todo.pop()
+        for src in node.all_input_nodes:
+            if src not in out and not (src.op == "call_function" and op_name(src) in SKIPPED):
+                out.add(src)
+                todo.append(src)
+    return out
+
+
 def build_calls(program, model, weights: dict[str, "Weight"]) -> Call:
-    """The root Call of `program`'s graph, every op node placed in the call that ran it."""
+    """The root Call of `program`'s graph, every live op node placed in the call that ran it."""
     root = Call("", model, "", None)
     stack = [root]
+    needed = live(program)
     for node in program.graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node not in needed:
             continue
         chain = _chain(node)
         if chain is not None:
@@ -128,7 +142,7 @@ def _wire(root: Call, weights: dict[str, "Weight"]) -> None:
 class Weight:
     """One weight the graph reads: a parameter, a buffer or a tensor constant."""
     fqn: str  # the owner's name: the first torch name of the tensor
-    kind: str  # "param", "buffer" (persistent), "constant" (non-persistent buffer or plain tensor)
+    kind: str  # "param", "buffer" (persistent), "constant" (non-persistent buffer, tensor attribute), "literal" (made in forward)
     value: Any  # the torch tensor
     aliases: tuple[str, ...] = ()  # other names of the same tensor (tied weights)
 
@@ -156,5 +170,15 @@ def weights(program, model) -> dict[str, Weight]:
     for inp, target in sig.inputs_to_buffers.items():
         out[inp] = Weight(target, "buffer" if target in persistent else "constant", model.get_buffer(target))
     for inp, target in sig.inputs_to_lifted_tensor_constants.items():
-        out[inp] = Weight(target, "constant", program.constants[target])
+        kind = "constant" if _attribute(model, target) else "literal"  # a tensor made in forward
+        out[inp] = Weight(target, kind, program.constants[target])
     return out
+
+
+def _attribute(model, fqn: str) -> bool:
+    obj = model
+    for part in fqn.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True

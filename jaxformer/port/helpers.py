@@ -1,5 +1,5 @@
 """Functions a written file defines when its graph uses the torch op they stand for: torch's
-functional layers, written once, readable, with torch's numerics (docs/numerics.md §41)."""
+functional layers, written once, readable, with torch's numerics (docs/numerics.md §42)."""
 
 HELPERS = {
     "scaled_dot_product_attention": '''def scaled_dot_product_attention(q, k, v, mask=None, *, causal=False, scale=None, grouped=False, dropout=None):

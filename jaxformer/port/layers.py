@@ -4,7 +4,7 @@ The flax layer's leaves are the ones jaxformer.convert's rule table expects for 
 module's keys (`kernel` <-> `weight` transposed, `scale` <-> `weight`, `embedding` <->
 `weight`), so the torch state_dict loads with no renaming. Each entry checks that the torch
 module is one the flax layer computes exactly (explicit eps, padding and use_fast_variance
-False: flax's E[x^2] - E[x]^2 variance is not torch's, docs/numerics.md §41)."""
+False: flax's E[x^2] - E[x]^2 variance is not torch's, docs/numerics.md §42)."""
 from __future__ import annotations
 
 from typing import Any, Callable

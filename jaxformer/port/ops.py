@@ -5,7 +5,7 @@ op's arguments bound by its schema names (`a`), and returns one Python expressio
 not in the table, or a case of one that has no exact translation, is refused by name
 (jaxformer/port/emit.py adds the module path and the torch source line). Numerical choices are
 torch's: exact GELU unless `approximate='tanh'`, `var` with torch's correction, softmax in the
-input dtype (docs/numerics.md §41)."""
+input dtype (docs/numerics.md §42)."""
 from __future__ import annotations
 
 import math
@@ -51,7 +51,7 @@ def _dtype_cast(c, expr: str, dtype) -> str:
 
 # ----------------------------------------------------------------------------- shapes
 def _reshape(c, a):
-    return f"{c.r(a['self'])}.reshape({c.shape_of(c.out)})"
+    return f"{c.recv(a['self'])}.reshape({c.view_shape(c.out)})"
 
 
 def _expand(c, a):
@@ -121,7 +121,7 @@ def _pad(c, a):
 
 
 def _flatten(c, a):
-    return f"{c.r(a['self'])}.reshape({c.shape_of(c.out)})"
+    return f"{c.recv(a['self'])}.reshape({c.view_shape(c.out)})"
 
 
 # ----------------------------------------------------------------------------- maths
@@ -353,6 +353,28 @@ def _polar(c, a):
     return f"jax.lax.complex({r} * jnp.cos({theta}), {r} * jnp.sin({theta}))"
 
 
+def _sort(c, a):
+    x, dim = c.r(a["self"]), a.get("dim", -1)
+    order = f"jnp.argsort({'-' if a.get('descending') else ''}{c.paren(x)}, axis={dim}, stable=True)"
+    return f"(jnp.take_along_axis({x}, {order}, axis={dim}), {order})"
+
+
+def _argsort(c, a):
+    x = c.paren(c.r(a["self"]))
+    return f"jnp.argsort({'-' if a.get('descending') else ''}{x}, axis={a.get('dim', -1)}, stable=True)"
+
+
+def _topk(c, a):
+    if not a.get("largest", True) or a.get("dim", -1) not in (-1, c.ndim(a["self"]) - 1):
+        raise Unsupported("topk other than the largest along the last dimension")
+    return f"jax.lax.top_k({c.r(a['self'])}, {c.r(a['k'])})"
+
+
+def _diff(c, a):
+    extra = "".join(f", {k}={c.r(a[k])}" for k in ("prepend", "append") if a.get(k) is not None)
+    return f"jnp.diff({c.r(a['self'])}, n={a['n']}, axis={a['dim']}{extra})"
+
+
 def _identity(c, a):
     return c.r(next(iter(a.values())))
 
@@ -363,7 +385,9 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.flatten": _flatten, "aten.unflatten": _reshape,
     "aten.permute": lambda c, a: f"{c.r(a['self'])}.transpose({c.r(tuple(d % c.ndim(a['self']) for d in a['dims']))[1:-1]})",
     "aten.transpose": lambda c, a: f"{c.r(a['self'])}.swapaxes({a['dim0']}, {a['dim1']})",
-    "aten.t": lambda c, a: f"{c.r(a['self'])}.T",
+    "aten.t": lambda c, a: f"{c.recv(a['self'])}.T",
+    "aten.movedim": lambda c, a: f"jnp.moveaxis({c.r(a['self'])}, {c.r(a['source'])}, {c.r(a['destination'])})",
+    "aten.moveaxis": lambda c, a: f"jnp.moveaxis({c.r(a['self'])}, {c.r(a['source'])}, {c.r(a['destination'])})",
     "aten.contiguous": _identity, "aten.clone": _identity, "aten.alias": _identity,
     "aten.lift_fresh_copy": _identity,
     "aten.detach": lambda c, a: f"jax.lax.stop_gradient({c.r(a['self'])})",
@@ -425,7 +449,8 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.max": lambda c, a: _extreme(c, a, "max"), "aten.min": lambda c, a: _extreme(c, a, "min"),
     "aten.argmax": _arg_reduce("argmax"), "aten.argmin": _arg_reduce("argmin"),
     "aten.cumsum": lambda c, a: _dtype_cast(c, f"jnp.cumsum({c.r(a['self'])}, axis={a['dim']})", a.get("dtype")),
-    "aten.linalg_vector_norm": _norm,
+    "aten.linalg_vector_norm": _norm, "aten.topk": _topk, "aten.diff": _diff,
+    "aten.sort": lambda c, a: _sort(c, a), "aten.argsort": lambda c, a: _argsort(c, a),
     # comparisons and logic
     "aten.eq": _binary("=="), "aten.ne": _binary("!="), "aten.lt": _binary("<"), "aten.le": _binary("<="),
     "aten.gt": _binary(">"), "aten.ge": _binary(">="),

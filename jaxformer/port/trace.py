@@ -58,31 +58,83 @@ def _dynamic_shapes(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in kwargs.items() if v is not None}
 
 
-def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...]):
+def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: bool = False):
+    """torch.export.export, or draft_export, which resolves data-dependent Python control flow
+    (an id-range check, a loop over the experts a router picked) at the traced values."""
+    import logging
+
     import torch
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    return torch.export.export(module, (), kwargs, strict=False,
-                               dynamic_shapes=_dynamic_shapes(kwargs) if dynamic else None,
-                               preserve_module_call_signature=preserve)
+    # fresh tensors: an attempt marks its inputs' dims dynamic, and the marks would stay
+    kwargs = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in kwargs.items() if v is not None}
+    shapes = _dynamic_shapes(kwargs) if dynamic else None
+    if not draft:
+        return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
+                                   preserve_module_call_signature=preserve)
+    loggers = [logging.getLogger(n) for n in ("torch.export", "torch.fx.experimental.symbolic_shapes")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        return torch.export.draft_export(module, (), kwargs, dynamic_shapes=shapes,
+                                         preserve_module_call_signature=preserve)
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
+    (False, True, True), (False, True, False), (True, True, True), (True, True, False),
+    (False, False, False), (True, False, False))
 
 
 def _export_any(module, kwargs, notes: list[str]):
-    """Export, trying in turn: dynamic dims with submodule call signatures, dynamic dims
-    alone, static shapes. -> (program, call signatures kept)."""
+    """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic, signatures)."""
     paths = tuple(n for n, _ in module.named_modules() if n)
-    first = None
-    for dynamic, preserve in ((True, paths), (True, ()), (False, ())):
+    first = deepest = None
+    for draft, dynamic, keep in ATTEMPTS:
         try:
-            return _export(module, kwargs, dynamic=dynamic, preserve=preserve), bool(preserve)
-        except Exception as e:  # torch.export raises many types; the first one is the reason
-            first = first or e
-            if not dynamic:
-                break
-            if preserve == ():
-                notes.append(f"static shapes: the graph does not export with free dims "
-                             f"({type(e).__name__}: {_first_line(e)})")
-    raise PortError(f"torch.export failed for {type(module).__name__}: {type(first).__name__}: "
-                    f"{_first_line(first)}")
+            program = _export(module, kwargs, dynamic=dynamic, preserve=paths if keep else (), draft=draft)
+        except Exception as e:  # torch.export raises many types
+            first = first or e  # why the free dims did not export
+            deepest = e if draft and dynamic and deepest is None else deepest  # past value checks
+            continue
+        if draft:
+            notes.append("data-dependent Python control flow resolved at the traced inputs "
+                         "(torch.export.draft_export); runtime checks on values are dropped")
+        if not dynamic:
+            notes.append(f"static shapes: the graph does not export with free dims "
+                         f"({type(first).__name__}: {_first_line(first)})")
+        return program, draft, dynamic, keep
+    reason = deepest or first
+    raise PortError(f"cannot port {type(module).__name__}: torch.export failed {_user_frame(reason, module)}: "
+                    f"{type(reason).__name__}: {_first_line(reason)}")
+
+
+def _user_frame(e: BaseException, model) -> str:
+    """'in module `path` (file:line: code)': the innermost frame of the model's own code in
+    the traceback of a failed export (not torch's), and the module whose forward holds it."""
+    import os
+    import traceback
+
+    import torch
+    library = os.path.dirname(torch.__file__)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(library)
+              and os.sep + "jaxformer" + os.sep + "port" + os.sep not in f.filename]
+    if not frames:
+        return "in module `(top level)` (no source line recorded)"
+    f = frames[-1]
+    path = next((name for name, m in reversed(list(model.named_modules())) if _holds(m, f)), "")
+    return f"in module `{path or '(top level)'}` ({os.path.basename(f.filename)}:{f.lineno}: {(f.line or '').strip()})"
+
+
+def _holds(module, frame) -> bool:
+    import inspect
+    fn = inspect.unwrap(getattr(type(module), "forward", None) or (lambda: None))
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_filename != frame.filename:
+        return False
+    last = max((ln for _, _, ln in code.co_lines() if ln is not None), default=code.co_firstlineno)
+    return code.co_firstlineno <= frame.lineno <= last
 
 
 def _first_line(e: BaseException) -> str:
@@ -116,15 +168,53 @@ def trace(module, inputs: Mapping[str, Any]) -> Traced:
     was_training = module.training
     try:
         module.eval()
-        program, signatures = _export_any(module, kwargs, notes)
+        program, draft, dynamic, signatures = _export_any(module, kwargs, notes)
         train = None
         try:
             module.train()
-            train = _export(module, kwargs, dynamic=not notes, preserve=())
+            train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft)
         except Exception as e:
             notes.append(f"train mode not ported: its graph does not export ({type(e).__name__}: "
                          f"{_first_line(e)}); dropout stays off")
     finally:
         module.train(was_training)
+    inline_no_grad(program)
+    if train is not None:
+        inline_no_grad(train)
     return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes, signatures)
 
+
+
+def inline_no_grad(program) -> None:
+    """Replace each `torch.no_grad()` region (the wrap_with_set_grad_enabled higher-order op,
+    a subgraph) by its ops, in place, each output detached: no gradient flows out of it."""
+    import torch
+    graph = program.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or "wrap_with_set_grad_enabled" not in str(node.target):
+            continue
+        enabled, sub, *operands = node.args
+        body = getattr(program.graph_module, sub.target)
+        env = dict(zip([n for n in body.graph.nodes if n.op == "placeholder"], operands))
+        with graph.inserting_before(node):
+            for inner in body.graph.nodes:
+                if inner.op in ("call_function", "call_method"):
+                    env[inner] = graph.node_copy(inner, lambda n: env[n])
+                elif inner.op == "output":
+                    results = [env[r] for r in inner.args[0]]
+            if not enabled:
+                results = [_detached(graph, r) if isinstance(r.meta.get("val"), torch.Tensor) else r
+                           for r in results]
+        for user in list(node.users):
+            user.replace_all_uses_with(results[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        if not sub.users:
+            graph.erase_node(sub)
+
+
+def _detached(graph, node):
+    import torch
+    out = graph.call_function(torch.ops.aten.detach.default, (node,))
+    out.meta = dict(node.meta)
+    return out
