@@ -181,6 +181,13 @@ class Body:
     def shape_of(self, x) -> str:
         return self.r(tuple(self.val(x).shape))
 
+    def arg(self, x) -> str:
+        """`x` as a call argument: an inlined expression without its own parentheses."""
+        text = self.r(x)
+        if text.startswith("(") and text.endswith(")") and self.paren(text[1:-1]) == text:
+            return text[1:-1]
+        return text
+
     def recv(self, x) -> str:
         """`x` as the receiver of a method call."""
         return self.paren(self.r(x))

@@ -276,7 +276,7 @@ class Port:
         if layers.known(module):
             return self._known_call(body, call, rel)
         self.module_class(call.path, body)
-        args = [body.r(n) for n in self.ordered_inputs(call)]
+        args = [body.arg(n) for n in self.ordered_inputs(call)]
         args += [body.dim(_Sym(s)) for s in self.dim_args.get(call.path, [])]
         return f"{attr_path(rel)}({', '.join(args)})"
 
@@ -289,14 +289,15 @@ class Port:
             raise PortError(f"cannot port the call of `{call.path}` ({type(call.module).__name__}): "
                             f"expected one {want}, the graph has {ops_seen or 'nothing'} "
                             f"{graph.where(core[0] if core else tensors[0], call.path)}")
-        x = body.r(tensors[0])
+        x = body.arg(tensors[0])
         if self._tied_away(call.path):
             owner = self._first_name(call.module.weight).rpartition(".")[0]
             return f"{attr_path(relative(owner, body.call.path))}.attend({x})"
-        expr = layers.call(call.module, attr_path(rel), x)
+        conv = type(call.module).__name__.startswith("Conv")  # the input is a method's receiver
+        expr = layers.call(call.module, attr_path(rel), body.paren(x) if conv else x)
         pad = getattr(call.module, "padding_idx", None)
         if pad is not None:  # torch gives the padding row no gradient
-            return f"jnp.where(({x} == {pad})[..., None], jax.lax.stop_gradient({expr}), {expr})"
+            return f"jnp.where(({body.paren(x)} == {pad})[..., None], jax.lax.stop_gradient({expr}), {expr})"
         return expr
 
     def root_outputs(self, body: Body) -> str:
