@@ -17,8 +17,8 @@ from jaxformer.parity.harness import (  # noqa: F401
                                       assert_parity,
                                       check_parity,
                                       first_divergence,
-                                      flatten,
                                       name_mapper,
                                       parity_precision,
                                       setup_precision,
 )
+from jaxformer.parity.trees import flatten  # noqa: F401

@@ -36,6 +36,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from jaxformer.parity.locate import first_parting
+from jaxformer.parity.trees import flatten, is_float
+
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
@@ -231,23 +234,6 @@ class ParityError(AssertionError):
 
 
 # ----------------------------------------------------------------------------- helpers
-def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested tuples/lists/dicts -> {"0", "1.attn", ...: leaf}. None leaves are dropped."""
-    if tree is None:
-        return {}
-    if isinstance(tree, Mapping):
-        out = {}
-        for k in tree:
-            out.update(flatten(tree[k], f"{prefix}{k}."))
-        return out
-    if isinstance(tree, (tuple, list)):
-        out = {}
-        for i, v in enumerate(tree):
-            out.update(flatten(v, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip(".") or "out": tree}
-
-
 def name_mapper(rules) -> Callable[[str], str]:
     """torch key -> the key the converter expects (the flax attribute path, torch leaf names).
 
@@ -275,10 +261,6 @@ def name_mapper(rules) -> Callable[[str], str]:
             key = rx.sub(repl, key)
         return key
     return apply
-
-
-def _is_float_np(x: np.ndarray) -> bool:
-    return np.issubdtype(x.dtype, np.floating)
 
 
 def _split_inputs(inputs):
@@ -333,7 +315,7 @@ def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed:
     is_mod = isinstance(module, torch.nn.Module)
     if float64:
         module = copy.deepcopy(module).double() if is_mod else module
-        cast = lambda a: a.astype(np.float64) if _is_float_np(a) else a  # noqa: E731
+        cast = lambda a: a.astype(np.float64) if is_float(a) else a  # noqa: E731
         args = tuple(cast(a) for a in args)
         kwargs = {k: (None if v is None else cast(v)) for k, v in kwargs.items()}
     t_args = [torch.tensor(a, requires_grad=grads and i in float_pos) for i, a in enumerate(args)]
@@ -374,7 +356,7 @@ def _spread(x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float
     """worst over leaves of max |x - ref| / max |ref| (leaves with ref all 0: absolute)."""
     worst = 0.0
     for k in set(x) & set(ref):
-        if not _is_float_np(np.asarray(ref[k])):
+        if not is_float(np.asarray(ref[k])):
             continue
         r = np.asarray(ref[k], np.float64)
         d = float(np.abs(np.asarray(x[k], np.float64) - r).max(initial=0))
@@ -423,161 +405,200 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
         locate: on a failure, run both trees once more recording every submodule's output and
             name the first that parts (`report.parting`; jaxformer/parity/locate.py).
     """
+    opts = _Options(out_tol, grad_tol, convert, grads, case, seed, name_mapper(name_map), reference, state_map,
+                    referee, locate)
     with parity_precision():
-        return _check(torch_module, flax_module, inputs, out_tol=out_tol, grad_tol=grad_tol,
-                      convert=convert, grads=grads, case=case, seed=seed,
-                      rename=name_mapper(name_map), reference=reference, state_map=state_map,
-                      referee=referee, locate=locate)
+        return _check(torch_module, flax_module, inputs, opts)
 
 
-def _check(torch_module, flax_module, inputs, *, out_tol, grad_tol, convert, grads, case, seed, rename,
-           reference, state_map=None, referee=True, locate=True) -> ParityReport:
-    import jax
-    import jax.numpy as jnp
+@dataclasses.dataclass
+class _Inputs:
+    """The inputs as numpy: positional and keyword, and which of them are float (they get
+    gradients on both sides)."""
+    args: tuple
+    kwargs: dict
+    float_pos: list
+    float_kw: list
+
+    @classmethod
+    def of(cls, inputs) -> _Inputs:
+        args, kwargs = _split_inputs(inputs)
+        args = tuple(np.asarray(a) for a in args)
+        kwargs = {k: (np.asarray(v) if v is not None else None) for k, v in kwargs.items()}
+        return cls(args, kwargs, [i for i, a in enumerate(args) if is_float(a)],
+                   [k for k, v in kwargs.items() if v is not None and is_float(v)])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """check_parity's settings (its docstring); rename: name_map as a function."""
+    out_tol: Tolerance
+    grad_tol: Tolerance
+    convert: bool
+    grads: bool
+    case: str
+    seed: int
+    rename: Callable[[str], str]
+    reference: bool
+    state_map: Callable | None
+    referee: bool
+    locate: bool
+
+
+def _check(torch_module, flax_module, inputs, o: _Options) -> ParityReport:
+    """The phases: set both modules up, run torch, run JAX, compare, referee, locate."""
     import torch
-    from flax import nnx
-
-    from jaxformer import convert as conv
-
     problems: list[str] = []
-    args, kwargs = _split_inputs(inputs)
-    args = tuple(np.asarray(a) for a in args)
-    kwargs = {k: (np.asarray(v) if v is not None else None) for k, v in kwargs.items()}
+    inp = _Inputs.of(inputs)
     is_torch_mod = isinstance(torch_module, torch.nn.Module)
     is_flax_mod = _is_nnx_module(flax_module)
+    _set_up(torch_module, flax_module, is_torch_mod, is_flax_mod, o)
+    t_out, t_grad, float_outs = _torch_side(torch_module, inp.args, inp.kwargs, inp.float_pos, inp.float_kw,
+                                            grads=o.grads, seed=o.seed, rename=o.rename, state_map=o.state_map)
+    j_out, g_all = _jax_side(flax_module, is_flax_mod, inp, t_out, float_outs if o.grads else [], o.seed)
+    outputs = _compare_leaves(j_out, t_out, o.out_tol, "output", problems)
+    j_grad, grad_leaves = {}, {}
+    if g_all is not None:
+        j_grad = _jax_grads(flax_module, is_flax_mod, inp, g_all)
+        if set(j_grad) != set(t_grad):
+            problems.append(f"gradient keys differ: only jax {sorted(set(j_grad) - set(t_grad))}, "
+                            f"only torch {sorted(set(t_grad) - set(j_grad))}")
+        grad_leaves = _compare_leaves(j_grad, t_grad, o.grad_tol, "grad", problems)
+    spread, notes = _referee(torch_module, inp, o, (outputs, j_out, t_out, o.out_tol),
+                             (grad_leaves, j_grad, t_grad, o.grad_tol))
+    ok = not problems and all(d.ok for d in (*outputs.values(), *grad_leaves.values()))
+    parting = None
+    if not ok and o.locate and is_torch_mod and is_flax_mod:  # where outputs part first
+        try:
+            parting = first_parting(torch_module, flax_module, inp.args, inp.kwargs, o.out_tol, o.rename)
+        except Exception as e:  # the trees could not run eagerly with recording: say so, keep the verdict
+            notes.append(f"could not locate where outputs part: {type(e).__name__}: {e}")
+    return ParityReport(o.case, ok, outputs, grad_leaves, problems, o.out_tol, o.grad_tol, spread, parting, notes)
+
+
+def _set_up(torch_module, flax_module, is_torch_mod: bool, is_flax_mod: bool, o: _Options) -> None:
+    """Both in eval mode; torch's weights copied into the flax module (strict converter)."""
+    from jaxformer import convert as conv
     if is_torch_mod:
         torch_module.eval()
     if is_flax_mod:
         flax_module.eval()
-        if convert:
-            conv.load_torch_state_dict(flax_module, _map_state(torch_module.state_dict(), rename, state_map))
+        if o.convert:
+            conv.load_torch_state_dict(flax_module, _map_state(torch_module.state_dict(), o.rename, o.state_map))
 
-    # float inputs get gradients on both sides
-    float_pos = [i for i, a in enumerate(args) if _is_float_np(a)]
-    float_kw = [k for k, v in kwargs.items() if v is not None and _is_float_np(v)]
 
-    # ---- torch forward + backward
-    t_out, t_grad, float_outs = _torch_side(torch_module, args, kwargs, float_pos, float_kw,
-                                            grads=grads, seed=seed, rename=rename, state_map=state_map)
-
-    # ---- jax forward as a pure function of (params, float inputs)
-    if is_flax_mod:
-        graphdef, params, rest = nnx.split(flax_module, nnx.Param, ...)
-    else:
-        graphdef, params, rest = None, {}, None
+def _jax_side(flax_module, is_flax_mod: bool, inp: _Inputs, t_out: dict, float_outs: list, seed: int):
+    """JAX outputs {leaf: np}, and with float_outs the gradients of loss = sum <proj, out> with
+    respect to (params, float args, float kwargs), from one jitted program (None without)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    graphdef, params, rest = nnx.split(flax_module, nnx.Param, ...) if is_flax_mod else (None, {}, None)
 
     def run(params, f_args, f_kwargs):
         # fresh Variables at this trace level (NNX refuses mutations, e.g. RNG counts, of
         # Variables that were created outside jax.grad)
         model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest)) \
             if graphdef is not None else flax_module
-        a = list(jnp.asarray(x) for x in args)
-        for i, v in zip(float_pos, f_args):
+        a = list(jnp.asarray(x) for x in inp.args)
+        for i, v in zip(inp.float_pos, f_args):
             a[i] = v
         kw = {k: (None if v is None else v.item() if v.ndim == 0 else jnp.asarray(v))
-              for k, v in kwargs.items()}  # 0-d: flags such as return_intermediates stay static
+              for k, v in inp.kwargs.items()}  # 0-d: flags such as return_intermediates stay static
         kw.update(f_kwargs)
         return flatten(model(*a, **kw))
 
-    f_args = [jnp.asarray(args[i]) for i in float_pos]
-    f_kwargs = {k: jnp.asarray(kwargs[k]) for k in float_kw}
+    f_args = [jnp.asarray(inp.args[i]) for i in inp.float_pos]
+    f_kwargs = {k: jnp.asarray(inp.kwargs[k]) for k in inp.float_kw}
     # jitted, as users run it (and one compile instead of one per primitive: 10x faster here);
     # with gradients, outputs and gradients come from one program (value_and_grad, the outputs
     # as aux): one trace and one compile instead of a forward and a backward one
-    g_all = None
-    if grads and float_outs:
-        proj = {k: _projection(k, tuple(t_out[k].shape), seed) for k in float_outs}
-
-        def loss(params, f_args, f_kwargs):
-            out = run(params, f_args, f_kwargs)
-            return sum((jnp.sum(out[k] * proj[k]) for k in float_outs if k in out),
-                       jnp.zeros((), jnp.float32)), out
-
-        (_, out), g_all = _run_once(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True),
-                                    params, f_args, f_kwargs)
-    else:
+    if not float_outs:
         out = _run_once(run, params, f_args, f_kwargs)
-    j_out = {k: np.asarray(v) for k, v in out.items()}
+        return {k: np.asarray(v) for k, v in out.items()}, None
+    proj = {k: _projection(k, tuple(t_out[k].shape), seed) for k in float_outs}
 
-    # ---- outputs, each leaf against its own scale
-    outputs: dict[str, LeafDiff] = {}
-    if set(j_out) != set(t_out):
-        problems.append(f"output structure differs: jax {sorted(j_out)} vs torch {sorted(t_out)}")
-    for k in sorted(set(j_out) & set(t_out)):
-        a, b = j_out[k], t_out[k]
+    def loss(params, f_args, f_kwargs):
+        out = run(params, f_args, f_kwargs)
+        return sum((jnp.sum(out[k] * proj[k]) for k in float_outs if k in out), jnp.zeros((), jnp.float32)), out
+
+    (_, out), g_all = _run_once(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True), params, f_args, f_kwargs)
+    j_out = {k: np.asarray(v) for k, v in out.items()}
+    return j_out, (g_all if any(k in j_out for k in float_outs) else None)
+
+
+def _jax_grads(flax_module, is_flax_mod: bool, inp: _Inputs, g_all) -> dict[str, np.ndarray]:
+    """The JAX gradients by torch name: parameters through the converter's key rules, inputs as
+    "input i" / "input name"."""
+    from flax import nnx
+
+    from jaxformer import convert as conv
+    g_params, g_args, g_kwargs = g_all
+    j_grad: dict[str, np.ndarray] = {}
+    if is_flax_mod:
+        prefixes = conv.scan_prefixes(flax_module)
+        for path, v in nnx.to_flat_state(g_params):
+            x = np.asarray(v.get_value() if hasattr(v, "get_value") else v)
+            j_grad.update(conv.flax_leaf_to_torch(tuple(path), x, prefixes))
+    for i, g in zip(inp.float_pos, g_args):
+        j_grad[f"input {i}"] = np.asarray(g)
+    for k, g in g_kwargs.items():
+        j_grad[f"input {k}"] = np.asarray(g)
+    return j_grad
+
+
+def _compare_leaves(j: dict, t: dict, tol: Tolerance, kind: str, problems: list[str]) -> dict[str, LeafDiff]:
+    """Each common leaf against its own scale (integer outputs exactly); mismatched structure,
+    shapes and non-finite values go to `problems`."""
+    if kind == "output" and set(j) != set(t):
+        problems.append(f"output structure differs: jax {sorted(j)} vs torch {sorted(t)}")
+    leaves: dict[str, LeafDiff] = {}
+    for k in sorted(set(j) & set(t)):
+        a, b = j[k], t[k]
         if a.shape != b.shape:
-            problems.append(f"output {k}: shape jax {a.shape} vs torch {b.shape}")
+            problems.append(f"{kind} {k}: shape jax {a.shape} vs torch {b.shape}")
             continue
-        if a.dtype == np.bool_ or not _is_float_np(a):  # exact: integer outputs, tolerance 0
-            outputs[k] = LeafDiff(float(np.abs(a.astype(np.int64) - b.astype(np.int64)).max(initial=0)), 0.0,
-                                  float(np.abs(b.astype(np.int64)).max(initial=0)))
+        if kind == "output" and (a.dtype == np.bool_ or not is_float(a)):  # exact: integer outputs
+            leaves[k] = LeafDiff(float(np.abs(a.astype(np.int64) - b.astype(np.int64)).max(initial=0)), 0.0,
+                                 float(np.abs(b.astype(np.int64)).max(initial=0)))
             continue
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             problems.append(f"output {k}: non-finite values (jax {int((~np.isfinite(a)).sum())}, "
-                            f"torch {int((~np.isfinite(b)).sum())})")
-        outputs[k] = _compare(a, b, out_tol)
+                            f"torch {int((~np.isfinite(b)).sum())})" if kind == "output"
+                            else f"grad {k}: non-finite values")
+        leaves[k] = _compare(a, b, tol)
+    return leaves
 
-    # ---- gradients of loss = sum_leaf <w_leaf, out_leaf>, each leaf against its own scale
-    grad_leaves: dict[str, LeafDiff] = {}
-    j_grad: dict[str, np.ndarray] = {}
-    float_outs = [k for k in float_outs if k in j_out]
-    if grads and float_outs:
-        g_params, g_args, g_kwargs = g_all
-        if is_flax_mod:
-            prefixes = conv.scan_prefixes(flax_module)
-            for path, v in nnx.to_flat_state(g_params):
-                x = np.asarray(v.get_value() if hasattr(v, "get_value") else v)
-                j_grad.update(conv.flax_leaf_to_torch(tuple(path), x, prefixes))
-        for i, g in zip(float_pos, g_args):
-            j_grad[f"input {i}"] = np.asarray(g)
-        for k, g in g_kwargs.items():
-            j_grad[f"input {k}"] = np.asarray(g)
-        if set(j_grad) != set(t_grad):
-            problems.append(f"gradient keys differ: only jax {sorted(set(j_grad) - set(t_grad))}, "
-                            f"only torch {sorted(set(t_grad) - set(j_grad))}")
-        for k in sorted(set(j_grad) & set(t_grad)):
-            a, b = j_grad[k], t_grad[k]
-            if a.shape != b.shape:
-                problems.append(f"grad {k}: shape jax {a.shape} vs torch {b.shape}")
-                continue
-            if not (np.isfinite(a).all() and np.isfinite(b).all()):
-                problems.append(f"grad {k}: non-finite values")
-            grad_leaves[k] = _compare(a, b, grad_tol)
 
-    # ---- the float64 referee (docs/numerics.md §32): only where a float leaf failed
-    failing = [(outputs, j_out, t_out, k, out_tol) for k, d in outputs.items()
-               if d.diff > d.tol and _is_float_np(t_out[k])]
-    failing += [(grad_leaves, j_grad, t_grad, k, grad_tol) for k, d in grad_leaves.items() if d.diff > d.tol]
-    spread: dict[str, float] = {}
+def _referee(torch_module, inp: _Inputs, o: _Options, *sides) -> tuple[dict[str, float], list[str]]:
+    """The float64 referee (docs/numerics.md §32), run only where a float leaf failed (or for
+    `reference`): judges each failing leaf in place. sides: (leaves, jax, torch, tol) for the
+    outputs and the gradients. -> (spread, notes)."""
+    failing = [(leaves, j, t, k, tol) for leaves, j, t, tol in sides for k, d in leaves.items()
+               if d.diff > d.tol and is_float(t[k])]
     notes: list[str] = []
     r_out = r_grad = None
-    if reference or (referee and failing):
+    if o.reference or (o.referee and failing):
         try:
-            r_out, r_grad, _ = _torch_side(torch_module, args, kwargs, float_pos, float_kw,
-                                           grads=grads, seed=seed, rename=rename, float64=True,
-                                           state_map=state_map)
+            r_out, r_grad, _ = _torch_side(torch_module, inp.args, inp.kwargs, inp.float_pos, inp.float_kw,
+                                           grads=o.grads, seed=o.seed, rename=o.rename, float64=True,
+                                           state_map=o.state_map)
         except Exception as e:  # a torch callable that cannot run in float64: the leaves stay failed
-            if reference:
+            if o.reference:
                 raise
             notes.append(f"float64 referee unavailable: {type(e).__name__}: {e}")
-    if reference:
+    spread: dict[str, float] = {}
+    (_, j_out, t_out, _), (_, j_grad, t_grad, _) = sides
+    if o.reference:
         spread = {"torch out": _spread(t_out, r_out), "jax out": _spread(j_out, r_out),
                   "torch grad": _spread(t_grad, r_grad), "jax grad": _spread(j_grad, r_grad)}
-    if referee and r_out is not None:
+    if o.referee and r_out is not None:
+        outputs = sides[0][0]
         for leaves, j, t, k, tol in failing:
             f64 = (r_out if leaves is outputs else r_grad).get(k)
             if f64 is not None and np.shape(f64) == j[k].shape:
                 leaves[k] = dataclasses.replace(leaves[k], referee=judge(j[k], t[k], f64, tol))
-
-    ok = not problems and all(d.ok for d in (*outputs.values(), *grad_leaves.values()))
-    parting = None
-    if not ok and locate and is_torch_mod and is_flax_mod:  # where outputs part first
-        from jaxformer.parity.locate import first_parting
-        try:
-            parting = first_parting(torch_module, flax_module, args, kwargs, out_tol, rename)
-        except Exception as e:  # the trees could not run eagerly with recording: say so, keep the verdict
-            notes.append(f"could not locate where outputs part: {type(e).__name__}: {e}")
-    return ParityReport(case, ok, outputs, grad_leaves, problems, out_tol, grad_tol, spread, parting, notes)
+    return spread, notes
 
 
 def judge(jax_value, torch_value, float64_value, tol: Tolerance) -> Referee:

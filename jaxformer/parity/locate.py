@@ -25,6 +25,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from jaxformer.parity.trees import flatten
+
 
 @dataclasses.dataclass(frozen=True)
 class Parting:
@@ -136,7 +138,6 @@ def _as_inputs(args, kwargs) -> dict:
 def _snapshot(tree) -> dict[str, np.ndarray]:
     """{leaf: a numpy copy} of the arrays in a call's inputs or output, taken when the call
     happens: a dict passed down to collect results (MoE's aux) fills up later."""
-    from jaxformer.parity.harness import flatten
     out = {}
     for k, v in flatten(tree).items():
         if hasattr(v, "detach"):

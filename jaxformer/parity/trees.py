@@ -1,0 +1,28 @@
+"""Nested outputs as flat {dotted name: leaf} dicts, the form the harness and the locator
+compare (jaxformer/parity/harness.py, locate.py)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested tuples/lists/dicts -> {"0", "1.attn", ...: leaf}. None leaves are dropped."""
+    if tree is None:
+        return {}
+    if isinstance(tree, Mapping):
+        out = {}
+        for k in tree:
+            out.update(flatten(tree[k], f"{prefix}{k}."))
+        return out
+    if isinstance(tree, (tuple, list)):
+        out = {}
+        for i, v in enumerate(tree):
+            out.update(flatten(v, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip(".") or "out": tree}
+
+
+def is_float(x: np.ndarray) -> bool:
+    return np.issubdtype(x.dtype, np.floating)
