@@ -70,16 +70,12 @@ def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: 
     if not draft:
         return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
                                    preserve_module_call_signature=preserve)
-    loggers = [logging.getLogger(n) for n in ("torch.export", "torch.fx.experimental.symbolic_shapes")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    logging.disable(logging.ERROR)  # draft_export logs every resolved guard and its graphs
     try:
         return torch.export.draft_export(module, (), kwargs, dynamic_shapes=shapes,
                                          preserve_module_call_signature=preserve)
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        logging.disable(logging.NOTSET)
 
 
 ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
