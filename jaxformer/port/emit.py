@@ -204,7 +204,7 @@ class Port:
         owner, _, leaf = weight.fqn.rpartition(".")
         rel = relative(owner, base)
         if rel is None:
-            raise graph.PortError(f"weight `{weight.fqn}` is read outside its module")
+            raise PortError(f"weight `{weight.fqn}` is read outside its module")
         module = self.model.get_submodule(owner)
         if layers.known(module):
             flax_leaf, layout = layers.leaf(module, leaf)

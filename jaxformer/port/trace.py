@@ -27,7 +27,6 @@ class Traced:
     values: dict[str, Any]  # the traced inputs (torch tensors, Python scalars or None)
     symbols: dict[str, str]  # symbol -> "idx.shape[1], 2..16": the dims that stay free
     notes: list[str]  # what the header should say (static fallback, train graph problems)
-    call_signatures: bool  # module call signatures preserved (argument names of submodules)
 
 
 def torch_inputs(module, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,7 +83,7 @@ ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
 
 
 def _export_any(module, kwargs, notes: list[str]):
-    """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic, signatures)."""
+    """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic)."""
     paths = tuple(n for n, _ in module.named_modules() if n)
     first = deepest = None
     for draft, dynamic, keep in ATTEMPTS:
@@ -100,7 +99,7 @@ def _export_any(module, kwargs, notes: list[str]):
         if not dynamic:
             notes.append(f"static shapes: the graph does not export with free dims "
                          f"({type(first).__name__}: {_first_line(first)})")
-        return program, draft, dynamic, keep
+        return program, draft, dynamic
     reason = deepest or first
     raise PortError(f"cannot port {type(module).__name__}: torch.export failed {_user_frame(reason, module)}: "
                     f"{type(reason).__name__}: {_first_line(reason)}")
@@ -164,7 +163,7 @@ def trace(module, inputs: Mapping[str, Any]) -> Traced:
     was_training = module.training
     try:
         module.eval()
-        program, draft, dynamic, signatures = _export_any(module, kwargs, notes)
+        program, draft, dynamic = _export_any(module, kwargs, notes)
         train = None
         try:
             module.train()
@@ -177,7 +176,7 @@ def trace(module, inputs: Mapping[str, Any]) -> Traced:
     inline_no_grad(program)
     if train is not None:
         inline_no_grad(train)
-    return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes, signatures)
+    return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes)
 
 
 
