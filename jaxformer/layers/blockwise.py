@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
-from jaxformer.layers.attention import AttentionMask
+from jaxformer.layers.masks import AttentionMask
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,7 +56,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
 from jaxformer.layers import blockwise
-from jaxformer.layers.attention import AttentionMask
+from jaxformer.layers.masks import AttentionMask
 
 BATCH_AXES = ("data", "fsdp", "expert")  # the trainer's default "batch" rule (train/config.py)
 HEAD_AXIS = "tensor"

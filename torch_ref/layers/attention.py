@@ -3,7 +3,6 @@ Twin: jaxformer/layers/attention.py. Masks are boolean, True = may attend; a row
 visible key outputs exactly 0 (with attention sinks too: the sink takes all its weight)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -11,106 +10,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_ref import lowering
+from torch_ref.layers.blockwise import blockwise_attention
+from torch_ref.layers.masks import (  # noqa: F401
+    AttentionMask,
+    alibi_block,
+    combine_masks,
+    make_causal_mask,
+    make_padding_mask,
+    make_segment_mask,
+    make_sliding_window_mask,
+)
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
 
 
-# ----------------------------------------------------------------------------- masks
-def make_padding_mask(valid: torch.Tensor) -> torch.Tensor:
-    """valid [B, S] (1/True = real token) -> [B, 1, 1, S] bool."""
-    return valid.bool()[:, None, None, :]
-
-
-def make_causal_mask(q_len: int, k_len: int | None = None, offset=0, device=None) -> torch.Tensor:
-    """Key j is visible to query i iff j <= offset + i. -> [1, 1, T, S] bool."""
-    k_len = q_len if k_len is None else k_len
-    q = torch.arange(q_len, device=device)[:, None] + offset
-    return (torch.arange(k_len, device=device)[None, :] <= q)[None, None]
-
-
-def make_sliding_window_mask(q_len: int, k_len: int | None, window: int, offset=0,
-                             device=None) -> torch.Tensor:
-    """Key j visible iff 0 <= (offset+i) - j < window. -> [1, 1, T, S] bool."""
-    k_len = q_len if k_len is None else k_len
-    dist = (torch.arange(q_len, device=device)[:, None] + offset) - torch.arange(k_len, device=device)[None, :]
-    return ((dist >= 0) & (dist < window))[None, None]
-
-
-def make_segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Packed documents: segment_ids [B, T] int (which document each token belongs to, 0 =
-    padding) -> [B, 1, T, T] bool: query i sees key j iff both are in the same segment and
-    that segment is not 0. Causality is the caller's causal mask, combined as a boolean; a
-    padding query row sees nothing and outputs 0."""
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, T]
-    return (same & (segment_ids != 0)[:, None, :])[:, None]
-
-
-def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
-    """Logical AND of the masks that are not None (None if all are)."""
-    out = None
-    for m in masks:
-        if m is None:
-            continue
-        m = m.bool()
-        out = m if out is None else out & m
-    return out
-
-
 # ----------------------------------------------------------------------------- core
-@dataclasses.dataclass(frozen=True)
-class AttentionMask:
-    """A self-attention mask kept as its parts (jaxformer/layers/attention.py AttentionMask,
-    the same fields and rule): key j visible to query i iff k_valid[b, j], causal k_slot <=
-    q_slot, window (causal q_slot - k_slot < window, else |q_slot - k_slot| < window) and
-    q_segments[b, i] == k_segments[b, j] != 0; alibi_slopes [H] adds -slope * |q_slot - k_slot|."""
-
-    q_slots: torch.Tensor                      # [B|1, T] int
-    k_slots: torch.Tensor                      # [B|1, S] int
-    k_valid: torch.Tensor | None = None        # [B, S] bool
-    q_segments: torch.Tensor | None = None     # [B, T] int
-    k_segments: torch.Tensor | None = None     # [B, S] int
-    window: int | None = None
-    alibi_slopes: torch.Tensor | None = None   # [H] float32
-    causal: bool = False
-
-    @classmethod
-    def self_attention(cls, batch: int, length: int, *, causal: bool, key_valid=None, segment_ids=None,
-                       offset=0, device=None) -> AttentionMask:
-        slots = default_positions(1, length, offset, device=device)
-        return cls(slots, slots, k_valid=None if key_valid is None else key_valid.bool(),
-                   q_segments=segment_ids, k_segments=segment_ids, causal=causal)
-
-    def with_window(self, window) -> AttentionMask:
-        return dataclasses.replace(self, window=window)
-
-    def visible(self, q_slots, k_slots, k_valid=None, q_segments=None, k_segments=None) -> torch.Tensor:
-        """The mask of the given slices of the parts -> [B|1, 1, bq, bk] bool."""
-        d = q_slots[:, :, None] - k_slots[:, None, :]  # [B|1, bq, bk]
-        out = d >= 0 if self.causal else torch.ones(d.shape, dtype=torch.bool, device=d.device)
-        if self.window is not None:
-            out = out & ((d if self.causal else d.abs()) < self.window)
-        if k_valid is not None:
-            out = out & k_valid[:, None, :]
-        if q_segments is not None:
-            out = out & (q_segments[:, :, None] == k_segments[:, None, :]) & (k_segments != 0)[:, None, :]
-        return out[:, None]
-
-    def dense(self) -> torch.Tensor:
-        """-> [B|1, 1, T, S] bool, the mask the plain path takes."""
-        return self.visible(self.q_slots, self.k_slots, self.k_valid, self.q_segments, self.k_segments)
-
-    def dense_bias(self) -> torch.Tensor | None:
-        if self.alibi_slopes is None:
-            return None
-        return alibi_block(self.alibi_slopes, self.q_slots, self.k_slots)
-
-
-def alibi_block(slopes: torch.Tensor, q_slots: torch.Tensor, k_slots: torch.Tensor) -> torch.Tensor:
-    """ALiBi over slots: slopes [H], q_slots [B|1, bq], k_slots [B|1, bk] -> [B|1, H, bq, bk]."""
-    dist = (q_slots[:, None, :, None] - k_slots[:, None, None, :]).abs().float()
-    return -slopes.float()[None, :, None, None] * dist
-
-
 def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                           scale: float | None = None, return_weights: bool = False,
@@ -134,7 +48,6 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             mask, extra = mask.dense(), mask.dense_bias()
             bias = extra if bias is None else (bias if extra is None else bias + extra)
         else:
-            from torch_ref.layers.blockwise import blockwise_attention
             return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
     if mask is not None:
         if mask.dtype != torch.bool:

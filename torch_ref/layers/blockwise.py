@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ref import lowering
-from torch_ref.layers.attention import AttentionMask
+from torch_ref.layers.masks import AttentionMask
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, *, bias=None, scale=None,

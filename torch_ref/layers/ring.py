@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-from torch_ref.layers.attention import AttentionMask, alibi_block
+from torch_ref.layers.masks import AttentionMask, alibi_block
 
 
 # ----------------------------------------------------------------------------- layout
