@@ -14,9 +14,9 @@ import dataclasses
 import numpy as np
 
 from jaxformer import tables
+from jaxformer.parity.cases import case, padding
 from jaxformer.parity.cases_models import left_padding, model_pair, token_ids
 from jaxformer.parity.cases_sinks import GPT_OSS_ATTN, big_sinks
-from jaxformer.parity.registry import case, padding
 
 B, T, H, K = 2, 37, 4, 8
 V = 64

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config import RopeScaling, TransformerConfig
-from jaxformer.parity.registry import case, ids, mirror, mirror_fn, model_pair, normal, padding
+from jaxformer.parity.cases import case, ids, mirror, mirror_fn, model_pair, normal, padding
 
 B, T, S, D, H = 2, 6, 5, 32, 4
 K = D // H

@@ -19,8 +19,8 @@ import numpy as np
 
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.models import TINY_SIZES, LMConfig
+from jaxformer.parity.cases import case, normal
 from jaxformer.parity.cases_models import realistic_embeddings, token_ids
-from jaxformer.parity.registry import case, normal
 
 B, T, IN, OUT = 2, 5, 24, 40
 V = TINY_SIZES["vocab_size"]

@@ -11,8 +11,8 @@ import numpy as np
 from jaxformer.config import RopeScaling
 from jaxformer.config.models import TINY_SIZES, LMConfig
 from jaxformer.config.moe import MLAConfig
+from jaxformer.parity.cases import case, mirror, model_pair, normal, padding
 from jaxformer.parity.cases_models import left_padding, token_ids
-from jaxformer.parity.registry import case, mirror, model_pair, normal, padding
 
 B, T, D, H = 2, 7, 32, 4
 V = TINY_SIZES["vocab_size"]

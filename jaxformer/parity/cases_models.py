@@ -18,8 +18,8 @@ import numpy as np
 
 from jaxformer.config import RopeScaling
 from jaxformer.config.models import TINY_SIZES, ClassifierConfig, LMConfig, Seq2SeqConfig
-from jaxformer.parity.registry import case, padding
-from jaxformer.parity.registry import model_pair as _model_pair
+from jaxformer.parity.cases import case, padding
+from jaxformer.parity.cases import model_pair as _model_pair
 
 B, T, S = 2, 7, 6
 V = TINY_SIZES["vocab_size"]

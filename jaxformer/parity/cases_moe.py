@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.config.moe import MoEConfig
-from jaxformer.parity.registry import case, ids, mirror, mirror_fn, model_pair, normal, padding
+from jaxformer.parity.cases import case, ids, mirror, mirror_fn, model_pair, normal, padding
 
 B, T, D, N = 2, 6, 32, 12
 

@@ -20,11 +20,11 @@ import dataclasses
 import numpy as np
 
 from jaxformer.config.models import LMConfig
+from jaxformer.parity.cases import case, mirror_fn
 from jaxformer.parity.cases_mla import MLA_Q_LORA
 from jaxformer.parity.cases_models import model_pair, token_ids
 from jaxformer.parity.cases_moe import LM_MOE
 from jaxformer.parity.cases_sinks import GPT_OSS_ATTN, big_sinks
-from jaxformer.parity.registry import case, mirror_fn
 
 B, T, V = 2, 7, 64
 # row 0: two documents; row 1: three (the last one token long), then one padding token

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config.models import LMConfig
+from jaxformer.parity.cases import case, mirror, mirror_fn, normal, padding
 from jaxformer.parity.cases_models import left_padding, model_pair, token_ids
-from jaxformer.parity.registry import case, mirror, mirror_fn, normal, padding
 
 B, T, D, H = 2, 7, 32, 4
 K = D // H

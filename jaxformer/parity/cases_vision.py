@@ -17,7 +17,7 @@ dilation 2 and 4.
 from __future__ import annotations
 
 from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
-from jaxformer.parity.registry import case, mirror_fn, model_pair, normal
+from jaxformer.parity.cases import case, mirror_fn, model_pair, normal
 
 B = 2
 

@@ -1,0 +1,114 @@
+"""The parity case record and the helpers the cases_*.py modules build cases with: `case`
+registers a case in CASES; `mirror` / `mirror_fn` / `model_pair` build both trees' modules with
+the same arguments; `normal` / `ids` / `padding` make inputs; `run_case` checks one case. The
+registry (registry.py) imports the case modules; they import only this module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable
+
+import numpy as np
+
+from jaxformer.parity.harness import GRAD_TOL, OUT_TOL, Tolerance
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    component: str  # for the per-component report
+    build: Callable[[int], tuple[Any, Any]]  # seed -> (torch module/callable, flax module/callable)
+    inputs: Callable[[np.random.RandomState], Any]  # -> dict of kwargs or tuple of args (numpy)
+    out_tol: Tolerance = OUT_TOL
+    grad_tol: Tolerance = GRAD_TOL
+    grads: bool = True
+    note: str = ""
+    # jaxformer.lowering switches the JAX side is traced under (e.g. attention="blockwise");
+    # the torch side runs as it is (its plain path)
+    lowering: tuple[tuple[str, Any], ...] = ()
+
+
+CASES: dict[str, Case] = {}
+
+
+def register(case: Case) -> Case:
+    if case.name in CASES:
+        raise ValueError(f"duplicate parity case {case.name!r}")
+    CASES[case.name] = case
+    return case
+
+
+def case(name: str, component: str, build, inputs, **kw) -> Case:
+    return register(Case(name, component, build, inputs, **kw))
+
+
+def _resolve(root: str, dotted: str):
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(f"{root}.{module}"), name)
+
+
+def mirror(dotted: str, *args, **kwargs) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for a mirrored class, e.g. mirror("layers.ffn.FeedForward", 32, 64, kind="relu"):
+    torch_ref.<dotted>(*args, **kwargs) seeded by torch.manual_seed(seed), and
+    jaxformer.<dotted>(*args, **kwargs, rngs=nnx.Rngs(seed)) when it takes rngs."""
+    def build(seed: int):
+        import torch
+        from flax import nnx
+        torch.manual_seed(seed)
+        t = _resolve("torch_ref", dotted)(*args, **kwargs)
+        jcls = _resolve("jaxformer", dotted)
+        jkw = dict(kwargs)
+        if "rngs" in inspect.signature(jcls.__init__).parameters:
+            jkw["rngs"] = nnx.Rngs(seed)
+        return t, jcls(*args, **jkw)
+    return build
+
+
+def mirror_fn(dotted: str, **fixed) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for a mirrored function with fixed keyword arguments."""
+    def build(seed: int):
+        tf, jf = _resolve("torch_ref", dotted), _resolve("jaxformer", dotted)
+        return (lambda *a, **k: tf(*a, **fixed, **k)), (lambda *a, **k: jf(*a, **fixed, **k))
+    return build
+
+
+def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for a registered model: torch_ref.models.build_model / jaxformer.models.build_model."""
+    def build(seed: int):
+        from jaxformer.models import build_model as jbuild
+        from torch_ref.models import build_model as tbuild
+        return tbuild(name, cfg, seed=seed), jbuild(name, cfg, seed=seed)
+    build.model = name  # the registered model this builder covers (tests/test_convert.py)
+    build.cfg = cfg
+    return build
+
+
+def run_case(c: Case, seed: int = 0, reference: bool = False, locate: bool = True):
+    """check_parity on one case; reference=True also measures each side against float64;
+    locate=False skips naming the submodule where a failing case parts first."""
+    from jaxformer import lowering
+    from jaxformer.parity.harness import check_parity
+    torch_module, flax_module = c.build(seed)
+    inputs = c.inputs(np.random.RandomState(seed))
+    with lowering.tracing(**dict(c.lowering)):  # check_parity traces the JAX side inside
+        return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
+                            grads=c.grads, case=c.name, seed=seed, reference=reference, locate=locate)
+
+
+# ----------------------------------------------------------------------------- input makers
+def normal(*shape: int, scale: float = 1.0, offset: float = 0.0):
+    return lambda rng: (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+def ids(batch: int, length: int, vocab: int, low: int = 1):
+    return lambda rng: rng.randint(low, vocab, size=(batch, length)).astype(np.int32)
+
+
+def padding(batch: int, length: int, lengths: list[int]):
+    """[B, T] int32 validity: row b has lengths[b] real tokens then padding."""
+    m = np.zeros((batch, length), np.int32)
+    for b, n in enumerate(lengths):
+        m[b, :n] = 1
+    return m
