@@ -49,7 +49,7 @@ def hf_module_names(model, name: str, cfg):
     from flax import nnx
 
     from jaxformer import convert
-    from jaxformer.hf import exporter
+    from jaxformer.hf.families import exporter
     from jaxformer.layers.linear import Linear
     fam = exporter(name, cfg)
     prefixes = convert.scan_prefixes(model)
