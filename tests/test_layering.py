@@ -153,3 +153,75 @@ def test_checker_sees_lazy_and_string_imports(tmp_path):
     f.write_text("def f():\n    import torch_ref.models\n    return 'jaxformer.cli.train'\n")
     got = imports(str(f), "jaxformer.models.m")
     assert ("torch_ref.models", 2, True) in got and ("jaxformer.cli.train", 3, True) in got
+
+
+def _module_of(target: str, known) -> str | None:
+    """The known module a dotted import target names (its longest known prefix)."""
+    parts = target.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in known:
+            return ".".join(parts[:n])
+    return None
+
+
+def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
+    """module -> the modules it imports (top-level, lazy and string), among `modules`. A module
+    naming one of its own parent packages in a string (importlib.resources.files of its data
+    folder) does not import it: Python has loaded the parent before the module anyway."""
+    graph = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(open(path).read(), path)
+        strings = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        for target, line, lazy in imports(path, module):
+            other = _module_of(target, modules)
+            if other is None or other == module:
+                continue
+            if lazy and line in strings and module.startswith(other + "."):
+                continue
+            graph[module].add(other)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_inside_a_package():
+    """Within a package the modules import each other one way too: no circle, lazy imports and
+    module-path strings included (a lazy import that goes back is still an arrow back)."""
+    found = circles(import_graph(dict(JAXFORMER + TORCH_REF)))
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_circle_checker_sees_a_lazy_circle(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import jaxformer.layers.b\n")
+    b.write_text("def f():\n    import jaxformer.layers.a\n")
+    graph = import_graph({"jaxformer.layers.a": str(a), "jaxformer.layers.b": str(b)})
+    assert circles(graph) == [["jaxformer.layers.a", "jaxformer.layers.b"]]
