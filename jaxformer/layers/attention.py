@@ -35,6 +35,7 @@ from jaxformer.layers.masks import (  # noqa: F401
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
 from jaxformer.layers.ring import ring_attention
+from jaxformer.layers.scores import sink_softmax, soft_cap
 
 
 # ----------------------------------------------------------------------------- core
@@ -70,20 +71,18 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
+    dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
     if isinstance(mask, AttentionMask):  # the parts of a mask (blockwise / ring paths)
-        dropout_on = dropout is not None and dropout.rate > 0 and not dropout.deterministic
         dense = switches.attention == "plain" and switches.context_axis is None
-        if return_weights or dropout_on or kv_head_major or dense:
-            if dropout_on and not dense:
-                raise ValueError("blockwise attention does not apply attention dropout (it would need "
-                                 "the plain path's [B, H, T, S] random mask); set the model's "
-                                 "attention dropout to 0 or use attention: plain")
-            mask, extra = mask.dense(), mask.dense_bias()
-            bias = extra if bias is None else (bias if extra is None else bias + extra)
-        elif switches.context_axis is not None:
-            return ring_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
-        else:
-            return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+        if not (return_weights or dropout_active or kv_head_major or dense):
+            path = ring_attention if switches.context_axis is not None else blockwise_attention
+            return path(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+        if dropout_active and not dense:
+            raise ValueError("blockwise attention does not apply attention dropout (it would need "
+                             "the plain path's [B, H, T, S] random mask); set the model's "
+                             "attention dropout to 0 or use attention: plain")
+        mask, extra = mask.dense(), mask.dense_bias()
+        bias = extra if bias is None else (bias if extra is None else bias + extra)
     if mask is not None:
         if mask.dtype != jnp.bool_:
             raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
@@ -95,62 +94,67 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     if num_heads % num_kv:
         raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
-    visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
-
     if sinks is not None and sinks.shape != (num_heads,):
         raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {sinks.shape}")
     fused = not return_weights and not dropout_active and not kv_head_major
     if fused and softcap is None and sinks is None:
-        # 1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it
-        if mask is not None:
-            mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
-        backend = switches.fused_attention if implementation is None else implementation
-        # the fused kernels take one head width: zero columns pad the narrower of q/k and v
-        # (they add 0 to every score and sum; MLA's v_head_dim differs from its qk width)
-        d_qk, d_v = q.shape[-1], v.shape[-1]
-        width = max(d_qk, d_v)
-        pad = lambda a: a if a.shape[-1] == width else jnp.pad(a, ((0, 0),) * 3 + ((0, width - a.shape[-1]),))
-        lowering.note_kernel(f"plain (fused: {backend or 'auto'})")
-        out = lowering.fused_attention(pad(q), pad(k), pad(v), bias=bias, mask=mask, scale=scale,
-                                       backend=backend)[..., :d_v]
-        if visible is not None:
-            out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
-                                     1, 2).astype(out.dtype)  # [B, T, H?, 1]
-        return out
+        return _fused_attention(q, k, v, mask, bias, scale, switches.fused_attention if implementation is None
+                                else implementation)
+    elementwise = kv_head_major and q.shape[1] == 1 and switches.elementwise_attention
+    return _explicit_attention(q, k, v, mask, bias, scale, softcap, sinks, dropout if dropout_active else None,
+                               return_weights, kv_head_major, elementwise)
 
-    # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum.
-    # Query head h reads key/value head h // R (R = H / G query heads per group).
+
+def _fused_attention(q, k, v, mask, bias, scale: float, backend: str | None):
+    """1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it. Masks
+    and bias are 4-D here."""
+    visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))
+    # the fused kernels take one head width: zero columns pad the narrower of q/k and v
+    # (they add 0 to every score and sum; MLA's v_head_dim differs from its qk width)
+    d_qk, d_v = q.shape[-1], v.shape[-1]
+    width = max(d_qk, d_v)
+    pad = lambda a: a if a.shape[-1] == width else jnp.pad(a, ((0, 0),) * 3 + ((0, width - a.shape[-1]),))
+    lowering.note_kernel(f"plain (fused: {backend or 'auto'})")
+    out = lowering.fused_attention(pad(q), pad(k), pad(v), bias=bias, mask=mask, scale=scale,
+                                   backend=backend)[..., :d_v]
+    if visible is not None:
+        out = out * jnp.swapaxes(jnp.broadcast_to(visible, visible.shape[:2] + (q.shape[1], 1)),
+                                 1, 2).astype(out.dtype)  # [B, T, H?, 1]
+    return out
+
+
+def _explicit_attention(q, k, v, mask, bias, scale: float, softcap, sinks, dropout, return_weights: bool,
+                        kv_head_major: bool, elementwise: bool):
+    """2) explicit path: scores, soft-cap, bias, mask fill, softmax (with sinks), zero masked
+    weights, dropout (`dropout`: the active module or None), weighted sum. Query head h reads
+    key/value head h // R (R = H / G query heads per group). elementwise: one query over the
+    cache (lowering's elementwise_attention) as a broadcast multiply and a sum over the cache
+    axis instead of two dots, which XLA:CPU feeds with copies of the cache."""
     lowering.note_kernel("plain (explicit)")
     if not kv_head_major:
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)  # [B, G, S, K]
-    b, t, _, d = q.shape
-    r, s = num_heads // num_kv, k.shape[2]
+    b, t, num_heads, d = q.shape
+    num_kv, s = k.shape[1], k.shape[2]
+    r = num_heads // num_kv
     q = q.reshape(b, t, num_kv, r, d)  # [B, T, G, R, K]
-    # One query over the cache (lowering's elementwise_attention): a broadcast multiply and a sum
-    # over the cache axis instead of two dots, which XLA:CPU feeds with copies of the cache
-    elementwise = kv_head_major and t == 1 and switches.elementwise_attention
     if elementwise:  # one query: sum_k q k, read from the cache in place, products and sums in fp32
         q_bgr = jnp.swapaxes(q, 1, 2)[:, :, :, :, None, :].astype(jnp.float32)  # [B, G, R, 1, 1, K]
         scores = jnp.sum(q_bgr * k[:, :, None, None].astype(jnp.float32), axis=-1) * scale  # [B, G, R, 1, S]
     else:
         scores = jnp.einsum("btgrk,bgsk->bgrts", q, k).astype(jnp.float32) * scale  # [B, G, R, T, S]
     scores = scores.reshape(b, num_heads, t, s)  # [B, H, T, S]
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
+    scores, _ = soft_cap(scores, softcap)
     if bias is not None:
         scores = scores + bias.astype(jnp.float32)
     if mask is not None:
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    if sinks is None:
-        weights = jax.nn.softmax(scores, axis=-1)
-    else:  # the sink: one more column of each head's softmax (max-subtracted with it), then dropped
-        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, num_heads, 1, 1), (b, num_heads, t, 1))
-        weights = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]  # [B, H, T, S]
+    weights = sink_softmax(scores, sinks)  # [B, H, T, S]
     if mask is not None:
         weights = jnp.where(mask, weights, 0.0)  # fully masked rows -> 0
     weights = weights.astype(v.dtype)
-    if dropout_active:
+    if dropout is not None:
         weights = dropout(weights)
     if elementwise:  # sum_s w v, read from the cache in place, in fp32
         out = jnp.sum(weights.reshape(b, num_kv, r, t, s, 1).astype(jnp.float32)

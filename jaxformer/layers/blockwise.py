@@ -37,6 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
 from jaxformer.layers.masks import AttentionMask
+from jaxformer.layers.scores import slot_distance, soft_cap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,10 +207,7 @@ def _block_scores(st: _Static, qi, kj, bias, slopes, parts, i, j):
     float32 after soft-cap, bias and ALiBi; tanh of the soft-cap or None; the slot distances
     [B|1, 1, 1, bq, bk] float32 for ALiBi or None)."""
     s = jnp.einsum("bqgrk,bsgk->bgrqs", qi, kj, preferred_element_type=jnp.float32) * st.scale
-    tanh = None
-    if st.softcap is not None:  # Gemma2: before bias and mask (docs/numerics.md §21)
-        tanh = jnp.tanh(s / st.softcap)
-        s = tanh * st.softcap
+    s, tanh = soft_cap(s, st.softcap)  # before bias and mask
     if bias is not None:
         blk = _slice(_slice(bias, i * st.bq, st.bq, 3), j * st.bk, st.bk, 4)
         s = s + blk.astype(jnp.float32)
@@ -217,7 +215,7 @@ def _block_scores(st: _Static, qi, kj, bias, slopes, parts, i, j):
     if slopes is not None:  # ALiBi: -slope_h * |q_slot - k_slot|, this block only
         qs = _slice(parts["q_slots"], i * st.bq, st.bq, 1)
         ks = _slice(parts["k_slots"], j * st.bk, st.bk, 1)
-        dist = jnp.abs(qs[:, :, None] - ks[:, None, :]).astype(jnp.float32)[:, None, None]
+        dist = slot_distance(qs, ks)[:, None, None]
         s = s - slopes.astype(jnp.float32)[None, :, :, None, None] * dist
     return s, tanh, dist
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.layers.positional import default_positions
+from jaxformer.layers.scores import alibi_block  # noqa: F401  (re-exported)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -122,9 +123,3 @@ class AttentionMask:
         if self.alibi_slopes is None:
             return None
         return alibi_block(self.alibi_slopes, self.q_slots, self.k_slots)
-
-
-def alibi_block(slopes: jax.Array, q_slots: jax.Array, k_slots: jax.Array) -> jax.Array:
-    """ALiBi over slots: slopes [H], q_slots [B|1, bq], k_slots [B|1, bk] -> [B|1, H, bq, bk]."""
-    dist = jnp.abs(q_slots[:, None, :, None] - k_slots[:, None, None, :]).astype(jnp.float32)
-    return -slopes.astype(jnp.float32)[None, :, None, None] * dist

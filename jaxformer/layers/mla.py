@@ -46,6 +46,7 @@ from jaxformer.layers.attention import dot_product_attention
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import RMSNorm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
+from jaxformer.layers.scores import soft_cap
 
 
 def deinterleave(x: jax.Array) -> jax.Array:
@@ -171,8 +172,7 @@ class MultiHeadLatentAttention(nnx.Module):
         q_latent = jnp.einsum("bthn,chn->bthc", q_nope, w[..., :n])  # [B, T, H, C]
         scores = (jnp.einsum("bthc,bsc->bhts", q_latent, latent)
                   + jnp.einsum("bthr,bsr->bhts", q_rope, k_rope)).astype(jnp.float32) * self.scale  # [B, H, T, S]
-        if self.softcap is not None:
-            scores = jnp.tanh(scores / self.softcap) * self.softcap
+        scores, _ = soft_cap(scores, self.softcap)
         if bias is not None:
             scores = scores + bias.astype(jnp.float32)
         if mask is not None:

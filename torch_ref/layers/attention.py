@@ -22,6 +22,7 @@ from torch_ref.layers.masks import (  # noqa: F401
 )
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
+from torch_ref.layers.scores import sink_softmax, soft_cap
 
 
 # ----------------------------------------------------------------------------- core
@@ -61,49 +62,52 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     dropout_active = dropout is not None and dropout.p > 0 and dropout.training
-    visible = None if mask is None else mask.any(dim=-1, keepdim=True)  # [B?, H?, T, 1]
-    min_value = torch.finfo(torch.float32).min
     if sinks is not None and tuple(sinks.shape) != (num_heads,):
         raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {tuple(sinks.shape)}")
-
     if not return_weights and softcap is None and sinks is None:
-        # 1) fused path (SDPA); bias and mask merged by filling, never adding, min values
-        attn_mask = None
-        fill = torch.finfo(q.dtype).min  # in q's dtype: float32's min overflows bf16 (autocast)
-        if bias is not None:
-            attn_mask = bias.to(q.dtype)
-            if mask is not None:
-                attn_mask = attn_mask.masked_fill(~mask, fill)
-        elif mask is not None:
-            attn_mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, fill)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
-            dropout_p=dropout.p if dropout_active else 0.0, scale=scale,
-            enable_gqa=num_kv != num_heads).transpose(1, 2)  # [B, T, H, K]
-        if visible is not None:
-            out = out * visible.expand(visible.shape[:2] + (q.shape[1], 1)).transpose(1, 2).to(out.dtype)
-        return out
+        return _fused_attention(q, k, v, mask, bias, scale, dropout.p if dropout_active else 0.0)
+    return _explicit_attention(q, k, v, mask, bias, scale, softcap, sinks, dropout if dropout_active else None,
+                               return_weights)
 
-    # 2) explicit path: scores, mask fill, softmax, zero masked weights, dropout, weighted sum
+
+def _fused_attention(q, k, v, mask, bias, scale: float, dropout_p: float):
+    """1) fused path (SDPA); bias and mask merged by filling, never adding, min values; a row
+    with no visible key zeroed. Masks and bias are 4-D here."""
+    visible = None if mask is None else mask.any(dim=-1, keepdim=True)  # [B?, H?, T, 1]
+    attn_mask = None
+    fill = torch.finfo(q.dtype).min  # in q's dtype: float32's min overflows bf16 (autocast)
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if mask is not None:
+            attn_mask = attn_mask.masked_fill(~mask, fill)
+    elif mask is not None:
+        attn_mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, fill)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
+        dropout_p=dropout_p, scale=scale, enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)  # [B, T, H, K]
+    if visible is not None:
+        out = out * visible.expand(visible.shape[:2] + (q.shape[1], 1)).transpose(1, 2).to(out.dtype)
+    return out
+
+
+def _explicit_attention(q, k, v, mask, bias, scale: float, softcap, sinks, dropout, return_weights: bool):
+    """2) explicit path: scores, soft-cap, bias, mask fill, softmax (with sinks), zero masked
+    weights, dropout (`dropout`: the active module or None), weighted sum."""
+    num_heads, num_kv = q.shape[2], k.shape[2]
     if num_kv != num_heads:
         k = k.repeat_interleave(num_heads // num_kv, dim=2)  # [B, S, H, K]
         v = v.repeat_interleave(num_heads // num_kv, dim=2)
     scores = torch.einsum("bthk,bshk->bhts", q, k).float() * scale  # [B, H, T, S]
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+    scores, _ = soft_cap(scores, softcap)
     if bias is not None:
         scores = scores + bias.float()
     if mask is not None:
-        scores = scores.masked_fill(~mask, min_value)
-    if sinks is None:
-        weights = torch.softmax(scores, dim=-1)
-    else:  # the sink: one more column of each head's softmax (max-subtracted with it), then dropped
-        sink = sinks.float().reshape(1, num_heads, 1, 1).expand(scores.shape[0], num_heads, scores.shape[2], 1)
-        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # [B, H, T, S]
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+    weights = sink_softmax(scores, sinks)  # [B, H, T, S]
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # fully masked rows -> 0
     weights = weights.to(v.dtype)
-    if dropout_active:
+    if dropout is not None:
         weights = dropout(weights)
     out = torch.einsum("bhts,bshk->bthk", weights, v)  # [B, T, H, K]
     return (out, weights) if return_weights else out

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from torch_ref import lowering
 from torch_ref.layers.masks import AttentionMask
+from torch_ref.layers.scores import slot_distance, soft_cap
 
 
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, *, bias=None, scale=None,
@@ -72,15 +73,12 @@ def _block(st: _Static, qi, kj, bias, slopes, q0: int, q1: int, k0: int, k1: int
     soft-cap's tanh (or None), the ALiBi distances (or None), the visible pairs [B|1, 1, 1, bq, bk]."""
     m = st.mask
     sc = torch.einsum("bqgrk,bsgk->bgrqs", qi, kj).float() * st.scale
-    tanh = None
-    if st.softcap is not None:
-        tanh = torch.tanh(sc / st.softcap)
-        sc = tanh * st.softcap
+    sc, tanh = soft_cap(sc, st.softcap)  # before bias and mask
     if bias is not None:
         sc = sc + bias[..., q0:q1 if bias.shape[3] != 1 else 1, k0:k1 if bias.shape[4] != 1 else 1].float()
     dist = None
     if slopes is not None:
-        dist = (m.q_slots[:, q0:q1, None] - m.k_slots[:, None, k0:k1]).abs().float()[:, None, None]
+        dist = slot_distance(m.q_slots[:, q0:q1], m.k_slots[:, k0:k1])[:, None, None]
         sc = sc - slopes[None, :, :, None, None] * dist
     vis = m.visible(m.q_slots[:, q0:q1], m.k_slots[:, k0:k1], st.k_valid[:, k0:k1],
                     None if m.q_segments is None else m.q_segments[:, q0:q1],

@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from torch_ref.layers.positional import default_positions
+from torch_ref.layers.scores import alibi_block  # noqa: F401  (re-exported)
 
 
 # ----------------------------------------------------------------------------- masks
@@ -98,9 +99,3 @@ class AttentionMask:
         if self.alibi_slopes is None:
             return None
         return alibi_block(self.alibi_slopes, self.q_slots, self.k_slots)
-
-
-def alibi_block(slopes: torch.Tensor, q_slots: torch.Tensor, k_slots: torch.Tensor) -> torch.Tensor:
-    """ALiBi over slots: slopes [H], q_slots [B|1, bq], k_slots [B|1, bk] -> [B|1, H, bq, bk]."""
-    dist = (q_slots[:, None, :, None] - k_slots[:, None, None, :]).abs().float()
-    return -slopes.float()[None, :, None, None] * dist

@@ -12,6 +12,7 @@ from torch_ref.layers import quant
 from torch_ref.layers.attention import dot_product_attention
 from torch_ref.layers.norm import RMSNorm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
+from torch_ref.layers.scores import soft_cap
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
@@ -121,8 +122,7 @@ class MultiHeadLatentAttention(nn.Module):
         q_latent = torch.einsum("bthn,chn->bthc", q_nope, w[..., :n])  # [B, T, H, C]
         scores = (torch.einsum("bthc,bsc->bhts", q_latent, latent)
                   + torch.einsum("bthr,bsr->bhts", q_rope, k_rope)).float() * self.scale  # [B, H, T, S]
-        if self.softcap is not None:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores, _ = soft_cap(scores, self.softcap)
         if bias is not None:
             scores = scores + bias.float()
         if mask is not None:

@@ -17,7 +17,8 @@ import math
 import numpy as np
 import torch
 
-from torch_ref.layers.masks import AttentionMask, alibi_block
+from torch_ref.layers.masks import AttentionMask
+from torch_ref.layers.scores import alibi_block
 
 
 # ----------------------------------------------------------------------------- layout
