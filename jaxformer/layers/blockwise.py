@@ -410,6 +410,42 @@ _NEUTRAL_SINK = -1e30  # a sink logit whose exp(sink - m) is exactly 0 in fp32 b
 _SPLASH_PRECISIONS = (None, "default", "bfloat16", "fastest", "highest", "float32")
 
 
+# Splash, what it takes and how (_splash):
+# Taken: causal or full masks over the default slots (0..T-1 and 0..S-1, concrete at trace
+# time), a window concrete at trace time (causal q - k < window, else |q - k| < window), key
+# padding, segment ids, GQA, soft-cap, attention sinks; lengths that are multiples of 128.
+# How our semantics map onto the kernel's:
+#   * the static pattern: CausalMask / FullMask / LocalMask, one per query head;
+#   * segment ids: the kernel's SegmentIds show key j to query i iff their ids are equal, 0
+#     included; ours iff equal and not 0. Key padding joins them as id 0 on the key side (no
+#     segments: every query in 1). Queries of segment 0 see only keys of segment 0 in the
+#     kernel; their rows are set to 0 afterwards (ours see nothing), which also makes their
+#     output cotangent 0, so they add nothing to any gradient;
+#   * a row no key is visible to outputs 0 (ours) where the kernel would average the values of
+#     its masked block (its masked scores all equal mask_value): every call passes sinks,
+#     ours or _NEUTRAL_SINK, which starts each row's running max at the sink and its sum at
+#     1; beside any real score exp(-1e30 - m) is exactly 0, so a row with a visible key is
+#     computed as without a sink, and an empty one ends as 0 / 1 = 0, in the backward too
+#     (exp(mask_value - lse) = 0);
+#   * scale: q is multiplied by it before the kernel, whose soft-cap then applies to the
+#     scaled scores, softcap * tanh(scale q.k / softcap), as dot_product_attention does
+#     (in fp32, then rounded once to q's dtype);
+#   * matmul precision: the kernel's dots take jax's default matmul precision at trace time.
+#     Mosaic lowers "default" on any operands and "highest" on fp32 ones only (bf16 operands
+#     fail to compile: "Bad lhs type"), so under "highest" (the parity tests') q, k, v enter
+#     the kernel in fp32 and the output is cast back.
+# Refused (run blockwise, by name): a bias, ALiBi, a value head width other than q's, slots or
+# a window known only at run time (traced), slots other than 0..T-1, a window < 1, lengths
+# not multiples of 128, a matmul precision Mosaic does not lower ("high", dot algorithms).
+# Slots and windows made inside a jit trace are traced (AttentionMask.self_attention's
+# jnp.arange slots, with_window's jnp scalar), so a model's masks built in its forward are
+# refused ("traced slots") unless they come in as NumPy constants.
+# Blocks: the largest multiple of 128 up to lowering.active().attention_blocks (at least
+# 128) that divides the length, in the forward and both backward kernels.
+# Under a mesh (jax.set_mesh) the kernel is one custom call the SPMD partitioner cannot split:
+# it runs in jax.shard_map, the batch split over the lowering's batch_axes and the key/value
+# heads (with their query heads) over its head_axes where they divide them, the rest
+# replicated.
 def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interpret: bool = False):
     """Pallas' TPU splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) for
     the calls it takes, else None (the caller runs the blockwise path). Either way it notes the
@@ -417,96 +453,27 @@ def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interp
     interpret=True runs the kernel in Pallas' interpreter on any backend. Never run on a TPU
     (this project has none): tests/test_splash.py checks it in interpret mode on CPU against
     the plain path (outputs within 6e-7, gradients within 3.6e-6, fp32) and compiles it for a
-    TPU slice with libtpu.
-
-    Taken: causal or full masks over the default slots (0..T-1 and 0..S-1, concrete at trace
-    time), a window concrete at trace time (causal q - k < window, else |q - k| < window), key
-    padding, segment ids, GQA, soft-cap, attention sinks; lengths that are multiples of 128.
-    How our semantics map onto the kernel's:
-      * the static pattern: CausalMask / FullMask / LocalMask, one per query head;
-      * segment ids: the kernel's SegmentIds show key j to query i iff their ids are equal, 0
-        included; ours iff equal and not 0. Key padding joins them as id 0 on the key side (no
-        segments: every query in 1). Queries of segment 0 see only keys of segment 0 in the
-        kernel; their rows are set to 0 afterwards (ours see nothing), which also makes their
-        output cotangent 0, so they add nothing to any gradient;
-      * a row no key is visible to outputs 0 (ours) where the kernel would average the values of
-        its masked block (its masked scores all equal mask_value): every call passes sinks,
-        ours or _NEUTRAL_SINK, which starts each row's running max at the sink and its sum at
-        1; beside any real score exp(-1e30 - m) is exactly 0, so a row with a visible key is
-        computed as without a sink, and an empty one ends as 0 / 1 = 0, in the backward too
-        (exp(mask_value - lse) = 0);
-      * scale: q is multiplied by it before the kernel, whose soft-cap then applies to the
-        scaled scores, softcap * tanh(scale q.k / softcap), as dot_product_attention does
-        (in fp32, then rounded once to q's dtype);
-      * matmul precision: the kernel's dots take jax's default matmul precision at trace time.
-        Mosaic lowers "default" on any operands and "highest" on fp32 ones only (bf16 operands
-        fail to compile: "Bad lhs type"), so under "highest" (the parity tests') q, k, v enter
-        the kernel in fp32 and the output is cast back.
-    Refused (run blockwise, by name): a bias, ALiBi, a value head width other than q's, slots or
-    a window known only at run time (traced), slots other than 0..T-1, a window < 1, lengths
-    not multiples of 128, a matmul precision Mosaic does not lower ("high", dot algorithms).
-    Slots and windows made inside a jit trace are traced (AttentionMask.self_attention's
-    jnp.arange slots, with_window's jnp scalar), so a model's masks built in its forward are
-    refused ("traced slots") unless they come in as NumPy constants.
-    Blocks: the largest multiple of 128 up to lowering.active().attention_blocks (at least
-    128) that divides the length, in the forward and both backward kernels.
-    Under a mesh (jax.set_mesh) the kernel is one custom call the SPMD partitioner cannot split:
-    it runs in jax.shard_map, the batch split over the lowering's batch_axes and the key/value
-    heads (with their query heads) over its head_axes where they divide them, the rest
-    replicated."""
-    def refuse(why):
+    TPU slice with libtpu."""
+    why = _splash_refusal(q, k, v, mask, bias)
+    if why is not None:
         lowering.note_kernel(f"blockwise (splash refused: {why})")
         return None
-
-    b, t, h, d = q.shape
-    s, g = k.shape[1], k.shape[2]
-    if bias is not None:
-        return refuse("attention bias")
-    if mask.alibi_slopes is not None:
-        return refuse("ALiBi")
-    if v.shape[-1] != d:
-        return refuse("value head dim differs")
-    q_slots, k_slots, window = _concrete(mask.q_slots), _concrete(mask.k_slots), _concrete(mask.window)
-    if q_slots is None or k_slots is None:
-        return refuse("traced slots")
-    if not ((q_slots == np.arange(t)).all() and (k_slots == np.arange(s)).all()):
-        return refuse("slots not 0..T-1")
-    if mask.window is not None and window is None:
-        return refuse("traced window")
-    if window is not None and window < 1:
-        return refuse("window < 1")
-    if t % _SPLASH_LANES or s % _SPLASH_LANES:
-        return refuse(f"length not a multiple of {_SPLASH_LANES}")
-    precision = jax.config.jax_default_matmul_precision  # what the kernel's dots are traced with
-    if precision not in _SPLASH_PRECISIONS:
-        return refuse(f"matmul precision {precision}")
     lowering.note_kernel("splash")
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    if window is not None and window < max(t, s):  # keys j with i - window < j <= i, or |i - j| < window
-        pattern = sm.LocalMask((t, s), (int(window) - 1, 0 if mask.causal else int(window) - 1), offset=0)
-    elif mask.causal:
-        pattern = sm.CausalMask((t, s))
-    else:
-        pattern = sm.FullMask((t, s))
+    b, t, h, d = q.shape
+    s = k.shape[1]
+    pattern = _splash_pattern(sm, mask, t, s)
     blocks = lowering.active().attention_blocks
     bq, bk = _splash_block(t, blocks[0]), _splash_block(s, blocks[1])
     sizes = sk.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
                           block_kv_dkv_compute=bk, block_q_dq=bq, block_kv_dq=bk)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-
-    # segment ids with the key padding as id 0 (None: neither)
-    q_seg = k_seg = None
-    if mask.q_segments is not None or mask.k_valid is not None:
-        q_seg = jnp.ones((1, t), jnp.int32) if mask.q_segments is None else mask.q_segments.astype(jnp.int32)
-        k_seg = jnp.ones((1, s), jnp.int32) if mask.k_segments is None else mask.k_segments.astype(jnp.int32)
-        if mask.k_valid is not None:
-            k_seg = jnp.where(mask.k_valid, k_seg, 0)
-        q_seg, k_seg = jnp.broadcast_to(q_seg, (b, t)), jnp.broadcast_to(k_seg, (b, s))  # [B, T], [B, S]
+    q_seg, k_seg = _splash_segments(mask, b, t, s)
     zero_rows = mask.q_segments is not None  # queries of segment 0
     dtype = q.dtype
-    wide = precision in ("highest", "float32")  # the kernel then runs on fp32 q, k, v
+    wide = jax.config.jax_default_matmul_precision in ("highest", "float32")  # the kernel then runs on fp32
 
     def attend(q, k, v, q_seg, k_seg, sinks):  # this device's batch rows and heads
         if wide:
@@ -525,13 +492,63 @@ def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interp
         out = jnp.swapaxes(out, 1, 2).astype(dtype)  # [B, T, H, K]
         return jnp.where((q_seg != 0)[:, :, None, None], out, 0) if zero_rows else out
 
+    return _splash_on_mesh(attend, q, k, v, q_seg, k_seg, sinks)
+
+
+def _splash_refusal(q, k, v, mask: AttentionMask, bias) -> str | None:
+    """Why splash cannot take this call (the kernel's name for it), or None."""
+    t, d = q.shape[1], q.shape[3]
+    s = k.shape[1]
+    q_slots, k_slots, window = _concrete(mask.q_slots), _concrete(mask.k_slots), _concrete(mask.window)
+    precision = jax.config.jax_default_matmul_precision  # what the kernel's dots are traced with
+    checks = (
+        (bias is not None, "attention bias"),
+        (mask.alibi_slopes is not None, "ALiBi"),
+        (v.shape[-1] != d, "value head dim differs"),
+        (q_slots is None or k_slots is None, "traced slots"),
+        (lambda: not ((q_slots == np.arange(t)).all() and (k_slots == np.arange(s)).all()), "slots not 0..T-1"),
+        (mask.window is not None and window is None, "traced window"),
+        (window is not None and window < 1, "window < 1"),
+        (t % _SPLASH_LANES or s % _SPLASH_LANES, f"length not a multiple of {_SPLASH_LANES}"),
+        (precision not in _SPLASH_PRECISIONS, f"matmul precision {precision}"),
+    )
+    for failed, why in checks:  # in order: a later check may assume the earlier ones passed
+        if failed() if callable(failed) else failed:
+            return why
+    return None
+
+
+def _splash_pattern(sm, mask: AttentionMask, t: int, s: int):
+    """The kernel's static mask: keys j with i - window < j <= i (causal) or |i - j| < window,
+    else causal, else full."""
+    window = _concrete(mask.window)
+    if window is not None and window < max(t, s):
+        return sm.LocalMask((t, s), (int(window) - 1, 0 if mask.causal else int(window) - 1), offset=0)
+    return sm.CausalMask((t, s)) if mask.causal else sm.FullMask((t, s))
+
+
+def _splash_segments(mask: AttentionMask, b: int, t: int, s: int):
+    """Segment ids [B, T], [B, S] int32 with the key padding as id 0, or (None, None)."""
+    if mask.q_segments is None and mask.k_valid is None:
+        return None, None
+    q_seg = jnp.ones((1, t), jnp.int32) if mask.q_segments is None else mask.q_segments.astype(jnp.int32)
+    k_seg = jnp.ones((1, s), jnp.int32) if mask.k_segments is None else mask.k_segments.astype(jnp.int32)
+    if mask.k_valid is not None:
+        k_seg = jnp.where(mask.k_valid, k_seg, 0)
+    return jnp.broadcast_to(q_seg, (b, t)), jnp.broadcast_to(k_seg, (b, s))
+
+
+def _splash_on_mesh(attend, q, k, v, q_seg, k_seg, sinks):
+    """attend(q, k, v, q_seg, k_seg, sinks) as is, or under jax.shard_map over the free axes of
+    the mesh in force: the batch over the lowering's batch_axes, the key/value heads (with their
+    query heads) over its head_axes, where they divide them."""
     mesh = jax.sharding.get_abstract_mesh()
     free = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
     if not free:
         return attend(q, k, v, q_seg, k_seg, sinks)
     switches = lowering.active()
-    batch = _dividing_axes(mesh, free, switches.batch_axes, b)
-    heads = _dividing_axes(mesh, tuple(a for a in free if a not in (batch or ())), switches.head_axes, g)
+    batch = _dividing_axes(mesh, free, switches.batch_axes, q.shape[0])
+    heads = _dividing_axes(mesh, tuple(a for a in free if a not in (batch or ())), switches.head_axes, k.shape[2])
     seq = P(batch, None)
     qkv = P(batch, None, heads, None)  # the query heads split as their key/value heads
     # check_vma=False: the kernel's pallas_calls give their outputs no varying-axes type
