@@ -35,6 +35,7 @@ from jaxformer.hf.common import (
     MappingError,
     Options,
     Renamer,
+    bert_relative_key,
     build_config,
     exportable_ffns,
     ffn_from_hf,
@@ -73,21 +74,6 @@ RULES = Renamer([
     (LAYER + "output.LayerNorm.{leaf}", "encoder.layers.{i}.ffn_norm.{leaf}"),
     ("pooler.dense.{leaf}", "pooler.{leaf}"),
 ])
-
-
-def _strip(key: str, arch: str) -> str | None:
-    """The BertModel-relative name of a key: `bert.` prefix removed (a classification
-    checkpoint always has it; a BertModel one may), legacy gamma/beta leaves read as
-    weight/bias (as transformers reads them, on any key)."""
-    if key.startswith("bert."):
-        key = key[len("bert."):]
-    elif arch == "BertForSequenceClassification" and not key.startswith("classifier."):
-        return None
-    if key.endswith(".gamma"):
-        key = key[: -len("gamma")] + "weight"
-    elif key.endswith(".beta"):
-        key = key[: -len("beta")] + "bias"
-    return key
 
 
 def encoder_fields(o: Options, what: str) -> dict:
@@ -139,13 +125,13 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfi
         o.notes.append("BertForMaskedLM: the encoder is imported (as transformers' AutoModel loads it); "
                        "the masked-LM head cls.predictions.* is not")
     encoder = arch in ("BertModel", "BertForMaskedLM")
-    return build_encoder(o, fields, encoder, encoder and any((_strip(k, arch) or "").startswith("pooler.")
+    return build_encoder(o, fields, encoder, encoder and any((bert_relative_key(k, arch) or "").startswith("pooler.")
                                                              for k in keys))
 
 
 def tensor_fn(name: str, cfg, arch: str):
     def fn(key: str, x: np.ndarray):
-        k = _strip(key, arch)
+        k = bert_relative_key(key, arch)
         if k == "embeddings.position_ids":
             return None  # a buffer: arange(max_len)
         if arch == "BertForMaskedLM" and k.startswith("cls."):

@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Iterable, Mapping
 
 from jaxformer.config import ConfigError
+from jaxformer.config.transformer import LAYER_TYPES
 
 # PretrainedConfig housekeeping and generation defaults that never change the weights' math
 GENERIC_IGNORED = {
@@ -434,3 +435,75 @@ def partial_factor(rotary_dim: int, head_dim: int) -> float:
     while int(head_dim * pct) < rotary_dim:  # rotary_dim / head_dim rounded down
         pct = math.nextafter(pct, 2.0)
     return pct
+
+
+# ----------------------------------------------------------------------------- shared by families
+def layer_types_and_window(o: Options, n: int, pattern: int = 2) -> tuple[tuple[str, ...] | None, int | None]:
+    """-> (layer_types, sliding_window) for LMConfig: HF's default pattern when absent (every
+    `pattern`-th layer full, the others sliding: Gemma2 2, Gemma3 sliding_window_pattern); a
+    stack without sliding layers needs no window."""
+    o.used.update(("layer_types", "sliding_window"))
+    types = o.raw.get("layer_types")
+    if types is None:
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if not (isinstance(types, list) and len(types) == n and all(t in LAYER_TYPES for t in types)):
+        o.problem("layer_types", f"must be {n} entries (num_hidden_layers) of {list(LAYER_TYPES)}")
+        return None, None
+    window = o.raw.get("sliding_window", o.defaults["sliding_window"])
+    if "sliding_attention" not in types:
+        return None, None
+    if not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+        o.problem("sliding_window", "sliding_attention layers need a positive integer window")
+        return None, None
+    return tuple(types), window
+
+
+def number_or_null(o: Options, key: str):
+    """A soft cap (or scalar): a number > 0, or null = off."""
+    o.used.add(key)
+    v = o.raw.get(key, o.defaults[key])
+    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
+        o.problem(key, "must be a number > 0 or null")
+        return None
+    return v
+
+
+def uniform_window(o: Options) -> int | None:
+    """The sliding window HF's Mistral-style decoders apply to every layer (Mistral, Mixtral):
+    an integer or null (full attention), with layer_types absent or all alike."""
+    o.used.add("sliding_window")  # an integer or null (full attention); HF's default when absent
+    window = o.raw.get("sliding_window", o.defaults["sliding_window"])
+    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
+        o.problem("sliding_window", "must be a positive integer or null")
+        window = None
+    want = "sliding_attention" if window is not None else "full_attention"
+    o.require("layer_types", lambda v: v is None or (isinstance(v, list) and all(t == want for t in v)),
+              f"MistralForCausalLM applies sliding_window={window} to every layer; only all-"
+              f"{want!r} layer_types agree with it")
+    return window
+
+
+def full_attention_only(o: Options) -> None:
+    """Qwen's sliding-window options: accepted only when they have no effect."""
+    why = "jaxformer's Qwen attention is full (no per-layer sliding window)"
+    use = o.require("use_sliding_window", (False,), why)
+    o["sliding_window"], o["max_window_layers"]  # no effect while use_sliding_window is false
+    if use:
+        o.problem("max_window_layers", why)
+    o.require("layer_types", lambda v: v is None or (isinstance(v, list) and
+                                                      all(t == "full_attention" for t in v)), why)
+
+
+def bert_relative_key(key: str, arch: str) -> str | None:
+    """The BertModel-relative name of a key: `bert.` prefix removed (a classification
+    checkpoint always has it; a BertModel one may), legacy gamma/beta leaves read as
+    weight/bias (as transformers reads them, on any key)."""
+    if key.startswith("bert."):
+        key = key[len("bert."):]
+    elif arch == "BertForSequenceClassification" and not key.startswith("classifier."):
+        return None
+    if key.endswith(".gamma"):
+        key = key[: -len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+        key = key[: -len("beta")] + "bias"
+    return key

@@ -30,13 +30,14 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config.models import LMConfig
-from jaxformer.config.transformer import LAYER_TYPES
 from jaxformer.hf import llama
 from jaxformer.hf.common import (
     Options,
     Renamer,
     build_config,
     hf_max_positions,
+    layer_types_and_window,
+    number_or_null,
     rename_all,
     rope_from_hf,
     rope_to_hf,
@@ -69,36 +70,6 @@ RULES = Renamer([
 ])
 
 
-def _number_or_null(o: Options, key: str):
-    """A soft cap (or scalar): a number > 0, or null = off."""
-    o.used.add(key)
-    v = o.raw.get(key, o.defaults[key])
-    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-        o.problem(key, "must be a number > 0 or null")
-        return None
-    return v
-
-
-def _layers(o: Options, n: int, pattern: int = 2) -> tuple[tuple[str, ...] | None, int | None]:
-    """-> (layer_types, sliding_window) for LMConfig: HF's default pattern when absent (every
-    `pattern`-th layer full, the others sliding: Gemma2 2, Gemma3 sliding_window_pattern); a
-    stack without sliding layers needs no window."""
-    o.used.update(("layer_types", "sliding_window"))
-    types = o.raw.get("layer_types")
-    if types is None:
-        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    if not (isinstance(types, list) and len(types) == n and all(t in LAYER_TYPES for t in types)):
-        o.problem("layer_types", f"must be {n} entries (num_hidden_layers) of {list(LAYER_TYPES)}")
-        return None, None
-    window = o.raw.get("sliding_window", o.defaults["sliding_window"])
-    if "sliding_attention" not in types:
-        return None, None
-    if not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
-        o.problem("sliding_window", "sliding_attention layers need a positive integer window")
-        return None, None
-    return tuple(types), window
-
-
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS, family=f"gemma2 {arch}")
     d, heads, kv = o["hidden_size"], o["num_attention_heads"], o["num_key_value_heads"]
@@ -107,7 +78,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
         o.require("hidden_act", (act,), f"transformers' Gemma2 ignores hidden_act and gates with "
                   f"hidden_activation={act!r}; a different value is ambiguous (make them agree)")
     o.require("use_bidirectional_attention", (None, False), "jaxformer's LM attention is causal")
-    layer_types, window = _layers(o, o["num_hidden_layers"])
+    layer_types, window = layer_types_and_window(o, o["num_hidden_layers"])
     vocab, max_pos = o["vocab_size"], o["max_position_embeddings"]
     rope_base, rope_scaling = rope_from_hf(o, max_pos)
     bias = bool(o["attention_bias"])
@@ -120,9 +91,9 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
         attn_qkv_bias=bias, attn_out_bias=bias, ffn_bias=False, dropout=0.0, attn_dropout=float(o["attention_dropout"]),
         ffn_dropout=0.0, embed_dropout=0.0, position="rope", rope_base=rope_base, rope_scaling=rope_scaling,
         max_len=max_pos, scale_embedding=True, tie_embeddings=bool(o["tie_word_embeddings"]),
-        sliding_window=window, layer_types=layer_types, query_pre_attn_scalar=_number_or_null(o, "query_pre_attn_scalar"),
-        attn_logit_softcap=_number_or_null(o, "attn_logit_softcapping"),
-        final_logit_softcap=_number_or_null(o, "final_logit_softcapping"), dtype="float32",
+        sliding_window=window, layer_types=layer_types, query_pre_attn_scalar=number_or_null(o, "query_pre_attn_scalar"),
+        attn_logit_softcap=number_or_null(o, "attn_logit_softcapping"),
+        final_logit_softcap=number_or_null(o, "final_logit_softcapping"), dtype="float32",
         **token_ids(o, vocab, need_bos_eos=True))
     if fields["query_pre_attn_scalar"] is None:
         o.problem("query_pre_attn_scalar", "Gemma2 scales scores by its -1/2 power; it must be set")

@@ -37,6 +37,8 @@ from jaxformer.hf.common import (
     Renamer,
     build_config,
     hf_max_positions,
+    layer_types_and_window,
+    number_or_null,
     rename_all,
     rope_from_hf,
     rope_to_hf,
@@ -127,7 +129,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
     o.require("use_bidirectional_attention", (None, False), "jaxformer's LM attention is causal")
     o.require("attn_logit_softcapping", (None,), "transformers' Gemma3 never applies it (its attention "
               "takes no soft cap), so a value is ambiguous; jaxformer's attn_logit_softcap is Gemma2's")
-    layer_types, window = gemma2._layers(o, o["num_hidden_layers"], _pattern(o))
+    layer_types, window = layer_types_and_window(o, o["num_hidden_layers"], _pattern(o))
     vocab, max_pos = o["vocab_size"], o["max_position_embeddings"]
     bias = bool(o["attention_bias"])
     head_dim = o["head_dim"]
@@ -141,8 +143,8 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
         **_ropes(o, max_pos, layer_types is not None and "sliding_attention" in layer_types),
         max_len=max_pos, scale_embedding=True, tie_embeddings=bool(o["tie_word_embeddings"]),
         sliding_window=window, layer_types=layer_types,
-        query_pre_attn_scalar=gemma2._number_or_null(o, "query_pre_attn_scalar"),
-        final_logit_softcap=gemma2._number_or_null(o, "final_logit_softcapping"), dtype="float32",
+        query_pre_attn_scalar=number_or_null(o, "query_pre_attn_scalar"),
+        final_logit_softcap=number_or_null(o, "final_logit_softcapping"), dtype="float32",
         **token_ids(o, vocab, need_bos_eos=True))
     if fields["query_pre_attn_scalar"] is None:
         o.problem("query_pre_attn_scalar", "Gemma3 scales scores by its -1/2 power; it must be set")

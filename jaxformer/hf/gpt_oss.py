@@ -31,13 +31,14 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.config.moe import MoEConfig
-from jaxformer.hf import gemma2, llama
+from jaxformer.hf import llama
 from jaxformer.hf.common import (
     Options,
     Renamer,
     build_config,
     ffn_from_hf,
     hf_max_positions,
+    layer_types_and_window,
     rename_all,
     rope_from_hf,
     rope_to_hf,
@@ -97,7 +98,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
             o.notes.append("MXFP4 expert weights dequantized at import (jaxformer/hf/mxfp4.py)")
         else:
             o.problem("quantization_config", "only quant_method mxfp4 (dequantized at import) is implemented")
-    layer_types, window = gemma2._layers(o, o["num_hidden_layers"])
+    layer_types, window = layer_types_and_window(o, o["num_hidden_layers"])
     vocab, max_pos = o["vocab_size"], o["max_position_embeddings"]
     rope_base, rope_scaling = rope_from_hf(o, max_pos, default_theta=DEFAULTS["rope_theta"])
     bias, head_dim = bool(o["attention_bias"]), o["head_dim"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import Options, build_config, rename_all
+from jaxformer.hf.common import Options, build_config, rename_all, uniform_window
 
 ARCHITECTURES = {"MistralForCausalLM": "lm"}
 MODEL_TYPE = "mistral"
@@ -34,22 +34,9 @@ DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num
 RULES = llama.RULES
 
 
-def _window(o: Options) -> int | None:
-    o.used.add("sliding_window")  # an integer or null (full attention); HF's default when absent
-    window = o.raw.get("sliding_window", o.defaults["sliding_window"])
-    if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window > 0):
-        o.problem("sliding_window", "must be a positive integer or null")
-        window = None
-    want = "sliding_attention" if window is not None else "full_attention"
-    o.require("layer_types", lambda v: v is None or (isinstance(v, list) and all(t == want for t in v)),
-              f"MistralForCausalLM applies sliding_window={window} to every layer; only all-"
-              f"{want!r} layer_types agree with it")
-    return window
-
-
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS, family=f"mistral {arch}")
-    window = _window(o)
+    window = uniform_window(o)
     fields = llama.decoder_fields(o, qkv_bias=False, out_bias=False, ffn_bias=False)
     return "lm", build_config(LMConfig, dict(fields, sliding_window=window), o), o.notes
 

@@ -35,7 +35,7 @@ import numpy as np
 from jaxformer.config import MoEConfig
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mistral
-from jaxformer.hf.common import MappingError, Options, Renamer, build_config, rename_all
+from jaxformer.hf.common import MappingError, Options, Renamer, build_config, rename_all, uniform_window
 
 ARCHITECTURES = {"MixtralForCausalLM": "lm"}
 MODEL_TYPE = "mixtral"
@@ -140,7 +140,7 @@ def router_options(o: Options) -> float:
 # ----------------------------------------------------------------------------- import
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS, family=f"mixtral {arch}")
-    window = mistral._window(o)
+    window = uniform_window(o)
     fields = llama.decoder_fields(o, qkv_bias=False, out_bias=False, ffn_bias=False)
     o.require("router_jitter_noise", (0, 0.0), "multiplies the router's training inputs by uniform "
               "noise, which jaxformer does not implement (only 0)")

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import Options, Renamer, build_config, rename_all
+from jaxformer.hf.common import Options, Renamer, build_config, full_attention_only, rename_all
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "lm", "Qwen3ForCausalLM": "lm"}
 MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -38,20 +38,9 @@ RULES = Renamer(llama.RULES.rules + [
 ])
 
 
-def _sliding(o: Options) -> None:
-    """Qwen's sliding-window options: accepted only when they have no effect."""
-    why = "jaxformer's Qwen attention is full (no per-layer sliding window)"
-    use = o.require("use_sliding_window", (False,), why)
-    o["sliding_window"], o["max_window_layers"]  # no effect while use_sliding_window is false
-    if use:
-        o.problem("max_window_layers", why)
-    o.require("layer_types", lambda v: v is None or (isinstance(v, list) and
-                                                      all(t == "full_attention" for t in v)), why)
-
-
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS[arch], family=f"{MODEL_TYPES[arch]} {arch}")
-    _sliding(o)
+    full_attention_only(o)
     o.require("use_mrope", (False,), "multimodal RoPE (Qwen2-VL's position sections) is not implemented")
     if arch == "Qwen2ForCausalLM":
         fields = llama.decoder_fields(o, qkv_bias=True, out_bias=False, ffn_bias=False)

@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mixtral, qwen
-from jaxformer.hf.common import Options, Renamer, rename_all
+from jaxformer.hf.common import Options, Renamer, full_attention_only, rename_all
 
 ARCHITECTURES = {"Qwen2MoeForCausalLM": "lm", "Qwen3MoeForCausalLM": "lm"}
 MODEL_TYPES = {"Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
@@ -79,7 +79,7 @@ def _dense_layers(o: Options, num_layers: int) -> tuple[int, ...]:
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[str]]:
     o = Options(raw, DEFAULTS[arch], family=f"{MODEL_TYPES[arch]} {arch}")
-    qwen._sliding(o)
+    full_attention_only(o)
     if arch == "Qwen2MoeForCausalLM":
         bias = o["qkv_bias"]
         fields = llama.decoder_fields(o, qkv_bias=bias, out_bias=False, ffn_bias=False)

@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxformer.config import TransformerConfig
 from jaxformer.hf import bert
-from jaxformer.hf.common import MappingError, Options, exportable_ffns, rename_all
+from jaxformer.hf.common import MappingError, Options, bert_relative_key, exportable_ffns, rename_all
 
 ARCHITECTURES = {"RobertaModel": "encoder", "RobertaForSequenceClassification": "classifier",
                  "RobertaForMaskedLM": "encoder", "XLMRobertaModel": "encoder",
@@ -49,7 +49,7 @@ HEAD = {"classifier.dense.weight": "pooler.weight", "classifier.dense.bias": "po
 
 def _strip(key: str, arch: str) -> str | None:
     """The RobertaModel-relative name of a key (`roberta.` removed; legacy gamma/beta read as
-    weight/bias, bert._strip); the classification head's keys as they are; None for a key a
+    weight/bias, common.bert_relative_key); the classification head's keys as they are; None for a key a
     classification checkpoint has no place for."""
     if arch.endswith("ForSequenceClassification") and key in HEAD:
         return key
@@ -57,7 +57,7 @@ def _strip(key: str, arch: str) -> str | None:
         key = key[len("roberta."):]
     elif arch.endswith("ForSequenceClassification"):
         return None
-    return bert._strip(key, "BertModel")
+    return bert_relative_key(key, "BertModel")
 
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
