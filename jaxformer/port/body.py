@@ -215,7 +215,7 @@ class Body:
         if exact is not None:
             return exact
         parts = {}
-        for s in set(SYMBOL.findall(text)):
+        for s in dict.fromkeys(SYMBOL.findall(text)):  # first use first: the same file in every process
             found = self._shape_of_expr(s)
             if found is None and not passed:
                 raise ops.Unsupported(f"no live value carries the size {s}")

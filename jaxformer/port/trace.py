@@ -58,10 +58,8 @@ def _dynamic_shapes(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: bool = False):
-    """torch.export.export, or draft_export, which resolves data-dependent Python control flow
-    (an id-range check, a loop over the experts a router picked) at the traced values."""
-    import logging
-
+    """torch.export.export, or draft_export's trace, which resolves data-dependent Python control
+    flow (an id-range check, a loop over the experts a router picked) at the traced values."""
     import torch
     # fresh tensors: an attempt marks its inputs' dims dynamic, and the marks would stay
     kwargs = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in kwargs.items() if v is not None}
@@ -69,12 +67,37 @@ def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: 
     if not draft:
         return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
                                    preserve_module_call_signature=preserve)
-    logging.disable(logging.ERROR)  # draft_export logs every resolved guard and its graphs
+    return _draft_export(module, kwargs, shapes, preserve)
+
+
+def _draft_export(module, kwargs, shapes, preserve: tuple[str, ...]):
+    """torch.export.draft_export's graph without its report. draft_export traces with real
+    values propagated beside the fake ones (a data-dependent value is read, not guessed) under a
+    structured-log capture that records a stack trace for every symbolic-shape operation (its
+    report: 80% of its time here). The graph is the same without the capture, except where the
+    report names a custom op with a missing or mismatched fake kernel (draft_export then guards
+    its calls): a graph calling a custom op is traced again with draft_export itself."""
+    import logging
+
+    import torch
+    logging.disable(logging.ERROR)  # both log every value they resolve (draft_export its graphs too)
     try:
+        with torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True,
+                                           generate_fake_kernels_from_real_mismatches=True):
+            program = torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
+                                          preserve_module_call_signature=preserve)
+        if not any(_custom_op(n) for n in program.graph.nodes):
+            return program
         return torch.export.draft_export(module, (), kwargs, dynamic_shapes=shapes,
                                          preserve_module_call_signature=preserve)
     finally:
         logging.disable(logging.NOTSET)
+
+
+def _custom_op(node) -> bool:
+    """An op node whose target is an operator outside torch's own namespaces (torch.library)."""
+    namespace = getattr(node.target, "namespace", None)
+    return node.op == "call_function" and namespace is not None and namespace not in ("aten", "prims")
 
 
 ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
