@@ -147,13 +147,24 @@ def test_pmap_and_mesh_match_one_device(tmp_path):
 
 
 # ----------------------------------------------------------------------------- resume
-def test_resume_is_exact_in_both_trainers(tmp_path):
+@pytest.fixture(scope="module")
+def int8_run(tmp_path_factory):
+    """One 4-step int8-base LoRA JAX run (checkpoints at steps 2 and 4, both kept; lr 3e-2 so
+    that the adapters visibly move), shared by the resume and the load/generate tests: (cfg,
+    run folder, trainer, losses). The tests copy the folder before changing anything in it."""
+    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=4, eval_every=2, checkpoint_every=2,
+                   keep_checkpoints=2, lr=3e-2)
+    run = tmp_path_factory.mktemp("int8_run") / "jax"
+    trainer = JaxTrainer(cfg, str(run), progress=False)
+    losses = [r["loss"] for r in trainer.run()]
+    return cfg, run, trainer, losses
+
+
+def test_resume_is_exact_in_both_trainers(int8_run, tmp_path):
     """An int8-base LoRA run stopped after its step-2 checkpoint and resumed ends exactly where
     the uninterrupted run does (adapters, optimiser state, base), in both trainers."""
-    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=4, eval_every=2, checkpoint_every=2, keep_checkpoints=2)
-    full = JaxTrainer(cfg, str(tmp_path / "jax"), progress=False)
-    full_losses = [r["loss"] for r in full.run()]
-    shutil.copytree(tmp_path / "jax", tmp_path / "jax2")
+    cfg, run, full, full_losses = int8_run
+    shutil.copytree(run, tmp_path / "jax2")
     shutil.rmtree(tmp_path / "jax2" / "checkpoints" / "4")  # as if killed before step 4's save
     resumed = JaxTrainer(cfg, str(tmp_path / "jax2"), resume=True, progress=False)
     assert resumed.start_step == 2
@@ -173,17 +184,15 @@ def test_resume_is_exact_in_both_trainers(tmp_path):
 
 
 # ----------------------------------------------------------------------------- using the result
-def test_load_and_generate_give_the_adapted_model(tmp_path, capsys):
+def test_load_and_generate_give_the_adapted_model(int8_run, capsys):
     """jaxformer.load(RUN) is the trained model with its adapters (model.yaml's lora section,
     an int8 base written as the fp32 values it stood for); generate --weights RUN decodes it
     (the adapters merged into the base) from model/last and from checkpoint step 4 alike."""
     import jaxformer
     from jaxformer import cli
     from jaxformer.layers import lora as jl
-    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=4, eval_every=4, checkpoint_every=4, lr=3e-2)
-    run = str(tmp_path / "run")
-    trainer = JaxTrainer(cfg, run, progress=False)
-    trainer.run()
+    _, run, trainer, _ = int8_run
+    run = str(run)
     model, _ = jaxformer.load(run)
     assert set(jl.lora_modules(model)) == set(jl.lora_modules(trainer.trained_model()))
     ids = jnp.asarray(np.random.RandomState(0).randint(3, 259, (2, 9)), jnp.int32)
