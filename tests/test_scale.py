@@ -53,18 +53,30 @@ MESH_CASES = [("lm_llama_gqa", m) for m in ("fsdp8", "data2_fsdp2_tensor2")] + \
     [(f, "data2_fsdp2_tensor2") for f in SCALE_FAMILIES if f != "lm_llama_gqa"] + [("lm_gpt2", "data8")]
 
 
+@pytest.fixture(scope="module")
+def fsdp8_trainer(tmp_path_factory):
+    """The GQA LM's trainer on the fsdp=8 mesh, built once for its mesh case and the FSDP
+    memory test (the state's shardings are the same before and after its 5 steps)."""
+    tr = JaxTrainer(_cfg("lm_llama_gqa", MESHES["fsdp8"]), str(tmp_path_factory.mktemp("fsdp8")), progress=False)
+    yield tr
+    tr.close()
+
+
 @pytest.mark.parametrize("family,mesh", MESH_CASES)
-def test_mesh_matches_single_device(family, mesh, single_device_losses, tmp_path):
+def test_mesh_matches_single_device(family, mesh, single_device_losses, tmp_path, request):
     assert jax.device_count() == 8
-    tr = JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
+    if (family, mesh) == ("lm_llama_gqa", "fsdp8"):
+        tr = request.getfixturevalue("fsdp8_trainer")
+    else:
+        tr = JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
     losses = [r["loss"] for r in tr.run()]
     diffs = [abs(a - b) for a, b in zip(losses, single_device_losses[family])]
     print(f"{family} {mesh}: max per-step loss diff {max(diffs):.1e}, memory {tr.memory_report()}")
     assert len(losses) == 5 and max(diffs) <= 1e-5
 
 
-def test_fsdp8_shards_params_and_optimizer(tmp_path):
-    tr = JaxTrainer(_cfg("lm_llama_gqa", MESHES["fsdp8"]), str(tmp_path), progress=False)
+def test_fsdp8_shards_params_and_optimizer(fsdp8_trainer):
+    tr = fsdp8_trainer
     m = tr.memory_report()
     small = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tr.state["params"]) if x.ndim < 2)
     print("fsdp=8:", m, "replicated 1-D leaves:", small)
