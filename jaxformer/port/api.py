@@ -115,10 +115,45 @@ def from_torch(torch_module, inputs: Mapping[str, Any], *, check: bool = False, 
     With check=True the parity harness runs on `inputs` and prints its row; a failure raises
     ParityError with the report (where the two first part)."""
     result = port(torch_module, inputs, class_name=class_name)
-    model = load_torch_weights(result.build(), torch_module)
+    model = _loaded(result, torch_module)
     if check:
         _checked(torch_module, model, inputs, result.class_name)
     model.train() if torch_module.training else model.eval()
+    return model
+
+
+# XLA:CPU codegen optimisation off for the one-shot program that computes a module's RNG state:
+# integer key arithmetic, the same at every level (as the parity harness's _ONE_SHOT)
+_ONE_SHOT = {"xla_backend_optimization_level": 0}
+
+
+def _loaded(result: PortResult, torch_module, seed: int = 0):
+    """`load_torch_weights(result.build(seed), torch_module)` without drawing the initial values
+    the load replaces (eager, a compile per parameter shape): the module is built abstractly
+    (nnx.eval_shape), the state the load does not fill (dropout's RNG streams) is computed by
+    the same constructor under jit (integer key arithmetic: the same keys), then the load fills
+    the rest. Where a leaf would stay abstract, it is built and loaded as before."""
+    import jax
+    from flax import nnx
+
+    from jaxformer import convert
+    cls = load_source(result.source, result.class_name)
+    make = lambda: cls(rngs=nnx.Rngs(seed))  # noqa: E731
+    model = nnx.eval_shape(make)
+    loaded = set(convert.param_leaves(model)) | {tuple(p) for p, _ in nnx.to_flat_state(nnx.state(model, _is_constant))}
+    rest = [(tuple(p), v) for p, v in nnx.to_flat_state(nnx.state(model)) if tuple(p) not in loaded]
+    if rest:
+        paths = [p for p, _ in rest]
+
+        def values():
+            state = dict((tuple(p), v) for p, v in nnx.to_flat_state(nnx.state(make())))
+            return [state[p].get_value() for p in paths]
+        compiled = jax.jit(values).lower().compile(_ONE_SHOT if jax.default_backend() == "cpu" else None)
+        for (_, var), value in zip(rest, compiled()):
+            var.set_value(value)
+    model = load_torch_weights(model, torch_module)
+    if any(isinstance(v.get_value(), jax.ShapeDtypeStruct) for _, v in nnx.to_flat_state(nnx.state(model))):
+        return load_torch_weights(result.build(seed), torch_module)
     return model
 
 

@@ -12,7 +12,6 @@ import dataclasses
 import re
 from typing import Any, Iterator
 
-
 SKIPPED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
            "aten._assert_async", "aten.sym_constrain_range"}  # runtime checks with no value
 

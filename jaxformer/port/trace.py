@@ -7,6 +7,7 @@ exported twice, in eval mode (the graph that is written) and in train mode (wher
 rates come from); the two graphs are lined up op by op (jaxformer/port/graph.py)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Any, Mapping
@@ -180,27 +181,82 @@ def free_symbols(program, kwargs: Mapping[str, Any]) -> dict[str, str]:
 
 def trace(module, inputs: Mapping[str, Any]) -> Traced:
     """Export `module` at `inputs` (numpy, keyed by forward's argument names) in eval and in
-    train mode. The module's own mode is restored afterwards."""
+    train mode. The module's own mode is restored afterwards. Where the eval export never read
+    a module's `training` flag (and `train()` only sets that flag), train mode runs the same
+    Python, so its graph is the eval graph and is not exported again (`mode_blind`)."""
     kwargs = torch_inputs(module, inputs)
     notes: list[str] = []
     was_training = module.training
     try:
         module.eval()
-        program, draft, dynamic = _export_any(module, kwargs, notes)
-        train = None
+        reads: list[str] = []
+        with _training_reads(reads) as recording:
+            program, draft, dynamic = _export_any(module, kwargs, notes)
+        train = program if recording and not reads and mode_blind(module) else None
         try:
-            module.train()
-            train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft)
+            if train is None:
+                module.train()
+                train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft)
         except Exception as e:
             notes.append(f"train mode not ported: its graph does not export ({type(e).__name__}: "
                          f"{_first_line(e)}); dropout stays off")
     finally:
         module.train(was_training)
     inline_no_grad(program)
-    if train is not None:
+    if train is not None and train is not program:
         inline_no_grad(train)
     return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes)
 
+
+def mode_blind(module) -> bool:
+    """Whether switching `module` to train mode changes nothing but the `training` flags: no
+    module in its tree overrides `train` or defines `training` on its class."""
+    import torch
+    for m in module.modules():
+        cls = type(m)
+        if cls.train is not torch.nn.Module.train or cls.eval is not torch.nn.Module.eval:
+            return False
+        if any("training" in vars(c) for c in cls.__mro__ if c is not torch.nn.Module):
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _training_reads(reads: list[str]):
+    """Record in `reads` every read of any nn.Module's `training` flag while inside (yields
+    True), through a data descriptor on nn.Module (which the instance attribute cannot shadow).
+    Two reads are not recorded, as neither can change a traced graph: torch.fx copying a root's
+    flag into a new GraphModule, and nn.Dropout's forward at p = 0 (its op is the same in both
+    modes, and drops nothing). Yields False, recording nothing, where nn.Module already has a
+    `training` class attribute."""
+    import sys
+
+    import torch
+    from torch.fx.graph_module import GraphModule
+    if "training" in vars(torch.nn.Module):
+        yield False
+        return
+    harmless = GraphModule.__init__.__code__
+    dropout = torch.nn.Dropout.forward.__code__
+
+    def get(obj):
+        try:
+            value = obj.__dict__["training"]
+        except KeyError:
+            raise AttributeError("training") from None
+        code = sys._getframe(1).f_code
+        if code is not harmless and not (code is dropout and type(obj) is torch.nn.Dropout and obj.p == 0):
+            reads.append(f"{type(obj).__name__} ({code.co_filename}:{code.co_name})")
+        return value
+
+    def set_(obj, value):
+        obj.__dict__["training"] = value
+
+    torch.nn.Module.training = property(get, set_)
+    try:
+        yield True
+    finally:
+        del torch.nn.Module.training
 
 
 def inline_no_grad(program) -> None:
