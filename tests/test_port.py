@@ -148,8 +148,10 @@ def test_check_passes_and_prints_the_row(tiny, capsys):
 
 def test_dropout_is_ported_for_train_mode():
     model, inputs = make_tiny(p=0.5)
-    ported = from_torch(model, inputs)
-    assert "nnx.Dropout(0.5" in port_source(model, inputs)
+    result = port(model, inputs)  # one port: its file, and the module from_torch would return
+    assert "nnx.Dropout(0.5" in result.source
+    ported = api._loaded(result, model)
+    ported.eval()  # as from_torch leaves an eval-mode torch module's port
     idx = jnp.asarray(inputs["idx"])
     eval_a, eval_b = np.asarray(ported(idx)), np.asarray(ported(idx))
     assert np.array_equal(eval_a, eval_b)  # eval: deterministic, as torch's

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from port_corpus import CORPUS, REFUSED, dropout_mlp
 
 from jaxformer.parity.harness import OUT_TOL, check_parity
-from port_corpus import CORPUS, REFUSED, dropout_mlp
 
 MAX_PARAMS = 200_000  # tiny models only: the whole file has a 40 s budget on 2 cores
 
@@ -55,8 +55,9 @@ def test_port_corpus(name):
     from jaxformer.port import from_torch  # no skip: a missing engine fails here
     if name in REFUSED:
         from jaxformer.port import PortError
-        with pytest.raises(PortError, match=re.escape(REFUSED[name])):
+        with pytest.raises(PortError, match=re.escape(REFUSED[name])) as refusal:
             from_torch(module, inputs)
+        assert len(str(refusal.value).splitlines()) == 1, "a refusal is one line"
         return
     from jaxformer.port.api import converter_state
     ported = from_torch(module, inputs)

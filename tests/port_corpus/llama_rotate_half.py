@@ -2,12 +2,10 @@
 in forward from a non-persistent inv_freq buffer and explicit position_ids, a hand-written
 RMSNorm that upcasts, a SwiGLU MLP (gate_proj / up_proj / down_proj), and a boolean causal mask
 turned into an additive one. Takes hidden states, not tokens."""
-import math
 
 import numpy as np
 import torch
 from torch import nn
-import torch.nn.functional as F
 
 
 class LlamaRMSNorm(nn.Module):
