@@ -29,7 +29,7 @@ from port_corpus import CORPUS, REFUSED, dropout_mlp
 
 from jaxformer.parity.harness import OUT_TOL, check_parity
 
-MAX_PARAMS = 200_000  # tiny models only: the whole file has a 40 s budget on 2 cores
+MAX_PARAMS = 200_000  # tiny models only: the suite has a 15-minute budget on 2 cores
 
 
 def _check_factory(module, inputs) -> None:
