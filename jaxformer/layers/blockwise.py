@@ -464,7 +464,7 @@ def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interp
 
     b, t, h, d = q.shape
     s = k.shape[1]
-    pattern = _splash_pattern(sm, mask, t, s)
+    pattern = _splash_pattern(sm, mask.causal, _concrete(mask.window), t, s)
     blocks = lowering.active().attention_blocks
     bq, bk = _splash_block(t, blocks[0]), _splash_block(s, blocks[1])
     sizes = sk.BlockSizes(block_q=bq, block_kv=bk, block_kv_compute=bk, block_q_dkv=bq, block_kv_dkv=bk,
@@ -518,13 +518,12 @@ def _splash_refusal(q, k, v, mask: AttentionMask, bias) -> str | None:
     return None
 
 
-def _splash_pattern(sm, mask: AttentionMask, t: int, s: int):
-    """The kernel's static mask: keys j with i - window < j <= i (causal) or |i - j| < window,
-    else causal, else full."""
-    window = _concrete(mask.window)
+def _splash_pattern(sm, causal: bool, window, t: int, s: int):
+    """The kernel's static mask: keys j with i - window < j <= i (causal) or |i - j| < window
+    (window: the concrete one, or None), else causal, else full."""
     if window is not None and window < max(t, s):
-        return sm.LocalMask((t, s), (int(window) - 1, 0 if mask.causal else int(window) - 1), offset=0)
-    return sm.CausalMask((t, s)) if mask.causal else sm.FullMask((t, s))
+        return sm.LocalMask((t, s), (int(window) - 1, 0 if causal else int(window) - 1), offset=0)
+    return sm.CausalMask((t, s)) if causal else sm.FullMask((t, s))
 
 
 def _splash_segments(mask: AttentionMask, b: int, t: int, s: int):

@@ -375,6 +375,10 @@ def _diff(c, a):
     return f"jnp.diff({c.r(a['self'])}, n={a['n']}, axis={a['dim']}{extra})"
 
 
+def _moveaxis(c, a):
+    return f"jnp.moveaxis({c.r(a['self'])}, {c.r(a['source'])}, {c.r(a['destination'])})"
+
+
 def _identity(c, a):
     return c.r(next(iter(a.values())))
 
@@ -386,8 +390,7 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.permute": lambda c, a: f"{c.r(a['self'])}.transpose({c.r(tuple(d % c.ndim(a['self']) for d in a['dims']))[1:-1]})",
     "aten.transpose": lambda c, a: f"{c.r(a['self'])}.swapaxes({a['dim0']}, {a['dim1']})",
     "aten.t": lambda c, a: f"{c.recv(a['self'])}.T",
-    "aten.movedim": lambda c, a: f"jnp.moveaxis({c.r(a['self'])}, {c.r(a['source'])}, {c.r(a['destination'])})",
-    "aten.moveaxis": lambda c, a: f"jnp.moveaxis({c.r(a['self'])}, {c.r(a['source'])}, {c.r(a['destination'])})",
+    "aten.movedim": _moveaxis, "aten.moveaxis": _moveaxis,
     "aten.contiguous": _identity, "aten.clone": _identity, "aten.alias": _identity,
     "aten.lift_fresh_copy": _identity,
     "aten.detach": lambda c, a: f"jax.lax.stop_gradient({c.r(a['self'])})",
