@@ -25,6 +25,7 @@ COMMANDS = {
     "data": ("data", "prepare your own text as a tokenized dataset (data prepare)"),
     "plot": ("plot", "overlay the loss, lr, grad-norm and eval curves of training runs (PNG)"),
     "compile": ("compile", "compile the train or decode step for a TPU slice on this host: fits? estimated speed"),
+    "config": ("config", "print a config resolved, or --explain: every rule it breaks"),
     "port": ("port", "write a torch module as Flax NNX source (torch.export), with parity checked"),
 }
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 
-from jaxformer.config.base import check, check_choice, check_positive, check_prob
+from jaxformer.config.base import ConfigError, check, check_choice, check_positive
+from jaxformer.config.rules import Rule, as_tuples, choice, is_number, number_or_null, positive
 from jaxformer.config.transformer import TransformerConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -62,15 +63,24 @@ def stack_config(cfg: TransformerConfig, **changes) -> TransformerConfig:
     return TransformerConfig(**fields)
 
 
-def _check_meta_tokens(cfg, name: str) -> None:
+def _meta_token_ok(value, name: str) -> bool:
+    ids = value if isinstance(value, tuple) and name == "eos_id" else (value,)
+    return value is None or (len(ids) > 0 and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                  for i in ids))
+
+
+def _meta_token(name: str) -> Rule:
     """bos/eos of an LM are token metadata (generation stops at an eos id): ints >= 0, a tuple
     of them for eos, or None; an id outside the vocabulary is allowed (it is never produced)."""
-    value = getattr(cfg, name)
-    ids = value if isinstance(value, tuple) and name == "eos_id" else (value,)
-    check(value is None or (len(ids) > 0 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                 and i >= 0 for i in ids)), name,
-          f"must be a token id >= 0{', a non-empty tuple of them' if name == 'eos_id' else ''} "
-          f"or null, got {value!r}")
+    return Rule(f"{name}_meta_token", name, lambda c: _meta_token_ok(getattr(c, name), name),
+                f"must be a token id >= 0{', a non-empty tuple of them' if name == 'eos_id' else ''} "
+                f"or null, got {{{name}!r}}")
+
+
+def _check_meta_tokens(cfg, name: str) -> None:
+    rule = _meta_token(name)
+    if not rule.ok(cfg):
+        raise ConfigError(rule.text(cfg))
 
 
 def eos_ids(eos) -> tuple[int, ...]:
@@ -78,10 +88,14 @@ def eos_ids(eos) -> tuple[int, ...]:
     return () if eos is None else tuple(eos) if isinstance(eos, (tuple, list)) else (eos,)
 
 
-def _check_token(cfg, name: str, vocab: int) -> None:
-    value = getattr(cfg, name)
-    check(isinstance(value, int) and 0 <= value < vocab, name,
-          f"must be a token id in [0, {vocab}), got {value!r}")
+def _target_token(name: str) -> Rule:
+    return Rule(f"{name}_target_token", name,
+                lambda c: isinstance(getattr(c, name), int) and 0 <= getattr(c, name) < c.resolved_tgt_vocab,
+                "must be a token id in [0, {resolved_tgt_vocab}), got {%s!r}" % name)
+
+
+_NO_POOLER = Rule("pooler_encoder_only", "pooler", lambda c: not c.pooler,
+                  "only the encoder and classifier have a pooler")
 
 
 @dataclass(frozen=True)
@@ -105,17 +119,18 @@ class ClassifierConfig(TransformerConfig):
     pooler_bias: bool = True
     pooler_norm: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_positive(self, "num_classes")
-        if self.classifier_dropout is not None:
-            check_prob(self, "classifier_dropout")
-        check_choice(self, "pooling", POOLINGS)
-        check_choice(self, "dtype", COMPUTE_DTYPES)
-        check_choice(self, "pooler_act", POOLER_ACTIVATIONS)
-        if not self.pooler:
-            check((self.pooler_act, self.pooler_bias, self.pooler_norm) == ("tanh", True, False), "pooler_act",
-                  "pooler_act / pooler_bias / pooler_norm describe the pooler; set pooler: true")
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        *positive("num_classes"),
+        Rule("classifier_dropout_probability", "classifier_dropout",
+             lambda c: is_number(c.classifier_dropout) and 0.0 <= c.classifier_dropout < 1.0,
+             "must be a probability in [0, 1), got {classifier_dropout!r}",
+             when=lambda c: c.classifier_dropout is not None),
+        choice("pooling", POOLINGS), choice("dtype", COMPUTE_DTYPES), choice("pooler_act", POOLER_ACTIVATIONS),
+        Rule("pooler_options_need_pooler", "pooler_act",
+             lambda c: (c.pooler_act, c.pooler_bias, c.pooler_norm) == ("tanh", True, False),
+             "pooler_act / pooler_bias / pooler_norm describe the pooler; set pooler: true",
+             when=lambda c: not c.pooler),
+    )
 
     @classmethod
     def tiny(cls, **overrides) -> ClassifierConfig:
@@ -147,21 +162,17 @@ class Seq2SeqConfig(TransformerConfig):
     eos_id: int = 2
     dtype: str = "float32"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.num_decoder_layers is not None:
-            check_positive(self, "num_decoder_layers")
-        if self.tgt_vocab_size is not None:
-            check_positive(self, "tgt_vocab_size")
-            check(not self.share_embeddings or self.tgt_vocab_size == self.vocab_size,
-                  "tgt_vocab_size", f"shared embeddings need tgt_vocab_size == vocab_size "
-                  f"({self.vocab_size}), got {self.tgt_vocab_size}")
-        _check_token(self, "bos_id", self.resolved_tgt_vocab)
-        _check_token(self, "eos_id", self.resolved_tgt_vocab)
-        check(self.pad_id < self.resolved_tgt_vocab, "pad_id",
-              f"must be a target token id too (< {self.resolved_tgt_vocab})")
-        check_choice(self, "dtype", COMPUTE_DTYPES)
-        check(not self.pooler, "pooler", "only the encoder and classifier have a pooler")
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        *positive("num_decoder_layers", "tgt_vocab_size", optional=True),
+        Rule("shared_embeddings_one_vocab", "tgt_vocab_size",
+             lambda c: not c.share_embeddings or c.tgt_vocab_size == c.vocab_size,
+             "shared embeddings need tgt_vocab_size == vocab_size ({vocab_size}), got {tgt_vocab_size}",
+             when=lambda c: c.tgt_vocab_size is not None),
+        _target_token("bos_id"), _target_token("eos_id"),
+        Rule("pad_id_target_token", "pad_id", lambda c: c.pad_id < c.resolved_tgt_vocab,
+             "must be a target token id too (< {resolved_tgt_vocab})"),
+        choice("dtype", COMPUTE_DTYPES), _NO_POOLER,
+    )
 
     @property
     def resolved_decoder_layers(self) -> int:
@@ -207,18 +218,14 @@ class LMConfig(TransformerConfig):
     dtype: str = "float32"
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma2)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check(self.final_logit_softcap is None or (isinstance(self.final_logit_softcap, (int, float))
-                                                   and not isinstance(self.final_logit_softcap, bool)
-                                                   and self.final_logit_softcap > 0),
-              "final_logit_softcap", f"must be a number > 0 or null, got {self.final_logit_softcap!r}")
-        if isinstance(self.eos_id, list):  # YAML / JSON lists
-            object.__setattr__(self, "eos_id", tuple(self.eos_id))
-        _check_meta_tokens(self, "bos_id")
-        _check_meta_tokens(self, "eos_id")
-        check_choice(self, "dtype", COMPUTE_DTYPES)
-        check(not self.pooler, "pooler", "only the encoder and classifier have a pooler")
+    def normalise(self) -> None:
+        super().normalise()
+        as_tuples(self, "eos_id")
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        number_or_null("final_logit_softcap"), _meta_token("bos_id"), _meta_token("eos_id"),
+        choice("dtype", COMPUTE_DTYPES), _NO_POOLER,
+    )
 
     @classmethod
     def gpt2(cls, **overrides) -> LMConfig:

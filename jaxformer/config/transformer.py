@@ -2,9 +2,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from jaxformer.config.base import check, check_choice, check_positive, check_prob
+from jaxformer.config.base import check, check_choice
 from jaxformer.config.moe import MLAConfig, MoEConfig
+from jaxformer.config.rules import (
+    Rule,
+    as_tuples,
+    check_rules,
+    choice,
+    is_number,
+    number_or_null,
+    positive,
+    positive_int,
+    positive_number,
+    probability,
+)
 
 FFN_KINDS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 NORM_KINDS = ("layernorm", "rmsnorm", "rmsnorm_offset")
@@ -159,121 +172,137 @@ class TransformerConfig:
     # per-channel scale `gamma` on every sublayer output, initialised to this value; None = none
     layer_scale: float | None = None
 
+    def normalise(self) -> None:
+        as_tuples(self, "layer_types")
+
     def __post_init__(self) -> None:
-        check_positive(self, "vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len",
-                       "rel_num_buckets", "rel_max_distance")
-        check_choice(self, "ffn", FFN_KINDS)
-        check_choice(self, "norm", NORM_KINDS)
-        check_choice(self, "norm_position", NORM_POSITIONS)
-        check_choice(self, "position", POSITION_KINDS)
-        check_prob(self, "dropout", "attn_dropout", "ffn_dropout", "embed_dropout")
-        check(self.norm_eps > 0, "norm_eps", f"must be > 0, got {self.norm_eps}")
-        check(self.rope_base > 0, "rope_base", f"must be > 0, got {self.rope_base}")
-        check(self.attn_scale is None or (isinstance(self.attn_scale, (int, float))
-                                          and not isinstance(self.attn_scale, bool) and self.attn_scale > 0),
-              "attn_scale", f"must be a number > 0 or null (1/sqrt(head_dim)), got {self.attn_scale!r}")
-        check(self.attn_scale is None or self.query_pre_attn_scalar is None, "attn_scale",
-              "set attn_scale or query_pre_attn_scalar, not both (both set the score scale)")
-        if self.head_dim is None:
-            check(self.d_model % self.num_heads == 0 or self.mla is not None, "d_model",  # mla: its own widths
-                  f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
-        else:
-            check_positive(self, "head_dim")
-        if self.num_kv_heads is not None:
-            check_positive(self, "num_kv_heads")
-            check(self.num_kv_heads <= self.num_heads and self.num_heads % self.num_kv_heads == 0,
-                  "num_kv_heads", f"num_heads={self.num_heads} must be a multiple of "
-                  f"num_kv_heads={self.num_kv_heads}")
-        if self.position == "rope" and self.mla is None:  # mla rotates qk_rope_head_dim
-            check(self.resolved_head_dim % 2 == 0, "head_dim", "RoPE needs an even head_dim")
-        if self.position == "t5":  # T5's log-spaced buckets divide by log(max_distance / max_exact)
-            check(self.rel_num_buckets >= 4, "rel_num_buckets", f"T5 buckets need >= 4, got {self.rel_num_buckets}")
-            check(self.rel_max_distance > self.rel_num_buckets // 2, "rel_max_distance",
-                  f"must exceed rel_num_buckets // 2 = {self.rel_num_buckets // 2} (the exact buckets), "
-                  f"got {self.rel_max_distance}")
-        if self.sliding_window is not None:
-            check_positive(self, "sliding_window")
-        if isinstance(self.layer_types, list):  # YAML / JSON lists
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        if self.layer_types is not None:
-            check(len(self.layer_types) == self.num_layers and all(t in LAYER_TYPES for t in self.layer_types),
-                  "layer_types", f"must be {self.num_layers} entries (num_layers) of {LAYER_TYPES}, "
-                  f"got {self.layer_types!r}")
-            check(self.sliding_window is not None or "sliding_attention" not in self.layer_types,
-                  "layer_types", "sliding_attention layers need sliding_window")
-        for name in ("attn_logit_softcap", "query_pre_attn_scalar"):
-            value = getattr(self, name)
-            check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                    and value > 0), name, f"must be a number > 0 or null, got {value!r}")
-        if self.rotary_dim is not None:
-            check(self.position == "rope" and self.mla is None, "rotary_dim",
-                  f"rotates part of each head under RoPE; position is {self.position!r}"
-                  + (" with mla" if self.mla is not None else ""))
-            check(isinstance(self.rotary_dim, int) and not isinstance(self.rotary_dim, bool)
-                  and 0 < self.rotary_dim <= self.resolved_head_dim and self.rotary_dim % 2 == 0,
-                  "rotary_dim", f"must be an even int in (0, head_dim={self.resolved_head_dim}], "
-                  f"got {self.rotary_dim!r}")
-        check(not (self.qk_norm and self.qk_norm_full), "qk_norm_full",
-              "set qk_norm (per head, Qwen3) or qk_norm_full (the full width, OLMo 2), not both")
-        check(not self.qk_norm_full or self.mla is None, "qk_norm_full", "is not supported with mla")
-        check(not self.parallel_residual or self.norm_position == "pre", "parallel_residual",
-              f"runs both sublayers on pre-norms of the layer input; norm_position is {self.norm_position!r}")
-        check(not self.parallel_residual or (self.layer_scale is None and self.first_attn_norm), "parallel_residual",
-              "GPT-NeoX's parallel block has no LayerScale and a norm before both sublayers "
-              "(layer_scale null, first_attn_norm true)")
-        if self.rope_scaling is not None:
-            check(self.position == "rope", "rope_scaling",
-                  f"scales RoPE; position is {self.position!r}")
-            check(self.rope_scaling.rope_type != "dynamic" or self.resolved_rotary_dim > 2 or self.mla, "rope_scaling",
-                  "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))")
-            if self.rope_scaling.rope_type == "longrope":  # one factor per rotated frequency
-                rotated = self.mla.qk_rope_head_dim if self.mla else self.resolved_rotary_dim
-                for name in ("short_factor", "long_factor"):
-                    n = len(getattr(self.rope_scaling, name))
-                    check(n == rotated // 2, "rope_scaling", f"longrope {name} has {n} entries; the "
-                          f"rotated head width {rotated} needs {rotated // 2}")
-        if self.positions_from_padding:
-            check(self.position in ("learned", "sinusoidal"), "positions_from_padding",
-                  f"offsets absolute position tables; position is {self.position!r}")
-            check(self.pad_id + 1 < self.max_len, "positions_from_padding",
-                  f"the first position is pad_id + 1 = {self.pad_id + 1}, outside max_len={self.max_len}")
-        if self.rope_local_base is not None:
-            check(isinstance(self.rope_local_base, (int, float)) and not isinstance(self.rope_local_base, bool)
-                  and self.rope_local_base > 0, "rope_local_base",
-                  f"must be a number > 0 or null (rope_base), got {self.rope_local_base!r}")
-            check(self.position == "rope" and self.mla is None, "rope_local_base",
-                  f"is the RoPE base of sliding-window layers; position is {self.position!r}"
-                  + (" with mla" if self.mla is not None else ""))
-        check(self.first_attn_norm or self.norm_position == "pre", "first_attn_norm",
-              f"only a Pre-LN stack can drop layer 0's attn_norm; norm_position is {self.norm_position!r}")
-        if self.rope_local_scaling is not None:
-            check(self.rope_local_base is not None, "rope_local_scaling",
-                  "scales the local layers' own RoPE; set rope_local_base with it")
-            check(self.rope_local_scaling.rope_type != "dynamic" or self.resolved_rotary_dim > 2, "rope_local_scaling",
-                  "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))")
-        check(isinstance(self.type_vocab_size, int) and self.type_vocab_size >= 0, "type_vocab_size",
-              f"must be an int >= 0 (0 = no token type embeddings), got {self.type_vocab_size!r}")
-        check(0 <= self.pad_id < self.vocab_size, "pad_id",
-              f"must be in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
-        if self.layer_scale is not None:
-            check(isinstance(self.layer_scale, (int, float)) and not isinstance(self.layer_scale, bool),
-                  "layer_scale", f"must be a number (the initial scale) or null, got {self.layer_scale!r}")
-            check(self.norm_position != "sandwich", "layer_scale",
-                  "is not defined with norm_position='sandwich' (the post-norm would rescale it)")
-        if self.moe is not None:
-            self.moe.sparse_layers(self.num_layers)  # checks dense_layers against num_layers
-        if self.mla is not None:
-            check(self.position == "rope", "mla", f"uses decoupled RoPE; position is {self.position!r}")
-            # every head reads its own keys, expanded from one shared latent: no key/value groups
-            check(self.num_kv_heads in (None, self.num_heads), "num_kv_heads",
-                  f"does not apply to mla (keys are per head from the latent); got {self.num_kv_heads}")
-            for name in ("head_dim", "sliding_window", "layer_types"):
-                check(getattr(self, name) is None, name, "is not supported with mla (head widths are "
-                      "mla's; no sliding-window ring cache holds a latent)")
-            check(not self.qk_norm, "qk_norm", "is not supported with mla")
-            check(self.rope_local_base is None, "rope_local_base", "is not supported with mla (no local layers)")
-            check(self.rope_scaling is None or self.rope_scaling.rope_type != "dynamic" or
-                  self.mla.qk_rope_head_dim > 2, "rope_scaling", "dynamic scaling needs qk_rope_head_dim > 2")
+        self.normalise()
+        check_rules(self)
+
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        *positive("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "rel_num_buckets",
+                  "rel_max_distance"),
+        choice("ffn", FFN_KINDS), choice("norm", NORM_KINDS), choice("norm_position", NORM_POSITIONS),
+        choice("position", POSITION_KINDS),
+        *probability("dropout", "attn_dropout", "ffn_dropout", "embed_dropout"),
+        Rule("norm_eps_positive", "norm_eps", lambda c: c.norm_eps > 0, "must be > 0, got {norm_eps}"),
+        Rule("rope_base_positive", "rope_base", lambda c: c.rope_base > 0, "must be > 0, got {rope_base}"),
+        number_or_null("attn_scale", "null (1/sqrt(head_dim))"),
+        Rule("one_score_scale", "attn_scale", lambda c: c.attn_scale is None or c.query_pre_attn_scalar is None,
+             "set attn_scale or query_pre_attn_scalar, not both (both set the score scale)"),
+        Rule("heads_divide_width", "d_model", lambda c: c.d_model % c.num_heads == 0,
+             "d_model={d_model} is not divisible by num_heads={num_heads}",
+             when=lambda c: c.head_dim is None and c.mla is None),  # mla: its own widths
+        *positive("head_dim", "num_kv_heads", optional=True),
+        Rule("kv_heads_divide_heads", "num_kv_heads",
+             lambda c: c.num_kv_heads <= c.num_heads and c.num_heads % c.num_kv_heads == 0,
+             "num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}",
+             when=lambda c: c.num_kv_heads is not None),
+        Rule("rope_even_head", "head_dim", lambda c: c.resolved_head_dim % 2 == 0, "RoPE needs an even head_dim",
+             when=lambda c: c.position == "rope" and c.mla is None),  # mla rotates qk_rope_head_dim
+        # T5's log-spaced buckets divide by log(max_distance / max_exact)
+        Rule("t5_buckets", "rel_num_buckets", lambda c: c.rel_num_buckets >= 4,
+             "T5 buckets need >= 4, got {rel_num_buckets}", when=lambda c: c.position == "t5"),
+        Rule("t5_max_distance", "rel_max_distance", lambda c: c.rel_max_distance > c.rel_num_buckets // 2,
+             lambda c: f"must exceed rel_num_buckets // 2 = {c.rel_num_buckets // 2} (the exact buckets), "
+                       f"got {c.rel_max_distance}",
+             when=lambda c: c.position == "t5"),
+        *positive("sliding_window", optional=True),
+        Rule("layer_types_per_layer", "layer_types",
+             lambda c: len(c.layer_types) == c.num_layers and all(t in LAYER_TYPES for t in c.layer_types),
+             "must be {num_layers} entries (num_layers) of " + str(LAYER_TYPES) + ", got {layer_types!r}",
+             when=lambda c: c.layer_types is not None),
+        Rule("sliding_layers_need_window", "layer_types",
+             lambda c: c.sliding_window is not None or "sliding_attention" not in c.layer_types,
+             "sliding_attention layers need sliding_window", when=lambda c: c.layer_types is not None),
+        number_or_null("attn_logit_softcap"), number_or_null("query_pre_attn_scalar"),
+        Rule("rotary_dim_under_rope", "rotary_dim", lambda c: c.position == "rope" and c.mla is None,
+             "rotates part of each head under RoPE; position is {position!r}{with_mla}",
+             when=lambda c: c.rotary_dim is not None),
+        Rule("rotary_dim_even", "rotary_dim",
+             lambda c: positive_int(c.rotary_dim) and c.rotary_dim <= c.resolved_head_dim and c.rotary_dim % 2 == 0,
+             "must be an even int in (0, head_dim={resolved_head_dim}], got {rotary_dim!r}",
+             when=lambda c: c.rotary_dim is not None),
+        Rule("one_qk_norm", "qk_norm_full", lambda c: not (c.qk_norm and c.qk_norm_full),
+             "set qk_norm (per head, Qwen3) or qk_norm_full (the full width, OLMo 2), not both"),
+        Rule("qk_norm_full_without_mla", "qk_norm_full", lambda c: not c.qk_norm_full or c.mla is None,
+             "is not supported with mla"),
+        Rule("parallel_residual_pre_norm", "parallel_residual", lambda c: c.norm_position == "pre",
+             "runs both sublayers on pre-norms of the layer input; norm_position is {norm_position!r}",
+             when=lambda c: c.parallel_residual),
+        Rule("parallel_residual_plain", "parallel_residual", lambda c: c.layer_scale is None and c.first_attn_norm,
+             "GPT-NeoX's parallel block has no LayerScale and a norm before both sublayers "
+             "(layer_scale null, first_attn_norm true)", when=lambda c: c.parallel_residual),
+        Rule("rope_scaling_under_rope", "rope_scaling", lambda c: c.position == "rope",
+             "scales RoPE; position is {position!r}", when=lambda c: c.rope_scaling is not None),
+        Rule("dynamic_rope_width", "rope_scaling", lambda c: c.resolved_rotary_dim > 2 or c.mla is not None,
+             "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))",
+             when=lambda c: c.rope_scaling is not None and c.rope_scaling.rope_type == "dynamic"),
+        *(Rule(f"longrope_{n}_per_frequency", "rope_scaling",
+               lambda c, n=n: len(getattr(c.rope_scaling, n)) == c.rotated_width // 2,
+               lambda c, n=n: f"longrope {n} has {len(getattr(c.rope_scaling, n))} entries; the rotated head "
+                              f"width {c.rotated_width} needs {c.rotated_width // 2}",
+               when=lambda c: c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope")
+          for n in ("short_factor", "long_factor")),
+        Rule("positions_from_padding_absolute", "positions_from_padding",
+             lambda c: c.position in ("learned", "sinusoidal"),
+             "offsets absolute position tables; position is {position!r}", when=lambda c: c.positions_from_padding),
+        Rule("positions_from_padding_fit", "positions_from_padding", lambda c: c.pad_id + 1 < c.max_len,
+             lambda c: f"the first position is pad_id + 1 = {c.pad_id + 1}, outside max_len={c.max_len}",
+             when=lambda c: c.positions_from_padding),
+        Rule("rope_local_base_positive", "rope_local_base", lambda c: positive_number(c.rope_local_base),
+             "must be a number > 0 or null (rope_base), got {rope_local_base!r}",
+             when=lambda c: c.rope_local_base is not None),
+        Rule("rope_local_base_under_rope", "rope_local_base", lambda c: c.position == "rope" and c.mla is None,
+             "is the RoPE base of sliding-window layers; position is {position!r}{with_mla}",
+             when=lambda c: c.rope_local_base is not None),
+        Rule("first_attn_norm_pre", "first_attn_norm", lambda c: c.first_attn_norm or c.norm_position == "pre",
+             "only a Pre-LN stack can drop layer 0's attn_norm; norm_position is {norm_position!r}"),
+        Rule("rope_local_scaling_needs_base", "rope_local_scaling", lambda c: c.rope_local_base is not None,
+             "scales the local layers' own RoPE; set rope_local_base with it",
+             when=lambda c: c.rope_local_scaling is not None),
+        Rule("dynamic_rope_local_width", "rope_local_scaling", lambda c: c.resolved_rotary_dim > 2,
+             "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))",
+             when=lambda c: c.rope_local_scaling is not None and c.rope_local_scaling.rope_type == "dynamic"),
+        Rule("type_vocab_size_int", "type_vocab_size",
+             lambda c: isinstance(c.type_vocab_size, int) and c.type_vocab_size >= 0,
+             "must be an int >= 0 (0 = no token type embeddings), got {type_vocab_size!r}"),
+        Rule("pad_id_in_vocab", "pad_id", lambda c: 0 <= c.pad_id < c.vocab_size,
+             "must be in [0, vocab_size={vocab_size}), got {pad_id}"),
+        Rule("layer_scale_number", "layer_scale", lambda c: is_number(c.layer_scale),
+             "must be a number (the initial scale) or null, got {layer_scale!r}",
+             when=lambda c: c.layer_scale is not None),
+        Rule("layer_scale_not_sandwich", "layer_scale", lambda c: c.norm_position != "sandwich",
+             "is not defined with norm_position='sandwich' (the post-norm would rescale it)",
+             when=lambda c: c.layer_scale is not None),
+        Rule("dense_layers_in_stack", "moe.dense_layers", lambda c: all(i < c.num_layers for i in c.moe.dense_layers),
+             "indices must be < num_layers={num_layers}, got {moe.dense_layers!r}", when=lambda c: c.moe is not None),
+        Rule("mla_rope", "mla", lambda c: c.position == "rope", "uses decoupled RoPE; position is {position!r}",
+             when=lambda c: c.mla is not None),
+        # every head reads its own keys, expanded from one shared latent: no key/value groups
+        Rule("mla_no_kv_groups", "num_kv_heads", lambda c: c.num_kv_heads in (None, c.num_heads),
+             "does not apply to mla (keys are per head from the latent); got {num_kv_heads}",
+             when=lambda c: c.mla is not None),
+        *(Rule(f"mla_no_{n}", n, lambda c, n=n: getattr(c, n) is None,
+               "is not supported with mla (head widths are mla's; no sliding-window ring cache holds a latent)",
+               when=lambda c: c.mla is not None) for n in ("head_dim", "sliding_window", "layer_types")),
+        Rule("mla_no_qk_norm", "qk_norm", lambda c: not c.qk_norm, "is not supported with mla",
+             when=lambda c: c.mla is not None),
+        Rule("mla_no_local_rope", "rope_local_base", lambda c: c.rope_local_base is None,
+             "is not supported with mla (no local layers)", when=lambda c: c.mla is not None),
+        Rule("mla_dynamic_rope_width", "rope_scaling", lambda c: c.mla.qk_rope_head_dim > 2,
+             "dynamic scaling needs qk_rope_head_dim > 2",
+             when=lambda c: c.mla is not None and c.rope_scaling is not None and c.rope_scaling.rope_type == "dynamic"),
+    )
+
+    @property
+    def with_mla(self) -> str:  # message text
+        return " with mla" if self.mla is not None else ""
+
+    @property
+    def rotated_width(self) -> int:
+        """The rotated width of each head: mla's qk_rope_head_dim, else resolved_rotary_dim."""
+        return self.mla.qk_rope_head_dim if self.mla is not None else self.resolved_rotary_dim
 
     def sparse_layers(self) -> tuple[bool, ...]:
         """Per layer: is its FFN the mixture of experts (moe), else the dense FFN?"""

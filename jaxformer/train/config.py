@@ -392,6 +392,12 @@ def resolve_config(spec: str) -> str:
 
 def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Load a YAML config (a path or a packaged config's name) with --set overrides applied."""
+    return config_from_dict(load_raw(path, overrides))
+
+
+def load_raw(path: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """A YAML config's mapping (a path or a packaged config's name), --set overrides applied,
+    not yet validated."""
     path = resolve_config(path)
     with open(path) as f:
         try:
@@ -404,7 +410,30 @@ def load_config(path: str, overrides: list[str] | tuple[str, ...] = ()) -> RunCo
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for o in overrides:
         apply_override(raw, o)
-    return config_from_dict(raw)
+    return raw
+
+
+def explain_config(raw: Mapping[str, Any]) -> list[str]:
+    """Every problem of a run config's mapping: each rule its model section breaks
+    (jaxformer/config/rules.py), then the first problem of the rest as a run would report it."""
+    from jaxformer.config import model_config_class
+    from jaxformer.config.rules import explain
+    model = raw.get("model")
+    if not isinstance(model, Mapping) or "name" not in model:
+        return ["model.name: missing; it selects the model"]
+    model = dict(model)
+    try:
+        cls = model_config_class(model.pop("name"))
+    except ConfigError as e:
+        return [str(e)]
+    problems = explain(cls, model, prefix="model.")
+    if problems:
+        return problems
+    try:
+        config_from_dict(raw)
+    except ConfigError as e:
+        return [str(e)]
+    return []
 
 
 def save_config(cfg: RunConfig, path: str) -> None:
