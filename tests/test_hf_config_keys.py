@@ -51,14 +51,13 @@ HOUSEKEEPING = dict(use_cache=True, torch_dtype="bfloat16", dtype="bfloat16", tr
 
 def _archs():
     for name in FAMILIES:
-        fam = importlib.import_module(f"jaxformer.hf.{name}")
-        for arch in fam.ARCHITECTURES:
+        fam = importlib.import_module(f"jaxformer.hf.{name}").FAMILY
+        for arch in fam.architectures:
             yield fam, arch
 
 
 def _raw(fam, arch, **extra):
-    model_type = fam.MODEL_TYPES[arch] if hasattr(fam, "MODEL_TYPES") else None
-    return {"architectures": [arch], "model_type": model_type, **extra}
+    return {"architectures": [arch], "model_type": fam.model_types[arch], **extra}
 
 
 @pytest.mark.parametrize("fam,arch", list(_archs()), ids=lambda x: x if isinstance(x, str) else "")
@@ -68,7 +67,7 @@ def test_housekeeping_keys_are_accepted_and_change_nothing(fam, arch):
 
 
 @pytest.mark.parametrize("key,value", [("pruned_heads", {"0": [1]}), ("add_cross_attention", True)])
-@pytest.mark.parametrize("fam,arch", [(importlib.import_module(f"jaxformer.hf.{n}"), a) for n, a in
+@pytest.mark.parametrize("fam,arch", [(importlib.import_module(f"jaxformer.hf.{n}").FAMILY, a) for n, a in
                                       [("llama", "LlamaForCausalLM"), ("vision", "ViTForImageClassification")]])
 def test_neutral_only_options_are_refused_by_name_away_from_neutral(fam, arch, key, value):
     with pytest.raises(ConfigError, match=f"{key}=.* is not supported"):
@@ -102,9 +101,9 @@ def _flipped(cfg):
 
 def _exportable(fam, arch):
     raw = _raw(fam, arch)
-    if fam.__name__.endswith("gemma2"):
+    if fam.name == "gemma2":
         raw["query_pre_attn_scalar"] = 20
-    if fam.__name__.endswith("phi3"):  # longrope: exported as Phi3ForCausalLM (else it is a LLaMA)
+    if fam.name == "phi3":  # longrope: exported as Phi3ForCausalLM (else it is a LLaMA)
         raw["rope_parameters"] = dict(rope_type="longrope", short_factor=[1.0] * 48, long_factor=[2.0] * 48)
     name, cfg, _ = fam.config_from_hf(raw, arch)
     return name, _flipped(cfg)
@@ -152,3 +151,26 @@ def test_cli_round_trip_of_a_gemma2_import_loads_in_transformers(tmp_path):
     for out in outs:
         back = T.AutoModelForCausalLM.from_pretrained(out)
         assert type(back) is T.Gemma2ForCausalLM and back.config.query_pre_attn_scalar == 20
+
+
+@pytest.mark.parametrize("fam,arch", list(_archs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_each_family_exports_what_it_imports(fam, arch):
+    """The exporter's ordered table (hf/families.py) picks, for a config imported from a family's
+    default config.json, that family again: no row above it claims the config."""
+    from jaxformer import hf
+    name, cfg, _ = fam.config_from_hf(_raw(fam, arch), arch) if fam.name not in ("gemma2", "phi3") else \
+        (*_exportable(fam, arch), None)
+    assert hf.exporter(name, cfg) is fam
+
+
+def test_family_records_cover_the_registry():
+    from jaxformer import hf
+    from jaxformer.hf.common import Family
+    from jaxformer.hf.families import EXPORT_TABLE, FAMILIES
+    records = [importlib.import_module(m).FAMILY for m in hf.FAMILY_MODULES]
+    assert all(isinstance(f, Family) for f in records)
+    assert set(records) == set(FAMILIES) and len(records) == len(FAMILIES)  # every family exports
+    assert sorted(f.name for f in records) == sorted(m.rsplit(".", 1)[-1] for m in hf.FAMILY_MODULES)
+    for f in records:  # the defaults cover each architecture
+        assert set(f.hf_defaults) == set(f.architectures) == set(f.model_types), f.name
+    assert EXPORT_TABLE[-1][2].name == "t5"

@@ -47,7 +47,7 @@ import numpy as np
 from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
-from jaxformer.hf.common import typed_for_hf
+from jaxformer.hf.common import Family, typed_for_hf
 from jaxformer.hf.families import exporter
 
 FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
@@ -60,47 +60,47 @@ FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen"
                   "jaxformer.hf.gpt_neox", "jaxformer.hf.olmo2")
 
 
-def _families():
-    return [importlib.import_module(m) for m in FAMILY_MODULES]
+def _families() -> list[Family]:
+    return [importlib.import_module(m).FAMILY for m in FAMILY_MODULES]
 
 
 def supported_architectures() -> dict[str, str]:
     """HF architecture -> jaxformer model name."""
     out = {}
     for fam in _families():
-        out.update(fam.ARCHITECTURES)
+        out.update(fam.architectures)
     return out
 
 
 def family_for_architecture(config: dict):
-    """-> (family module, architecture) of a config.json dict. Its one architecture must be
+    """-> (Family, architecture) of a config.json dict. Its one architecture must be
     supported, and its model_type (when given) must be that architecture's."""
     archs = config.get("architectures") or []
     if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
         raise ConfigError(f"config.json: architectures={archs!r}; expected a list of exactly one of "
                           f"{sorted(supported_architectures())}")
     arch = archs[0]
-    fam = next((f for f in _families() if arch in f.ARCHITECTURES), None)
+    fam = next((f for f in _families() if arch in f.architectures), None)
     if fam is None:
         raise ConfigError(f"config.json: architecture {arch!r} is not supported; supported: "
                           f"{sorted(supported_architectures())}")
-    model_type = config.get("model_type", fam.MODEL_TYPES[arch])
-    if model_type != fam.MODEL_TYPES[arch]:
+    model_type = config.get("model_type", fam.model_types[arch])
+    if model_type != fam.model_types[arch]:
         raise ConfigError(f"config.json: model_type={model_type!r} does not match architectures="
-                          f"[{arch!r}] (whose model_type is {fam.MODEL_TYPES[arch]!r}); the file "
+                          f"[{arch!r}] (whose model_type is {fam.model_types[arch]!r}); the file "
                           "is inconsistent, so jaxformer does not guess which one is right")
     return fam, arch
 
 
 def read_config(ckpt, max_len: int | None = None) -> tuple[Any, str, str, Any, list[str]]:
-    """-> (family module, architecture, model name, config, notes) of an HFCheckpoint. A
+    """-> (Family, architecture, model name, config, notes) of an HFCheckpoint. A
     config problem (ConfigError) names the checkpoint directory. max_len: a longer context
     than max_position_embeddings for a RoPE model (RoPE is defined at every position, and
     HF runs past that length too); a learned position table cannot grow."""
     try:
         fam, arch = family_for_architecture(ckpt.config)
         name, cfg, notes = fam.config_from_hf(ckpt.config, arch, tuple(ckpt.tensors))
-        if hasattr(fam, "resolve_checkpoint"):  # what only the weights say (T5's untied head)
+        if fam.resolve_checkpoint is not None:  # what only the weights say (T5's untied head)
             cfg = fam.resolve_checkpoint(ckpt, name, cfg, notes)
     except ConfigError as e:  # the messages start "config.json..."
         text = str(e)
@@ -122,7 +122,7 @@ def _untie_distinct_head(ckpt, fam, name: str, cfg, notes: list[str]):
     different values: transformers 5.x loads both and does not tie them (with a warning), so
     the model is untied here too, never a stored tensor dropped. Reads those two tensors."""
     import dataclasses
-    embed = next((k for k in getattr(fam, "EMBED_KEYS", ()) if k in ckpt.tensors), None)
+    embed = next((k for k in fam.embed_keys if k in ckpt.tensors), None)
     if name != "lm" or not cfg.tie_embeddings or embed is None or "lm_head.weight" not in ckpt.tensors:
         return cfg
     if np.array_equal(ckpt.read(embed), ckpt.read("lm_head.weight")):
@@ -136,7 +136,7 @@ def tensor_fn(ckpt, fam, name: str, cfg, arch: str):
     """The family's HF key -> torch_ref key map; a tied checkpoint that stores only
     lm_head.weight (no embedding) gives the embedding from it, as HF ties it."""
     fn = fam.tensor_fn(name, cfg, arch)
-    embeds = getattr(fam, "EMBED_KEYS", ())
+    embeds = fam.embed_keys
     if name != "lm" or not cfg.tie_embeddings or "lm_head.weight" not in ckpt.tensors or any(
             k in ckpt.tensors for k in embeds):
         return fn
@@ -321,12 +321,7 @@ def config_to_hf(name: str, cfg) -> dict:
     them (common.typed_for_hf against the family's HF class defaults)."""
     fam = exporter(name, cfg)
     out = fam.config_to_hf(name, cfg)
-    arch = out["architectures"][0]
-    if fam.__name__.endswith(".vision"):
-        defaults = fam.SWIN_DEFAULTS if arch.startswith("Swin") else fam.VIT_DEFAULTS
-    else:
-        defaults = fam.DEFAULTS[arch] if arch in fam.DEFAULTS else fam.DEFAULTS  # qwen: per class
-    return typed_for_hf(out, defaults)
+    return typed_for_hf(out, fam.hf_defaults[out["architectures"][0]])
 
 
 def save_pretrained(model, name: str, cfg, path: str, *, overwrite: bool = True,

@@ -94,7 +94,7 @@ def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite
                          "model itself with --to hf|flax|torch)")
     check_lora(model, lora)
     fam, names = hf_module_names(model, name, cfg)
-    family = fam.__name__.rsplit(".", 1)[-1]
+    family = fam.name
     missing = [p for p in adapted if p not in names]
     if missing:
         raise ConversionError([f"{p}: adapted, but the {family} HF export fuses, transposes or splits its "

@@ -32,6 +32,7 @@ import numpy as np
 from jaxformer.config import TransformerConfig
 from jaxformer.config.models import ClassifierConfig
 from jaxformer.hf.common import (
+    Family,
     MappingError,
     Options,
     Renamer,
@@ -146,20 +147,28 @@ def tensor_fn(name: str, cfg, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
+def encoder_problems(cfg, family: str, **want) -> list[str]:
+    """What of an encoder config a BERT-style HF encoder (BERT, RoBERTa: `family`) cannot write;
+    `want` adds the family's own required values to BERT's."""
     want = dict(position="learned", norm="layernorm", norm_position="post", final_norm=False, bias=True,
-                norm_bias=True, scale_embedding=False, sliding_window=None, embed_norm=True,
-                ffn_dropout=0.0, attn_logit_softcap=None, query_pre_attn_scalar=None)
-    out = [f"{k}={getattr(cfg, k)!r} (BERT needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+                norm_bias=True, scale_embedding=False, sliding_window=None, embed_norm=True, ffn_dropout=0.0,
+                attn_logit_softcap=None, query_pre_attn_scalar=None, attn_qkv_bias=None, attn_out_bias=None,
+                ffn_bias=None, qk_norm=False, moe=None, mla=None, attn_sinks=False, **want)
+    out = [f"{k}={getattr(cfg, k)!r} ({family} needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
     if cfg.ffn not in exportable_ffns():
-        out.append(f"ffn={cfg.ffn!r} (BERT activations: {exportable_ffns()})")
+        out.append(f"ffn={cfg.ffn!r} ({family} activations: {exportable_ffns()})")
     if cfg.type_vocab_size < 1:
-        out.append("type_vocab_size=0 (BERT always has token type embeddings)")
+        out.append(f"type_vocab_size=0 ({family} always has token type embeddings)")
     if cfg.resolved_kv_heads != cfg.num_heads or cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
-        out.append("grouped-query attention or a custom head_dim (BERT has neither)")
+        out.append(f"grouped-query attention or a custom head_dim ({family} has neither)")
     if cfg.embed_dropout != cfg.dropout:
-        out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (BERT has one "
+        out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} ({family} has one "
                    "hidden_dropout_prob)")
+    return out
+
+
+def export_problems(name: str, cfg) -> list[str]:
+    out = encoder_problems(cfg, "BERT")
     if name == "classifier":
         if not cfg.pooler or cfg.pooling != "cls":
             out.append(f"pooler={cfg.pooler}, pooling={cfg.pooling!r} (BertForSequenceClassification "
@@ -197,3 +206,8 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
         new = RULES.to_hf(key)
         return None if new is None else "bert." + new
     return rename_all(sd, rename, "BERT")
+
+
+FAMILY = Family(name="bert", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS))

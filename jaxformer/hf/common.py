@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from jaxformer.config import ConfigError
@@ -48,6 +49,41 @@ GENERIC_NEUTRAL = {
     "is_decoder": (False, "a decoder (causal) variant of this class is not implemented"),
     "add_cross_attention": (False, "cross-attention layers in this class are not implemented"),
 }
+
+
+@dataclass(frozen=True, eq=False)  # one record per family: compared and hashed by identity
+class Family:
+    """One Hugging Face family as jaxformer imports and exports it (each family module ends with
+    its FAMILY). hf/__init__.py picks the family of a config.json by `architectures`;
+    hf/families.py's `exporter` picks the family of one of our configs from its ordered table.
+
+    architectures: HF class -> our model name; model_types: HF class -> config.json model_type.
+    config_from_hf(raw, arch, tensor_names) -> (name, config, notes): every option mapped,
+        ignored for a stated reason, or a ConfigError naming it.
+    tensor_fn(name, cfg, arch) -> HF tensor name -> (torch_ref key, layout) (the key rules).
+    export_problems(name, cfg) -> what of our config the family cannot write (the export check).
+    config_to_hf(name, cfg) -> config.json; state_dict_to_hf(sd, name, cfg) -> HF tensors.
+    hf_defaults: HF class -> its config class's defaults (what an absent config.json key means;
+        the exported config.json keeps the keys that differ from them).
+    embed_keys: the input tables a tied lm_head copies (an untied HF head equal to one of them
+        is tied, hf/__init__.py).
+    writes: the optional fields of our configs this family exports (families.OPTIONAL_FIELDS);
+        any other one set off its neutral value refuses the export by name.
+    resolve_checkpoint(ckpt, name, cfg, notes) -> cfg: what only the weights say (T5's head).
+    """
+
+    name: str
+    architectures: Mapping[str, str]
+    model_types: Mapping[str, str]
+    config_from_hf: Callable
+    tensor_fn: Callable
+    export_problems: Callable
+    config_to_hf: Callable
+    state_dict_to_hf: Callable
+    hf_defaults: Mapping[str, Mapping[str, Any]]
+    embed_keys: tuple[str, ...] = ()
+    writes: frozenset[str] = field(default_factory=frozenset)
+    resolve_checkpoint: Callable | None = None
 
 
 class Options:
@@ -228,7 +264,8 @@ ROPE_KEYS = {
 }
 
 
-def _number(v) -> bool:
+def is_number(v) -> bool:
+    """An int or float that is not a bool (config.json numbers)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -256,7 +293,7 @@ def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0, *, pa
         o.problem(key, f"rope_type {kind!r} is not implemented; jaxformer has {sorted(ROPE_KEYS)}")
         return float(theta), None
     theta = spec.get("rope_theta", theta)
-    if not _number(theta) or theta <= 0:
+    if not is_number(theta) or theta <= 0:
         o.problem(key, f"rope_theta={theta!r} must be a number > 0")
         theta = default_theta
     for k in sorted(set(spec) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]}):
@@ -267,7 +304,7 @@ def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0, *, pa
         return float(theta), None
     for k in ROPE_KEYS[kind]:
         v = spec.get(k)
-        if v is not None and not (isinstance(v, bool) if k == "truncate" else _number(v)):
+        if v is not None and not (isinstance(v, bool) if k == "truncate" else is_number(v)):
             o.problem(key, f"{k}={v!r} must be {'true or false' if k == 'truncate' else 'a number'}")
             return float(theta), None
     fields = dict(rope_type=kind, factor=spec.get("factor"))
@@ -507,3 +544,40 @@ def bert_relative_key(key: str, arch: str) -> str | None:
     elif key.endswith(".beta"):
         key = key[: -len("beta")] + "bias"
     return key
+
+
+def position_table_from_hf(x):
+    """HF's [1, N, D] position table -> [N, D] (ViT, DINOv2)."""
+    return x.reshape(tuple(x.shape[1:])) if x.ndim == 3 and x.shape[0] == 1 else x  # [1, N, D] -> [N, D]
+
+
+def plain_activation(name: str) -> str:
+    """HF hidden_act of a plain (ungated) FFN -> our ffn kind, or ValueError naming it."""
+    plain = activations(gated=False)
+    if name not in plain:
+        raise ValueError(f"HF hidden_act={name!r} has no jaxformer ffn kind; known: {sorted(plain)}")
+    return ACTIVATIONS[name]
+
+
+def square_size(v, field: str) -> int:
+    """An HF (h, w) size that must be square -> its side, or ValueError naming the field."""
+    v = tuple(v)
+    if len(v) != 2 or v[0] != v[1]:
+        raise ValueError(f"HF {field}={v}: only square sizes map")
+    return int(v[0])
+
+
+def finish_config(fn, o: Options):
+    """Finish reading config.json options `o`, then build with fn(); a ValueError or ConfigError
+    from the build names config.json and the family."""
+    o.finish()
+    try:
+        return fn()
+    except (ValueError, ConfigError) as e:
+        raise ConfigError(f"config.json ({o.family}): {e}") from None
+
+
+def label_maps(n: int) -> dict:
+    """HF's default id2label / label2id for n classes."""
+    return {"id2label": {str(i): f"LABEL_{i}" for i in range(n)},
+            "label2id": {f"LABEL_{i}": i for i in range(n)}}

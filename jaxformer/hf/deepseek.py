@@ -49,7 +49,7 @@ import numpy as np
 from jaxformer.config import ConfigError, MLAConfig
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mixtral
-from jaxformer.hf.common import Options, Renamer, rename_all
+from jaxformer.hf.common import Family, Options, Renamer, rename_all
 
 ARCHITECTURES = {"DeepseekV3ForCausalLM": "lm"}
 MODEL_TYPE = "deepseek_v3"
@@ -226,3 +226,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     return rename_all(mixtral.experts_to_slices(sd), RULES.to_hf, "DeepSeek-V3")
+
+
+FAMILY = Family(name="deepseek", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS)

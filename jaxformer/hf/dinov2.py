@@ -53,8 +53,21 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxformer.config.vision import ViTConfig
-from jaxformer.hf.common import MappingError, Options, Renamer, exportable_ffns, ffn_to_hf, rename_all
-from jaxformer.hf.vision import TANH_GELU, _act, _labels, _pos_from_hf, _square, _wrap
+from jaxformer.hf.common import (
+    Family,
+    MappingError,
+    Options,
+    Renamer,
+    exportable_ffns,
+    ffn_to_hf,
+    finish_config,
+    label_maps,
+    plain_activation,
+    position_table_from_hf,
+    rename_all,
+    square_size,
+)
+from jaxformer.hf.vision import TANH_GELU
 
 ARCHITECTURES = {"Dinov2Model": "vit", "Dinov2ForImageClassification": "vit"}
 MODEL_TYPES = {"Dinov2Model": "dinov2", "Dinov2ForImageClassification": "dinov2"}
@@ -160,7 +173,7 @@ def _state_dict_from_hf(state_dict: Mapping[str, Any], renamer: Renamer) -> dict
             sd[k] = v
     out.update(rename_all(sd, lambda k: _rename_in(k, renamer), "jaxformer vit"))
     if "embed_positions.weight" in out:
-        out["embed_positions.weight"] = _pos_from_hf(out["embed_positions.weight"])
+        out["embed_positions.weight"] = position_table_from_hf(out["embed_positions.weight"])
     return out
 
 
@@ -192,14 +205,14 @@ def dinov2_config_from_hf(hf: Any, *, classifier: bool, **overrides) -> ViTConfi
     (classifier=True: num_labels classes, pool="cls_mean") or Dinov2Model (classifier=False:
     num_classes=0, pool="cls", the output is the pooler_output)."""
     image, patch = hf.image_size, hf.patch_size
-    image = image if isinstance(image, int) else _square(image, "image_size")
-    patch = patch if isinstance(patch, int) else _square(patch, "patch_size")
+    image = image if isinstance(image, int) else square_size(image, "image_size")
+    patch = patch if isinstance(patch, int) else square_size(patch, "patch_size")
     d = hf.hidden_size
     swiglu = bool(hf.use_swiglu_ffn)
     kw = dict(image_size=image, patch_size=patch, num_channels=hf.num_channels,
               num_classes=hf.num_labels if classifier else 0, d_model=d, num_heads=hf.num_attention_heads,
               d_ff=_swiglu_width(d, hf.mlp_ratio) if swiglu else int(d * hf.mlp_ratio),
-              num_layers=hf.num_hidden_layers, ffn="swiglu" if swiglu else _act(hf.hidden_act),
+              num_layers=hf.num_hidden_layers, ffn="swiglu" if swiglu else plain_activation(hf.hidden_act),
               norm_eps=float(hf.layer_norm_eps), bias=True, qkv_bias=None if hf.qkv_bias else False,
               class_token=True, pool="cls_mean" if classifier else "cls",
               layer_scale=float(hf.layerscale_value), interpolate_positions=True)
@@ -231,7 +244,7 @@ def config_from_hf(raw: dict, arch: str, keys=()):
     if ns.drop_path_rate:
         o.notes.append(f"drop_path_rate={ns.drop_path_rate}: stochastic depth acts in training only "
                        "(eval outputs unchanged); jaxformer's ViT has none, so fine-tuning runs without it")
-    cfg = _wrap(lambda: dinov2_config_from_hf(
+    cfg = finish_config(lambda: dinov2_config_from_hf(
         ns, classifier=classifier, dropout=0.0, embed_dropout=float(ns.hidden_dropout_prob),
         attn_dropout=float(ns.attention_probs_dropout_prob)), o)
     return "vit", cfg, o.notes
@@ -249,7 +262,7 @@ def tensor_fn(name: str, cfg, arch: str):
         new = (key if classifier else None) if head else RENAMER_READ.to_torch(body)
         if new is None:
             raise MappingError(f"unmapped: {key} has no jaxformer {arch} equivalent")
-        return {new: _pos_from_hf(x) if new == "embed_positions.weight" else x}
+        return {new: position_table_from_hf(x) if new == "embed_positions.weight" else x}
     return fn
 
 
@@ -296,7 +309,7 @@ def config_to_hf(name: str, cfg) -> dict:
             "num_channels": c.num_channels, "qkv_bias": c.qkv_bias is not False,
             "layerscale_value": c.layer_scale, "drop_path_rate": 0.0, "use_swiglu_ffn": swiglu,
             "use_mask_token": False, "initializer_range": 0.02, "dtype": "float32",
-            **(_labels(c.num_classes) if c.num_classes else {})}
+            **(label_maps(c.num_classes) if c.num_classes else {})}
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.ndarray]:
@@ -306,3 +319,8 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 
 
 __all__ = ["dinov2_config_from_hf", "dinov2_state_dict_from_hf", "dinov2_state_dict_to_hf"]
+
+
+FAMILY = Family(name="dinov2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS))

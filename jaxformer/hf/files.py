@@ -39,7 +39,7 @@ _ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfl
               "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
-def _np_dtype(name: str) -> np.dtype:
+def np_dtype(name: str) -> np.dtype:
     try:
         return np.dtype(name)
     except TypeError:
@@ -111,7 +111,7 @@ def read_safetensors_header(path: str) -> tuple[dict[str, TensorInfo], dict[str,
                 or not 0 <= offsets[0] <= offsets[1] <= size - base):
             raise bad(f"{key}: data_offsets {offsets!r} are not [begin, end] within the "
                       f"{size - base}-byte data buffer")
-        dtype, shape = _np_dtype(_ST_DTYPES[entry["dtype"]]), tuple(shape)
+        dtype, shape = np_dtype(_ST_DTYPES[entry["dtype"]]), tuple(shape)
         begin, end = offsets
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise bad(f"{key}: {end - begin} bytes for shape {shape} {dtype}")

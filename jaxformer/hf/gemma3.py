@@ -33,6 +33,7 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import gemma2, llama
 from jaxformer.hf.common import (
+    Family,
     Options,
     Renamer,
     build_config,
@@ -200,3 +201,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     return rename_all(sd, RULES.to_hf, "Gemma3")
+
+
+FAMILY = Family(name="gemma3", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS, writes=frozenset({"rope_local_base", "rope_local_scaling"}))

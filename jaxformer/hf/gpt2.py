@@ -28,6 +28,7 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
 from jaxformer.hf.common import (
+    Family,
     MappingError,
     Options,
     Renamer,
@@ -167,3 +168,9 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
     for k, x in rename_all(sd, RULES.to_hf, "GPT-2").items():
         out[k] = np.ascontiguousarray(x.T) if k.endswith(CONV1D) else x
     return out
+
+
+FAMILY = Family(name="gpt2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS)

@@ -35,6 +35,7 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
 from jaxformer.hf.common import (
+    Family,
     MappingError,
     Options,
     Renamer,
@@ -200,3 +201,9 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
             out[fused + leaf] = np.stack([x.reshape(h, k, *rest) for x in parts], axis=1).reshape(3 * h * k, *rest)
     out.update(rename_all(sd, RULES.to_hf, "GPT-NeoX"))
     return out
+
+
+FAMILY = Family(name="gpt_neox", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS, writes=frozenset({"rotary_dim", "parallel_residual"}))

@@ -33,6 +33,7 @@ from jaxformer.config.models import LMConfig
 from jaxformer.config.moe import MoEConfig
 from jaxformer.hf import llama
 from jaxformer.hf.common import (
+    Family,
     Options,
     Renamer,
     build_config,
@@ -192,3 +193,9 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
         fused[f"{hf_key}_bias"] = np.stack([gate_b, up_b], axis=-1).reshape(e, 2 * f)
         sd[f"{ours}down_proj"] = np.swapaxes(sd[f"{ours}down_proj"], 1, 2)  # [E, D, F] -> [E, F, D]
     return {**rename_all(sd, RULES.to_hf, "gpt-oss"), **fused}
+
+
+FAMILY = Family(name="gpt_oss", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS)

@@ -35,7 +35,7 @@ import numpy as np
 from jaxformer.config import MoEConfig
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mistral
-from jaxformer.hf.common import MappingError, Options, Renamer, build_config, rename_all, uniform_window
+from jaxformer.hf.common import Family, MappingError, Options, Renamer, build_config, rename_all, uniform_window
 
 ARCHITECTURES = {"MixtralForCausalLM": "lm"}
 MODEL_TYPE = "mixtral"
@@ -182,3 +182,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     return rename_all(experts_to_slices(sd), RULES.to_hf, "Mixtral")
+
+
+FAMILY = Family(name="mixtral", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS)

@@ -42,7 +42,7 @@ import numpy as np
 from jaxformer.config import TransformerConfig
 from jaxformer.config.models import ClassifierConfig
 from jaxformer.convert import ConversionError
-from jaxformer.hf.common import MappingError, Options, Renamer, build_config, rename_all, token_ids
+from jaxformer.hf.common import Family, MappingError, Options, Renamer, build_config, rename_all, token_ids
 
 ARCHITECTURES = {"ModernBertModel": "encoder", "ModernBertForSequenceClassification": "classifier",
                  "ModernBertForMaskedLM": "encoder"}
@@ -280,3 +280,10 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
         return None if new is None else prefix + new
     out.update(rename_all(sd, rename, "ModernBERT"))
     return out
+
+
+FAMILY = Family(name="modernbert", architectures=ARCHITECTURES, model_types=MODEL_TYPES,
+                config_from_hf=config_from_hf, tensor_fn=tensor_fn, export_problems=export_problems,
+                config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                writes=frozenset({"first_attn_norm", "rope_local_base"}))

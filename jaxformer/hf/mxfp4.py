@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.convert import ConversionError
-from jaxformer.hf.files import TensorInfo, _np_dtype
+from jaxformer.hf.files import TensorInfo, np_dtype
 
 # the 16 E2M1 codes: sign bit 3, then exponent 2 bits and mantissa 1 bit (OCP MX spec, table 5)
 FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -55,7 +55,7 @@ def dequantize_expert(blocks: np.ndarray, scales: np.ndarray, dtype: str = "floa
     exponents = np.asarray(scales, np.int32)[..., None] - SCALE_BIAS
     with np.errstate(over="ignore"):  # an exact ldexp, as torch's: 0.5 * 2^128 is finite, 1 * 2^128 inf
         values = np.ldexp(values, exponents)
-    return values.reshape(r, g * BLOCK).T.astype(_np_dtype(dtype))  # [G * 32, R]
+    return values.reshape(r, g * BLOCK).T.astype(np_dtype(dtype))  # [G * 32, R]
 
 
 def dequantize(blocks: np.ndarray, scales: np.ndarray, dtype: str = "float32") -> np.ndarray:
@@ -69,7 +69,7 @@ def dequantize(blocks: np.ndarray, scales: np.ndarray, dtype: str = "float32") -
     if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
         raise ValueError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
     e, r, g, _ = blocks.shape
-    out = np.empty((e, g * BLOCK, r), _np_dtype(dtype))
+    out = np.empty((e, g * BLOCK, r), np_dtype(dtype))
     for i in range(e):
         out[i] = dequantize_expert(blocks[i], scales[i], dtype)
     return out
@@ -86,7 +86,7 @@ class Unpacked:
                         if not any(k in pair for pair in pairs.values())}
         for name, (b, _) in pairs.items():
             e, r, g, _ = ckpt.tensors[b].shape
-            self.tensors[name] = TensorInfo(name, (e, g * BLOCK, r), _np_dtype(dtype), ckpt.tensors[b].shard)
+            self.tensors[name] = TensorInfo(name, (e, g * BLOCK, r), np_dtype(dtype), ckpt.tensors[b].shard)
 
     def __getattr__(self, name):  # config, path, shards, format, release, nbytes, ...
         return getattr(self._ckpt, name)

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import Options, Renamer, build_config, rename_all
+from jaxformer.hf.common import Family, Options, Renamer, build_config, rename_all
 
 ARCHITECTURES = {"Olmo2ForCausalLM": "lm"}
 MODEL_TYPE = "olmo2"
@@ -76,3 +76,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     return rename_all(sd, RULES.to_hf, "OLMo 2")
+
+
+FAMILY = Family(name="olmo2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS, writes=frozenset({"qk_norm_full"}))

@@ -38,7 +38,16 @@ import numpy as np
 from jaxformer.config import ConfigError, RopeScaling
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import MappingError, Options, Renamer, _number, build_config, partial_factor, rename_all
+from jaxformer.hf.common import (
+    Family,
+    MappingError,
+    Options,
+    Renamer,
+    build_config,
+    is_number,
+    partial_factor,
+    rename_all,
+)
 
 ARCHITECTURES = {"Phi3ForCausalLM": "lm"}
 MODEL_TYPE = "phi3"
@@ -64,7 +73,7 @@ def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None, int | N
     key, spec = ("rope_scaling", legacy) if legacy else ("rope_parameters", params)
     spec = dict(spec or {})
     theta = spec.pop("rope_theta", o["rope_theta"])
-    if not _number(theta) or theta <= 0:
+    if not is_number(theta) or theta <= 0:
         o.problem(key, f"rope_theta={theta!r} must be a number > 0")
         theta = 10000.0
     # partial rotary: HF rotates int(head_dim * factor) dims; the factor lists below then have
@@ -72,7 +81,7 @@ def _rope(o: Options, head_dim: int) -> tuple[float, RopeScaling | None, int | N
     rotary = spec.pop("partial_rotary_factor", o["partial_rotary_factor"])  # rope_parameters' own wins, as HF
     rotary_dim = None
     if rotary != 1:
-        dim = int(head_dim * rotary) if _number(rotary) and 0 < rotary < 1 else 0
+        dim = int(head_dim * rotary) if is_number(rotary) and 0 < rotary < 1 else 0
         if dim <= 0 or dim % 2:
             o.problems.append(f"partial_rotary_factor={rotary!r} must be in (0, 1] and rotate an even, "
                               f"nonzero int(head_dim={head_dim} * factor) dims")
@@ -201,3 +210,9 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
         out[m + "gate_up_proj.weight"] = np.concatenate([out.pop(m + "gate_proj.weight"),
                                                          out.pop(m + "up_proj.weight")], axis=0)
     return out
+
+
+FAMILY = Family(name="phi3", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                embed_keys=EMBED_KEYS, writes=frozenset({"rotary_dim"}))

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
-from jaxformer.hf.common import Options, Renamer, build_config, full_attention_only, rename_all
+from jaxformer.hf.common import Family, Options, Renamer, build_config, full_attention_only, rename_all
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "lm", "Qwen3ForCausalLM": "lm"}
 MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -83,3 +83,8 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     return rename_all(sd, RULES.to_hf, architecture(cfg))
+
+
+FAMILY = Family(name="qwen", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=DEFAULTS, embed_keys=EMBED_KEYS)

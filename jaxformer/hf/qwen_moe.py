@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mixtral, qwen
-from jaxformer.hf.common import Options, Renamer, full_attention_only, rename_all
+from jaxformer.hf.common import Family, Options, Renamer, full_attention_only, rename_all
 
 ARCHITECTURES = {"Qwen2MoeForCausalLM": "lm", "Qwen3MoeForCausalLM": "lm"}
 MODEL_TYPES = {"Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
@@ -139,3 +139,8 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     return rename_all(mixtral.experts_to_slices(sd), RULES.to_hf, architecture(cfg))
+
+
+FAMILY = Family(name="qwen_moe", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=DEFAULTS, embed_keys=EMBED_KEYS)

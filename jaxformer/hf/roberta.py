@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxformer.config import TransformerConfig
 from jaxformer.hf import bert
-from jaxformer.hf.common import MappingError, Options, bert_relative_key, exportable_ffns, rename_all
+from jaxformer.hf.common import Family, MappingError, Options, bert_relative_key, rename_all
 
 ARCHITECTURES = {"RobertaModel": "encoder", "RobertaForSequenceClassification": "classifier",
                  "RobertaForMaskedLM": "encoder", "XLMRobertaModel": "encoder",
@@ -91,21 +91,7 @@ def tensor_fn(name: str, cfg, arch: str):
 
 # ----------------------------------------------------------------------------- export
 def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="learned", positions_from_padding=True, norm="layernorm", norm_position="post",
-                final_norm=False, bias=True, norm_bias=True, scale_embedding=False, sliding_window=None,
-                embed_norm=True, ffn_dropout=0.0, attn_logit_softcap=None, query_pre_attn_scalar=None,
-                attn_qkv_bias=None, attn_out_bias=None, ffn_bias=None, qk_norm=False, moe=None, mla=None,
-                attn_sinks=False, first_attn_norm=True)
-    out = [f"{k}={getattr(cfg, k)!r} (RoBERTa needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
-    if cfg.ffn not in exportable_ffns():
-        out.append(f"ffn={cfg.ffn!r} (RoBERTa activations: {exportable_ffns()})")
-    if cfg.type_vocab_size < 1:
-        out.append("type_vocab_size=0 (RoBERTa always has token type embeddings)")
-    if cfg.resolved_kv_heads != cfg.num_heads or cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
-        out.append("grouped-query attention or a custom head_dim (RoBERTa has neither)")
-    if cfg.embed_dropout != cfg.dropout:
-        out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (RoBERTa has one "
-                   "hidden_dropout_prob)")
+    out = bert.encoder_problems(cfg, "RoBERTa", positions_from_padding=True, first_attn_norm=True)
     if name == "classifier":
         head = (cfg.pooler, cfg.pooling, cfg.pooler_act, cfg.pooler_bias, cfg.pooler_norm)
         if head != (True, "cls", "tanh", True, False):
@@ -134,3 +120,9 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
         new = bert.RULES.to_hf(key)
         return None if new is None else "roberta." + new
     return rename_all(sd, rename, "RoBERTa")
+
+
+FAMILY = Family(name="roberta", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                writes=frozenset({"positions_from_padding"}))

@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxformer.config import ConfigError
 from jaxformer.config.models import Seq2SeqConfig
-from jaxformer.hf.common import MappingError, Options, Renamer, build_config, rename_all
+from jaxformer.hf.common import Family, MappingError, Options, Renamer, build_config, rename_all
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "seq2seq"}
 MODEL_TYPE = "t5"
@@ -231,3 +231,9 @@ def config_to_hf(name: str, cfg: Seq2SeqConfig) -> dict:
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: Seq2SeqConfig) -> dict[str, np.ndarray]:
     return rename_all(sd, _rules(cfg.ffn in ("geglu_tanh", "swiglu")).to_hf, "T5")
+
+
+FAMILY = Family(name="t5", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                writes=frozenset({"attn_scale"}), resolve_checkpoint=resolve_checkpoint)

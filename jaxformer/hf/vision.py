@@ -58,17 +58,20 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxformer.config import ConfigError
 from jaxformer.config.vision import SwinConfig, ViTConfig
 from jaxformer.hf.common import (
-    ACTIVATIONS,
+    Family,
     MappingError,
     Options,
     Renamer,
-    activations,
     exportable_ffns,
     ffn_to_hf,
+    finish_config,
+    label_maps,
+    plain_activation,
+    position_table_from_hf,
     rename_all,
+    square_size,
 )
 
 ARCHITECTURES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}
@@ -164,10 +167,6 @@ def _hf_key(name: str, key: str) -> str:
     return key
 
 
-def _pos_from_hf(x):
-    return x.reshape(tuple(x.shape[1:])) if x.ndim == 3 and x.shape[0] == 1 else x  # [1, N, D] -> [N, D]
-
-
 def _state_dict_from_hf(name: str, state_dict: Mapping[str, Any], legacy: bool) -> dict[str, Any]:
     renamer = RENAMERS[name] if legacy else RENAMERS_5X[name]
     sd = {k: v for k, v in state_dict.items() if not _is_buffer(k)}
@@ -175,7 +174,7 @@ def _state_dict_from_hf(name: str, state_dict: Mapping[str, Any], legacy: bool) 
     out = rename_all(sd, lambda k: renamer.to_torch(_hf_key(name, k) if legacy else ("vit." + k if bare else k)),
                      f"jaxformer {name}")
     if "embed_positions.weight" in out:
-        out["embed_positions.weight"] = _pos_from_hf(out["embed_positions.weight"])
+        out["embed_positions.weight"] = position_table_from_hf(out["embed_positions.weight"])
     return out
 
 
@@ -195,11 +194,11 @@ def vit_config_from_hf(hf: Any, **overrides) -> ViTConfig:
     """ViTConfig from a transformers ViTConfig (attributes) for ViTForImageClassification
     (head="pooler" for ViTModel)."""
     image, patch = hf.image_size, hf.patch_size
-    image = image if isinstance(image, int) else _square(image, "image_size")
-    patch = patch if isinstance(patch, int) else _square(patch, "patch_size")
+    image = image if isinstance(image, int) else square_size(image, "image_size")
+    patch = patch if isinstance(patch, int) else square_size(patch, "patch_size")
     kw = dict(image_size=image, patch_size=patch, num_channels=hf.num_channels,
               num_classes=hf.num_labels, d_model=hf.hidden_size, num_heads=hf.num_attention_heads,
-              d_ff=hf.intermediate_size, num_layers=hf.num_hidden_layers, ffn=_act(hf.hidden_act),
+              d_ff=hf.intermediate_size, num_layers=hf.num_hidden_layers, ffn=plain_activation(hf.hidden_act),
               norm_eps=float(hf.layer_norm_eps), bias=True, qkv_bias=None if hf.qkv_bias else False,
               class_token=True, pool="cls")
     kw.update(overrides)
@@ -223,11 +222,11 @@ def swin_config_from_hf(hf: Any, **overrides) -> SwinConfig:
     if getattr(hf, "use_absolute_embeddings", False):
         raise ValueError("HF Swin use_absolute_embeddings=True is not supported")
     image, patch = hf.image_size, hf.patch_size
-    kw = dict(image_size=image if isinstance(image, int) else _square(image, "image_size"),
-              patch_size=patch if isinstance(patch, int) else _square(patch, "patch_size"),
+    kw = dict(image_size=image if isinstance(image, int) else square_size(image, "image_size"),
+              patch_size=patch if isinstance(patch, int) else square_size(patch, "patch_size"),
               num_channels=hf.num_channels, num_classes=hf.num_labels, embed_dim=hf.embed_dim,
               depths=tuple(hf.depths), num_heads=tuple(hf.num_heads), window_size=hf.window_size,
-              mlp_ratio=float(hf.mlp_ratio), qkv_bias=bool(hf.qkv_bias), ffn=_act(hf.hidden_act),
+              mlp_ratio=float(hf.mlp_ratio), qkv_bias=bool(hf.qkv_bias), ffn=plain_activation(hf.hidden_act),
               norm_eps=float(hf.layer_norm_eps), patch_norm_eps=1e-5)  # HF: torch's default there
     kw.update(overrides)
     return SwinConfig(**kw)
@@ -242,29 +241,7 @@ def swin_state_dict_to_hf(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return _state_dict_to_hf("swin", state_dict, RENAMERS_5X)
 
 
-def _act(name: str) -> str:
-    plain = activations(gated=False)
-    if name not in plain:
-        raise ValueError(f"HF hidden_act={name!r} has no jaxformer ffn kind; known: {sorted(plain)}")
-    return ACTIVATIONS[name]
-
-
-def _square(v, field: str) -> int:
-    v = tuple(v)
-    if len(v) != 2 or v[0] != v[1]:
-        raise ValueError(f"HF {field}={v}: only square sizes map")
-    return int(v[0])
-
-
 # ----------------------------------------------------------------------------- config.json
-def _wrap(fn, o: Options):
-    o.finish()
-    try:
-        return fn()
-    except (ValueError, ConfigError) as e:
-        raise ConfigError(f"config.json ({o.family}): {e}") from None
-
-
 def config_from_hf(raw: dict, arch: str, keys=()):
     if arch in ("ViTForImageClassification", "ViTModel"):
         pooler = arch == "ViTModel"
@@ -281,7 +258,7 @@ def config_from_hf(raw: dict, arch: str, keys=()):
         ns = SimpleNamespace(**{k: o[k] for k in VIT_DEFAULTS}, num_labels=1 if pooler else o.num_labels())
         drop = float(ns.hidden_dropout_prob)
         extra = {"head": "pooler"} if pooler else {}
-        cfg = _wrap(lambda: vit_config_from_hf(
+        cfg = finish_config(lambda: vit_config_from_hf(
             ns, dropout=drop, embed_dropout=drop, attn_dropout=float(ns.attention_probs_dropout_prob), **extra), o)
         return "vit", cfg, o.notes
     o = Options(raw, SWIN_DEFAULTS, family="swin SwinForImageClassification", ignored=SWIN_IGNORED)
@@ -293,7 +270,7 @@ def config_from_hf(raw: dict, arch: str, keys=()):
     if "num_layers" in raw:
         o.require("num_layers", lambda v: v == n, f"must equal len(depths) = {n}")
     drop = float(ns.hidden_dropout_prob)
-    cfg = _wrap(lambda: swin_config_from_hf(
+    cfg = finish_config(lambda: swin_config_from_hf(
         ns, dropout=drop, embed_dropout=drop, attn_dropout=float(ns.attention_probs_dropout_prob),
         drop_path_rate=float(ns.drop_path_rate)), o)
     return "swin", cfg, o.notes
@@ -308,7 +285,7 @@ def tensor_fn(name: str, cfg, arch: str):
         new = renamer.to_torch(_hf_key(name, key))
         if new is None:
             raise MappingError(f"unmapped: {key} has no jaxformer {name} equivalent")
-        return {new: _pos_from_hf(x) if new == "embed_positions.weight" else x}
+        return {new: position_table_from_hf(x) if new == "embed_positions.weight" else x}
     return fn
 
 
@@ -333,17 +310,12 @@ def export_problems(name: str, cfg) -> list[str]:
     return out
 
 
-def _labels(n: int) -> dict:
-    return {"id2label": {str(i): f"LABEL_{i}" for i in range(n)},
-            "label2id": {f"LABEL_{i}": i for i in range(n)}}
-
-
 def config_to_hf(name: str, cfg) -> dict:
     act = ffn_to_hf(cfg.ffn, tanh=TANH_GELU)
     if name == "vit":
         c: ViTConfig = cfg
         head = ({"architectures": ["ViTModel"], "pooler_act": "tanh", "pooler_output_size": c.d_model}
-                if c.head == "pooler" else {"architectures": ["ViTForImageClassification"], **_labels(c.num_classes)})
+                if c.head == "pooler" else {"architectures": ["ViTForImageClassification"], **label_maps(c.num_classes)})
         return {**head, "model_type": "vit",
                 "hidden_size": c.d_model, "num_hidden_layers": c.num_layers,
                 "num_attention_heads": c.num_heads, "intermediate_size": c.d_ff,
@@ -359,9 +331,15 @@ def config_to_hf(name: str, cfg) -> dict:
             "hidden_dropout_prob": s.dropout, "attention_probs_dropout_prob": s.attn_dropout,
             "drop_path_rate": s.drop_path_rate, "hidden_act": act,
             "use_absolute_embeddings": False, "layer_norm_eps": s.norm_eps, "initializer_range": 0.02,
-            "dtype": "float32", **_labels(s.num_classes)}
+            "dtype": "float32", **label_maps(s.num_classes)}
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.ndarray]:
     """torch_ref state_dict -> the HF state_dict in the names save_pretrained writes."""
     return {k: np.ascontiguousarray(v) for k, v in _state_dict_to_hf(name, sd, RENAMERS_SAVED).items()}
+
+
+FAMILY = Family(name="vision", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
+                state_dict_to_hf=state_dict_to_hf,
+                hf_defaults={a: SWIN_DEFAULTS if a.startswith("Swin") else VIT_DEFAULTS for a in ARCHITECTURES})
