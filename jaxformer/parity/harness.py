@@ -364,11 +364,13 @@ def _spread(x: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float
     return worst
 
 
-# XLA:CPU backend (LLVM codegen) optimisation level for the harness's programs. Each is compiled
-# to run once on tiny shapes, where codegen optimisation doubles the compile time and saves
-# microseconds; the HLO, its fp32 arithmetic (no fast math at any level) and the tolerances are
-# unchanged. Accelerator backends ignore it.
-_ONE_SHOT = {"xla_backend_optimization_level": 0}
+# XLA:CPU compile options for the harness's programs. Each is compiled to run once on tiny
+# shapes, where compiling is nearly all the time: LLVM codegen at optimisation level 0 (the
+# default level doubles the compile time and saves microseconds), and the loop fusions emitted
+# by XLA's elemental IR emitter instead of its MLIR fusion emitters (2.5x less compile time;
+# docs/numerics.md §43). The HLO, its fp32 arithmetic (no fast math either way) and the
+# tolerances are unchanged. Only the CPU backend gets them.
+_ONE_SHOT = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 
 
 def _run_once(fn, *args):
