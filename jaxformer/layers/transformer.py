@@ -11,6 +11,7 @@ Parallel (GPT-NeoX, pre-norm):             x = x + attn(attn_norm(x)) + ffn(ffn_
 Sliding-window layers (cfg.local_layers(): every layer with sliding_window, or the
 sliding_attention entries of layer_types) see the window - 1 keys before a query and the
 query itself; with a KV cache their cache is a ring of window slots (docs/numerics.md §21).
+The decode cache lives in kv_cache.py, the layer loop / scan / remat in stack.py.
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
 
@@ -31,11 +32,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import lowering, tables
-from jaxformer.config import ConfigError, TransformerConfig
-from jaxformer.layers import partitioning, ring
+from jaxformer.config import TransformerConfig
+from jaxformer.layers import kv_cache, partitioning, stack
 from jaxformer.layers.attention import (
     AttentionMask,
     MultiHeadAttention,
@@ -86,23 +86,8 @@ def ffn_sublayer(ffn, record: dict | None):
     return (lambda h: ffn(h, record=record)) if isinstance(ffn, MoE) else ffn
 
 
-# what a sparse layer's MoE puts in its record (models/lm.py return_aux)
-AUX = ("router_logits", "expert_load")
-
-
 def _norm(cfg: TransformerConfig, rngs: nnx.Rngs):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias, rngs=rngs)
-
-
-def cache_slots(self_cache: dict) -> int:
-    """The slots L of a self-attention cache: {"k", "v"} [.., G, L, K] or MLA's {"latent",
-    "k_rope"} [.., 1, L, .]."""
-    return next(iter(self_cache.values())).shape[-2]
-
-
-# the sub-layer intermediates of one layer, in depth order (module docstring)
-SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cross_attn",
-             "cross_attn_residual", "ffn")
 
 
 class LayerScale(nnx.Module):
@@ -209,7 +194,7 @@ class EncoderLayer(nnx.Module):
 
     def __call__(self, x: jax.Array, *, mask=None, bias=None, positions=None,
                  record: dict | None = None, return_attention: bool = False) -> jax.Array:
-        """record: a dict that receives the sub-layer intermediates (SUBLAYERS names);
+        """record: a dict that receives the sub-layer intermediates (stack.SUBLAYERS names);
         return_attention adds the attention weights to it."""
         attend = lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,  # noqa: E731
                                    mask=mask, bias=bias, positions=positions)
@@ -294,19 +279,8 @@ class DecoderLayer(nnx.Module):
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
                    dtype=jnp.float32) -> dict:
-        """An empty self-attention cache of `length` slots, plus the cross-attention keys and
-        values of memory [B, S, D] (projected once)."""
-        attn = self.self_attn
-        if isinstance(attn, MultiHeadLatentAttention):  # the compressed latent cache
-            return {"self": attn.init_cache(batch, length, dtype)}
-        shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
-        cache = {"self": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}}
-        if self.cross_attn is not None:
-            if memory is None:
-                raise ValueError("init_cache of a DecoderLayer with cross-attention needs `memory`")
-            kv = self.cross_attn.project_kv(memory)
-            cache["cross"] = {name: jnp.swapaxes(a, 1, 2).astype(dtype) for name, a in kv.items()}  # [B, G, S, K]
-        return cache
+        """An empty cache of `length` slots (and memory's cross-attention keys; kv_cache.layer_cache)."""
+        return kv_cache.layer_cache(self, batch, length, memory, dtype)
 
 
 class _Stack(nnx.Module):
@@ -374,131 +348,12 @@ class _Stack(nnx.Module):
             return AttentionMask.self_attention(1, t, causal=self.causal, key_valid=mask[:, 0, 0, :])
         return None
 
-    def layer_flags(self):
-        """Per layer, is it a sliding-window layer: a tuple of Python bools, or for a scanned
-        stack of mixed layers a [num_layers] bool array (scanned over with the params)."""
-        local = self.cfg.local_layers()
-        if not self.scan_layers or len(set(local)) == 1:
-            return local
-        return jnp.asarray(local)
-
-    def make_layers(self, make, rngs: nnx.Rngs):
-        """num_layers layers from make(rngs, options) (options: the layer's
-        cfg.layer_options(i), e.g. sparse: its FFN is the MoE): a list, or with scan_layers one
-        module whose params carry a leading layer axis [L, ...] (nnx.vmap over split RNG
-        streams; its layers must be alike)."""
-        n = self.cfg.num_layers
-        options = [self.cfg.layer_options(i) for i in range(n)]
-        if not self.scan_layers:
-            return nnx.List([make(rngs, options[i]) for i in range(n)])
-        check_alike(self.cfg, options)
-
-        @nnx.split_rngs(splits=n)
-        @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=n,
-                  transform_metadata={nnx.PARTITION_NAME: partitioning.LAYERS_AXIS})
-        def stacked(rngs):
-            return make(rngs, options[0])
-        return stacked(rngs)
-
-    def run_layers(self, x, call, intermediates: dict | None, aux: dict | None = None):
-        """x -> call(layer, x, record, local) for every layer, as a Python loop or
-        (scan_layers) one lax.scan over the stacked params; `local` says whether the layer is a
-        sliding-window one (layer_flags). With remat_policy, each layer's activations are
-        recomputed in the backward pass (jax.checkpoint with that policy), also inside the scan.
-        With intermediates, call fills `record` (else None) with the layer's sub-layer outputs,
-        stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i". With `aux` (a dict),
-        the sparse layers' AUX records go to it, stacked in layer order ([n_sparse, ...])."""
-        policy = lowering.remat_policy(self.remat_policy)
-        keep = intermediates is not None
-        want = keep or aux is not None
-        flags = self.layer_flags()
-        if not self.scan_layers:
-            records = []
-            for i, layer in enumerate(self.layers):
-                record = {} if want else None
-                x = _remat_call(layer, x, call, policy, record, flags[i]) if policy else \
-                    call(layer, x, record, flags[i])
-                x = ring.shard_sequence(x)  # split over the context axis between layers, if any
-                if keep:
-                    _store_layer(intermediates, i, record, x)
-                records.append(record)
-            for k in AUX if aux is not None else ():
-                found = [r[k] for r in records if k in r]
-                if found:
-                    aux[k] = jnp.stack(found)
-            return x
-        graphdef, state = nnx.split(self.layers)
-        uniform = isinstance(flags, tuple)
-
-        def body(h, xs):
-            h = checkpoint_name(h, lowering.LAYER_INPUT)  # what an offloading policy keeps on the host
-            layer_state, local = (xs, flags[0]) if uniform else xs
-            layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
-            record = {} if want else None
-            h = ring.shard_sequence(call(layer, h, record, local))  # split over the context axis, if any
-            return h, ((h if keep else None, record), nnx.state(layer))
-
-        if policy:
-            body = jax.checkpoint(body, policy=policy)
-        x, (ys, new_state) = jax.lax.scan(body, x, state if uniform else (state, flags))
-        nnx.update(self.layers, new_state)  # advanced dropout RNG counts
-        hs, records = ys  # stacked along a leading layer axis
-        if aux is not None:
-            aux.update({k: records[k] for k in AUX if k in records})
-        if keep:
-            for i in range(self.cfg.num_layers):
-                _store_layer(intermediates, i, {k: v[i] for k, v in records.items()}, hs[i])
-        return x
-
     def finish(self, x, intermediates):
         if self.final_norm is not None:
             x = self.final_norm(x)
             if intermediates is not None:
                 intermediates["final_norm"] = x
         return (x, intermediates) if intermediates is not None else x
-
-
-def check_alike(cfg: TransformerConfig, options: list[dict]) -> None:
-    """ConfigError unless every layer has the same construction options (scan_layers stacks
-    one layer's structure)."""
-    if len({o["sparse"] for o in options}) > 1:
-        raise ConfigError("model.scan_layers: the scanned layers must be alike, but moe.dense_layers "
-                          f"{list(cfg.moe.dense_layers)} mixes dense and MoE layers; set "
-                          "scan_layers: false (or make every layer sparse)")
-    if len({o["local"] for o in options}) > 1:  # two RoPE tables (§33, §36)
-        raise ConfigError(f"model.scan_layers: the scanned layers must be alike, but rope_local_base="
-                          f"{cfg.rope_local_base} gives the sliding-window layers a RoPE of their own "
-                          f"(rope_base={cfg.rope_base} elsewhere); set scan_layers: false")
-    if len({o["attn_norm"] for o in options}) > 1:
-        raise ConfigError("model.scan_layers: the scanned layers must be alike, but first_attn_norm=false "
-                          "removes layer 0's attn_norm only; set scan_layers: false")
-
-
-def _remat_call(layer, x, call, policy, record: dict | None = None, local: bool = False):
-    """call(layer, x, record, local) under jax.checkpoint, threading the layer's state (dropout
-    RNG) through; with `record`, the recorded sub-layer outputs come out too."""
-    graphdef, state = nnx.split(layer)
-
-    def f(state, h):
-        h = checkpoint_name(h, lowering.LAYER_INPUT)  # what an offloading policy keeps on the host
-        inner = nnx.merge(graphdef, jax.tree.map(lambda a: a, state))
-        rec = {} if record is not None else None
-        y = call(inner, h, rec, local)
-        return y, rec, nnx.state(inner)
-
-    y, rec, new_state = jax.checkpoint(f, policy=policy)(state, x)
-    nnx.update(layer, new_state)
-    if record is not None:
-        record.update(rec)
-    return y
-
-
-def _store_layer(intermediates: dict, i: int, record: dict, x) -> None:
-    """layers.i.<sub-layer> in SUBLAYERS (depth) order, then layers.i itself."""
-    for name in SUBLAYERS:
-        if name in record:
-            intermediates[f"layers.{i}.{name}"] = record[name]
-    intermediates[f"layers.{i}"] = x
 
 
 def _check_attention_flags(return_intermediates: bool, return_attention: bool) -> None:
@@ -523,14 +378,14 @@ class Encoder(_Stack):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.layers = self.make_layers(lambda r, options: EncoderLayer(cfg, **options, rngs=r), rngs)
+        self.layers = stack.make_layers(cfg, lambda r, options: EncoderLayer(cfg, **options, rngs=r), rngs)
 
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                  return_attention: bool = False):
         _check_attention_flags(return_intermediates, return_attention)
         mask, local_mask, bias, positions = self.self_attention_inputs(x, mask, positions)
         inter = {} if return_intermediates else None
-        x = self.run_layers(x, lambda layer, h, record, local: layer(
+        x = stack.run_layers(self, x, lambda layer, h, record, local: layer(
             h, mask=pick_mask(local, local_mask, mask), bias=bias, positions=positions, record=record,
             return_attention=return_attention), inter)
         return self.finish(x, inter)
@@ -556,15 +411,14 @@ class Decoder(_Stack):
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, causal: bool = True,
                  rngs: nnx.Rngs):
         super().__init__(cfg, causal=causal, rngs=rngs)
-        self.layers = self.make_layers(lambda r, options: DecoderLayer(cfg, cross_attention=cross_attention,
-                                                                        **options, rngs=r),
-                                       rngs)
+        self.layers = stack.make_layers(
+            cfg, lambda r, options: DecoderLayer(cfg, cross_attention=cross_attention, **options, rngs=r), rngs)
 
     def __call__(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
                  return_attention: bool = False, aux: dict | None = None):
         """aux: a dict that receives the sparse layers' router logits and expert load (AUX,
-        stacked [n_sparse, ...]; run_layers); not with a cache."""
+        stacked [n_sparse, ...]; stack.run_layers); not with a cache."""
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
             raise ValueError("return_attention is not supported together with a KV cache")
@@ -572,19 +426,20 @@ class Decoder(_Stack):
             raise ValueError("the MoE auxiliary outputs (return_aux) are not supported together with a KV cache")
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
-        cache_len = None if cache is None else self.cache_length(cache)
+        cache_len = None if cache is None else kv_cache.cache_length(self.cfg, cache, self.scan_layers)
         t = x.shape[1]
         all_rings = cache is not None and cache_len is None  # then only the positions are used
         full_mask, local_mask, bias, positions = self.self_attention_inputs(
             x, None if all_rings else mask, positions, cache_index, t if all_rings else cache_len)
         inter = {} if return_intermediates else None
         if cache is None:
-            x = self.run_layers(x, lambda layer, h, record, local: layer(
+            x = stack.run_layers(self, x, lambda layer, h, record, local: layer(
                 h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
                 positions=positions, record=record, return_attention=return_attention), inter, aux)
             return self.finish(x, inter)
-        rolling = self.rolling_layers(cache)
-        ring_mask, ring_bias = (self.rolling_inputs(mask, t, cache_index) if any(rolling) else (None, None))
+        rolling = kv_cache.rolling_layers(self.cfg, cache, self.scan_layers)
+        ring_mask, ring_bias = (kv_cache.rolling_inputs(self.cfg, self.rel_bias, mask, t, cache_index)
+                                if any(rolling) else (None, None))
 
         def call(layer, h, layer_cache, local, ring):
             if ring:
@@ -594,9 +449,9 @@ class Decoder(_Stack):
             return layer(h, memory, mask=m, bias=bb, memory_mask=memory_mask, positions=positions,
                          cache=layer_cache, cache_index=cache_index, rolling=ring)
 
-        flags = self.layer_flags()
+        flags = stack.layer_flags(self.cfg, self.scan_layers)
         if self.scan_layers:
-            x, new_cache = self._scan_cached(x, cache, call, inter, flags, rolling[0])
+            x, new_cache = stack.scan_cached(self, x, cache, call, inter, flags, rolling[0])
         else:
             new_cache = []
             for i, layer in enumerate(self.layers):
@@ -607,90 +462,11 @@ class Decoder(_Stack):
         out = self.finish(x, inter)
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
-    def rolling_layers(self, cache: list | dict) -> tuple[bool, ...]:
-        """Per layer: is its self-attention cache a ring (a sliding-window layer whose cache
-        has sliding_window slots)? A scanned stack: one answer for every layer."""
-        window, local = self.cfg.sliding_window, self.cfg.local_layers()
-        if self.scan_layers:
-            ring = all(local) and cache["self"]["k"].shape[-2] == window
-            return (ring,) * len(local)
-        return tuple(is_local and c["self"]["k"].shape[-2] == window for is_local, c in zip(local, cache))
-
     def cache_length(self, cache: list | dict) -> int | None:
-        """L, the slots of the cache's full (not ring) layers; None when every layer's cache
-        is a ring (then L is the caller's mask length)."""
-        rolling = self.rolling_layers(cache)
-        if self.scan_layers:
-            return None if rolling[0] else cache_slots(cache["self"])
-        full = [cache_slots(c["self"]) for c, ring in zip(cache, rolling) if not ring]
-        return full[0] if full else None
-
-    def rolling_inputs(self, mask, t: int, cache_index):
-        """-> (mask, bias) of a ring layer's keys for T new queries at slots cache_index..:
-        with T = 1 the ring after the write (ring slot j then holds absolute slot
-        p - (p - j) mod W), else the ring before the write followed by the T new keys. A key
-        is visible when 0 <= query slot - key slot < W, it holds a token (slot >= 0) and the
-        caller's key mask over absolute slots (`mask`, [B?, 1, 1?, L]) lets it through."""
-        window = self.cfg.sliding_window
-        p = cache_index
-        ring = jnp.arange(window)
-        if t == 1:
-            k_slots = p - (p - ring) % window  # [W]
-        else:
-            k_slots = jnp.concatenate([p - 1 - (p - 1 - ring) % window, p + jnp.arange(t)])  # [W + T]
-        q_slots = p + jnp.arange(t)  # [T]
-        dist = q_slots[:, None] - k_slots[None, :]  # [T, S]
-        visible = ((dist >= 0) & (dist < window) & (k_slots >= 0)[None, :])[None, None]  # [1, 1, T, S]
-        if mask is not None:
-            keys = jnp.take(mask.astype(bool), jnp.clip(k_slots, 0, mask.shape[-1] - 1), axis=-1)
-            visible = jnp.logical_and(visible, keys)
-        bias = None
-        if self.cfg.position == "alibi":
-            bias = alibi_bias(self.cfg.num_heads, q_slots[None], k_slots[None])
-        elif self.rel_bias is not None:
-            bias = self.rel_bias(q_slots[None], k_slots[None])
-        return visible, bias
-
-    def _scan_cached(self, x, cache: dict, call, intermediates: dict | None, flags, ring: bool):
-        """The cached call of a scanned stack: one lax.scan over the layers, each step taking
-        its layer's params and its slice of the stacked cache ([L, B, G, S, K] leaves) and
-        giving back that slice updated. -> (x, new stacked cache). The layer copies inside the
-        scan are not written back: decoding draws no dropout (generate runs in eval mode), and
-        a decode loop traces this call inside its own loop, where the model's variables belong
-        to an outer trace and cannot be set."""
-        graphdef, state = nnx.split(self.layers)
-        keep = intermediates is not None
-        uniform = isinstance(flags, tuple)
-
-        def body(h, xs):
-            if uniform:
-                (layer_state, layer_cache), local = xs, flags[0]
-            else:
-                layer_state, layer_cache, local = xs
-            layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
-            h, layer_cache = call(layer, h, layer_cache, local, ring)
-            return h, (h if keep else None, layer_cache)
-
-        x, (ys, new_cache) = jax.lax.scan(body, x, (state, cache) if uniform else (state, cache, flags))
-        if keep:
-            for i in range(self.cfg.num_layers):
-                intermediates[f"layers.{i}"] = ys[i]
-        return x, new_cache
+        """L, the slots of the cache's full layers; None when every layer rings (kv_cache.cache_length)."""
+        return kv_cache.cache_length(self.cfg, cache, self.scan_layers)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
                    dtype=jnp.float32) -> list | dict:
-        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] (a
-        sliding-window layer: min(length, window) slots, a ring) and, with cross-attention,
-        the keys/values of memory [B, S, D]. A list of per-layer dicts, or for a scanned stack
-        (scan_layers) one dict of stacked leaves [num_layers, B, G, ., K] that the cached call
-        scans over (rings only when every layer is a sliding-window one)."""
-        local = self.cfg.local_layers()
-        slots = [min(length, self.cfg.sliding_window) if is_local else length for is_local in local]
-        if not self.scan_layers:
-            return [layer.init_cache(batch, n, memory, dtype) for layer, n in zip(self.layers, slots)]
-        n = slots[0] if all(local) else length
-        graphdef, state = nnx.split(self.layers)
-
-        def one(layer_state):
-            return nnx.merge(graphdef, layer_state).init_cache(batch, n, memory, dtype)
-        return jax.vmap(one)(state)
+        """An empty cache per layer, rings for sliding-window layers (kv_cache.stack_cache)."""
+        return kv_cache.stack_cache(self, batch, length, memory, dtype)

@@ -1,5 +1,5 @@
 """Encoder and decoder layers (Pre-LN or Post-LN) and their stacks.
-Twin: jaxformer/layers/transformer.py.
+Twin: jaxformer/layers/transformer.py. The decode cache lives in kv_cache.py, the layer loop in stack.py.
 
 Post-LN (Vaswani et al. 2017):             x = norm(x + dropout(sublayer(x)))
 Pre-LN  (GPT-2, LLaMA, Xiong et al. 2020): x = x + dropout(sublayer(norm(x)))
@@ -34,6 +34,7 @@ from torch import nn
 from jaxformer import tables
 from jaxformer.config import TransformerConfig
 from torch_ref import lowering
+from torch_ref.layers import kv_cache, stack
 from torch_ref.layers.attention import (
     AttentionMask,
     MultiHeadAttention,
@@ -83,23 +84,8 @@ def ffn_sublayer(ffn, record: dict | None):
     return (lambda h: ffn(h, record=record)) if isinstance(ffn, MoE) else ffn
 
 
-# what a sparse layer's MoE puts in its record (models/lm.py return_aux)
-AUX = ("router_logits", "expert_load")
-
-
 def _norm(cfg: TransformerConfig):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
-
-
-def cache_slots(self_cache: dict) -> int:
-    """The slots L of a self-attention cache: {"k", "v"} [.., G, L, K] or MLA's {"latent",
-    "k_rope"} [.., 1, L, .]."""
-    return next(iter(self_cache.values())).shape[-2]
-
-
-# the sub-layer intermediates of one layer, in depth order (module docstring)
-SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cross_attn",
-             "cross_attn_residual", "ffn")
 
 
 class LayerScale(nn.Module):
@@ -198,7 +184,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None,
                 record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
-        """record: a dict that receives the sub-layer intermediates (SUBLAYERS names);
+        """record: a dict that receives the sub-layer intermediates (stack.SUBLAYERS names);
         return_attention adds the attention weights to it."""
         attend = lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,  # noqa: E731
                                    mask=mask, bias=bias, positions=positions)
@@ -284,21 +270,8 @@ class DecoderLayer(nn.Module):
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
                    dtype=torch.float32) -> dict:
-        """An empty self-attention cache of `length` slots, plus the cross-attention keys and
-        values of memory [B, S, D] (projected once)."""
-        attn = self.self_attn
-        if isinstance(attn, MultiHeadLatentAttention):  # the compressed latent cache
-            return {"self": attn.init_cache(batch, length, dtype)}
-        shape = (batch, attn.num_kv_heads, length, attn.head_dim)  # [B, G, L, K]
-        device = attn.q_proj.weight.device
-        cache = {"self": {"k": torch.zeros(shape, dtype=dtype, device=device),
-                          "v": torch.zeros(shape, dtype=dtype, device=device)}}
-        if self.cross_attn is not None:
-            if memory is None:
-                raise ValueError("init_cache of a DecoderLayer with cross-attention needs `memory`")
-            kv = self.cross_attn.project_kv(memory)
-            cache["cross"] = {name: a.transpose(1, 2).to(dtype).contiguous() for name, a in kv.items()}  # [B, G, S, K]
-        return cache
+        """An empty cache of `length` slots (and memory's cross-attention keys; kv_cache.layer_cache)."""
+        return kv_cache.layer_cache(self, batch, length, memory, dtype)
 
 
 class _Stack(nn.Module):
@@ -364,44 +337,12 @@ class _Stack(nn.Module):
             return AttentionMask.self_attention(1, t, causal=self.causal, key_valid=mask[:, 0, 0, :], device=device)
         return None
 
-    def layer_flags(self) -> tuple[bool, ...]:
-        """Per layer, is it a sliding-window layer."""
-        return self.cfg.local_layers()
-
-    def run_layers(self, x, call, intermediates: dict | None, aux: dict | None = None):
-        """x -> call(layer, x, record, local) for every layer; `local` says whether the layer
-        is a sliding-window one. With intermediates, call fills `record` (else None) with the
-        layer's sub-layer outputs, stored as "layers.i.<name>" (SUBLAYERS order) before
-        "layers.i". With `aux` (a dict), the sparse layers' AUX records go to it, stacked in
-        layer order ([n_sparse, ...])."""
-        flags = self.layer_flags()
-        records = []
-        for i, layer in enumerate(self.layers):
-            record = None if intermediates is None and aux is None else {}
-            x = call(layer, x, record, flags[i])
-            if intermediates is not None:
-                _store_layer(intermediates, i, record, x)
-            records.append(record)
-        for k in AUX if aux is not None else ():
-            found = [r[k] for r in records if k in r]
-            if found:
-                aux[k] = torch.stack(found)
-        return x
-
     def finish(self, x, intermediates):
         if self.final_norm is not None:
             x = self.final_norm(x)
             if intermediates is not None:
                 intermediates["final_norm"] = x
         return (x, intermediates) if intermediates is not None else x
-
-
-def _store_layer(intermediates: dict, i: int, record: dict, x) -> None:
-    """layers.i.<sub-layer> in SUBLAYERS (depth) order, then layers.i itself."""
-    for name in SUBLAYERS:
-        if name in record:
-            intermediates[f"layers.{i}.{name}"] = record[name]
-    intermediates[f"layers.{i}"] = x
 
 
 def _check_attention_flags(return_intermediates: bool, return_attention: bool) -> None:
@@ -433,7 +374,7 @@ class Encoder(_Stack):
         _check_attention_flags(return_intermediates, return_attention)
         mask, local_mask, bias, positions = self.self_attention_inputs(x, mask, positions)
         inter = {} if return_intermediates else None
-        x = self.run_layers(x, lambda layer, h, record, local: layer(
+        x = stack.run_layers(self, x, lambda layer, h, record, local: layer(
             h, mask=pick_mask(local, local_mask, mask), bias=bias, positions=positions, record=record,
             return_attention=return_attention), inter)
         return self.finish(x, inter)
@@ -463,7 +404,7 @@ class Decoder(_Stack):
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
                 return_attention: bool = False, aux: dict | None = None):
         """aux: a dict that receives the sparse layers' router logits and expert load (AUX,
-        stacked [n_sparse, ...]; run_layers); not with a cache."""
+        stacked [n_sparse, ...]; stack.run_layers); not with a cache."""
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
             raise ValueError("return_attention is not supported together with a KV cache")
@@ -478,16 +419,16 @@ class Decoder(_Stack):
             x, None if all_rings else mask, positions, cache_index, t if all_rings else cache_len)
         inter = {} if return_intermediates else None
         if cache is None:
-            x = self.run_layers(x, lambda layer, h, record, local: layer(
+            x = stack.run_layers(self, x, lambda layer, h, record, local: layer(
                 h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
                 positions=positions, record=record, return_attention=return_attention), inter, aux)
             return self.finish(x, inter)
-        rolling = self.rolling_layers(cache)
-        ring_mask, ring_bias = (self.rolling_inputs(mask, t, cache_index, x.device) if any(rolling)
-                                else (None, None))
+        rolling = kv_cache.rolling_layers(self.cfg, cache)
+        ring_mask, ring_bias = (kv_cache.rolling_inputs(self.cfg, self.rel_bias, mask, t, cache_index, x.device)
+                                if any(rolling) else (None, None))
         new_cache = []
         for i, layer in enumerate(self.layers):
-            local, ring = self.layer_flags()[i], rolling[i]
+            local, ring = stack.layer_flags(self.cfg)[i], rolling[i]
             m, bb = (ring_mask, ring_bias) if ring else (pick_mask(local, local_mask, full_mask), bias)
             x, layer_cache = layer(x, memory, mask=m, bias=bb, memory_mask=memory_mask,
                                    positions=positions, cache=cache[i], cache_index=cache_index, rolling=ring)
@@ -497,49 +438,11 @@ class Decoder(_Stack):
         out = self.finish(x, inter)
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
-    def rolling_layers(self, cache: list) -> tuple[bool, ...]:
-        """Per layer: is its self-attention cache a ring (a sliding-window layer whose cache
-        has sliding_window slots)?"""
-        window = self.cfg.sliding_window
-        return tuple(is_local and c["self"]["k"].shape[-2] == window
-                     for is_local, c in zip(self.cfg.local_layers(), cache))
-
     def cache_length(self, cache: list) -> int | None:
-        """L, the slots of the cache's full (not ring) layers; None when every layer's cache
-        is a ring (then L is the caller's mask length)."""
-        full = [cache_slots(c["self"]) for c, ring in zip(cache, self.rolling_layers(cache)) if not ring]
-        return full[0] if full else None
-
-    def rolling_inputs(self, mask, t: int, cache_index, device=None):
-        """-> (mask, bias) of a ring layer's keys for T new queries at slots cache_index..:
-        with T = 1 the ring after the write (ring slot j then holds absolute slot
-        p - (p - j) mod W), else the ring before the write followed by the T new keys. A key
-        is visible when 0 <= query slot - key slot < W, it holds a token (slot >= 0) and the
-        caller's key mask over absolute slots (`mask`, [B?, 1, 1?, L]) lets it through."""
-        window = self.cfg.sliding_window
-        p = cache_index
-        ring = torch.arange(window, device=device)
-        if t == 1:
-            k_slots = p - (p - ring) % window  # [W]
-        else:
-            k_slots = torch.cat([p - 1 - (p - 1 - ring) % window, p + torch.arange(t, device=device)])  # [W + T]
-        q_slots = p + torch.arange(t, device=device)  # [T]
-        dist = q_slots[:, None] - k_slots[None, :]  # [T, S]
-        visible = ((dist >= 0) & (dist < window) & (k_slots >= 0)[None, :])[None, None]  # [1, 1, T, S]
-        if mask is not None:
-            visible = visible & mask.bool()[..., k_slots.clamp(0, mask.shape[-1] - 1)]
-        bias = None
-        if self.cfg.position == "alibi":
-            bias = alibi_bias(self.cfg.num_heads, q_slots[None], k_slots[None])
-        elif self.rel_bias is not None:
-            bias = self.rel_bias(q_slots[None], k_slots[None])
-        return visible, bias
+        """L, the slots of the cache's full layers; None when every layer rings (kv_cache.cache_length)."""
+        return kv_cache.cache_length(self.cfg, cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
                    dtype=torch.float32) -> list:
-        """Per layer: an empty self-attention cache of `length` slots [B, G, L, K] (a
-        sliding-window layer: min(length, window) slots, a ring) and, with cross-attention,
-        the keys/values of memory [B, S, D]."""
-        local = self.cfg.local_layers()
-        return [layer.init_cache(batch, min(length, self.cfg.sliding_window) if is_local else length, memory, dtype)
-                for layer, is_local in zip(self.layers, local)]
+        """An empty cache per layer, rings for sliding-window layers (kv_cache.stack_cache)."""
+        return kv_cache.stack_cache(self, batch, length, memory, dtype)
