@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -68,21 +69,40 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
     Returns a report {tensors, params, skipped, bytes_in}. check_only: stop after the plan
     (no data is read)."""
     leaves = param_leaves(model)
-    prefixes = scan_prefixes(model)
-    targets: dict[str, tuple] = {}  # torch key -> (flax path, stack index or None, torch shape, dtype)
+    plan = _plan(ckpt, tensor_from_hf, _targets(leaves, scan_prefixes(model)), allow_downcast)
+    if check_only:
+        return {"tensors": len(ckpt.tensors), "params": len(plan.produced) + len(plan.sliced),
+                "skipped": sorted(plan.skipped), "bytes_in": 0}
+    return _stream(ckpt, tensor_from_hf, plan, leaves, sink, flush_bytes, allow_downcast)
+
+
+def _targets(leaves: Mapping[tuple, Any], prefixes) -> dict[str, tuple]:
+    """torch key -> (flax path, stack index or None, torch shape, dtype) of every param."""
+    targets = {}
     for path, var in leaves.items():
         stacked = stacked_prefix(path, prefixes) is not None
         want = torch_shape_of(path, tuple(var.shape), prefixes)
         for i, tk in enumerate(torch_keys_for(path, tuple(var.shape), prefixes)):
             targets[tk] = (path, i if stacked else None, want, np.dtype(var.dtype))
+    return targets
 
-    # 1) plan from headers only: every problem of the whole checkpoint in one error
-    problems: list[str] = []
-    produced: dict[str, str] = {}  # whole torch key -> its HF key
-    sliced: dict[str, dict[int, str]] = {}  # torch key given in axis-0 slices -> {slice: HF key}
-    slice_base: dict[str, str] = {}  # HF key -> the sliced torch key it feeds (read order)
-    skipped: set[str] = set()
-    out_bytes: dict[str, int] = {}  # HF key -> bytes it adds to a batch (a slice: its whole param)
+
+@dataclass
+class _Plan:
+    """What the headers say, before any data is read (_plan)."""
+
+    targets: dict[str, tuple]  # torch key -> (flax path, stack index or None, torch shape, dtype)
+    produced: dict[str, str] = field(default_factory=dict)  # whole torch key -> its HF key
+    sliced: dict[str, dict[int, str]] = field(default_factory=dict)  # torch key in axis-0 slices -> {slice: HF key}
+    slice_base: dict[str, str] = field(default_factory=dict)  # HF key -> the sliced torch key it feeds (read order)
+    skipped: set[str] = field(default_factory=set)
+    out_bytes: dict[str, int] = field(default_factory=dict)  # HF key -> bytes it adds to a batch (a slice: its param)
+
+
+def _plan(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, targets: dict[str, tuple], allow_downcast: bool) -> _Plan:
+    """Map every tensor from its header only (fake arrays): every problem of the whole
+    checkpoint in one ConversionError."""
+    plan, problems = _Plan(targets), []
     for key, info in ckpt.tensors.items():
         try:
             out = tensor_from_hf(key, fake_array(info.shape, info.dtype))
@@ -90,33 +110,13 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
             problems.append(str(e))
             continue
         if out is None:
-            skipped.add(key)
+            plan.skipped.add(key)
             continue
         for tk, y in out.items():
-            base, e = split_slice(tk)
-            if base not in targets or (e is not None and not (targets[base][2] and e < targets[base][2][0])):
-                why = "" if base not in targets else f"; {base} has {targets[base][2][:1]} slices"
-                problems.append(f"unexpected: {tk} (from HF {key}, shape {tuple(y.shape)}{why})")
-                continue
-            path, _, want, dtype = targets[base]
-            if e is None:
-                if tk in produced:
-                    problems.append(f"duplicate: {tk} comes from both HF {produced[tk]} and {key}")
-                    continue
-                produced[tk] = key
-            else:
-                if e in sliced.get(base, {}):
-                    problems.append(f"duplicate: {tk} comes from both HF {sliced[base][e]} and {key}")
-                    continue
-                sliced.setdefault(base, {})[e] = key
-                slice_base.setdefault(key, base)
-                want = want[1:]
-            out_bytes[key] = out_bytes.get(key, 0) + math.prod(targets[base][2]) * dtype.itemsize
-            problems += check_tensor(f"{tk} (from HF {key})", y, want, dtype,
-                                     allow_downcast=allow_downcast, values=False)
-    for base, parts in sliced.items():
-        if base in produced:
-            problems.append(f"duplicate: {base} comes whole from HF {produced[base]} and in slices "
+            problems += _plan_tensor(plan, key, tk, y, allow_downcast)
+    for base, parts in plan.sliced.items():
+        if base in plan.produced:
+            problems.append(f"duplicate: {base} comes whole from HF {plan.produced[base]} and in slices "
                             f"from HF {parts[min(parts)]}, ...")
             continue
         n = targets[base][2][0]
@@ -125,32 +125,57 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
                 problems.append(f"missing: {expert_slice(base, e)} (slice {e} of {n}, shape "
                                 f"{targets[base][2][1:]}{_sibling_hint(parts, e)})")
     for tk, (path, _, want, _) in targets.items():
-        if tk not in produced and tk not in sliced:
+        if tk not in plan.produced and tk not in plan.sliced:
             problems.append(f"missing: {tk} (flax {flax_key(path)}, shape {want})")
     if problems:
         raise ConversionError(sorted(problems, key=lambda p: p.split(":")[0]))
-    if check_only:
-        return {"tensors": len(ckpt.tensors), "params": len(produced) + len(sliced),
-                "skipped": sorted(skipped), "bytes_in": 0}
+    return plan
 
-    # 2) convert, shard by shard, one tensor at a time; a param given in slices is assembled
-    # in one buffer of its final dtype, its slices read one after another (_read_order)
+
+def _plan_tensor(plan: _Plan, key: str, tk: str, y, allow_downcast: bool) -> list[str]:
+    """Record that HF `key` gives torch key `tk` (whole, or one axis-0 slice); its problems."""
+    targets = plan.targets
+    base, e = split_slice(tk)
+    if base not in targets or (e is not None and not (targets[base][2] and e < targets[base][2][0])):
+        why = "" if base not in targets else f"; {base} has {targets[base][2][:1]} slices"
+        return [f"unexpected: {tk} (from HF {key}, shape {tuple(y.shape)}{why})"]
+    path, _, want, dtype = targets[base]
+    if e is None:
+        if tk in plan.produced:
+            return [f"duplicate: {tk} comes from both HF {plan.produced[tk]} and {key}"]
+        plan.produced[tk] = key
+    else:
+        if e in plan.sliced.get(base, {}):
+            return [f"duplicate: {tk} comes from both HF {plan.sliced[base][e]} and {key}"]
+        plan.sliced.setdefault(base, {})[e] = key
+        plan.slice_base.setdefault(key, base)
+        want = want[1:]
+    plan.out_bytes[key] = plan.out_bytes.get(key, 0) + math.prod(targets[base][2]) * dtype.itemsize
+    return check_tensor(f"{tk} (from HF {key})", y, want, dtype, allow_downcast=allow_downcast, values=False)
+
+
+def _stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, plan: _Plan, leaves, sink, flush_bytes: int,
+            allow_downcast: bool) -> dict:
+    """Convert, shard by shard, one tensor at a time, handing batches of at most flush_bytes to
+    the sink; a param given in slices is assembled in one buffer of its final dtype, its slices
+    read one after another (_read_order), a scanned stack's layers into one [L, ...] array."""
     stacks: dict[tuple, dict[int, np.ndarray]] = {}
     pending: dict[str, tuple[np.ndarray, set]] = {}  # sliced torch key -> (buffer, slices in)
     batch: dict[tuple, np.ndarray] = {}
     batch_bytes = bytes_in = n_params = 0
+    problems: list[str] = []
     for shard in ckpt.shards:
-        for key in _read_order(ckpt.shard_keys(shard), slice_base):
-            if key in skipped:
+        for key in _read_order(ckpt.shard_keys(shard), plan.slice_base):
+            if key in plan.skipped:
                 continue
-            if batch and batch_bytes + out_bytes.get(key, 0) > flush_bytes:
+            if batch and batch_bytes + plan.out_bytes.get(key, 0) > flush_bytes:
                 sink.write(batch)  # hand over what we have before the next tensor would overflow
                 batch, batch_bytes = {}, 0
             x = ckpt.read(key)
             bytes_in += x.nbytes
             for tk, y in tensor_from_hf(key, x).items():
                 base, e = split_slice(tk)
-                path, idx, want, dtype = targets[base]
+                path, idx, want, dtype = plan.targets[base]
                 y = to_numpy(y)
                 problems += check_tensor(f"{tk} (from HF {key})", y, want if e is None else want[1:], dtype,
                                          allow_downcast=allow_downcast)  # planned: only values left
@@ -181,7 +206,7 @@ def convert_stream(ckpt: HFCheckpoint, tensor_from_hf: TensorFn, model, sink=Non
         sink.write(batch)
     if problems:
         raise ConversionError(problems)
-    return {"tensors": len(ckpt.tensors), "params": n_params, "skipped": sorted(skipped),
+    return {"tensors": len(ckpt.tensors), "params": n_params, "skipped": sorted(plan.skipped),
             "bytes_in": bytes_in}
 
 
