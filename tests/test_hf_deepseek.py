@@ -1,9 +1,10 @@
-"""Hugging Face DeepSeek-V3 (`DeepseekV3ForCausalLM`): config mapping and refusals, fp32 logits
-and greedy / beam ids against transformers, export that transformers loads, both expert layouts,
-the multi-token-prediction layers of published checkpoints; tiny random configs, no downloads.
+"""Hugging Face DeepSeek-V3 (`DeepseekV3ForCausalLM`): config mapping and refusals, the
+choosing-only score bias, the export's config.json, both expert layouts, the multi-token-prediction
+layers of published checkpoints; tiny random configs (rows "deepseek/*" of tests/hf_rows.py, whose
+fp32 logits, greedy / beam ids and export round trip tests/test_hf_table.py checks), no downloads.
 
 HF initialises e_score_correction_bias to zeros (a buffer, which helpers.randomize does not
-touch): it is redrawn here, so the choosing-only bias decides some experts."""
+touch): the rows redraw it (hf_rows.randomize_router_bias), so the bias decides some experts."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,41 +13,22 @@ import os
 
 import numpy as np
 import pytest
+from hf_helpers import built, check_in_memory_layout, copy_config, lm_logits, same_params
+from hf_rows import row
 from safetensors.numpy import load_file, save_file
 
 from jaxformer.config import ConfigError
 from jaxformer.hf import deepseek
 
 ARCH = "DeepseekV3ForCausalLM"
-V = 80
-IDS = np.random.RandomState(5).randint(3, V, size=(2, 11))
-MASK = np.ones_like(IDS)
-MASK[1, :3] = 0  # a left-padded row
-BASE = dict(vocab_size=V, hidden_size=32, intermediate_size=40, num_hidden_layers=2, bos_token_id=1, eos_token_id=2,
-            pad_token_id=0, max_position_embeddings=64)
-# tag -> DeepseekV3Config kwargs: q_lora and plain q; grouped choice with topk_group < n_group;
-# a dense first layer and an all-sparse stack; YaRN with mscale != mscale_all_dim; both rope layouts.
-# Expert widths are multiples of 4: HF's grouped_mm experts need 16-byte strides.
-CASES = {
-    "qlora_yarn_e8_g4_dense0": dict(
-        BASE, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=10, kv_lora_rank=12, qk_nope_head_dim=6,
-        qk_rope_head_dim=4, v_head_dim=10, n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2,
-        moe_intermediate_size=12, n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
-        attention_bias=True, rope_parameters=dict(rope_type="yarn", rope_theta=500.0, factor=4.0,
-                                                  original_max_position_embeddings=16, mscale=0.9,
-                                                  mscale_all_dim=1.3, beta_fast=8.0, beta_slow=1.0)),
-    "plainq_e6_g3_shared2_tied": dict(
-        BASE, num_attention_heads=3, num_key_value_heads=3, q_lora_rank=None, kv_lora_rank=9, qk_nope_head_dim=5,
-        qk_rope_head_dim=6, v_head_dim=7, n_routed_experts=6, num_experts_per_tok=2, n_group=3, topk_group=1,
-        moe_intermediate_size=8, n_shared_experts=2, first_k_dense_replace=0, norm_topk_prob=False,
-        routed_scaling_factor=1.5, rope_interleave=False, tie_word_embeddings=True),
-}
+QLORA, PLAIN = row("deepseek/qlora_yarn_e8_g4_dense0"), row("deepseek/plainq_e6_g3_shared2_tied")
+IDS, MASK = QLORA.inputs()
 
 
 def hf_config(**kw) -> dict:
     """config.json of a tiny model as transformers' own config class writes it."""
     import transformers
-    out = json.loads(transformers.DeepseekV3Config(**dict(CASES["qlora_yarn_e8_g4_dense0"], **kw)).to_json_string())
+    out = json.loads(transformers.DeepseekV3Config(**dict(QLORA.config, **kw)).to_json_string())
     out["architectures"] = [ARCH]
     return out
 
@@ -131,107 +113,34 @@ def _precision():
     setup_precision()
 
 
-def randomize_router_bias(model, seed: int = 3):
-    """Every e_score_correction_bias redrawn (HF: zeros), at the scale of the sigmoid scores'
-    spread, so the bias moves some choices but not all."""
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buf.copy_(torch.randn(buf.shape, generator=g) * 0.1)
-    return model
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """tag -> (HF model, its save_pretrained dir, our imported model): built once."""
-    import transformers
-    from helpers import randomize
-
-    from jaxformer import hf
-    root = tmp_path_factory.mktemp("hf_deepseek")
-    out = {}
-    for tag, kw in CASES.items():
-        model = randomize_router_bias(randomize(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**kw))))
-        model.save_pretrained(root / tag)
-        out[tag] = (model, str(root / tag), hf.from_pretrained(str(root / tag)))
-    return out
-
-
-def _ours(model) -> np.ndarray:
+@pytest.mark.parametrize("r", [QLORA, PLAIN], ids=lambda r: r.case)
+def test_zeroing_the_score_bias_moves_the_logits(r, tmp_path_factory):
+    """The choosing-only score_bias is exercised (the logits within tolerance of HF's:
+    tests/test_hf_table.py): zeroing ours moves the logits well past the tolerance."""
     import jax.numpy as jnp
-    from flax import nnx
-    global _jitted
-    if "_jitted" not in globals():
-        _jitted = nnx.jit(lambda m, i, k: m(i, k))
-    return np.asarray(_jitted(model, jnp.asarray(IDS), jnp.asarray(MASK)))
-
-
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_forward_matches_hf(tag, saved):
-    """Logits within tolerance, left-padded row included; zeroing our score_bias moves them
-    well past it (the biased choice is exercised)."""
-    import jax.numpy as jnp
-    from helpers import check_hf_logits, hf_lm_logits
-    hf_model, _, (model, _, cfg) = saved[tag]
-    assert cfg.sparse_layers() == ((False, True) if "dense0" in tag else (True, True))
+    from helpers import hf_lm_logits
+    hf_model, _, (model, _, cfg) = built(r, tmp_path_factory)
     ref = hf_lm_logits(hf_model, IDS, MASK)
-    check_hf_logits(tag, ref, _ours(model), MASK)
     routers = [layer.ffn.router for layer, sparse in zip(model.decoder.layers, cfg.sparse_layers()) if sparse]
-    kept = [r.score_bias.get_value() for r in routers]
+    kept = [router.score_bias.get_value() for router in routers]
     try:
-        for r in routers:
-            r.score_bias.set_value(jnp.zeros_like(r.score_bias.get_value()))
-        unbiased = _ours(model)
+        for router in routers:
+            router.score_bias.set_value(jnp.zeros_like(router.score_bias.get_value()))
+        unbiased = lm_logits(model, IDS, MASK)
     finally:
-        for r, b in zip(routers, kept):
-            r.score_bias.set_value(b)
+        for router, b in zip(routers, kept):
+            router.score_bias.set_value(b)
     assert np.abs(unbiased - ref)[MASK.astype(bool)].max() > 1e-2
 
 
-def _hf_generate(hf_model, n, **kw):
-    import torch
-    hf_model.generation_config.pad_token_id = 0
-    with torch.no_grad():
-        return hf_model.generate(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK), max_new_tokens=n,
-                                 do_sample=False, **kw)[:, IDS.shape[1]:].numpy()
-
-
-def test_greedy_and_beam_match_hf(saved):
-    """Greedy ids equal HF generate's (the latent cache with its absorbed one-token steps, a
-    left-padded row, a dense and a sparse layer); beam ids too (eos never produced, so both
-    stopping rules agree). One case: each search compiles for over 10 s, and the plain-q
-    decode step is checked against full recompute in tests/test_mla.py."""
-    from jaxformer import generation as jgen
-    from jaxformer.config.models import GenerationConfig
-    hf_model, _, (model, _, _) = saved["qlora_yarn_e8_g4_dense0"]
-    ref = _hf_generate(hf_model, 8)
-    ours = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=8))
-    np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
-    eos = hf_model.generation_config.eos_token_id
-    hf_model.generation_config.eos_token_id = None
-    try:
-        ref = _hf_generate(hf_model, 5, num_beams=3, length_penalty=1.0)
-    finally:
-        hf_model.generation_config.eos_token_id = eos
-    ours, _ = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=5, strategy="beam", num_beams=3,
-                                                                   eos_id=V + 7))
-    np.testing.assert_array_equal(ours, ref)
-
-
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path):
-    """The export holds save_pretrained's keys, its config.json save_pretrained's keys with
-    the same values and JSON types (ints as ints), and loads with identical logits."""
-    import transformers
-    from helpers import hf_lm_logits, realigned
-
+@pytest.mark.parametrize("r", [QLORA, PLAIN], ids=lambda r: r.case)
+def test_export_files_are_save_pretrained_s(r, tmp_path_factory, tmp_path):
+    """The export's config.json holds save_pretrained's keys with the same values and JSON types
+    (ints as ints); its loading back with identical logits is tests/test_hf_table.py's."""
     from jaxformer import hf
-    hf_model, path, (model, name, cfg) = saved[tag]
+    _, path, (model, name, cfg) = built(r, tmp_path_factory)
     out = str(tmp_path / "out")
     hf.save_pretrained(model, name, cfg, out)
-    assert set(load_file(os.path.join(out, "model.safetensors"))) == set(load_file(os.path.join(path, "model.safetensors")))
     with open(os.path.join(path, "config.json")) as f, open(os.path.join(out, "config.json")) as g:
         theirs, ours = json.load(f), json.load(g)
     theirs.pop("transformers_version")
@@ -241,39 +150,17 @@ def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path
     assert set(ours) == set(theirs), set(ours) ^ set(theirs)
     for k, v in theirs.items():
         assert ours[k] == v and type(ours[k]) is type(v), (k, ours[k], v)
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
-    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    assert type(back) is type(hf_model)
-    np.testing.assert_array_equal(hf_lm_logits(realigned(back).eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
 
 
-def _copy_config(src: str, dst) -> None:
-    os.makedirs(dst)
-    with open(os.path.join(src, "config.json")) as f, open(os.path.join(dst, "config.json"), "w") as g:
-        g.write(f.read())
-
-
-def _same_params(a, b) -> None:
-    from jaxformer.convert import param_leaves
-    la, lb = param_leaves(a), param_leaves(b)
-    assert set(la) == set(lb)
-    for p in la:
-        np.testing.assert_array_equal(np.asarray(la[p].get_value()), np.asarray(lb[p].get_value()), err_msg=str(p))
-
-
-def test_fused_in_memory_layout_imports_the_same_params(saved, tmp_path):
+def test_fused_in_memory_layout_imports_the_same_params(tmp_path_factory, tmp_path):
     """transformers' own state_dict (fused gate_up_proj / down_proj experts) as a checkpoint
     gives exactly the params of the per-expert save_pretrained files."""
-    from jaxformer import hf
-    hf_model, path, (model, _, _) = saved["qlora_yarn_e8_g4_dense0"]
-    sd = {k: v.numpy() for k, v in hf_model.state_dict().items()}
+    hf_model, path, (model, _, _) = built(QLORA, tmp_path_factory)
+    sd = check_in_memory_layout(hf_model, path, model, tmp_path / "fused")
     assert "model.layers.1.mlp.experts.gate_up_proj" in sd and "model.layers.1.mlp.gate.e_score_correction_bias" in sd
-    _copy_config(path, tmp_path / "fused")
-    save_file(sd, str(tmp_path / "fused" / "model.safetensors"))
-    _same_params(hf.from_pretrained(str(tmp_path / "fused"))[0], model)
 
 
-def test_mtp_layers_are_skipped_as_transformers_does(saved, tmp_path):
+def test_mtp_layers_are_skipped_as_transformers_does(tmp_path_factory, tmp_path):
     """A published checkpoint's MTP module (model.layers.{num_hidden_layers}.*) is reported
     as unexpected by transformers' DeepseekV3ForCausalLM, which computes the same logits
     without it; the import skips it with a note and gives the same params."""
@@ -281,18 +168,18 @@ def test_mtp_layers_are_skipped_as_transformers_does(saved, tmp_path):
     from helpers import hf_lm_logits, realigned
 
     from jaxformer import hf
-    hf_model, path, (model, _, _) = saved["plainq_e6_g3_shared2_tied"]
+    hf_model, path, (model, _, _) = built(PLAIN, tmp_path_factory)
     sd = load_file(os.path.join(path, "model.safetensors"))
     rng = np.random.default_rng(0)
     mtp = {"model.layers.2.eh_proj.weight": (32, 64), "model.layers.2.enorm.weight": (32,),
            "model.layers.2.shared_head.norm.weight": (32,), "model.layers.2.mlp.gate.weight": (6, 32),
            "model.layers.2.self_attn.kv_a_layernorm.weight": (9,)}
     sd.update({k: rng.standard_normal(s).astype(np.float32) for k, s in mtp.items()})
-    _copy_config(path, tmp_path / "mtp")
+    copy_config(path, tmp_path / "mtp")
     save_file(sd, str(tmp_path / "mtp" / "model.safetensors"))
     back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "mtp"), output_loading_info=True)
     assert set(info["unexpected_keys"]) == set(mtp) and not info["missing_keys"]
     np.testing.assert_array_equal(hf_lm_logits(realigned(back).eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
     ours, _, _, report = hf.from_pretrained(str(tmp_path / "mtp"), return_report=True)
     assert any("model.layers.[2] skipped" in n for n in report["notes"])
-    _same_params(ours, model)
+    same_params(ours, model)

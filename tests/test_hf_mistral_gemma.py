@@ -6,12 +6,13 @@ as transformers' sliding_window_overlay. Every check uses prompts longer than th
   * KV cache: a sliding-window layer's cache is a ring of `window` slots; cached logits equal a
     full recompute in both trees (a mixed local/global stack, a scanned stack too), the ring
     holds `window` slots whatever the cache length, greedy and beam ids agree across trees.
-  * HF: forward logits within 1e-5 x max(1, max|logit|) fp32 with a left-padded row; greedy
-    and beam ids equal to HF generate; export loads back in transformers with HF's logits;
-    unimplemented options refused by name.
-Tiny random HF models built from configs (no download). Worst measured |logit| differences
-(fp32, printed by test_forward_matches_hf, docs/numerics.md §21): Mistral 8.3e-7 (max |logit|
-2.6), Gemma2 3.6e-6 (max |logit| 4.8; float32 rounding on both sides, measured against float64).
+  * HF: unimplemented options refused by name. The tiny random HF models are rows of
+    tests/hf_rows.py, and tests/test_hf_table.py checks their forward logits within
+    1e-5 x max(1, max|logit|) fp32 with a left-padded row, greedy and beam ids equal to HF
+    generate's past the window, the export loading back in transformers with HF's logits.
+Worst measured |logit| differences (fp32, printed by check_hf_logits, docs/numerics.md §21):
+Mistral 8.3e-7 (max |logit| 2.6), Gemma2 3.6e-6 (max |logit| 4.8; float32 rounding on both
+sides, measured against float64).
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from helpers import check_hf_logits, converted_pair, hf_lm_logits, randomize
+from helpers import converted_pair
+from hf_helpers import built
+from hf_rows import row
 
 from jaxformer import convert, hf
 from jaxformer import generation as jgen
@@ -35,32 +38,6 @@ from jaxformer.parity import setup_precision
 from torch_ref import generation as tgen
 
 T = pytest.importorskip("transformers")
-V = 96
-RNG = np.random.RandomState(3)
-IDS = RNG.randint(3, V, size=(2, 11))
-MASK = np.ones_like(IDS)
-MASK[1, :3] = 0  # a left-padded row
-SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-             max_position_embeddings=64)
-# name -> (HF class, config kwargs); windows shorter than the 11-token prompts
-CASES = {
-    "mistral_w3": (T.MistralForCausalLM, dict(SMALL, sliding_window=3, rope_theta=500.0)),
-    "mistral_w5_mqa_head_dim_tied": (T.MistralForCausalLM, dict(
-        SMALL, num_hidden_layers=3, num_key_value_heads=1, head_dim=12, sliding_window=5,
-        tie_word_embeddings=True)),
-    "mistral_no_window_linear_rope": (T.MistralForCausalLM, dict(
-        SMALL, sliding_window=None, rope_parameters=dict(rope_type="linear", rope_theta=1000.0, factor=2.0))),
-    # default layer_types (sliding, full, sliding); caps small enough that tanh bends the scores
-    "gemma2_default_layers_caps": (T.Gemma2ForCausalLM, dict(
-        SMALL, num_hidden_layers=3, head_dim=12, sliding_window=4, query_pre_attn_scalar=20,
-        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, bos_token_id=2, eos_token_id=1)),
-    "gemma2_untied_gelu_bias_mqa_no_caps": (T.Gemma2ForCausalLM, dict(
-        SMALL, num_key_value_heads=1, head_dim=8, sliding_window=3, query_pre_attn_scalar=8,
-        layer_types=["full_attention", "sliding_attention"], hidden_activation="gelu", attention_bias=True,
-        tie_word_embeddings=False, attn_logit_softcapping=None, final_logit_softcapping=None,
-        rope_parameters=dict(rope_type="default", rope_theta=300.0))),
-}
 
 
 @pytest.fixture(autouse=True)
@@ -68,103 +45,25 @@ def _precision():
     setup_precision()
 
 
-def _hf_logits(model, ids=IDS, mask=MASK) -> np.ndarray:
-    return hf_lm_logits(model, ids, mask)
-
-
-@nnx.jit
-def _call(model, ids, mask):
-    return model(ids, mask)
-
-
-def _check(tag: str, ref: np.ndarray, ours: np.ndarray) -> float:
-    return check_hf_logits(tag, ref, ours, MASK)
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mistral_gemma")
-    out = {}
-    for tag, (cls, kw) in CASES.items():
-        model = randomize(cls(cls.config_class(**kw)))
-        model.save_pretrained(root / tag)
-        out[tag] = (model, str(root / tag))
-    return out
-
-
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_forward_matches_hf(tag, saved):
-    hf_model, path = saved[tag]
-    model, name, cfg = hf.from_pretrained(path)
-    assert name == "lm" and cfg.sliding_window == CASES[tag][1].get("sliding_window")
-    if tag.startswith("gemma2"):
-        assert cfg.norm_position == "sandwich" and any(cfg.local_layers()) and not all(cfg.local_layers())
-    _check(tag, _hf_logits(hf_model), np.asarray(_call(model, jnp.asarray(IDS), jnp.asarray(MASK))))
-
-
-def _hf_generate(hf_model, n, **kw):
-    hf_model.generation_config.pad_token_id = 0
-    with torch.no_grad():
-        return hf_model.generate(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK), max_new_tokens=n,
-                                 do_sample=False, **kw)[:, IDS.shape[1]:].numpy()
-
-
-@pytest.mark.parametrize("tag", ["mistral_w5_mqa_head_dim_tied", "gemma2_default_layers_caps"])
-def test_greedy_and_beam_match_hf(tag, saved):
-    """Greedy (with the model's eos) and beam ids (eos never produced: every hypothesis runs to
-    max_new_tokens, so HF's and jaxformer's stopping rules agree) equal HF generate's with a
-    left-padded row, past the window."""
-    hf_model, path = saved[tag]
-    model, name, cfg = hf.from_pretrained(path)
-    ref = _hf_generate(hf_model, 12)
-    ours = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=12))
-    np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
-    eos = hf_model.generation_config.eos_token_id
-    hf_model.generation_config.eos_token_id = None
-    try:
-        ref = _hf_generate(hf_model, 8, num_beams=3, length_penalty=1.0)
-    finally:
-        hf_model.generation_config.eos_token_id = eos
-    ours, _ = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=8, strategy="beam",
-                                                                   num_beams=3, eos_id=V + 7))
-    np.testing.assert_array_equal(ours, ref)
-
-
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path):
-    hf_model, path = saved[tag]
-    model, name, cfg = hf.from_pretrained(path)
-    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
-    back = T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
-    if cfg.sliding_window is None and not tag.startswith("gemma2"):  # Mistral without a window: LLaMA
-        assert type(back) is T.LlamaForCausalLM
-    else:
-        assert type(back) is type(hf_model)
-        for key in ("sliding_window", "layer_types", "final_logit_softcapping", "attn_logit_softcapping",
-                    "query_pre_attn_scalar"):
-            assert getattr(back.config, key, None) == getattr(hf_model.config, key, None), key
-    np.testing.assert_array_equal(_hf_logits(back), _hf_logits(hf_model))
-
-
 REFUSED = {  # config.json changes -> the option the error names
-    "mistral_layer_types": ("mistral_w3", dict(layer_types=["sliding_attention", "full_attention"]), "layer_types"),
-    "mistral_bad_window": ("mistral_w3", dict(sliding_window=0), "sliding_window"),
-    "mistral_act": ("mistral_w3", dict(hidden_act="gelu"), "hidden_act"),
-    "mistral_unknown": ("mistral_w3", dict(attention_bias=True), "attention_bias"),
-    "gemma2_bidirectional": ("gemma2_default_layers_caps", dict(use_bidirectional_attention=True),
+    "mistral_layer_types": ("mistral/w3", dict(layer_types=["sliding_attention", "full_attention"]), "layer_types"),
+    "mistral_bad_window": ("mistral/w3", dict(sliding_window=0), "sliding_window"),
+    "mistral_act": ("mistral/w3", dict(hidden_act="gelu"), "hidden_act"),
+    "mistral_unknown": ("mistral/w3", dict(attention_bias=True), "attention_bias"),
+    "gemma2_bidirectional": ("gemma2/default_layers_caps", dict(use_bidirectional_attention=True),
                              "use_bidirectional_attention"),
-    "gemma2_act": ("gemma2_default_layers_caps", dict(hidden_activation="relu"), "hidden_activation"),
-    "gemma2_chunked": ("gemma2_default_layers_caps", dict(layer_types=["chunked_attention"] * 3), "layer_types"),
-    "gemma2_no_window": ("gemma2_default_layers_caps", dict(sliding_window=None), "sliding_window"),
-    "gemma2_legacy_act": ("gemma2_default_layers_caps", dict(hidden_act="gelu"), "hidden_act"),
-    "gemma2_bad_cap": ("gemma2_default_layers_caps", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
+    "gemma2_act": ("gemma2/default_layers_caps", dict(hidden_activation="relu"), "hidden_activation"),
+    "gemma2_chunked": ("gemma2/default_layers_caps", dict(layer_types=["chunked_attention"] * 3), "layer_types"),
+    "gemma2_no_window": ("gemma2/default_layers_caps", dict(sliding_window=None), "sliding_window"),
+    "gemma2_legacy_act": ("gemma2/default_layers_caps", dict(hidden_act="gelu"), "hidden_act"),
+    "gemma2_bad_cap": ("gemma2/default_layers_caps", dict(attn_logit_softcapping=-1.0), "attn_logit_softcapping"),
 }
 
 
-@pytest.mark.parametrize("row", sorted(REFUSED))
-def test_unimplemented_options_are_refused_by_name(row, saved):
-    tag, changes, word = REFUSED[row]
-    with open(os.path.join(saved[tag][1], "config.json")) as f:
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unimplemented_options_are_refused_by_name(case, tmp_path_factory):
+    tag, changes, word = REFUSED[case]
+    with open(os.path.join(built(row(tag), tmp_path_factory)[1], "config.json")) as f:
         raw = {**json.load(f), **changes}
     fam, arch = hf.family_for_architecture(raw)
     with pytest.raises(ConfigError, match=word):

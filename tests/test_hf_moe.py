@@ -1,6 +1,7 @@
 """Hugging Face Mixtral, Qwen2-MoE and Qwen3-MoE: config mapping, both expert weight layouts
 (per-expert on disk, transformers' fused in memory) through the streaming engine, and the
-refusals; tiny random configs, no downloads."""
+refusals; tiny random configs, no downloads (logits, generation and the export round trip:
+tests/test_hf_table.py)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from hf_helpers import built, check_in_memory_layout
+from hf_rows import row
 from safetensors.numpy import save_file
 
 from jaxformer.config import ConfigError
@@ -288,151 +291,25 @@ def type_name(arch: str) -> str:
 
 
 # ----------------------------------------------------------------------------- parity with transformers
-V = 96
-IDS = np.random.RandomState(5).randint(3, V, size=(2, 11))
-MASK = np.ones_like(IDS)
-MASK[1, :3] = 0  # a left-padded row
-SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=64)
-# tag -> (architecture, config kwargs): odd expert counts, top_k, head counts; dense layers,
-# the shared expert, norm_topk_prob and biases on and off
-CASES = {
-    "mixtral_e5_k2_window4": ("MixtralForCausalLM", dict(SMALL, num_local_experts=5, num_experts_per_tok=2,
-                                                         sliding_window=4)),
-    "mixtral_e3_k3_mqa_head12_tied": ("MixtralForCausalLM", dict(
-        SMALL, num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=1, head_dim=12, num_local_experts=3,
-        num_experts_per_tok=3, tie_word_embeddings=True, intermediate_size=20)),
-    "qwen2_moe_e5_k3_dense1": ("Qwen2MoeForCausalLM", dict(
-        SMALL, num_hidden_layers=3, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=16,
-        shared_expert_intermediate_size=20, mlp_only_layers=[1])),
-    "qwen2_moe_e7_k2_norm_nobias_step2": ("Qwen2MoeForCausalLM", dict(
-        SMALL, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3, head_dim=6, num_experts=7,
-        num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=8, norm_topk_prob=True,
-        qkv_bias=False, decoder_sparse_step=2)),
-    "qwen3_moe_e5_k3_head12": ("Qwen3MoeForCausalLM", dict(
-        SMALL, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=16, head_dim=12)),
-    "qwen3_moe_e4_k1_norm_bias_dense0": ("Qwen3MoeForCausalLM", dict(
-        SMALL, num_hidden_layers=3, num_attention_heads=5, num_key_value_heads=5, head_dim=8, num_experts=4,
-        num_experts_per_tok=1, moe_intermediate_size=8, norm_topk_prob=True, attention_bias=True,
-        mlp_only_layers=[0])),
-}
-
-
+# The tiny random HF models are the rows "moe/*" of tests/hf_rows.py: tests/test_hf_table.py
+# checks their fp32 logits, greedy and beam ids, and the export (save_pretrained's per-expert
+# keys) loading back in transformers with identical logits.
 @pytest.fixture(autouse=True)
 def _precision():
     from jaxformer.parity import setup_precision
     setup_precision()
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """tag -> (HF model, its save_pretrained dir, our imported model): built once."""
-    import transformers
-    from helpers import randomize
-
-    from jaxformer import hf
-    root = tmp_path_factory.mktemp("hf_moe")
-    out = {}
-    for tag, (arch, kw) in CASES.items():
-        cls = getattr(transformers, arch)
-        model = randomize(cls(cls.config_class(**kw)))
-        model.save_pretrained(root / tag)
-        out[tag] = (model, str(root / tag), hf.from_pretrained(str(root / tag)))
-    return out
-
-
-def _ours(model, ids=IDS, mask=MASK) -> np.ndarray:
-    import jax.numpy as jnp
-    return np.asarray(_call(model, jnp.asarray(ids), jnp.asarray(mask)))
-
-
-def _call(model, ids, mask):
-    from flax import nnx
-    global _jitted
-    if "_jitted" not in globals():
-        _jitted = nnx.jit(lambda m, i, k: m(i, k))
-    return _jitted(model, ids, mask)
-
-
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_forward_matches_hf(tag, saved):
-    from helpers import check_hf_logits, hf_lm_logits
-    hf_model, _, (model, name, cfg) = saved[tag]
-    assert cfg.moe is not None and (any(not s for s in cfg.sparse_layers()) == ("dense" in tag or "step" in tag))
-    check_hf_logits(tag, hf_lm_logits(hf_model, IDS, MASK), _ours(model), MASK)
-
-
 @pytest.mark.parametrize("tag", ["mixtral_e5_k2_window4", "qwen2_moe_e5_k3_dense1", "qwen3_moe_e5_k3_head12"])
-def test_fused_in_memory_layout_imports_the_same_params(tag, saved, tmp_path):
+def test_fused_in_memory_layout_imports_the_same_params(tag, tmp_path_factory, tmp_path):
     """transformers' own state_dict (fused gate_up_proj / down_proj experts) as a checkpoint
     gives exactly the params of the per-expert save_pretrained files."""
-    from jaxformer import hf
-    from jaxformer.convert import param_leaves
-    hf_model, path, (model, _, _) = saved[tag]
-    sd = {k: v.numpy() for k, v in hf_model.state_dict().items()}
+    hf_model, path, (model, _, _) = built(row(f"moe/{tag}"), tmp_path_factory)
+    sd = check_in_memory_layout(hf_model, path, model, tmp_path / "fused")
     assert any(k.endswith("experts.gate_up_proj") for k in sd)
-    os.makedirs(tmp_path / "fused")
-    with open(os.path.join(path, "config.json")) as f, open(tmp_path / "fused" / "config.json", "w") as g:
-        g.write(f.read())
-    save_file(sd, str(tmp_path / "fused" / "model.safetensors"))
-    fused, _, _ = hf.from_pretrained(str(tmp_path / "fused"))
-    a, b = param_leaves(fused), param_leaves(model)  # the same params: the same logits, no compile
-    assert set(a) == set(b)
-    for p in a:
-        np.testing.assert_array_equal(np.asarray(a[p].get_value()), np.asarray(b[p].get_value()), err_msg=str(p))
 
 
-def _hf_generate(hf_model, n, **kw):
-    import torch
-    hf_model.generation_config.pad_token_id = 0
-    with torch.no_grad():
-        return hf_model.generate(torch.from_numpy(IDS), attention_mask=torch.from_numpy(MASK), max_new_tokens=n,
-                                 do_sample=False, **kw)[:, IDS.shape[1]:].numpy()
-
-
-@pytest.mark.parametrize("tag", ["mixtral_e5_k2_window4", "qwen2_moe_e7_k2_norm_nobias_step2", "qwen3_moe_e5_k3_head12"])
-def test_greedy_and_beam_match_hf(tag, saved):
-    """Greedy and beam ids equal HF generate's with a left-padded row, for each family
-    (Mixtral's window is shorter than the prompt: the ring cache; beam with an eos never
-    produced, so both stopping rules agree)."""
-    from jaxformer import generation as jgen
-    from jaxformer.config.models import GenerationConfig
-    hf_model, _, (model, _, _) = saved[tag]
-    ref = _hf_generate(hf_model, 10)
-    ours = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=10))
-    np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
-    eos = hf_model.generation_config.eos_token_id
-    hf_model.generation_config.eos_token_id = None
-    try:
-        ref = _hf_generate(hf_model, 6, num_beams=3, length_penalty=1.0)
-    finally:
-        hf_model.generation_config.eos_token_id = eos
-    ours, _ = jgen.generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=6, strategy="beam", num_beams=3,
-                                                                   eos_id=V + 7))
-    np.testing.assert_array_equal(ours, ref)
-
-
-@pytest.mark.parametrize("tag", sorted(CASES))
-def test_export_loads_in_transformers_with_identical_logits(tag, saved, tmp_path):
-    import transformers
-    from helpers import hf_lm_logits, realigned
-    from safetensors.numpy import load_file
-
-    from jaxformer import hf
-    hf_model, path, (model, name, cfg) = saved[tag]
-    hf.save_pretrained(model, name, cfg, str(tmp_path / "out"))
-    assert set(load_file(str(tmp_path / "out" / "model.safetensors"))) == set(
-        load_file(os.path.join(path, "model.safetensors")))  # the per-expert layout save_pretrained writes
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), output_loading_info=True)
-    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    assert type(back) is type(hf_model)
-    for key in ("num_experts", "num_local_experts", "num_experts_per_tok", "norm_topk_prob", "sliding_window",
-                "qkv_bias", "attention_bias", "shared_expert_intermediate_size", "moe_intermediate_size"):
-        assert getattr(back.config, key, None) == getattr(hf_model.config, key, None), key
-    np.testing.assert_array_equal(hf_lm_logits(realigned(back).eval(), IDS, MASK), hf_lm_logits(hf_model, IDS, MASK))
-
-
-def test_streaming_to_a_checkpoint_in_small_batches(saved, tmp_path):
+def test_streaming_to_a_checkpoint_in_small_batches(tmp_path_factory, tmp_path):
     """convert_hf_to_flax (orbax partial saves of about one expert param each) restores the
     params from_pretrained gives."""
     import jax
@@ -440,7 +317,7 @@ def test_streaming_to_a_checkpoint_in_small_batches(saved, tmp_path):
 
     from jaxformer import hf
     from jaxformer.checkpoint_io import load_model_config, restore_params
-    _, path, (model, _, cfg) = saved["qwen2_moe_e5_k3_dense1"]
+    _, path, (model, _, cfg) = built(row("moe/qwen2_moe_e5_k3_dense1"), tmp_path_factory)
     report = hf.convert_hf_to_flax(path, str(tmp_path / "ckpt"), flush_bytes=5 * 16 * 32 * 4)
     assert report["batches"] > 3
     assert load_model_config(str(tmp_path / "ckpt")) == ("lm", cfg)
