@@ -30,8 +30,9 @@ def rows(family: str, hf_class: str, batch: tuple, cases: dict, **common) -> Non
         ROWS[row.id] = row
 
 
-def row(id: str) -> Row:
-    return ROWS[id]
+def row(key: str) -> Row:
+    """The row "family/case"."""
+    return ROWS[key]
 
 
 # ----------------------------------------------------------------------------- llama, qwen, gpt2
