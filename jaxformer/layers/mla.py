@@ -42,7 +42,7 @@ from flax import nnx
 from jaxformer import lowering, tables
 from jaxformer.config.moe import MLAConfig
 from jaxformer.layers import quant
-from jaxformer.layers.attention import dot_product_attention
+from jaxformer.layers.dispatch import dot_product_attention
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import RMSNorm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
@@ -74,7 +74,7 @@ class MultiHeadLatentAttention(nnx.Module):
             and kv_b_proj never have one.  out_bias: the o_proj bias; None = bias.
         attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
         scale: base score scale; None = qk_head_dim ** -0.5 (YaRN's mscale_all_dim still applies).
-        softcap: attention logit soft-capping (see attention.dot_product_attention).
+        softcap: attention logit soft-capping (see dispatch.dot_product_attention).
     Shapes: x [B, T, D], mask bool broadcastable to [B, H, T, S], bias float likewise,
     positions [B, T] -> [B, T, D] (and weights [B, H, T, S] with return_weights).
     With cache (init_cache) and cache_index (int scalar, may be traced), the T new tokens are

@@ -14,7 +14,8 @@ from torch import nn
 
 from jaxformer.config.vision import SwinConfig
 from jaxformer.tables import relative_position_index, shift_mask
-from torch_ref.layers.attention import dot_product_attention, key_projection
+from torch_ref.layers.attention import key_projection
+from torch_ref.layers.dispatch import dot_product_attention
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import LayerNorm
 from torch_ref.layers.transformer import put_record
