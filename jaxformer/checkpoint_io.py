@@ -192,7 +192,7 @@ def _read_yaml(path: str):
     """A YAML file's data (yaml.safe_load: plain data only); not YAML is a ValueError naming it."""
     try:
         with open(path) as f:
-            return yaml.safe_load(f)
+            return fileio.yaml_load(f)
     except yaml.YAMLError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{path} is corrupted (not YAML: {first})") from None

@@ -81,11 +81,12 @@ def _write(name: str, text: str):
 
 
 def _stub_run(tmp: str) -> None:
-    """A workdir that looks like a run's (config.yaml, a checkpoint step folder): enough for the
-    checks that run before any checkpoint is read."""
+    """A workdir that looks like a run's (config.yaml, a committed checkpoint step folder: orbax's
+    step metadata file in it): enough for the checks that run before any checkpoint is read."""
     import shutil
     _tiny(tmp)
     os.makedirs(os.path.join(tmp, "w", "checkpoints", "4"))
+    _put(tmp, "w/checkpoints/4/_CHECKPOINT_METADATA", "{}")
     shutil.copy(os.path.join(tmp, "cfg.yaml"), os.path.join(tmp, "w", "config.yaml"))
 
 

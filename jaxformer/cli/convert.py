@@ -52,11 +52,12 @@ def load_model_section(path: str):
     import yaml
 
     from jaxformer.config import ConfigError, model_config_from_dict
+    from jaxformer.fileio import yaml_load
     from jaxformer.train.config import resolve_config
     path = resolve_config(path)  # a packaged config's name (lm, llama, ...) works as in train
     with open(path) as f:
         try:
-            data = yaml.safe_load(f)
+            data = yaml_load(f)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -162,7 +163,7 @@ def _import_hf_adapter(args) -> int:
     from jaxformer.hf import _refuse_same, from_pretrained
     from jaxformer.layers.lora import merge_lora
     from jaxformer.train.data import tokenizer as tk
-    _refuse_same(args.src, args.dst)
+    _refuse_same(args.src, args.dst, adapter=args.adapter)
     if os.path.lexists(args.dst) and not args.overwrite:
         raise FileExistsError(f"{args.dst} exists; choose another output or pass --overwrite")
     model, name, cfg, r = from_pretrained(args.src, adapter=args.adapter, param_dtype=args.param_dtype,

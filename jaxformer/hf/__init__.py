@@ -259,11 +259,14 @@ def resolve_param_dtype(ckpt, param_dtype: str) -> tuple[str, bool]:
     return param_dtype, param_dtype != "float32"
 
 
-def _refuse_same(src: str, out: str) -> None:
-    """--overwrite replaces OUT: never when OUT is the input directory itself."""
+def _refuse_same(src: str, out: str, **inputs: str | None) -> None:
+    """--overwrite replaces OUT: never when OUT is an input (the input directory, or a named
+    one: adapter="path" reads as --adapter), holds one or lies inside one (links resolved)."""
     from jaxformer.convert import same_file
     if same_file(src, out):
         raise ValueError(f"{out} is the input directory {src}; write the output elsewhere")
+    fileio.refuse_overlap(out, {"the input directory": src,
+                                **{f"--{k.replace('_', '-')}": v for k, v in inputs.items()}})
 
 
 # ----------------------------------------------------------------------------- generation_config.json

@@ -122,10 +122,21 @@ def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite
 def read_adapter(directory: str) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
     """-> (LoRAConfig, {PEFT key: array}) of a PEFT adapter directory. adapter_model.bin is read
     with torch.load(weights_only=True) only; unsupported options are refused by name."""
-    from jaxformer.hf.files import read_json_object, read_safetensors_header, read_tensor, torch_load_safely
+    from jaxformer.hf.files import (
+        outside_problem,
+        read_json_object,
+        read_safetensors_header,
+        read_tensor,
+        torch_load_safely,
+    )
     config_path = os.path.join(directory, CONFIG_FILE)
     if not os.path.isdir(directory) or not os.path.isfile(config_path):
         raise FileNotFoundError(f"{directory} is not a PEFT adapter directory (no {CONFIG_FILE})")
+    for name in (CONFIG_FILE, WEIGHTS_FILE, BIN_FILE):  # a link out of the dir is refused, as in HF dirs
+        if os.path.lexists(os.path.join(directory, name)):
+            why = outside_problem(directory, name, f"PEFT adapter {directory}")
+            if why:
+                raise ConversionError([why], header="")
     try:
         lora = LoRAConfig.from_peft(read_json_object(config_path, "PEFT adapter config"))
     except ConfigError as e:

@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxformer.convert import ConversionError, to_numpy, torch_load_weights_only
+from jaxformer.fileio import MAX_JSON_BYTES, json_loads
 
 SAFE_INDEX, SAFE_FILE = "model.safetensors.index.json", "model.safetensors"
 BIN_INDEX, BIN_FILE = "pytorch_model.bin.index.json", "pytorch_model.bin"
@@ -88,10 +88,10 @@ def read_safetensors_header(path: str) -> tuple[dict[str, TensorInfo], dict[str,
         if n <= 0 or 8 + n > size or n > MAX_HEADER_BYTES:
             raise bad(f"header length {n} does not fit in the file ({size} bytes)"
                       if n <= MAX_HEADER_BYTES else f"header length {n} exceeds {MAX_HEADER_BYTES}")
-        try:
-            header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise bad(f"header is not JSON ({e})") from None
+        try:  # depth-limited: a deeply nested header is refused, not a RecursionError
+            header = json_loads(f.read(n), "header")
+        except ValueError as e:
+            raise bad(f"header is not JSON ({str(e).removeprefix('header: ')})") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
@@ -158,11 +158,14 @@ def torch_load_safely(path: str) -> dict[str, Any]:
 def read_json_object(path: str, what: str) -> dict:
     """A JSON file that must hold an object; ConversionError naming the file otherwise."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_JSON_BYTES:
+            raise ConversionError([f"{path} ({what}): {size} bytes; at most {MAX_JSON_BYTES} are read"], header="")
         raw = f.read()
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConversionError([f"{path} is not valid JSON ({what}): {e}"], header="") from None
+    try:  # size- and depth-limited (jaxformer/fileio.py)
+        data = json_loads(raw, path)
+    except ValueError as e:
+        raise ConversionError([f"{e} ({what})"], header="") from None
     if not isinstance(data, dict):
         raise ConversionError([f"{path}: {what} must be a JSON object, not a {type(data).__name__}"],
                               header="")

@@ -48,6 +48,28 @@ def _concise(e: BaseException, what: str) -> BaseException:
     return e
 
 
+METADATA_FILE = "_CHECKPOINT_METADATA"  # orbax writes it into a step before committing it
+
+
+def committed_steps(directory: str) -> list[int]:
+    """The committed steps of a checkpoints folder, without opening a manager: a folder named by
+    its step number (not a link) holding orbax's step metadata. An empty junk folder, a link (a
+    loop included) or a partial write is never a step."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and _committed(os.path.join(directory, n)))
+
+
+def _committed(path: str) -> bool:
+    return not os.path.islink(path) and os.path.isdir(path) and os.path.isfile(os.path.join(path, METADATA_FILE))
+
+
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    text = (str(e).strip().splitlines() or [""])[0]
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def _to_storable(tree):
     """Typed PRNG keys -> raw uint32 key data (orbax stores plain arrays)."""
     def f(x):
@@ -93,8 +115,9 @@ class Checkpointer:
             preservation_policy=policy, best_fn=_eval_loss, best_mode="min", create=not read_only,
             enable_async_checkpointing=async_save and not read_only,
             cleanup_tmp_directories=not read_only)  # not orbax's read_only, which logs warnings
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
         self.primary = primary and not read_only
+        self._remove_partial()  # a killed run's temporary folders and uncommitted step folders
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, state, record: dict, eval_loss: float | None = None, data=None) -> None:
@@ -130,12 +153,18 @@ class Checkpointer:
         raise err from e
 
     def _remove_partial(self) -> None:
-        """Remove the temporary folders of a failed or interrupted write (process 0)."""
+        """Remove the temporary folders of a failed or interrupted write, and step-named entries
+        that are not committed steps (an empty folder, a link): orbax would count them as the
+        newest step (process 0, writers only)."""
         if not self.primary or not os.path.isdir(self.directory):
             return
         for name in os.listdir(self.directory):
-            if ".orbax-checkpoint-tmp" in name:
-                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            path = os.path.join(self.directory, name)
+            if ".orbax-checkpoint-tmp" in name or (name.isdigit() and not _committed(path)):
+                if os.path.islink(path):
+                    os.remove(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
 
     def wait(self) -> None:
         """Wait for an asynchronous save; its write errors surface here."""
@@ -152,28 +181,36 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ restore
     def all_steps(self) -> list[int]:
-        return sorted(self.manager.all_steps())
+        """The committed steps (committed_steps: never a junk folder or a link)."""
+        return [s for s in sorted(self.manager.all_steps()) if _committed(os.path.join(self.directory, str(s)))]
 
     def restore(self, like_state, step: int | None = None):
         """-> (state, record) of `step`, or of the newest good checkpoint (falling back past
         corrupted ones, with a warning). Raises CheckpointError if none can be restored."""
-        steps = [step] if step is not None else sorted(self.manager.all_steps(), reverse=True)
+        steps = [step] if step is not None else self.all_steps()[::-1]
         if not steps:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         storable = _to_storable(like_state)
-        errors = []
+        errors: list[tuple[int, str]] = []
         for s in steps:
             try:
                 out = self.manager.restore(s, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(_abstract(storable)), record=ocp.args.JsonRestore()))
                 restored = out["state"]
                 _check_same(storable, restored, s)
-                return _from_storable(restored, like_state), dict(out["record"])
+                record = out["record"]
+                if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                    raise CheckpointError(f"its record is not an object with an integer step: {record!r}"[:200])
             except Exception as e:  # a corrupted/partial step: report it and try the previous one
-                msg = f"checkpoint step {s} in {self.directory} is unreadable: {type(e).__name__}: {e}"
-                log.warning(msg + (" -- falling back to an older checkpoint" if step is None else ""))
-                errors.append(msg)
-        raise CheckpointError("no restorable checkpoint:\n  " + "\n  ".join(errors))
+                errors.append((s, _first_line(e)))
+                continue
+            for bad, why in errors:  # one line per step skipped, only when an older one restored
+                log.warning(f"checkpoint step {bad} in {self.directory} is unreadable ({why}); "
+                            f"resumed from step {s}")
+            return _from_storable(restored, like_state), dict(record)
+        bad = ", ".join(str(s) for s, _ in errors)
+        raise CheckpointError(f"no restorable checkpoint in {self.directory}: step(s) {bad} unreadable "
+                              f"(step {errors[0][0]}: {errors[0][1]})")
 
     def restore_data(self, step: int, iterator) -> bool:
         """Restore the grain iterator state of `step` into `iterator`. False when the step has
@@ -182,9 +219,14 @@ class Checkpointer:
         import grain
         # the file name grain's CheckpointHandler gives each process's state
         name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-        if not os.path.isfile(os.path.join(self.directory, str(step), "data", name)):
+        path = os.path.join(self.directory, str(step), "data", name)
+        if not os.path.isfile(path):
             return False
-        self.manager.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(iterator)))
+        try:
+            self.manager.restore(step, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(iterator)))
+        except Exception as e:  # a garbage data state: named, with its step
+            raise CheckpointError(f"checkpoint step {step}: the data position {path} is unreadable "
+                                  f"({_first_line(e)})") from None
         return True
 
 

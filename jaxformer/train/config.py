@@ -15,6 +15,7 @@ import yaml
 from jaxformer.config import ConfigError, from_dict, model_config_from_dict, to_dict
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
 from jaxformer.config.lora import _PEFT_OFF, LoRAConfig
+from jaxformer.fileio import yaml_load
 
 SCHEDULES = ("warmup_cosine", "constant", "inverse_sqrt")
 INITS = ("default", "xavier_uniform", "normal_0.02")
@@ -218,7 +219,10 @@ def apply_override(raw: dict, assignment: str) -> None:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: {p} is not a section")
-    node[parts[-1]] = yaml.safe_load(value)
+    try:
+        node[parts[-1]] = yaml_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {key}: not a valid YAML value: {getattr(e, 'problem', None) or e}") from None
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
@@ -401,7 +405,7 @@ def load_raw(path: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     path = resolve_config(path)
     with open(path) as f:
         try:
-            raw = yaml.safe_load(f) or {}
+            raw = yaml_load(f) or {}
         except yaml.YAMLError as e:  # syntax, or a tag that would build a Python object
             mark = getattr(e, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

@@ -536,9 +536,8 @@ class JaxTrainer:
 def checkpoint_steps(directory: str) -> list[int]:
     """Complete orbax steps in a checkpoints folder (orbax names a step by its number only once
     it is complete), without opening a manager (which would create the folder)."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    from jaxformer.train.checkpoint import committed_steps
+    return committed_steps(directory)
 
 
 def params_numpy(state, prefixes: tuple = ()) -> dict:

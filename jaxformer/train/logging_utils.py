@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from jaxformer.fileio import json_loads, open_append
 from jaxformer.train.config import flatten
 
 
@@ -37,7 +38,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         clean = {k: _json_value(v) for k, v in record.items()}
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:  # never through a link planted at metrics.jsonl
             f.write(json.dumps(clean, allow_nan=False) + "\n")
         if self.tb is not None:
             for k, v in clean.items():
@@ -105,7 +106,7 @@ def _end_torn_line(path: str) -> None:
             f.seek(-1, os.SEEK_END)
             last = f.read(1)
         if last != b"\n":
-            with open(path, "a") as f:
+            with open_append(path) as f:
                 f.write("\n")
 
 
@@ -118,11 +119,12 @@ def read_metrics(path: str) -> list[dict]:
     with open(path) as f:
         for line in f:
             try:
-                record = json.loads(line)
+                record = json_loads(line, path)  # depth-limited: a hostile line is skipped, not a crash
             except ValueError:
                 continue
-            if isinstance(record, dict) and "step" in record:
-                by_step[int(record["step"])] = record
+            step = record.get("step") if isinstance(record, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                by_step[step] = record
     return [by_step[s] for s in sorted(by_step)]
 
 

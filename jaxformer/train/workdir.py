@@ -28,7 +28,8 @@ import signal
 import socket
 import threading
 
-import yaml
+from jaxformer import fileio
+from jaxformer.fileio import yaml_load
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "torch_checkpoints", "model", "tb",
              "best.json")
@@ -41,7 +42,7 @@ class WorkdirLock:
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, LOCK)
         self.created = not os.path.exists(self.path)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = fileio.open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a planted link is refused
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -90,7 +91,7 @@ def stored_config(workdir: str) -> dict | None:
     if not os.path.exists(p):
         return None
     with open(p) as f:
-        return yaml.safe_load(f) or {}
+        return yaml_load(f) or {}
 
 
 def open_workdir(workdir: str, cfg, *, resume: bool, overwrite: bool, has_checkpoint: bool,

@@ -272,6 +272,8 @@ def _parse(raw: bytes, where: str) -> dict | None:
         return None
     try:
         obj = json.loads(line)
+    except RecursionError:
+        raise BadRecord(f"{where}: JSON nested too deeply to read") from None
     except ValueError as e:
         raise BadRecord(f"{where}: not a JSON object ({getattr(e, 'msg', e)}); JSONL files hold one "
                         "object per line") from None

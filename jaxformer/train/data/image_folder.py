@@ -148,12 +148,16 @@ def _folder_items(root: str) -> tuple[list[str], list[int], list[str]]:
     return files, labels, classes
 
 
-def _cell(value: Any, name: str, column: str) -> Any:
-    """An image cell: HF's Image struct {bytes, path}, raw bytes, or a path."""
+def _cell(value: Any, name: str, column: str, root: str) -> Any:
+    """An image cell: HF's Image struct {bytes, path}, raw bytes, or a path (relative to the
+    dataset's folder `root`; it must lie inside it, links resolved)."""
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
     if not isinstance(value, (bytes, bytearray, str)):
         raise ValueError(f"{name}: column {column!r} holds {type(value).__name__}, not an encoded image")
+    if isinstance(value, str):
+        from jaxformer.fileio import inside
+        value = inside(root, value, source=name, field=f"column {column!r}'s image path", absolute=True)
     return value
 
 
@@ -174,12 +178,13 @@ def _table_split(table, cfg: Config, where: str) -> tuple[Callable, np.ndarray]:
                              f"data.image_column / data.label_column")
     labels = _check_labels(np.asarray(table[cfg.label_column]), where)
     images = table[cfg.image_column]
+    root = cfg.path if os.path.isdir(cfg.path) else os.path.dirname(os.path.abspath(cfg.path))
 
     def read(i: int):
         name = f"{where} row {i}"
         v = images[i]
         v = v.as_py() if hasattr(v, "as_py") else v
-        return _cell(v, name, cfg.image_column), name
+        return _cell(v, name, cfg.image_column, root), name
     return read, labels
 
 

@@ -192,6 +192,8 @@ def read_jsonl(path: str, field: str, advance: Callable[[int], None]) -> Iterato
                 continue
             try:
                 obj = json.loads(line)
+            except RecursionError:
+                raise ValueError(f"{path}:{lineno}: JSON nested too deeply to read") from None
             except ValueError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON object ({getattr(e, 'msg', e)}); "
                                  "JSONL files hold one object per line") from None
@@ -377,9 +379,13 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
         raise ValueError(f"--field {field!r} applies to JSONL/Parquet/Arrow inputs; {inputs[0]} is read "
                          "as plain text (name JSON lines *.jsonl)")
     out = os.path.abspath(out)
-    for path in inputs + eval_files:
-        if os.path.abspath(path) == out or os.path.abspath(path).startswith(out + os.sep):
-            raise ValueError(f"--out {out} is (or holds) the input {path}; write elsewhere")
+    from jaxformer.fileio import refuse_overlap  # links resolved: --overwrite never deletes an input
+    named = {p: "the input" for p in inputs + eval_files}
+    for extra in (tokenizer, chat_template):
+        if isinstance(extra, str) and os.path.exists(extra):
+            named[extra] = "the tokenizer" if extra is tokenizer else "the chat template"
+    for path, what in named.items():
+        refuse_overlap(out, {what: path})
     if os.path.lexists(out) and not overwrite:
         raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
     tok = resolve_tokenizer(tokenizer, dtype, eos_token)

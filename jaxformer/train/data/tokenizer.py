@@ -336,7 +336,8 @@ def from_entry(entry: dict, directory: str, *, what: str, eos: int | None = None
     eos = entry.get("eos_id") if eos is None else eos
     bos = entry.get("bos_id") if bos is None else bos
     if entry.get("file"):
-        path = os.path.join(directory, entry["file"])
+        from jaxformer.fileio import inside  # a name from a file we did not write: kept in directory
+        path = inside(directory, entry["file"], source=what, field="tokenizer file")
         if not os.path.isfile(path):
             raise ValueError(f"{what}: the tokenizer file {path} is missing")
         tok = from_json_file(path, entry.get("spec"), kind=entry["kind"], eos=eos, bos=bos)
@@ -405,10 +406,12 @@ def _hf_vocab(directory: str):
 def _run_data_tokenizer(run_dir: str):
     """(the tokenizer of a run's data section or None, the run's model vocab_size)."""
     import yaml
+
+    from jaxformer.fileio import yaml_load
     path = os.path.join(run_dir, "config.yaml")
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = yaml_load(f)
     except yaml.YAMLError as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{path} is corrupted (not YAML: {first})") from None

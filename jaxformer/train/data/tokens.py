@@ -34,7 +34,7 @@ from typing import Iterable
 import numpy as np
 
 from jaxformer.config import ConfigError
-from jaxformer.fileio import atomic_dir, write_text
+from jaxformer.fileio import atomic_dir, inside, read_json, write_text
 
 FORMAT, VERSION = "jaxformer.tokens", 2
 READS = (1, 2)  # versions TokensDir opens
@@ -145,8 +145,10 @@ class TokensWriter:
                 for name, src in self.files.items():
                     shutil.copyfile(src, os.path.join(self.tmp, name))
                 write_text(os.path.join(self.tmp, "meta.json"), json.dumps(self.meta, indent=1) + "\n")
-        except BaseException as e:
-            return self._ctx.__exit__(type(e), e, e.__traceback__)
+        except BaseException as e:  # a failed last shard (a full disk): nothing at out, and raised
+            if not self._ctx.__exit__(type(e), e, e.__traceback__):
+                raise
+            return False
         return self._ctx.__exit__(kind, value, tb)
 
 
@@ -194,7 +196,10 @@ class TokenSplit:
 
 def _open_shard(root: str, file: str, tokens: int, dtype: np.dtype) -> np.ndarray:
     """One .npy shard as a memory map, checked against meta.json's length and dtype."""
-    path = os.path.join(root, file)
+    try:  # a name from meta.json: it must stay inside the tokens dir (links resolved)
+        path = inside(root, file, source=os.path.join(root, "meta.json"), field="shard file")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not os.path.isfile(path):
         raise ConfigError(f"tokens dataset {root}: shard {file} is missing")
     try:
@@ -205,6 +210,37 @@ def _open_shard(root: str, file: str, tokens: int, dtype: np.dtype) -> np.ndarra
         raise ConfigError(f"tokens dataset {root}: shard {file} holds {arr.shape} "
                           f"{arr.dtype}, meta.json says ({tokens},) {dtype.name}")
     return arr
+
+
+def _check_meta(meta: dict, where: str) -> None:
+    """meta.json's fields, typed, before any is used: ConfigError naming the file and the field."""
+    def bad(field: str, want: str, value) -> ConfigError:
+        return ConfigError(f"tokens dataset {where}: {field} must be {want}, got {value!r}"[:400])
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not count(meta.get("vocab_size")) or meta["vocab_size"] == 0:
+        raise bad("vocab_size", "a positive integer", meta.get("vocab_size"))
+    if not count(meta.get("eos_id")) or meta["eos_id"] >= meta["vocab_size"]:
+        raise bad("eos_id", f"an id in [0, {meta['vocab_size']})", meta.get("eos_id"))
+    if meta.get("bos_id") is not None and (not count(meta["bos_id"]) or meta["bos_id"] >= meta["vocab_size"]):
+        raise bad("bos_id", f"null or an id in [0, {meta['vocab_size']})", meta.get("bos_id"))
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        raise bad("dtype", "uint16 or uint32", meta.get("dtype"))
+    if not isinstance(meta.get("tokenizer"), dict):
+        raise bad("tokenizer", "an object", meta.get("tokenizer"))
+    splits = meta.get("splits")
+    if not isinstance(splits, dict):
+        raise bad("splits", "an object", splits)
+    for name, info in splits.items():
+        if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
+            raise bad(f"splits.{name}.shards", "a list", info.get("shards") if isinstance(info, dict) else info)
+        if not count(info.get("documents")):
+            raise bad(f"splits.{name}.documents", "a count", info.get("documents"))
+        for i, s in enumerate(info["shards"]):
+            if not isinstance(s, dict) or not isinstance(s.get("file"), str) or not count(s.get("tokens")):
+                raise bad(f"splits.{name}.shards[{i}]", 'an object {"file": NAME, "tokens": N}', s)
 
 
 class TokensDir:
@@ -220,14 +256,16 @@ class TokensDir:
             raise ConfigError(f"tokens dataset {path}: no meta.json; not a directory written by "
                               f"`jaxformer data prepare`, or an interrupted one")
         try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
+            meta = read_json(meta_path, expect=dict)
+        except OSError as e:
             raise ConfigError(f"tokens dataset {meta_path}: unreadable ({e})") from None
+        except ValueError as e:
+            raise ConfigError(f"tokens dataset {e}") from None
         if meta.get("format") != FORMAT or meta.get("version") not in READS:
             raise ConfigError(f"tokens dataset {meta_path}: format {meta.get('format')!r} version "
                               f"{meta.get('version')!r}; this jaxformer reads {FORMAT!r} versions "
                               f"{', '.join(map(str, READS))}")
+        _check_meta(meta, meta_path)
         self.meta = meta
         self.loss_mask = bool(meta.get("loss_mask", False))  # version 1: never
         self.vocab_size, self.eos_id = int(meta["vocab_size"]), int(meta["eos_id"])
