@@ -49,6 +49,39 @@ def _resolve(root: str, dotted: str):
     return getattr(importlib.import_module(f"{root}.{module}"), name)
 
 
+def twin(make: Callable[[], Any], seed: int):
+    """The flax module make() builds, built abstractly (nnx.eval_shape): run_case's harness loads
+    torch's weights into every parameter and saved buffer, so the initial values are never
+    drawn (eagerly, each new parameter shape cost a compile: most of a case's build time). The
+    RNG streams (dropout's, which parity's eval mode never draws from) get keys from the seed
+    and their module path. A module holding other state that the load would not fill is built
+    by make() as it is. Until the load (jaxformer.convert.load_torch_state_dict, which the
+    harness, tests/test_convert.py and the report run) its parameters are abstract."""
+    import zlib
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxformer import convert
+    model = nnx.eval_shape(make)
+    loaded = set(convert.param_leaves(model))
+    rest = [(tuple(p), v) for p, v in nnx.to_flat_state(nnx.state(model)) if tuple(p) not in loaded]
+    if any(not isinstance(v, (nnx.RngKey, nnx.RngCount)) for _, v in rest):
+        return make()
+    root = jax.random.key(seed)
+    for path, var in rest:
+        shape, dtype = var.get_value().shape, var.get_value().dtype
+        if isinstance(var, nnx.RngKey):
+            key = jax.random.fold_in(root, zlib.crc32(repr(path).encode()) & 0x7FFFFFFF)
+            if (key.shape, key.dtype) != (shape, dtype):
+                return make()
+            var.set_value(key)
+        else:
+            var.set_value(jnp.zeros(shape, dtype))
+    return model
+
+
 def mirror(dotted: str, *args, **kwargs) -> Callable[[int], tuple[Any, Any]]:
     """Builder for a mirrored class, e.g. mirror("layers.ffn.FeedForward", 32, 64, kind="relu"):
     torch_ref.<dotted>(*args, **kwargs) seeded by torch.manual_seed(seed), and
@@ -59,10 +92,8 @@ def mirror(dotted: str, *args, **kwargs) -> Callable[[int], tuple[Any, Any]]:
         torch.manual_seed(seed)
         t = _resolve("torch_ref", dotted)(*args, **kwargs)
         jcls = _resolve("jaxformer", dotted)
-        jkw = dict(kwargs)
-        if "rngs" in inspect.signature(jcls.__init__).parameters:
-            jkw["rngs"] = nnx.Rngs(seed)
-        return t, jcls(*args, **jkw)
+        takes_rngs = "rngs" in inspect.signature(jcls.__init__).parameters
+        return t, twin(lambda: jcls(*args, **kwargs, **({"rngs": nnx.Rngs(seed)} if takes_rngs else {})), seed)
     return build
 
 
@@ -79,7 +110,7 @@ def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
     def build(seed: int):
         from jaxformer.models import build_model as jbuild
         from torch_ref.models import build_model as tbuild
-        return tbuild(name, cfg, seed=seed), jbuild(name, cfg, seed=seed)
+        return tbuild(name, cfg, seed=seed), twin(lambda: jbuild(name, cfg, seed=seed), seed)
     build.model = name  # the registered model this builder covers (tests/test_convert.py)
     build.cfg = cfg
     return build

@@ -487,6 +487,19 @@ def _set_up(torch_module, flax_module, is_torch_mod: bool, is_flax_mod: bool, o:
         flax_module.eval()
         if o.convert:
             conv.load_torch_state_dict(flax_module, _map_state(torch_module.state_dict(), o.rename, o.state_map))
+        _require_concrete(flax_module)
+
+
+def _require_concrete(flax_module) -> None:
+    """A flax module built abstractly (jaxformer.parity.cases.twin) runs once the load has
+    filled every leaf; a leaf still abstract is named here, not deep inside the trace."""
+    import jax
+    from flax import nnx
+    abstract = [".".join(map(str, p)) for p, v in nnx.to_flat_state(nnx.state(flax_module))
+                if isinstance(v.get_value(), jax.ShapeDtypeStruct)]
+    if abstract:
+        raise ValueError(f"flax module has abstract leaves the torch weights did not fill: {abstract[:6]}"
+                         + (f" (+{len(abstract) - 6} more)" if len(abstract) > 6 else ""))
 
 
 def _jax_side(flax_module, is_flax_mod: bool, inp: _Inputs, t_out: dict, float_outs: list, seed: int):
