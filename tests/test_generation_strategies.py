@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from generation_helpers import LMS, PROMPTS, S2S, SOURCES, N, pair
+from generation_helpers import LMS, PROMPTS, S2S, SOURCES, N, jitted, pair
 
 from jaxformer import generation as jgen
 from jaxformer.config.models import GenerationConfig, Seq2SeqConfig
@@ -143,13 +143,19 @@ def test_sampling_reproducible_and_top_k_1_is_greedy(framework):
 @pytest.mark.parametrize("framework", ["jax", "torch"])
 def test_beam_search_finds_the_exhaustive_best(framework):
     """Vocab 8, 3 new tokens, 64 beams (>= 8^2): beam search must return the best of all 512
-    continuations under score = sum log p / length ** 0.7 (a sequence ends at its first EOS)."""
+    continuations under score = sum log p / length ** 0.7 (a sequence ends at its first EOS),
+    the log p of the same framework's model (JAX's forward jitted: one compile, not one per op)."""
     cfg = Seq2SeqConfig.tiny(max_len=64, vocab_size=8, eos_id=2)
     t, j = pair("seq2seq", cfg)
     src = np.array([[3, 4, 5, 6, 7]], np.int32)
     seqs = np.array(list(itertools.product(range(8), repeat=3)), np.int32)  # [512, 3]
     tgt = np.concatenate([np.full((512, 1), cfg.bos_id, np.int32), seqs[:, :2]], 1)
-    logits = np.asarray(j(jnp.asarray(np.repeat(src, 512, 0)), jnp.asarray(tgt)), np.float64)
+    if framework == "jax":
+        logits = jitted(j)(np.repeat(src, 512, 0), tgt).astype(np.float64)
+    else:
+        with torch.no_grad():
+            logits = t(torch.as_tensor(np.repeat(src, 512, 0)).long(), torch.as_tensor(tgt).long()).numpy()
+        logits = logits.astype(np.float64)
     logp = logits - np.logaddexp.reduce(logits, -1, keepdims=True)
     tok_lp = np.take_along_axis(logp, seqs[:, :, None], -1)[:, :, 0]  # [512, 3]
     best, best_seq = -np.inf, None
