@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -145,7 +146,12 @@ class Checkpointer:
 
     def _fail(self, e: BaseException, what: str):
         """A failed write: remove its partial folders, then raise the concise form of `e`
-        (or `e` itself when it has none)."""
+        (or `e` itself when it has none). Orbax's background writers of the failed save are let
+        finish first: a folder removed while one still writes into it would be left behind."""
+        try:
+            self.manager.wait_until_finished()
+        except BaseException:  # noqa: BLE001 - the same failure again; `e` is what is raised
+            pass
         self._remove_partial()
         err = _concise(e, what)
         if err is e:
@@ -158,13 +164,19 @@ class Checkpointer:
         newest step (process 0, writers only)."""
         if not self.primary or not os.path.isdir(self.directory):
             return
-        for name in os.listdir(self.directory):
-            path = os.path.join(self.directory, name)
-            if ".orbax-checkpoint-tmp" in name or (name.isdigit() and not _committed(path)):
-                if os.path.islink(path):
-                    os.remove(path)
-                else:
-                    shutil.rmtree(path, ignore_errors=True)
+        for attempt in range(20):  # a straggling writer thread can recreate a file mid-removal
+            left = False
+            for name in os.listdir(self.directory):
+                path = os.path.join(self.directory, name)
+                if ".orbax-checkpoint-tmp" in name or (name.isdigit() and not _committed(path)):
+                    if os.path.islink(path):
+                        os.remove(path)
+                    else:
+                        shutil.rmtree(path, ignore_errors=True)
+                    left = left or os.path.lexists(path)
+            if not left:
+                return
+            time.sleep(0.05 * (attempt + 1))
 
     def wait(self) -> None:
         """Wait for an asynchronous save; its write errors surface here."""
