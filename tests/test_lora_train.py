@@ -93,42 +93,84 @@ def test_lora_trajectory_parity_and_frozen_base(tmp_path):
     assert np.mean([r["loss"] for r in jh[-5:]]) < np.mean([r["loss"] for r in jh[:5]])
 
 
+# One reduced-base LoRA run per base dtype, shared by the tests below: 4 steps (checkpoints at
+# steps 2 and 4, both kept; lr 3e-2 so that the adapters visibly move), batch 16 so that the
+# pmap and mesh runs split it over 8 devices.
+REDUCED = {"steps": 4, "batch_size": 16, "eval_every": 2, "checkpoint_every": 2, "keep_checkpoints": 2, "lr": 3e-2}
+
+
+def reduced_cfg(base_dtype, **train):
+    return lora_cfg(lora={**LORA, "base_dtype": base_dtype}, **{**REDUCED, **train})
+
+
+@pytest.fixture(scope="module")
+def reduced_runs(tmp_path_factory):
+    """base_dtype -> the run of reduced_cfg(base_dtype) in both trainers, made at first use:
+    (cfg, run root, JAX trainer, JAX losses, JAX frozen base and adapters before training,
+    torch trainer, torch losses, torch frozen base before training). The JAX run is in
+    ROOT/jax, the torch one in ROOT/torch; tests copy a folder before changing anything in it."""
+    runs = {}
+
+    def get(base_dtype):
+        if base_dtype not in runs:
+            cfg = reduced_cfg(base_dtype)
+            root = tmp_path_factory.mktemp(f"{base_dtype}_run")
+            jt = JaxTrainer(cfg, str(root / "jax"), progress=False)
+            j_before = (_host(jt.state["frozen"]), _host(jt.state["params"]))
+            j_losses = [r["loss"] for r in jt.run()]
+            tt = TorchTrainer(cfg, str(root / "torch"), progress=False)
+            t_before = _torch_frozen(tt.module)
+            t_losses = [r["loss"] for r in tt.run()]
+            runs[base_dtype] = (cfg, root, jt, j_losses, j_before, tt, t_losses, t_before)
+        return runs[base_dtype]
+    return get
+
+
+@pytest.fixture(scope="module")
+def int8_run(reduced_runs):
+    return reduced_runs("int8")
+
+
+@pytest.fixture(scope="module")
+def fp32_first_loss(tmp_path_factory):
+    """The first step's loss of reduced_cfg's run on an fp32 base: the loss of the initial
+    weights on batch 0 (the trainer's own train step, once)."""
+    from jaxformer.train import data as data_lib
+    cfg = lora_cfg(**REDUCED)
+    tr = JaxTrainer(cfg, str(tmp_path_factory.mktemp("fp32")), progress=False)
+    batch = data_lib.batch_at(tr.train_data, 0, cfg.train.batch_size, cfg.train.seed)  # run()'s first batch
+    _, out = tr.train_step(tr.state, tr._train_batch(batch))
+    tr.close()
+    return float(out["loss"])
+
+
 @pytest.mark.parametrize("base_dtype", ["bf16", "int8"])
-def test_reduced_base_trains_and_stays_bit_identical(base_dtype, tmp_path):
+def test_reduced_base_trains_and_stays_bit_identical(base_dtype, reduced_runs, fp32_first_loss):
     """QLoRA style: the base stored as layers/quant.py's bf16/int8 weight, the adapters fp32;
     steps run in both trees, only the adapters move, and the first step's loss is the fp32
     base's within the weight rounding."""
-    cfg = lora_cfg(lora={**LORA, "base_dtype": base_dtype}, steps=2, eval_every=2, checkpoint_every=2)
-    jt = JaxTrainer(cfg, str(tmp_path / "jax"), progress=False)
+    _, _, jt, jh, (before, adapters), tt, th, t_before = reduced_runs(base_dtype)
     from jaxformer.layers.quant import QuantizedWeight
     kernel = jt.state["frozen"]["decoder"]["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
     assert isinstance(kernel, QuantizedWeight) and kernel.data.dtype == (jnp.int8 if base_dtype == "int8" else jnp.uint16)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(jt.state["params"]))
-    before = _host(jt.state["frozen"])
-    adapters = _host(jt.state["params"])
-    jh = jt.run()
-    assert all(np.isfinite(r["loss"]) for r in jh)
+    assert all(np.isfinite(loss) for loss in jh)
     assert all(np.array_equal(a, b) for a, b in zip(before, _host(jt.state["frozen"])))
     assert not all(np.array_equal(a, b) for a, b in zip(adapters, _host(jt.state["params"])))
-    tt = TorchTrainer(cfg, str(tmp_path / "torch"), progress=False)
-    t_before = _torch_frozen(tt.module)
     assert any(isinstance(v, torch.Tensor) and v.dtype == (torch.int8 if base_dtype == "int8" else torch.bfloat16)
                for v in t_before.values())
-    th = tt.run()
-    assert all(np.isfinite(r["loss"]) for r in th)
+    assert all(np.isfinite(loss) for loss in th)
     assert all(torch.equal(v, _torch_frozen(tt.module)[k]) for k, v in t_before.items())
-    fp32 = JaxTrainer(lora_cfg(steps=1, eval_every=1, checkpoint_every=1), str(tmp_path / "fp32"), progress=False).run()
-    print(f"{base_dtype} base: step-1 loss {jh[0]['loss']:.6f} vs fp32 base {fp32[0]['loss']:.6f}")
-    assert abs(jh[0]["loss"] - fp32[0]["loss"]) < 0.05
+    print(f"{base_dtype} base: step-1 loss {jh[0]:.6f} vs fp32 base {fp32_first_loss:.6f}")
+    assert abs(jh[0] - fp32_first_loss) < 0.05
 
 
 # ----------------------------------------------------------------------------- parallel modes
-def test_pmap_and_mesh_match_one_device(tmp_path):
-    """The same int8-base LoRA run on one device, pmapped over 8 and on a (data 2, fsdp 2,
-    tensor 2) mesh: the same losses; on the mesh the adapters and the base are sharded by their
-    logical axes (lora_A [embed, None] over fsdp, int8 data [out, in] over tensor and fsdp)."""
-    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=2, batch_size=16, eval_every=2, checkpoint_every=2)
-    single = JaxTrainer(cfg, str(tmp_path / "one"), progress=False).run()
+def test_pmap_and_mesh_match_one_device(int8_run, tmp_path):
+    """The int8-base LoRA run on one device, pmapped over 8 and on a (data 2, fsdp 2, tensor 2)
+    mesh: the same losses; on the mesh the adapters and the base are sharded by their logical
+    axes (lora_A [embed, None] over fsdp, int8 data [out, in] over tensor and fsdp)."""
+    cfg, _, _, single, *_ = int8_run
     d = cfg.to_dict()
     pmap = JaxTrainer(config_from_dict({**d, "parallel": {"mode": "pmap"}}), str(tmp_path / "pmap"), progress=False).run()
     mesh_cfg = config_from_dict({**d, "parallel": {"mode": "mesh", "mesh": {"data": 2, "fsdp": 2, "tensor": 2}}})
@@ -140,40 +182,24 @@ def test_pmap_and_mesh_match_one_device(tmp_path):
     assert base.data.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
     assert base.scale.sharding.spec == jax.sharding.PartitionSpec("tensor")
     mesh = mt.run()
-    diffs = {name: max(abs(a["loss"] - b["loss"]) for a, b in zip(single, other))
-             for name, other in (("pmap", pmap), ("mesh", mesh))}
+    diffs = {name: max(abs(a - b["loss"]) for a, b in zip(single, other)) for name, other in (("pmap", pmap), ("mesh", mesh))}
     print("LoRA int8 base, loss diffs vs one device:", {k: f"{v:.1e}" for k, v in diffs.items()})
-    assert max(diffs.values()) <= 1e-5
+    assert len(pmap) == len(mesh) == len(single) == 4 and max(diffs.values()) <= 1e-5
 
 
 # ----------------------------------------------------------------------------- resume
-@pytest.fixture(scope="module")
-def int8_run(tmp_path_factory):
-    """One 4-step int8-base LoRA JAX run (checkpoints at steps 2 and 4, both kept; lr 3e-2 so
-    that the adapters visibly move), shared by the resume and the load/generate tests: (cfg,
-    run folder, trainer, losses). The tests copy the folder before changing anything in it."""
-    cfg = lora_cfg(lora={**LORA, "base_dtype": "int8"}, steps=4, eval_every=2, checkpoint_every=2,
-                   keep_checkpoints=2, lr=3e-2)
-    run = tmp_path_factory.mktemp("int8_run") / "jax"
-    trainer = JaxTrainer(cfg, str(run), progress=False)
-    losses = [r["loss"] for r in trainer.run()]
-    return cfg, run, trainer, losses
-
-
 def test_resume_is_exact_in_both_trainers(int8_run, tmp_path):
     """An int8-base LoRA run stopped after its step-2 checkpoint and resumed ends exactly where
     the uninterrupted run does (adapters, optimiser state, base), in both trainers."""
-    cfg, run, full, full_losses = int8_run
-    shutil.copytree(run, tmp_path / "jax2")
+    cfg, run, full, full_losses, _, tfull, t_losses, _ = int8_run
+    shutil.copytree(run / "jax", tmp_path / "jax2")
     shutil.rmtree(tmp_path / "jax2" / "checkpoints" / "4")  # as if killed before step 4's save
     resumed = JaxTrainer(cfg, str(tmp_path / "jax2"), resume=True, progress=False)
     assert resumed.start_step == 2
     assert [r["loss"] for r in resumed.run()] == full_losses[2:]
     assert all(np.array_equal(a, b) for a, b in zip(_host(full.state), _host(resumed.state)))
 
-    tfull = TorchTrainer(cfg, str(tmp_path / "torch"), progress=False)
-    t_losses = [r["loss"] for r in tfull.run()]
-    shutil.copytree(tmp_path / "torch", tmp_path / "torch2")
+    shutil.copytree(run / "torch", tmp_path / "torch2")
     shutil.rmtree(tmp_path / "torch2" / "torch_checkpoints" / "step_4")
     tres = TorchTrainer(cfg, str(tmp_path / "torch2"), resume=True, progress=False)
     assert tres.start_step == 2 and [r["loss"] for r in tres.run()] == t_losses[2:]
@@ -191,8 +217,8 @@ def test_load_and_generate_give_the_adapted_model(int8_run, capsys):
     import jaxformer
     from jaxformer import cli
     from jaxformer.layers import lora as jl
-    _, run, trainer, _ = int8_run
-    run = str(run)
+    _, root, trainer, *_ = int8_run
+    run = str(root / "jax")
     model, _ = jaxformer.load(run)
     assert set(jl.lora_modules(model)) == set(jl.lora_modules(trainer.trained_model()))
     ids = jnp.asarray(np.random.RandomState(0).randint(3, 259, (2, 9)), jnp.int32)
