@@ -316,23 +316,26 @@ def _check_type(module, where: str = "module") -> None:
                          f"{', '.join('nn.' + k.__name__ for k in _KINDS)}")
 
 
-def _build(module: nn.Module, causal: bool, rngs: nnx.Rngs) -> nnx.Module:
+def twin_spec(module: nn.Module, causal: bool = False) -> tuple[type, tuple, dict]:
+    """(jaxformer class, positional args, keyword args) that from_torch builds for `module`
+    (rngs aside): the constructor call of its twin. ValueError names what cannot be imported."""
+    _check_type(module)
     kind = type(module)
     if kind is nn.MultiheadAttention:
         e = module.embed_dim
-        return MultiHeadAttention(
-            e, module.num_heads, bias=module.in_proj_bias is not None, out_bias=module.out_proj.bias is not None,
+        return MultiHeadAttention, (e, module.num_heads), dict(
+            bias=module.in_proj_bias is not None, out_bias=module.out_proj.bias is not None,
             attn_dropout=float(module.dropout), kdim=None if module.kdim == e else module.kdim,
             vdim=None if module.vdim == e else module.vdim, add_bias_kv=module.bias_k is not None,
-            add_zero_attn=bool(module.add_zero_attn), rngs=rngs)
+            add_zero_attn=bool(module.add_zero_attn))
     if kind is nn.TransformerEncoderLayer:
-        return EncoderLayer(_layer_config(module, "TransformerEncoderLayer"), rngs=rngs)
+        return EncoderLayer, (_layer_config(module, "TransformerEncoderLayer"),), {}
     if kind is nn.TransformerDecoderLayer:
-        return DecoderLayer(_layer_config(module, "TransformerDecoderLayer"), rngs=rngs)
+        return DecoderLayer, (_layer_config(module, "TransformerDecoderLayer"),), {}
     if kind is nn.TransformerEncoder:
-        return Encoder(_stack_config(module, "TransformerEncoder"), rngs=rngs)
+        return Encoder, (_stack_config(module, "TransformerEncoder"),), {}
     if kind is nn.TransformerDecoder:
-        return Decoder(_stack_config(module, "TransformerDecoder"), cross_attention=True, causal=causal, rngs=rngs)
+        return Decoder, (_stack_config(module, "TransformerDecoder"),), dict(cross_attention=True, causal=causal)
     for part, part_kind in (("encoder", nn.TransformerEncoder), ("decoder", nn.TransformerDecoder)):
         if type(getattr(module, part)) is not part_kind:
             raise ValueError(f"Transformer.{part}: a custom {type(getattr(module, part)).__name__} is not "
@@ -341,7 +344,12 @@ def _build(module: nn.Module, causal: bool, rngs: nnx.Rngs) -> nnx.Module:
     dec = _stack_config(module.decoder, "Transformer.decoder")
     if enc.d_model != dec.d_model:
         raise ValueError(f"Transformer: encoder d_model {enc.d_model} != decoder d_model {dec.d_model}")
-    return EncoderDecoder(enc, dec, causal=causal, rngs=rngs)
+    return EncoderDecoder, (enc, dec), dict(causal=causal)
+
+
+def _build(module: nn.Module, causal: bool, rngs: nnx.Rngs) -> nnx.Module:
+    cls, args, kwargs = twin_spec(module, causal)
+    return cls(*args, **kwargs, rngs=rngs)
 
 
 def from_torch(module: nn.Module, *, causal: bool | None = None, seed: int = 0) -> nnx.Module:
