@@ -107,6 +107,7 @@ def test_source_reads_like_the_torch_code(tiny):
     assert "att = " in src and "jax.nn.gelu(" in src and "approximate=True" in src
     assert "self.embed.attend(" in src  # the head tied to the embedding
     assert "Free dimensions: idx.shape[0] >= 2; idx.shape[1] in 2..16" in src
+    assert "Train mode" not in src  # no dropout (p = 0): train mode computes what eval mode does
 
 
 def test_attribute_paths_are_the_state_dict_keys(tiny):
@@ -150,6 +151,8 @@ def test_dropout_is_ported_for_train_mode():
     model, inputs = make_tiny(p=0.5)
     result = port(model, inputs)  # one port: its file, and the module from_torch would return
     assert "nnx.Dropout(0.5" in result.source
+    assert "Train mode: dropout as nnx.Dropout (model.train() / model.eval()) in a functional dropout in " \
+           "`layers.0.attn`, a functional dropout in `layers.1.attn`." in result.source
     ported = api._loaded(result, model)
     ported.eval()  # as from_torch leaves an eval-mode torch module's port
     idx = jnp.asarray(inputs["idx"])
@@ -158,6 +161,52 @@ def test_dropout_is_ported_for_train_mode():
     ported.train()
     train_a, train_b = np.asarray(ported(idx)), np.asarray(ported(idx))
     assert not np.allclose(train_a, eval_a) and not np.allclose(train_a, train_b)
+
+
+# ----------------------------------------------------------------------------- the header
+class Pinned(nn.Module):
+    """x [B, T, 4]: the Linear fixes the last size, the [6, 8] position table fixes T; B stays free."""
+
+    def __init__(self, batch_table: bool = False):
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        self.pos = nn.Parameter(torch.randn(2, 6, 8) if batch_table else torch.randn(6, 8))
+
+    def forward(self, x):
+        return self.proj(x) + self.pos
+
+
+def test_header_free_dimensions_are_the_exported_graphs():
+    """Every input size is asked to stay free; the header lists those the exported graph keeps
+    symbolic, not the ones a later op fixed. The one it lists is free: the port runs at another
+    batch size and matches torch there."""
+    torch.manual_seed(0)
+    model = Pinned().eval()
+    result = port(model, {"x": np.ones((2, 6, 4), np.float32)})
+    assert "Free dimensions: x.shape[0] >= 2; every other size is fixed." in result.source
+    ported = api.load_torch_weights(result.build(), model)
+    x = np.random.RandomState(0).randn(3, 6, 4).astype(np.float32)
+    want = model(torch.from_numpy(x)).detach().numpy()
+    assert np.abs(np.asarray(ported(jnp.asarray(x))) - want).max() <= OUT_TOL.bound(float(np.abs(want).max()))
+    static = port(Pinned(batch_table=True).eval(), {"x": np.ones((2, 6, 4), np.float32)})
+    assert "Free dimensions: none (static shapes); every other size is fixed." in static.source
+
+
+def test_header_train_mode_only_where_it_differs():
+    """A module that reads `training` for something other than dropout: the train-mode graph runs
+    other ops, which the port does not write, and the header says so."""
+    class Doubled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2 if self.training else y
+
+    src = port_source(Doubled().eval(), {"x": np.ones((2, 4), np.float32)})
+    assert "Train mode: not ported (torch's train-mode graph runs other ops than eval mode); the file " \
+           "computes eval mode." in src
 
 
 # ----------------------------------------------------------------------------- op table
@@ -203,6 +252,76 @@ def test_unknown_op_is_refused_by_name():
     assert len(msg.splitlines()) == 1
     assert "aten.special_bessel_j0" in msg and "`(top level)`" in msg
     assert "test_port.py:" in msg and "torch.special.bessel_j0(x)" in msg
+
+
+class Experts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 8, 8) * 0.3)
+
+    def forward(self, x, idx):
+        out = torch.zeros_like(x)
+        for e in range(4):
+            token, slot = torch.where(idx == e)
+            if token.numel() == 0:
+                continue
+            out = out.index_add(0, token, x[token] @ self.w[e])
+        return out
+
+
+class Routed(nn.Module):
+    """Top-2 routing, then a Python loop over the experts on the tokens each was given: the token
+    list has a data-dependent length, which torch.export cannot trace (draft_export neither)."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = nn.Linear(8, 4)
+        self.experts = Experts()
+
+    def forward(self, x):
+        return self.experts(x, self.router(x).topk(2, dim=-1).indices)
+
+
+def test_export_failure_names_the_op():
+    torch.manual_seed(0)
+    with pytest.raises(PortError) as e:
+        port_source(Routed().eval(), {"x": np.random.RandomState(0).randn(6, 8).astype(np.float32)})
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith("cannot port Routed: aten.where in module `experts` (test_port.py:")
+    assert "token, slot = torch.where(idx == e)): torch.export failed: " in msg
+
+
+def test_export_failure_without_an_op_says_so():
+    """A Python-level failure (a tensor's data pointer read while tracing): no op to name."""
+    class Pointer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            key = x.data_ptr()  # a cache key, say
+            return self.lin(x) + key * 0
+
+    with pytest.raises(PortError) as e:
+        port_source(Pointer().eval(), {"x": np.ones((2, 8), np.float32)})
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith("cannot port Pointer: no aten op (a Python-level failure: no op was being traced) "
+                          "in module `(top level)` (test_port.py:")
+    assert "key = x.data_ptr()" in msg and "RuntimeError: Cannot access data pointer" in msg
+
+
+def test_failing_op_reads_a_guard_on_a_data_dependent_size():
+    """torch.export (not draft) stops at the guard `token.numel() == 0`, in Python: the op is the
+    one whose output carries the guarded symbol, found in the graph being traced."""
+    from jaxformer.port import trace
+    model = Routed().eval()
+    kwargs = trace.torch_inputs(model, {"x": np.random.RandomState(0).randn(6, 8).astype(np.float32)})
+    with pytest.raises(Exception) as e:
+        trace._export(model, kwargs, dynamic=True, preserve=(), draft=False)
+    assert "data-dependent" in str(e.value)
+    assert trace.failing_op(e.value) == "aten.where"
 
 
 def test_table_entries_are_named_aten_ops():

@@ -6,8 +6,15 @@ so its attribute paths must be the torch state_dict keys (up to the converter's 
 a custom `scale` / `embedding` parameter is read from torch's `weight`, port.api.converter_state). An entry in REFUSED must instead be refused,
 by name, with its message fragment. There is no skip: without `jaxformer.port` these fail.
 
-The dropout entry is also checked in train mode. torch and JAX draw different masks, so what is
-checked is what holds for any correct dropout: at p = 0 the train-mode port equals torch's
+With layers="jaxformer" the entries in JAXFORMER (those holding a module with a jaxformer twin)
+are ported and checked again, the same way, torch's names mapped onto the twins' (port.api.
+state_map): torch_ref_lm_moe, which the default port refuses, passes there. Every other entry has
+no module that could be a twin, so its jaxformer port is its default port (checked cheaply).
+
+The dropout entry is also checked in train mode, on one port with both dropouts on (hidden 0.5,
+output 0.25, the rates the file writes); each check switches the dropout it does not look at off
+on both sides (torch's p, the port's nnx.Dropout rate). torch and JAX draw different masks, so
+what is checked is what holds for any correct dropout: at p = 0 the train-mode port equals torch's
 train-mode output; with only the output dropout on (p = 0.25) every element is 0 or the eval
 output / (1 - p), the dropped fraction is p within 4 binomial standard deviations (a fixed seed,
 so not flaky), and a second call draws a different mask; with only the hidden dropout on
@@ -25,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from port_corpus import CORPUS, REFUSED, dropout_mlp
+from port_corpus import CORPUS, JAXFORMER, REFUSED, dropout_mlp
 
 from jaxformer.parity.harness import OUT_TOL, check_parity
 
@@ -45,6 +52,7 @@ def _check_factory(module, inputs) -> None:
 
 def test_refused_names_are_corpus_entries():
     assert set(REFUSED) <= set(CORPUS), sorted(set(REFUSED) - set(CORPUS))
+    assert set(JAXFORMER) <= set(CORPUS), sorted(set(JAXFORMER) - set(CORPUS))
     assert len(CORPUS) >= 20
 
 
@@ -59,11 +67,15 @@ def test_port_corpus(name):
             from_torch(module, inputs)
         assert len(str(refusal.value).splitlines()) == 1, "a refusal is one line"
         return
-    from jaxformer.port.api import converter_state
-    ported = from_torch(module, inputs)
-    # the converter reads a custom module's `scale` / `embedding` leaf from torch's `weight`:
-    # converter_state renames those keys (state dict and gradients alike), nothing else
-    rename = lambda state: converter_state(state, ported)  # noqa: E731
+    _check_port(name, module, inputs, from_torch(module, inputs))
+
+
+def _check_port(name, module, inputs, ported) -> None:
+    from jaxformer.port.api import state_map
+    # the converter reads a custom module's `scale` / `embedding` leaf from torch's `weight`, and
+    # a torch.nn module written as its jaxformer twin under interop's names: state_map renames
+    # those keys (state dict and gradients alike), nothing else
+    rename = state_map(module, ported)
     report = check_parity(module, ported, inputs, case=f"port:{name}", state_map=rename)
     print(report.row())
     assert report.ok, report.message()
@@ -71,6 +83,24 @@ def test_port_corpus(name):
     assert report.outputs
     missing = set(rename(dict(module.named_parameters()))) - set(report.grads)
     assert not missing, f"gradients not compared: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", sorted(JAXFORMER))
+def test_port_corpus_jaxformer_layers(name):
+    from jaxformer.port import api
+    module, inputs = CORPUS[name]()
+    result = api.port(module, inputs, layers="jaxformer")
+    assert JAXFORMER[name] in " ".join(result.source.split())  # the header names the twins
+    _check_port(name, module, inputs, api._loaded(result, module))
+
+
+def test_port_corpus_jaxformer_layers_change_only_those():
+    """Every entry outside JAXFORMER holds no module that could be a jaxformer twin: its port
+    with layers="jaxformer" is its default port, which test_port_corpus proves."""
+    from jaxformer.port import trace, twins
+    for name in sorted(set(CORPUS) - set(JAXFORMER)):
+        module, inputs = CORPUS[name]()
+        assert twins.find(module, trace.torch_inputs(module, inputs)) == ({}, []), name
 
 
 # ----------------------------------------------------------------------------- dropout, train mode
@@ -86,21 +116,49 @@ def _jax_out(ported, inputs) -> np.ndarray:
     return np.asarray(ported(**{k: jnp.asarray(v) for k, v in inputs.items()}))
 
 
-def test_port_dropout_train_mode_p0_equals_torch():
+P_HIDDEN, P_OUT = 0.5, 0.25
+
+
+@pytest.fixture(scope="module")
+def dropout_ported():
+    """(torch module, inputs, its port): one port for the train-mode checks below."""
     from jaxformer.port import from_torch
-    module, inputs = dropout_mlp.make(p_hidden=0.0, p_out=0.0)
+    module, inputs = dropout_mlp.make(p_hidden=P_HIDDEN, p_out=P_OUT)
     ported = from_torch(module, inputs)
+    assert (ported.drop_hidden.rate, ported.drop_out.rate) == (P_HIDDEN, P_OUT)  # the rates written
+    return module, inputs, ported
+
+
+@pytest.fixture
+def dropout_port(dropout_ported):
+    """A fresh copy of the shared port (its RNG streams as from_torch left them: the same masks
+    in any test order) and of the torch module."""
+    import copy
+
+    from flax import nnx
+    module, inputs, ported = dropout_ported
+    return copy.deepcopy(module), inputs, nnx.clone(ported)
+
+
+def _rates(module, ported, hidden: float, out: float) -> None:
+    """Both dropouts' rates on both sides (torch's p, the port's nnx.Dropout rate)."""
+    module.drop_hidden.p, module.drop_out.p = hidden, out
+    ported.drop_hidden.rate, ported.drop_out.rate = hidden, out
+
+
+def test_port_dropout_train_mode_p0_equals_torch(dropout_port):
+    module, inputs, ported = dropout_port
+    _rates(module, ported, 0.0, 0.0)
     ported.train()
     want = _torch_out(module, inputs, train=True)
     got = _jax_out(ported, inputs)
     assert np.abs(got - want).max() <= OUT_TOL.bound(float(np.abs(want).max()))
 
 
-def test_port_dropout_train_mode_mask():
-    from jaxformer.port import from_torch
-    p = 0.25
-    module, inputs = dropout_mlp.make(p_hidden=0.0, p_out=p)
-    ported = from_torch(module, inputs)
+def test_port_dropout_train_mode_mask(dropout_port):
+    module, inputs, ported = dropout_port
+    p = P_OUT
+    _rates(module, ported, 0.0, p)
     ported.eval()
     eval_out = _torch_out(module, inputs, train=False)
     assert np.abs(_jax_out(ported, inputs) - eval_out).max() <= OUT_TOL.bound(float(np.abs(eval_out).max()))
@@ -118,13 +176,11 @@ def test_port_dropout_train_mode_mask():
     assert np.any((first == 0) != (second == 0)), "two train-mode calls drew the same mask"
 
 
-def test_port_dropout_train_mode_hidden_rate():
+def test_port_dropout_train_mode_hidden_rate(dropout_port):
     from flax import nnx
-
-    from jaxformer.port import from_torch
-    p, draws = 0.5, 256
-    module, inputs = dropout_mlp.make(p_hidden=p, p_out=0.0)
-    ported = from_torch(module, inputs)
+    module, inputs, ported = dropout_port
+    p, draws = P_HIDDEN, 256
+    _rates(module, ported, p, 0.0)
     eval_out = _torch_out(module, inputs, train=False)
     with torch.no_grad():
         h = module.act(module.fc1(torch.from_numpy(inputs["x"]))).double().numpy()  # [B, T, F]

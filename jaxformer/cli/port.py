@@ -1,6 +1,6 @@
 """`jaxformer port`: write a torch module as readable Flax NNX source, optionally proven.
 
-    jaxformer port mypkg.models:make --out my_model.py [--class-name Net] [--check] [--json]
+    jaxformer port mypkg.models:make --out my_model.py [--class-name Net] [--layers jaxformer] [--check] [--json]
 
 FACTORY takes no arguments and returns (torch module, inputs): inputs is a dict of numpy arrays
 keyed by forward's argument names. MODULE is imported with the working directory on the path
@@ -9,8 +9,19 @@ free where the graph allows) and written to --out. With --check the port is load
 torch weights and the parity harness compares outputs and every parameter's gradient; it
 prints the row, and on a failure exits 1 with the report (where the two first part) and
 writes no file. A module with an op the port cannot translate is refused in one line naming
-the aten op, the torch module path and the source line (exit 2). The file is written
+the aten op, the torch module path and the source line (exit 2); where torch.export itself
+fails, the op it was tracing (or that no op was: a Python-level failure). The file is written
 atomically: a failed command leaves no file.
+
+--layers flax (the default) writes a self-contained file: it imports jax, flax and numpy only,
+torch.nn's Linear, Embedding, LayerNorm, RMSNorm, Conv1d/2d and Dropout become flax layers and
+everything else is written op by op. --layers jaxformer also writes the modules that have a
+jaxformer twin as jaxformer's classes, and the file imports jaxformer: nn.MultiheadAttention,
+nn.TransformerEncoderLayer / DecoderLayer and nn.TransformerEncoder / Decoder as
+jaxformer.interop builds them, and torch_ref's modules (MoE, FeedForward, the layers, stacks and
+models) as their jaxformer twins. A module whose twin cannot stand in for it (a configuration
+interop refuses, a float mask on a stack, a non-tensor argument) is written op by op instead,
+and the file's header says why.
 """
 from __future__ import annotations
 
@@ -24,6 +35,11 @@ def add_arguments(p) -> None:
                    help="FACTORY() returns (torch module, inputs dict of numpy arrays)")
     p.add_argument("--out", required=True, metavar="FILE.py", help="where to write the NNX source")
     p.add_argument("--class-name", default=None, help="the top-level class's name (default: torch's)")
+    p.add_argument("--layers", choices=("flax", "jaxformer"), default="flax",
+                   help="flax (default): a self-contained file (jax, flax, numpy; known torch.nn layers as flax "
+                        "layers, the rest op by op); jaxformer: also write nn.MultiheadAttention, "
+                        "nn.Transformer{Encoder,Decoder}[Layer] and torch_ref's modules as jaxformer's classes "
+                        "(the file imports jaxformer; a module whose twin cannot stand in is written op by op)")
     p.add_argument("--check", action="store_true",
                    help="prove the port with the parity harness before writing it (outputs and gradients)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -49,7 +65,7 @@ def run(args) -> int:
     if os.path.isdir(args.out):
         raise IsADirectoryError(f"--out {args.out} is a directory; give a .py file path")
     torch_module, inputs = _made(args.factory)
-    result = api.port(torch_module, inputs, class_name=args.class_name)
+    result = api.port(torch_module, inputs, class_name=args.class_name, layers=args.layers)
     row = None
     if args.check:
         model = api.load_torch_weights(result.build(), torch_module)

@@ -2,7 +2,13 @@
 
 Weights load through jaxformer.convert, strictly: every torch parameter (a tied weight under its
 first name) onto the NNX leaf at the same path. Buffers, which the converter does not carry, are
-copied by path (`load_torch_weights`); both fail with every missing or unexpected name listed."""
+copied by path (`load_torch_weights`); both fail with every missing or unexpected name listed.
+
+`layers`: "flax" (the default) writes a self-contained file (jax, flax and numpy only; torch.nn's
+Linear, Embedding, LayerNorm, RMSNorm, Conv1d/2d and Dropout as flax layers, everything else op by
+op); "jaxformer" also writes the modules that have a jaxformer twin as jaxformer's classes (the
+file then imports jaxformer; jaxformer/port/twins.py), the weights of torch.nn's Transformer
+modules renamed as jaxformer.interop names them."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,22 +31,24 @@ class PortResult:
         return load_source(self.source, self.class_name)(rngs=nnx.Rngs(seed))
 
 
-def port(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None) -> PortResult:
+def port(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None,
+         layers: str = "flax") -> PortResult:
     """Trace `torch_module` at `inputs` (numpy arrays keyed by forward's argument names) and
-    write its NNX port. PortError names what cannot be ported."""
+    write its NNX port (`layers`: the module docstring). PortError names what cannot be ported."""
     import torch
     if not isinstance(torch_module, torch.nn.Module):
         raise PortError(f"port takes a torch.nn.Module, got {type(torch_module).__name__}")
     if class_name is not None and not class_name.isidentifier():
         raise PortError(f"class name {class_name!r} is not a Python identifier")
-    traced = trace(torch_module, inputs)
+    traced = trace(torch_module, inputs, layers)
     writer = Port(traced, torch_module, class_name)
     return PortResult(writer.source(), writer.class_name, list(traced.notes))
 
 
-def port_source(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None) -> str:
+def port_source(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None,
+                layers: str = "flax") -> str:
     """The NNX source of `torch_module`, traced at `inputs` (see `port`)."""
-    return port(torch_module, inputs, class_name=class_name).source
+    return port(torch_module, inputs, class_name=class_name, layers=layers).source
 
 
 def load_source(source: str, class_name: str):
@@ -52,11 +60,14 @@ def load_source(source: str, class_name: str):
     return namespace[class_name]
 
 
-def converter_state(torch_state: Mapping[str, Any], flax_module) -> dict[str, Any]:
-    """`torch_state` (a state_dict, or the harness's gradients) with a custom module's `scale` /
-    `embedding` parameter under the key `weight`, where jaxformer.convert reads those flax
-    leaves from; every other key as it is."""
+def converter_state(torch_state: Mapping[str, Any], flax_module, torch_module=None) -> dict[str, Any]:
+    """`torch_state` (a state_dict, or the harness's gradients) under the keys jaxformer.convert
+    reads `flax_module` from: a custom module's `scale` / `embedding` parameter under `weight`;
+    with `torch_module`, the subtree of each torch.nn Transformer module written as its
+    jaxformer twin under jaxformer.interop's names (in_proj split, ...); every other key as it is."""
     from jaxformer import convert
+    if torch_module is not None:
+        torch_state = _twin_state(torch_state, torch_module, flax_module)
     expected = {convert.torch_key(path) for path in convert.param_leaves(flax_module)}
     out = {}
     for key, value in torch_state.items():
@@ -64,6 +75,41 @@ def converter_state(torch_state: Mapping[str, Any], flax_module) -> dict[str, An
         renamed = f"{prefix}.weight" if prefix else "weight"
         out[renamed if leaf in RENAMED_LEAVES and renamed in expected else key] = value
     return out
+
+
+def _twin_state(state: Mapping[str, Any], torch_module, flax_module) -> dict[str, Any]:
+    """`state` with the keys of every torch.nn Transformer module that `flax_module` holds as
+    its jaxformer twin (a jaxformer class at the same path) renamed by jaxformer.interop."""
+    from jaxformer.port import twins
+    out = dict(state)
+    done: list[str] = []
+    for path, module in torch_module.named_modules():
+        if not path or any(path.startswith(p + ".") for p in done) or not twins.is_interop(module):
+            continue
+        flax_sub = _flax_attr(flax_module, path)
+        if flax_sub is None or not type(flax_sub).__module__.startswith("jaxformer."):
+            continue
+        prefix = path + "."
+        sub = {k[len(prefix):]: out.pop(k) for k in [k for k in out if k.startswith(prefix)]}
+        out.update({prefix + k: v for k, v in twins.torch_state(module, sub, interop=True).items()})
+        done.append(path)
+    return out
+
+
+def _flax_attr(module, path: str):
+    obj = module
+    for part in path.split("."):
+        try:
+            obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return None
+    return obj
+
+
+def state_map(torch_module, flax_module):
+    """The harness's state_map for a port: torch names (state dict and gradients) -> the
+    converter's keys (converter_state)."""
+    return lambda state: converter_state(state, flax_module, torch_module)
 
 
 def load_torch_weights(flax_module, torch_module):
@@ -74,7 +120,7 @@ def load_torch_weights(flax_module, torch_module):
     from flax import nnx
 
     from jaxformer import convert
-    convert.load_torch_state_dict(flax_module, converter_state(torch_module.state_dict(), flax_module))
+    convert.load_torch_state_dict(flax_module, converter_state(torch_module.state_dict(), flax_module, torch_module))
     problems = []
     for path, var in nnx.to_flat_state(nnx.state(flax_module, _is_constant)):
         key = ".".join(str(p) for p in path)
@@ -107,14 +153,15 @@ def check(torch_module, flax_module, inputs: Mapping[str, Any], *, case: str = "
     """check_parity of the port against torch: outputs and every parameter's gradient."""
     from jaxformer.parity.harness import check_parity
     return check_parity(torch_module, flax_module, dict(inputs), case=case,
-                        state_map=lambda state: converter_state(state, flax_module))
+                        state_map=state_map(torch_module, flax_module))
 
 
-def from_torch(torch_module, inputs: Mapping[str, Any], *, check: bool = False, class_name: str | None = None):
-    """The NNX port of `torch_module` with its weights loaded, in torch's train/eval mode.
-    With check=True the parity harness runs on `inputs` and prints its row; a failure raises
-    ParityError with the report (where the two first part)."""
-    result = port(torch_module, inputs, class_name=class_name)
+def from_torch(torch_module, inputs: Mapping[str, Any], *, check: bool = False, class_name: str | None = None,
+               layers: str = "flax"):
+    """The NNX port of `torch_module` with its weights loaded, in torch's train/eval mode
+    (`layers`: the module docstring). With check=True the parity harness runs on `inputs` and
+    prints its row; a failure raises ParityError with the report (where the two first part)."""
+    result = port(torch_module, inputs, class_name=class_name, layers=layers)
     model = _loaded(result, torch_module)
     if check:
         _checked(torch_module, model, inputs, result.class_name)

@@ -16,7 +16,7 @@ from jaxformer.port.source import assigned_names, identifier, line_for, module_f
 from jaxformer.port.trace import PortError
 
 RESERVED = {"self", "jnp", "jax", "nnx", "np", "rngs", "Buffer", "scaled_dot_product_attention",
-            "layer_norm", "rms_norm", "conv", "int", "float", "len", "range", "max", "min", "sum",
+            "layer_norm", "rms_norm", "conv", "torch_masks", "mha_outputs", "int", "float", "len", "range", "max", "min", "sum",
             "tuple", "list", "dict", "input", "type", "print", "slice", "abs", "all", "any", "pow",
             "round", "iter", "map", "zip", "id", "hash", "format", "object", "bool", "str", "set"}
 SYMBOL = re.compile(r"\b[su]\d+\b")
@@ -96,7 +96,7 @@ class Body:
 
     def bind(self, node, preferred: str) -> str:
         base = identifier(preferred)
-        if base in RESERVED:
+        if base in RESERVED or base in self.port.imports:
             base += "_"
         name, n = base, 1
         while name in self.holder and self._live(name):

@@ -4,12 +4,14 @@
 torch state_dict keys: known torch.nn layers become flax layers (jaxformer/port/layers.py),
 containers become `nnx.List` / `nnx.Dict`, every other module a class of its own whose
 `__call__` is written op by op (jaxformer/port/body.py). Parameters are `nnx.Param`, buffers a
-`Buffer` variable declared in the file (state that no optimiser trains)."""
+`Buffer` variable declared in the file (state that no optimiser trains). With layers="jaxformer"
+the modules with a jaxformer twin are built from jaxformer's classes (jaxformer/port/twins.py),
+which the file then imports."""
 from __future__ import annotations
 
 import re
 
-from jaxformer.port import graph, layers
+from jaxformer.port import graph, layers, twins
 from jaxformer.port.body import Body, attr_path, dtype_name, relative
 from jaxformer.port.helpers import HELPERS
 from jaxformer.port.source import identifier
@@ -42,9 +44,17 @@ class Port:
         self.class_of: dict[str, str] = {}  # module path -> class name
         self.takes_rngs: dict[str, bool] = {}  # class name -> whether its constructor takes rngs
         self.orders: dict[str, list[int]] = {}  # module path -> argument order (first-use indices)
+        self._abstract: dict[str, dict] = {}  # twin path -> its abstract param leaves
         self.dim_args: dict[str, list[str]] = {}  # module path -> symbolic sizes it takes
         self.variables: set[str] = set()  # "Buffer" / "Constant" when the file declares them
         self.renames: dict[str, str] = {}  # torch key -> converter key (a custom 'scale' leaf)
+        self.twins = traced.twins  # path -> twins.Twin (layers="jaxformer")
+        # the file's names for jaxformer's classes: local name -> (module, name); the top-level
+        # class's name is taken (None)
+        self.imports: dict[str, tuple[str, str] | None] = {self.class_name: None}
+        for twin in self.twins.values():
+            twins.constructor_source(twin, self.imports)
+        self.drops: set[str] = set()  # what drops in train mode: the header's train-mode line
 
     # ------------------------------------------------------------------ classes
     def source(self) -> str:
@@ -68,7 +78,7 @@ class Port:
         text = _class_text(init, body, root=not path)
         name = next((n for n, t in self.classes if t == text and (n == base or re.fullmatch(base + r"\d+", n))), None)
         if name is None:
-            taken = {n for n, _ in self.classes}
+            taken = {n for n, _ in self.classes} | {n for n, where in self.imports.items() if where}
             name, k = base, 2
             while name in taken:
                 name, k = f"{base}{k}", k + 1
@@ -97,6 +107,8 @@ class Port:
 
     def _constructor(self, path: str, module) -> str | None:
         """The expression that builds the submodule at `path`, None when it needs no attribute."""
+        if path in self.twins:
+            return twins.constructor_source(self.twins[path], self.imports)
         if layers.container(module):
             return self._container(path, module)
         if layers.parameterless_builtin(module):
@@ -187,6 +199,12 @@ class Port:
         lines = []
         for w in self.weights.values():
             for alias in w.aliases:
+                inside = {self._twin_of(w.fqn), self._twin_of(alias)}
+                if inside != {None}:
+                    if len(inside) == 1:
+                        continue  # tied inside one twin: its own business
+                    raise PortError(f"cannot port the tied weight `{alias}` (= `{w.fqn}`): it is tied across "
+                                    "a module written as its jaxformer twin")
                 alias_owner = alias.rpartition(".")[0]
                 if isinstance(self.model.get_submodule(alias_owner), torch.nn.Linear) and self._tied_away(alias_owner):
                     continue
@@ -205,11 +223,40 @@ class Port:
         rel = relative(owner, base)
         if rel is None:
             raise PortError(f"weight `{weight.fqn}` is read outside its module")
+        if self._twin_of(weight.fqn) is not None:
+            return self._twin_weight(weight.fqn, base)
         module = self.model.get_submodule(owner)
         if layers.known(module):
             flax_leaf, layout = layers.leaf(module, leaf)
             return layout.format(f"{attr_path(rel)}.{flax_leaf}[...]")
         return f"{attr_path(rel)}.{identifier(leaf)}[...]"
+
+    def _twin_of(self, fqn: str) -> str | None:
+        """The path of the twin that holds the tensor `fqn`, or None."""
+        return next((p for p in self.twins if fqn.startswith(p + ".")), None)
+
+    def _twin_weight(self, fqn: str, base: str) -> str:
+        """A twin's weight read by the module at `base`: its flax leaf, in torch's layout."""
+        from jaxformer import convert
+        path = self._twin_of(fqn)
+        twin = self.twins[path]
+        if twin.interop:
+            raise PortError(f"cannot port the read of `{fqn}` outside {type(twin.module).__name__}: the "
+                            f"jaxformer twin of `{path}` holds its weights under other names")
+        key = fqn[len(path) + 1:]
+        abstract = self._abstract.get(path)
+        if abstract is None:
+            abstract = self._abstract[path] = convert.param_leaves(twin.abstract())
+        leaf = next((p for p in abstract if convert.torch_key(p) == key), None)
+        if leaf is None:
+            raise PortError(f"cannot port the read of `{fqn}`: the jaxformer twin of `{path}` has no leaf for it")
+        expr = attr_path(relative(path, base)) + "".join(f"[{p}]" if isinstance(p, int) or str(p).isdigit()
+                                                         else f".{p}" for p in leaf) + "[...]"
+        axes = convert.torch_to_flax_axes(str(leaf[-1]), len(abstract[leaf].shape))
+        inverse = tuple(axes.index(i) for i in range(len(axes)))  # flax layout -> torch's
+        if inverse == tuple(range(len(axes))):
+            return expr
+        return f"{expr}.T" if len(axes) == 2 else f"{expr}.transpose{inverse}"
 
     def train_rate(self, node, p_eval: float) -> float:
         """Dropout rate of `node` in train mode (0 when the train graph does not drop)."""
@@ -227,6 +274,7 @@ class Port:
             if rate == p:
                 return attr
         taken = set(body.call.module._modules) | set(body.call.module._parameters) | {a for a, _ in body.dropouts}
+        self.drops.add(f"a functional dropout in `{body.call.path or '(top level)'}`")
         attr, k = "dropout", 1
         while attr in taken:
             attr, k = f"dropout_{k}", k + 1
@@ -273,12 +321,27 @@ class Port:
         """The expression that calls submodule `call` from `body`'s module."""
         rel = relative(call.path, body.call.path)
         module = call.module
+        if call.path in self.twins:
+            return self._twin_call(body, call, rel)
         if layers.known(module):
             return self._known_call(body, call, rel)
         self.module_class(call.path, body)
         args = [body.arg(n) for n in self.ordered_inputs(call)]
         args += [body.dim(_Sym(s)) for s in self.dim_args.get(call.path, [])]
         return f"{attr_path(rel)}({', '.join(args)})"
+
+    def _twin_call(self, body: Body, call: graph.Call, rel: str) -> str:
+        """The call of a twin: the jaxformer module called as torch called its twin, the
+        expression's value the call's outputs (twins.call_source)."""
+        node = next(n for n in call.nodes() if graph.op_name(n) == "jaxformer_port.twin")
+        entry = self.traced.entries[node.args[0]]
+        tensors = dict(zip(entry.names, node.args[1]))
+        twin = self.twins[call.path]
+        wanted = [o.args[1] for o in call.outputs]
+        if twin.drops:
+            self.drops.add(f"`{call.path}` ({twin.cls.__name__})")
+        return twins.call_source(twin, entry, attr_path(rel), lambda name: body.arg(tensors[name]), wanted,
+                                 body.helper)
 
     def _known_call(self, body: Body, call: graph.Call, rel: str) -> str:
         core = [n for n in call.nodes() if graph.op_name(n) not in graph.SKIPPED]
@@ -290,6 +353,8 @@ class Port:
                             f"expected one {want}, the graph has {ops_seen or 'nothing'} "
                             f"{graph.where(core[0] if core else tensors[0], call.path)}")
         x = body.arg(tensors[0])
+        if type(call.module).__name__ == "Dropout" and call.module.p > 0:
+            self.drops.add(f"`{call.path}`")
         if self._tied_away(call.path):
             owner = self._first_name(call.module.weight).rpartition(".")[0]
             return f"{attr_path(relative(owner, body.call.path))}.attend({x})"
@@ -317,6 +382,11 @@ class Port:
         body = [text for _, text in self.classes]
         if any("np.frombuffer" in text for text in body):
             imports = "import jax\nimport jax.numpy as jnp\nimport numpy as np\nfrom flax import nnx"
+        by_module: dict[str, list[str]] = {}
+        for local, where in self.imports.items():
+            if where is not None:
+                by_module.setdefault(where[0], []).append(where[1] if where[1] == local else f"{where[1]} as {local}")
+        imports += "".join(f"\nfrom {m} import {', '.join(sorted(names))}" for m, names in sorted(by_module.items()))
         parts = [self._header(), imports]
         parts += [text for kind, text in (("Buffer", BUFFER_CLASS), ("Constant", CONSTANT_CLASS))
                   if kind in self.variables]
@@ -330,16 +400,41 @@ class Port:
         import torch
         shapes = ", ".join(f"{k} {_describe(v)}" for k, v in self.traced.values.items())
         free = "; ".join(self.traced.symbols.values()) or "none (static shapes)"
-        notes = "".join(f"\nNote: {n}." for n in self.traced.notes)
-        train = ("Train mode: dropout as nnx.Dropout (model.train() / model.eval())."
-                 if self.train_nodes is not None else "Train mode: not ported (eval only).")
         module = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
-        return (f'"""Flax NNX port of {module}, written by `jaxformer port` (torch {torch.__version__}, '
-                f"jax {jax.__version__}, flax {flax.__version__}).\n\n"
-                f"Traced at: {shapes}.\nFree dimensions: {free}; every other size is fixed.\n"
-                "Attribute paths are the torch state_dict keys: jaxformer.convert loads the parameters "
-                "strictly\n(jaxformer.port.load_torch_weights also fills the buffers).\n"
-                f"{train}{notes}\n" + '"""')
+        lines = [f'"""Flax NNX port of {module}, written by `jaxformer port` (torch {torch.__version__}, '
+                 f"jax {jax.__version__}, flax {flax.__version__}).", "",
+                 f"Traced at: {shapes}.", f"Free dimensions: {free}; every other size is fixed.",
+                 "Attribute paths are the torch state_dict keys: jaxformer.convert loads the parameters strictly",
+                 "(jaxformer.port.load_torch_weights also fills the buffers)."]
+        if self.twins:
+            by_class: dict[str, list[str]] = {}
+            for p, twin in self.twins.items():
+                by_class.setdefault(f"{twin.cls.__module__}.{twin.cls.__name__}", []).append(f"`{p}`")
+            names = "; ".join(f"{_listed(paths)} as {cls}" for cls, paths in by_class.items())
+            lines += [f"Layers: jaxformer's (--layers jaxformer), so the file imports jaxformer: {names}.",
+                      "Their weights load through jaxformer.port.load_torch_weights (torch.nn modules under "
+                      "jaxformer.interop's names)."]
+        lines += [line for line in [self._train_line()] if line]
+        lines += [f"Note: {n}." for n in self.traced.notes]
+        return "\n".join(lines) + '\n"""'
+
+    def _train_line(self) -> str:
+        """What train mode does, said only where it differs from eval mode: the dropouts the
+        file writes (rate above 0), or that torch's train-mode graph was not ported."""
+        if self.traced.train_program is None:
+            return "Train mode: not ported (its graph does not export); the file computes eval mode."
+        if self.train_nodes is None:
+            return ("Train mode: not ported (torch's train-mode graph runs other ops than eval mode); "
+                    "the file computes eval mode.")
+        if not self.drops:
+            return ""
+        return f"Train mode: dropout as nnx.Dropout (model.train() / model.eval()) in {_listed(sorted(self.drops))}."
+
+
+def _listed(items: list[str], shown: int = 3) -> str:
+    """'a, b, c' or 'a, b, c and 4 more'."""
+    head = ", ".join(items[:shown])
+    return head if len(items) <= shown else f"{head} and {len(items) - shown} more"
 
 
 class _Absent:

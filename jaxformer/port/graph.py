@@ -9,8 +9,9 @@ it (the first name `named_parameters` gives a tied weight) and says what kind it
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Iterator
+
+from jaxformer.port.source import frames
 
 SKIPPED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
            "aten._assert_async", "aten.sym_constrain_range"}  # runtime checks with no value
@@ -58,12 +59,11 @@ def op_name(node) -> str:
 def source_line(node) -> tuple[str, int, str] | None:
     """(file name, line number, code) of the torch source line an op came from (its innermost
     stack frame), or None when the trace kept none."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in \S+\n\s*(.*)', trace)
-    if not frames:
+    found = frames(node)
+    if not found:
         return None
-    path, line, code = frames[-1]
-    return path.rsplit("/", 1)[-1], int(line), code.strip()
+    path, line, _, code = found[-1]
+    return path.rsplit("/", 1)[-1], line, code
 
 
 def where(node, path: str) -> str:

@@ -45,4 +45,42 @@ HELPERS = {
     y = jax.lax.conv_general_dilated(x, weight, stride, [(p, p) for p in padding],
                                      rhs_dilation=dilation, feature_group_count=groups)
     return y if bias is None else y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))''',
+    "torch_masks": '''def torch_masks(key_padding_mask=None, attn_mask=None, *, num_heads=None, sdpa_causal=False, prefix="",
+                with_bias=True):
+    """torch's attention masks as jaxformer's keyword arguments {prefix + "mask", prefix + "bias"}
+    (jaxformer.interop.masks_from_torch): mask bool, True = attend, [B?, H?, T?, S]; bias float or None.
+
+    key_padding_mask [B, S]: bool True = ignore, or float added. attn_mask [T, S] or
+    [B * H, T, S]: bool True = not allowed, or float added. sdpa_causal: torch's is_causal path
+    without a key_padding_mask, which uses the causal mask of attn_mask's shape instead of attn_mask."""
+    masks, biases = [], []
+    if sdpa_causal:
+        masks.append(jnp.tril(jnp.ones(attn_mask.shape[-2:], jnp.bool_))[None, None])
+        attn_mask = None
+    for m in (key_padding_mask, attn_mask):
+        if m is None:
+            continue
+        if m is key_padding_mask:
+            m = m[:, None, None, :]  # [B, 1, 1, S]
+        elif m.ndim == 2:
+            m = m[None, None]  # [1, 1, T, S]
+        else:
+            m = m.reshape(-1, num_heads, *m.shape[1:])  # [B, H, T, S]
+        if m.dtype == jnp.bool_:
+            masks.append(~m)
+        else:
+            masks.append(~jnp.isneginf(m))
+            biases.append(jnp.where(jnp.isneginf(m), 0.0, m).astype(jnp.float32))
+    mask = bias = None
+    for m in masks:
+        mask = m if mask is None else mask & m
+    for b in biases:
+        bias = b if bias is None else bias + b
+    return {prefix + "mask": mask, prefix + "bias": bias} if with_bias else {prefix + "mask": mask}''',
+    "mha_outputs": '''def mha_outputs(outputs, *, seq_first, average):
+    """torch.nn.MultiheadAttention's (output, weights) from jaxformer's (out [B, T, D], weights
+    [B, H, T, S]): output sequence-first where torch's is, weights averaged over heads where torch
+    averages them."""
+    out, weights = outputs
+    return (out.swapaxes(0, 1) if seq_first else out), (weights.mean(axis=1) if average else weights)''',
 }

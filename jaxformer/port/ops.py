@@ -94,6 +94,12 @@ def _index(c, a):
     return f"{_indexable(c, a['self'])}[{', '.join(parts)}]"
 
 
+def _t(c, a):
+    """x.T; a weight read in torch's layout (`kernel[...].T`) transposed back is the leaf itself."""
+    x = c.recv(a["self"])
+    return x.removesuffix(".T") if x.endswith("[...].T") else f"{x}.T"
+
+
 def _split(c, a, key: str = "dim"):
     x, dim = a["self"], a.get(key, 0) % c.ndim(a["self"])
     sizes = [v.shape[dim] for v in c.val(c.out)]
@@ -389,7 +395,7 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.flatten": _flatten, "aten.unflatten": _reshape,
     "aten.permute": lambda c, a: f"{c.r(a['self'])}.transpose({c.r(tuple(d % c.ndim(a['self']) for d in a['dims']))[1:-1]})",
     "aten.transpose": lambda c, a: f"{c.r(a['self'])}.swapaxes({a['dim0']}, {a['dim1']})",
-    "aten.t": lambda c, a: f"{c.recv(a['self'])}.T",
+    "aten.t": _t, "aten.numpy_T": _t,
     "aten.movedim": _moveaxis, "aten.moveaxis": _moveaxis,
     "aten.contiguous": _identity, "aten.clone": _identity, "aten.alias": _identity,
     "aten.lift_fresh_copy": _identity,

@@ -11,14 +11,20 @@ import ast
 import functools
 import inspect
 import keyword
+import os
 import re
 
 FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 
+PORT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def frames(node) -> list[tuple[str, int, str, str]]:
-    """[(file, line, function, code)] outermost first."""
-    return [(f, int(n), fn, code.strip()) for f, n, fn, code in FRAME.findall(node.meta.get("stack_trace") or "")]
+    """[(file, line, function, code)] outermost first; the port's own frames (a jaxformer twin
+    traced as one op, jaxformer/port/twins.py) left out."""
+    return [(f, int(n), fn, code.strip()) for f, n, fn, code in FRAME.findall(node.meta.get("stack_trace") or "")
+            if not f.startswith(PORT_DIR)]
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,6 +28,8 @@ class Traced:
     values: dict[str, Any]  # the traced inputs (torch tensors, Python scalars or None)
     symbols: dict[str, str]  # symbol -> "idx.shape[1], 2..16": the dims that stay free
     notes: list[str]  # what the header should say (static fallback, train graph problems)
+    twins: dict = dataclasses.field(default_factory=dict)  # path -> twins.Twin (layers="jaxformer")
+    entries: dict = dataclasses.field(default_factory=dict)  # a twin op node's key -> its twins._Entry
 
 
 def torch_inputs(module, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,17 +60,25 @@ def _dynamic_shapes(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in kwargs.items() if v is not None}
 
 
-def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: bool = False):
+def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: bool = False,
+            twins_: Mapping | None = None, entries: dict | None = None):
     """torch.export.export, or draft_export's trace, which resolves data-dependent Python control
-    flow (an id-range check, a loop over the experts a router picked) at the traced values."""
+    flow (an id-range check, a loop over the experts a router picked) at the traced values.
+    `twins_` (layers="jaxformer") are traced as one opaque op each (jaxformer/port/twins.py),
+    their calls registered in `entries`."""
     import torch
+
+    from jaxformer.port import twins
     # fresh tensors: an attempt marks its inputs' dims dynamic, and the marks would stay
     kwargs = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in kwargs.items() if v is not None}
     shapes = _dynamic_shapes(kwargs) if dynamic else None
-    if not draft:
-        return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
-                                   preserve_module_call_signature=preserve)
-    return _draft_export(module, kwargs, shapes, preserve)
+    if twins_:
+        preserve = tuple(p for p in preserve if not any(p == t or p.startswith(t + ".") for t in twins_))
+    with twins.opaque(twins_, {} if entries is None else entries) if twins_ else contextlib.nullcontext():
+        if not draft:
+            return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
+                                       preserve_module_call_signature=preserve)
+        return _draft_export(module, kwargs, shapes, preserve)
 
 
 def _draft_export(module, kwargs, shapes, preserve: tuple[str, ...]):
@@ -98,7 +108,7 @@ def _draft_export(module, kwargs, shapes, preserve: tuple[str, ...]):
 def _custom_op(node) -> bool:
     """An op node whose target is an operator outside torch's own namespaces (torch.library)."""
     namespace = getattr(node.target, "namespace", None)
-    return node.op == "call_function" and namespace is not None and namespace not in ("aten", "prims")
+    return node.op == "call_function" and namespace is not None and namespace not in ("aten", "prims", "jaxformer_port")
 
 
 ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
@@ -106,16 +116,23 @@ ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
     (False, False, False), (True, False, False))
 
 
-def _export_any(module, kwargs, notes: list[str]):
-    """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic)."""
+def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None):
+    """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic). A draft
+    attempt (real values propagated) runs only where a plain one of the same dynamism failed for
+    a reason it can fix (`_draft_helps`): a data-dependent value, an op without a fake kernel."""
     paths = tuple(n for n, _ in module.named_modules() if n)
     first = deepest = None
+    helps = {True: False, False: False}  # dynamic -> a plain attempt failed for a draft-fixable reason
     for draft, dynamic, keep in ATTEMPTS:
+        if draft and not helps[dynamic]:
+            continue
         try:
-            program = _export(module, kwargs, dynamic=dynamic, preserve=paths if keep else (), draft=draft)
+            program = _export(module, kwargs, dynamic=dynamic, preserve=paths if keep else (), draft=draft,
+                              twins_=twins_, entries=entries)
         except Exception as e:  # torch.export raises many types
             first = first or e  # why the free dims did not export
             deepest = e if draft and dynamic and deepest is None else deepest  # past value checks
+            helps[dynamic] = helps[dynamic] or (not draft and _draft_helps(e))
             continue
         if draft:
             notes.append("data-dependent Python control flow resolved at the traced inputs "
@@ -125,8 +142,68 @@ def _export_any(module, kwargs, notes: list[str]):
                          f"({type(first).__name__}: {_first_line(first)})")
         return program, draft, dynamic
     reason = deepest or first
-    raise PortError(f"cannot port {type(module).__name__}: torch.export failed {_user_frame(reason, module)}: "
-                    f"{type(reason).__name__}: {_first_line(reason)}")
+    op = failing_op(reason) or failing_op(first)
+    op = op or "no aten op (a Python-level failure: no op was being traced)"
+    raise PortError(f"cannot port {type(module).__name__}: {op} {_user_frame(reason, module)}: torch.export "
+                    f"failed: {type(reason).__name__}: {_first_line(reason)}")
+
+
+def _draft_helps(e: BaseException) -> bool:
+    """Whether draft_export's trace could get past `e`: a guard on a data-dependent value, a
+    symbol a data-dependent op made, or an op without a fake kernel (draft_export makes one)."""
+    text = f"{type(e).__name__}: {e}".lower()
+    return any(k in text for k in ("datadependent", "data-dependent", "data dependent", "unbacked", "fake impl",
+                                   "fake kernel", "meta kernel"))
+
+
+def failing_op(e: BaseException) -> str | None:
+    """The operator a failed export was tracing: 'aten.where' (its overload packet), or None
+    when no op can be determined. Read from the traceback: the innermost frame holding the op
+    being dispatched; else, for a guard on a data-dependent size, the op of the graph being
+    traced whose output carries the guarded symbol."""
+    import operator
+    import re
+
+    import torch
+    op, graphs = None, []
+    tb = e.__traceback__
+    while tb is not None:  # outermost first: the last op found is the innermost
+        for value in list(tb.tb_frame.f_locals.values()):
+            if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+                op = _packet(value)
+            elif isinstance(value, torch.fx.Tracer) and isinstance(getattr(value, "graph", None), torch.fx.Graph):
+                graphs.append(value.graph)
+        tb = tb.tb_next
+    if op is not None:
+        return op
+    guard = re.search(r"data-dependent expression (.*)", str(e))
+    symbols = set(re.findall(r"\bu\d+\b", guard.group(1) if guard else ""))
+    for graph in graphs:
+        for node in graph.nodes:
+            val = node.meta.get("val")
+            carried = {str(s) for s in _symbols(val)}
+            if symbols & carried:
+                while node.target is operator.getitem and node.args:
+                    node = node.args[0]  # one output of a multi-output op
+                if isinstance(node.target, torch._ops.OpOverload):
+                    return _packet(node.target)
+    return None
+
+
+def _packet(op) -> str:
+    return getattr(op, "overloadpacket", op)._qualified_op_name.replace("::", ".")
+
+
+def _symbols(val) -> set:
+    """The free symbols of a traced value's sizes (a tensor, a SymInt, or a tuple of them)."""
+    import torch
+    if isinstance(val, (list, tuple)):
+        return set().union(*(_symbols(v) for v in val)) if val else set()
+    if isinstance(val, torch.SymInt):
+        return set(val.node.expr.free_symbols)
+    if isinstance(val, torch.Tensor):
+        return set().union(*(_symbols(d) for d in val.shape)) if val.dim() else set()
+    return set()
 
 
 def _user_frame(e: BaseException, model) -> str:
@@ -162,7 +239,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def free_symbols(program, kwargs: Mapping[str, Any]) -> dict[str, str]:
-    """{symbol: 'name.shape[i] in lo..hi'} for each input dim that stayed symbolic."""
+    """{symbol: 'name.shape[i] in lo..hi'} for each input dim that is symbolic in the exported
+    graph: the placeholders' sizes after the export, a size that a later op fixed (its symbol
+    replaced by a number) not among them, whatever dims were asked to stay free."""
     import torch
     ranges = {str(k): v for k, v in program.range_constraints.items()}
     out: dict[str, str] = {}
@@ -170,7 +249,7 @@ def free_symbols(program, kwargs: Mapping[str, Any]) -> dict[str, str]:
     for node in user:
         val = node.meta.get("val")
         for i, d in enumerate(getattr(val, "shape", ())):
-            if isinstance(d, torch.SymInt) and str(d) not in out:
+            if isinstance(d, torch.SymInt) and d.node.expr.free_symbols and str(d) not in out:
                 r = ranges.get(str(d))
                 hi = "" if r is None or str(r.upper) in ("int_oo", "oo") else str(r.upper)
                 lo = "" if r is None else str(r.lower)
@@ -179,24 +258,35 @@ def free_symbols(program, kwargs: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def trace(module, inputs: Mapping[str, Any]) -> Traced:
+LAYERS = ("flax", "jaxformer")  # what known modules are written as (port's `layers`)
+
+
+def trace(module, inputs: Mapping[str, Any], layers: str = "flax") -> Traced:
     """Export `module` at `inputs` (numpy, keyed by forward's argument names) in eval and in
     train mode. The module's own mode is restored afterwards. Where the eval export never read
     a module's `training` flag (and `train()` only sets that flag), train mode runs the same
-    Python, so its graph is the eval graph and is not exported again (`mode_blind`)."""
+    Python, so its graph is the eval graph and is not exported again (`mode_blind`). With
+    layers="jaxformer" the modules that have a jaxformer twin are found first and traced opaque."""
+    from jaxformer.port import twins
+    if layers not in LAYERS:
+        raise PortError(f"layers must be one of {', '.join(LAYERS)}, got {layers!r}")
     kwargs = torch_inputs(module, inputs)
     notes: list[str] = []
+    twins_, entries = {}, {}
+    if layers == "jaxformer":
+        twins_, notes = twins.find(module, {k: v for k, v in kwargs.items() if v is not None})
     was_training = module.training
     try:
         module.eval()
         reads: list[str] = []
         with _training_reads(reads) as recording:
-            program, draft, dynamic = _export_any(module, kwargs, notes)
+            program, draft, dynamic = _export_any(module, kwargs, notes, twins_, entries)
         train = program if recording and not reads and mode_blind(module) else None
         try:
             if train is None:
                 module.train()
-                train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft)
+                train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft, twins_=twins_,
+                                entries=entries)
         except Exception as e:
             notes.append(f"train mode not ported: its graph does not export ({type(e).__name__}: "
                          f"{_first_line(e)}); dropout stays off")
@@ -205,7 +295,7 @@ def trace(module, inputs: Mapping[str, Any]) -> Traced:
     inline_no_grad(program)
     if train is not None and train is not program:
         inline_no_grad(train)
-    return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes)
+    return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes, twins_, entries)
 
 
 def mode_blind(module) -> bool:

@@ -62,5 +62,21 @@ CORPUS = {
 REFUSED: dict[str, str] = {
     # the expert dispatch `token, slot = torch.where(indices == e)` (torch_ref/layers/moe.py) has a
     # data-dependent output shape that torch.export cannot trace, even with draft_export
-    "torch_ref_lm_moe": "torch.export failed in module `decoder.layers.1.ffn.experts`",
+    "torch_ref_lm_moe": "aten.where in module `decoder.layers.1.ffn.experts` (moe.py:",
+}
+
+# the entries that hold modules with a jaxformer twin (jaxformer/port/twins.py): their port with
+# layers="jaxformer" differs from the default one (every other entry has no candidate, so its
+# jaxformer port is its default port), name -> a module written as its twin
+JAXFORMER: dict[str, str] = {
+    "vit_torch_encoder": "`encoder` as jaxformer.layers.transformer.Encoder",
+    "tcn_attention": "`attn` as jaxformer.layers.attention.MultiHeadAttention",
+    "seed_zh_overview_tcn_transformer": "`transformer` as jaxformer.layers.transformer.Encoder",
+    "torch_ref_lm_gpt2": "`decoder` as jaxformer.layers.transformer.Decoder",
+    "torch_ref_lm_llama": "`decoder` as jaxformer.layers.transformer.Decoder",
+    "torch_ref_lm_moe": "`decoder` as jaxformer.layers.transformer.Decoder",
+    "torch_ref_classifier": "`encoder` as jaxformer.layers.transformer.Encoder",
+    "torch_ref_vit": "`encoder` as jaxformer.layers.transformer.Encoder",
+    "torch_ref_timeseries": "`encoder` as jaxformer.layers.transformer.Encoder",
+    "torch_ref_swin": "as jaxformer.layers.norm.LayerNorm",
 }

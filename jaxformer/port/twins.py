@@ -1,0 +1,621 @@
+"""`--layers jaxformer`: torch modules the port writes as jaxformer's own classes (their twins).
+
+Two families have a twin:
+  * torch.nn's Transformer modules that jaxformer.interop imports: nn.MultiheadAttention,
+    nn.TransformerEncoderLayer / DecoderLayer, nn.TransformerEncoder / Decoder. The twin is the
+    class and constructor arguments interop.from_torch builds (interop.twin_spec); the torch
+    weights load through interop.torch_state (in_proj split into q/k/v_proj, linear1 ->
+    ffn.up_proj, ...), then jaxformer.convert's leaf rules.
+  * torch_ref's modules (the PyTorch mirror of jaxformer/layers and jaxformer/models): the class
+    of the same name in the mirror module, built with the torch module's constructor arguments
+    (RECOVER reads them back; a fresh torch_ref module built with them must equal the given one
+    in every attribute and tensor shape). Attribute paths are the same in both trees, so the
+    torch weights load through jaxformer.convert as they are.
+Only the outermost such module is a twin, and never the ported model itself. A module whose
+twin cannot be built or called exactly (interop refuses its configuration, a float mask on a
+stack, an argument that is not a tensor or a plain value) is not a twin: the port writes it op
+by op as without the option, its own submodules still candidates, and the file's header names
+it and why (docs/numerics.md §42).
+
+torch.export never traces a twin: during the export its forward is one call of the custom op
+`jaxformer_port::twin`, whose fake kernel gives the output shapes (those recorded by one eager
+run, each dimension that matches the first tensor argument's following it), so a twin may hold
+what torch.export cannot trace (torch_ref's MoE expert loop)."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import inspect
+import itertools
+from typing import Any, Callable
+
+PLAIN = (type(None), bool, int, float, str)
+INTEROP = ("MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+           "TransformerDecoder")
+
+
+# ----------------------------------------------------------------------------- torch_ref constructors
+def _moe(m):
+    return (m.router.weight.shape[1], m.cfg), {"dropout": m.dropout.p}
+
+
+def _ffn(m):
+    return (m.up_proj.in_features, m.up_proj.out_features), {
+        "kind": m.kind, "bias": m.up_proj.bias is not None, "inner_dropout": m.inner_dropout.p,
+        "dropout": m.dropout.p}
+
+
+def _layer(m):
+    kw = {"sparse": type(m.ffn).__name__ == "MoE", "attn_norm": m.attn_norm is not None}
+    if hasattr(m, "cross_attn"):
+        kw["cross_attention"] = m.cross_attn is not None
+    return [((m.cfg,), dict(kw, local=local)) for local in (False, True)]
+
+
+def _decoder(m):
+    cross = bool(len(m.layers)) and m.layers[0].cross_attn is not None
+    return (m.cfg,), {"cross_attention": cross, "causal": m.causal}
+
+
+def _norm(m):
+    kw = {"eps": m.eps}
+    if type(m).__name__ == "LayerNorm":
+        kw["bias"] = m.bias is not None
+    else:
+        kw["unit_offset"] = m.unit_offset
+    return (m.weight.shape[0],), kw
+
+
+def _config_only(m):
+    return (m.cfg,), {}
+
+
+# torch_ref class name -> its constructor arguments read back from the module: (args, kwargs),
+# or a list of candidates (the first that rebuilds the module is the one)
+RECOVER: dict[str, Callable[[Any], Any]] = {
+    "MoE": _moe, "FeedForward": _ffn, "EncoderLayer": _layer, "DecoderLayer": _layer,
+    "Encoder": _config_only, "Decoder": _decoder, "LayerNorm": _norm, "RMSNorm": _norm,
+    "LM": _config_only, "Classifier": _config_only, "TextEncoder": _config_only, "Seq2Seq": _config_only,
+    "ViT": _config_only, "SwinTransformer": _config_only, "TCNTransformer": _config_only,
+}
+
+
+def _is_mirror(module) -> bool:
+    return type(module).__module__.split(".")[0] == "torch_ref"
+
+
+def is_interop(module) -> bool:
+    import torch
+    return type(module).__name__ in INTEROP and type(module) is getattr(torch.nn, type(module).__name__)
+
+
+def _shape_of(module) -> tuple:
+    """What a module is made of: its class, its plain attributes and the shapes and dtypes of
+    its tensors, recursively (two modules built with the same arguments have the same)."""
+    import torch
+    parts: list = [type(module)]
+    for k, v in sorted(vars(module).items()):
+        if k.startswith("_") or k == "training":
+            continue
+        parts.append((k, ("tensor", tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)))
+    for table in (module._parameters, module._buffers):
+        parts += [(k, None if t is None else (tuple(t.shape), t.dtype)) for k, t in table.items()]
+    parts += [(k, None if c is None else _shape_of(c)) for k, c in module._modules.items()]
+    return tuple(parts)
+
+
+def _mirror_spec(module) -> tuple[type, tuple, dict]:
+    """(jaxformer class, args, kwargs) of a torch_ref module's twin; ValueError why not."""
+    import torch
+    name = type(module).__name__
+    if name not in RECOVER:
+        raise ValueError(f"no jaxformer twin is built for torch_ref's {name}")
+    twin_module = importlib.import_module("jaxformer" + type(module).__module__.removeprefix("torch_ref"))
+    cls = getattr(twin_module, name, None)
+    if cls is None:
+        raise ValueError(f"{twin_module.__name__} has no {name}")
+    candidates = RECOVER[name](module)
+    want = _shape_of(module)
+    for args, kwargs in candidates if isinstance(candidates, list) else [candidates]:
+        with torch.random.fork_rng(), torch.device("meta"):
+            try:
+                rebuilt = type(module)(*args, **kwargs)
+            except Exception:  # noqa: BLE001 - a candidate the constructor refuses is not the one
+                continue
+        if _shape_of(rebuilt) == want:
+            return cls, args, kwargs
+    raise ValueError(f"the constructor arguments of torch_ref's {name} could not be read back from the module")
+
+
+# ----------------------------------------------------------------------------- one twin
+@dataclasses.dataclass
+class Call:
+    """One eager call of a twin: its arguments (tensors by identity, plain values as they are)
+    and what it returned."""
+    arguments: dict[str, Any]  # forward's parameter -> the value (defaults filled in)
+    out_spec: Any  # torch pytree spec of the output
+    out_leaves: list  # [(shape, dtype)] of the output tensors, None for a None in the output
+
+    @property
+    def tensors_out(self) -> list:
+        return [leaf for leaf in self.out_leaves if leaf is not None]
+
+
+@dataclasses.dataclass
+class Twin:
+    path: str
+    module: Any  # the torch module
+    cls: type  # the jaxformer class
+    args: tuple
+    kwargs: dict
+    interop: bool  # an nn.* module imported as jaxformer.interop does (its weights renamed)
+    calls: list[Call] = dataclasses.field(default_factory=list)
+    _real: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def drops(self) -> bool:
+        """Whether the module drops anything in train mode (a dropout rate above 0)."""
+        import torch
+        for m in self.module.modules():
+            if isinstance(m, torch.nn.Dropout) and m.p > 0:
+                return True
+            if isinstance(m, torch.nn.MultiheadAttention) and m.dropout > 0:
+                return True
+            if any("drop" in k and isinstance(v, float) and v > 0 for k, v in vars(m).items()):
+                return True
+        return False
+
+    def real_copy(self):
+        """A copy of the torch module made before any export (real weights, forward unpatched),
+        in the module's current mode: the custom op's real kernel runs it."""
+        import copy
+        if self._real is None:
+            self._real = copy.deepcopy(self.module)
+        return self._real.train(self.module.training)
+
+    def abstract(self):
+        """The twin built abstractly (nnx.eval_shape): its parameter paths and shapes."""
+        from flax import nnx
+        return nnx.eval_shape(lambda: self.cls(*self.args, **self.kwargs, rngs=nnx.Rngs(0)))
+
+
+def spec(module) -> tuple[type, tuple, dict, bool]:
+    """(jaxformer class, args, kwargs, interop) of `module`'s twin; ValueError why it has none."""
+    if is_interop(module):
+        from jaxformer import interop
+        cls, args, kwargs = interop.twin_spec(module)
+        return cls, args, kwargs, True
+    if _is_mirror(module):
+        return (*_mirror_spec(module), False)
+    raise ValueError(f"{type(module).__name__} has no jaxformer twin")
+
+
+def torch_state(twin_module, state: dict, interop: bool) -> dict:
+    """`state` (under the torch module's own names) under the twin's converter keys."""
+    if not interop:
+        return dict(state)
+    from jaxformer import interop as interop_
+    return interop_.torch_state(twin_module, state)
+
+
+def _check_weights(twin: Twin) -> None:
+    """The torch module's state_dict loads strictly into the abstract twin (ValueError if not)."""
+    from jaxformer import convert
+    convert.torch_to_flax_arrays(torch_state(twin.module, twin.module.state_dict(), twin.interop), twin.abstract())
+
+
+# ----------------------------------------------------------------------------- which modules are twins
+def find(model, inputs: dict) -> tuple[dict[str, Twin], list[str]]:
+    """The twins of `model` (outermost first, never the model itself) and the header's notes on
+    the modules that could have one and are written op by op instead, with why. One eager run
+    at `inputs` (torch tensors) records each candidate's calls."""
+    candidates: dict[str, Twin] = {}
+    notes: list[str] = []
+    for path, module in model.named_modules():
+        if not path or not (is_interop(module) or _is_mirror(module) and type(module).__name__ in RECOVER):
+            continue
+        try:
+            cls, args, kwargs, interop = spec(module)
+        except ValueError as e:
+            notes.append(f"`{path}` ({type(module).__name__}) written op by op: {e}")
+            continue
+        candidates[path] = Twin(path, module, cls, args, kwargs, interop)
+    if not candidates:
+        return {}, notes
+    _record(model, inputs, candidates)
+    twins: dict[str, Twin] = {}
+    for path, twin in candidates.items():
+        if any(path.startswith(p + ".") for p in twins):
+            continue
+        why = _unsupported(twin)
+        if why is None:
+            try:
+                _check_weights(twin)
+            except ValueError as e:
+                why = f"its weights do not load into {twin.cls.__name__} ({str(e).splitlines()[0]})"
+        if why is None:
+            twins[path] = twin
+        else:
+            notes.append(f"`{path}` ({type(twin.module).__name__}) written op by op: {why}")
+    notes = [n for n in notes if not any(n.startswith(f"`{p}.") for p in twins)]
+    return twins, notes
+
+
+def _record(model, inputs: dict, candidates: dict[str, Twin]) -> None:
+    """Run `model` once (eval, no grad) recording every call of every candidate."""
+    import torch
+    from torch.utils import _pytree as pytree
+    handles = []
+
+    def pre(twin):
+        def hook(module, args, kwargs):
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            bound.apply_defaults()
+            twin.calls.append(Call(dict(bound.arguments), None, []))
+        return hook
+
+    def post(twin):
+        def hook(module, args, kwargs, output):
+            leaves, out_spec = pytree.tree_flatten(output)
+            call = twin.calls[-1]
+            call.out_spec = out_spec
+            call.out_leaves = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else t for t in leaves]
+        return hook
+
+    for twin in candidates.values():
+        handles.append(twin.module.register_forward_pre_hook(pre(twin), with_kwargs=True))
+        handles.append(twin.module.register_forward_hook(post(twin), with_kwargs=True))
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+
+
+def _unsupported(twin: Twin) -> str | None:
+    """Why the twin cannot stand in for the torch module's recorded calls, or None."""
+    import torch
+    for call in twin.calls:
+        for name, value in call.arguments.items():
+            if not isinstance(value, (torch.Tensor, *PLAIN)):
+                return f"its argument `{name}` is a {type(value).__name__}, not a tensor or a plain value"
+        if any(leaf is not None and not isinstance(leaf, tuple) for leaf in call.out_leaves):
+            return "it returns something other than tensors"
+        tensors = [v for v in call.arguments.values() if isinstance(v, torch.Tensor)]
+        if not tensors:
+            return "it is called without a tensor argument"
+        why = (_interop_unsupported if twin.interop else _mirror_unsupported)(twin, call)
+        if why is not None:
+            return why
+    return None
+
+
+def _mirror_unsupported(twin: Twin, call: Call) -> str | None:
+    params = inspect.signature(twin.cls.__call__).parameters
+    missing = [k for k in _passed(twin, call) if k not in params]
+    if missing:
+        return f"{twin.cls.__name__} takes no argument {missing[0]!r}"
+    return None
+
+
+def _interop_unsupported(twin: Twin, call: Call) -> str | None:
+    import torch
+    a = call.arguments
+    kind = type(twin.module).__name__
+    first = next(iter(a.values()))
+    if first.dim() != 3:
+        return f"an unbatched ({first.dim()}-D) input; jaxformer's {twin.cls.__name__} takes [B, T, D]"
+    masks = [v for k, v in a.items() if "mask" in k and isinstance(v, torch.Tensor)]
+    if kind in ("TransformerEncoder", "TransformerDecoder") and any(m.is_floating_point() for m in masks):
+        return f"a float (additive) mask: jaxformer's {twin.cls.__name__} takes a boolean mask only"
+    if kind == "MultiheadAttention" and a["is_causal"] and (twin.module.bias_k is not None or twin.module.add_zero_attn):
+        return "is_causal with add_bias_kv / add_zero_attn (torch's SDPA path hides the appended slots)"
+    if kind == "TransformerEncoder" and a.get("is_causal"):
+        return "is_causal=True"
+    if kind == "TransformerDecoder" and (a.get("tgt_is_causal") or a.get("memory_is_causal")):
+        return "tgt_is_causal / memory_is_causal"
+    if kind == "TransformerDecoderLayer" and a.get("memory_is_causal"):
+        return "memory_is_causal=True"
+    return None
+
+
+def _passed(twin: Twin, call: Call) -> dict[str, Any]:
+    """The recorded arguments that differ from forward's defaults (tensors always)."""
+    import torch
+    params = inspect.signature(twin.module.forward).parameters
+    out = {}
+    for k, v in call.arguments.items():
+        default = params[k].default
+        if isinstance(v, torch.Tensor) or not (v is default or (type(v) is type(default) and v == default)):
+            out[k] = v
+    return out
+
+
+# ----------------------------------------------------------------------------- the export
+_REGISTRY: dict[int, "_Entry"] = {}
+_KEYS = itertools.count()
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One traced call of a twin: what the custom op's kernels need, and what the writer needs."""
+    twin: Twin
+    call: Call  # the eager call it stands for
+    names: list[str]  # the parameter of each tensor the op takes, in order
+    run: Callable  # real tensors -> the output leaves
+
+
+@functools.cache
+def _op():
+    """The custom op `jaxformer_port::twin(key, tensors) -> tensors`, defined once."""
+    import torch
+
+    @torch.library.custom_op("jaxformer_port::twin", mutates_args=(), schema="(int key, Tensor[] xs) -> Tensor[]")
+    def twin(key, xs):
+        # the real kernel (draft_export propagates real values) runs the torch module eagerly,
+        # outside the export's fake-tensor and tracing modes
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes(), torch.no_grad():
+            return [t.clone() for t in _REGISTRY[key].run(xs)]
+
+    @twin.register_fake
+    def _(key, xs):
+        entry = _REGISTRY[key]
+        first = entry.call.arguments[entry.names[0]]
+        return [xs[0].new_empty(_out_shape(first, xs[0], shape), dtype=dtype)
+                for shape, dtype in entry.call.tensors_out]
+    return torch.ops.jaxformer_port.twin.default
+
+
+def _out_shape(first_eager, first, shape: tuple) -> tuple:
+    """An output's shape in the export: where a dimension matches the first tensor argument's
+    (same index, same size in the eager run), that argument's (symbolic) size; else the size."""
+    return tuple(first.shape[i] if i < first.dim() and first_eager.shape[i] == n else n
+                 for i, n in enumerate(shape))
+
+
+@contextlib.contextmanager
+def opaque(twins: dict[str, Twin], entries: dict[int, _Entry]):
+    """Inside, each twin's forward is one call of the custom op (each call registered in
+    `entries` under the key the graph node carries)."""
+    import torch
+    from torch.utils import _pytree as pytree
+    op = _op()
+    patched = []  # (module, its own instance-level forward or None)
+
+    def wrapper(twin: Twin, forward):
+        counter = itertools.count()
+
+        def forward_(*args, **kwargs):
+            index = next(counter)
+            if index >= len(twin.calls):
+                raise RuntimeError(f"`{twin.path}` is called more often than in the eager run")
+            bound = inspect.signature(forward).bind(*args, **kwargs)
+            bound.apply_defaults()
+            call = twin.calls[index]
+            names = [k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
+            statics = {k: v for k, v in bound.arguments.items() if k not in names}
+
+            def run(xs):  # real tensors: on a copy of the module (the export swaps in fake weights)
+                real = twin.real_copy()
+                out = real(**{**statics, **dict(zip(names, xs))})
+                return [t for t in pytree.tree_leaves(out) if t is not None]
+            key = next(_KEYS)
+            entry = _Entry(twin, call, names, run)
+            _REGISTRY[key] = entries[key] = entry
+            tensors = iter(op(key, [bound.arguments[k] for k in names]))
+            leaves = [None if leaf is None else next(tensors) for leaf in call.out_leaves]
+            return pytree.tree_unflatten(leaves, call.out_spec)
+        return forward_
+
+    try:
+        for twin in twins.values():
+            twin.real_copy()
+            patched.append((twin.module, twin.module.__dict__.get("forward")))
+            twin.module.forward = wrapper(twin, twin.module.forward)
+        yield
+    finally:
+        for module, own in patched:
+            del module.forward
+            if own is not None:
+                module.forward = own
+        for key in entries:
+            _REGISTRY.pop(key, None)
+
+
+# ----------------------------------------------------------------------------- the written call
+def call_source(twin: Twin, entry: _Entry, attr: str, arg: Callable[[str], str], wanted: list[int],
+                helper: Callable[[str], None]) -> str:
+    """The expression that calls the twin at `attr` as `entry` called the torch module, whose
+    value is the output leaves `wanted` (one, or a tuple). `arg(name)` renders the tensor passed
+    as parameter `name`; `helper(name)` asks the file for a helper function."""
+    if not twin.interop:
+        return _mirror_call(twin, entry, attr, arg, wanted)
+    kind = type(twin.module).__name__
+    return {"MultiheadAttention": _mha_call, "TransformerEncoderLayer": _layer_call,
+            "TransformerDecoderLayer": _layer_call, "TransformerEncoder": _stack_call,
+            "TransformerDecoder": _stack_call}[kind](twin, entry, attr, arg, wanted, helper)
+
+
+def _pick(expr: str, spec, wanted: list[int], n: int) -> str:
+    """The leaves `wanted` of `expr`, whose value has the torch output's structure `spec`."""
+    if spec.is_leaf():
+        return expr
+    flat = spec.type in (tuple, list) and all(c.is_leaf() for c in spec.children()) and n == spec.num_leaves
+    if flat and wanted == list(range(n)):
+        return expr
+    if len(wanted) == 1:
+        return f"{expr}[{wanted[0]}]" if flat else f"jax.tree.leaves({expr})[{wanted[0]}]"
+    pick = "" if flat else "jax.tree.leaves"
+    return f"tuple({pick}({expr})[i] for i in {tuple(wanted)!r})"
+
+
+def _mirror_call(twin: Twin, entry: _Entry, attr: str, arg, wanted: list[int]) -> str:
+    from jaxformer.port.ops import float_repr
+    passed = _passed(twin, entry.call)
+    parts = []
+    for i, (k, v) in enumerate(passed.items()):
+        text = arg(k) if k in entry.names else (float_repr(v) if isinstance(v, float) else repr(v))
+        parts.append(text if i == 0 and k == next(iter(entry.call.arguments)) else f"{k}={text}")
+    expr = f"{attr}({', '.join(parts)})"
+    return _pick(expr, entry.call.out_spec, wanted, len(entry.call.tensors_out))
+
+
+def _seq(module) -> bool:
+    """A torch.nn Transformer module that takes sequence-first (T, B, D) inputs."""
+    attn = module if hasattr(module, "batch_first") else None
+    if attn is None:
+        layer = module.layers[0] if hasattr(module, "layers") else module
+        attn = layer.self_attn
+    return not attn.batch_first
+
+
+def _swap(expr: str, seq: bool) -> str:
+    return f"{expr}.swapaxes(0, 1)" if seq else expr
+
+
+def _masks(entry: _Entry, arg, helper, kpm: str, am: str | None, num_heads: int, prefix: str = "",
+           sdpa_causal: bool = False, with_bias: bool = True) -> str:
+    """`**torch_masks(...)` for one attention's torch masks, or '' when it has none."""
+    a = entry.call.arguments
+    given = [(k, name) for k, name in (("key_padding_mask", kpm), ("attn_mask", am))
+             if name is not None and a.get(name) is not None]
+    if not given and not sdpa_causal:
+        return ""
+    helper("torch_masks")
+    parts = [f"{k}={arg(name)}" for k, name in given]
+    if any(k == "attn_mask" and a[name].dim() == 3 for k, name in given):
+        parts.append(f"num_heads={num_heads}")
+    if sdpa_causal:
+        parts.append("sdpa_causal=True")
+    if prefix:
+        parts.append(f"prefix={prefix!r}")
+    if not with_bias:
+        parts.append("with_bias=False")
+    return f"**torch_masks({', '.join(parts)})"
+
+
+def _mha_call(twin: Twin, entry: _Entry, attr: str, arg, wanted: list[int], helper) -> str:
+    m, a = twin.module, entry.call.arguments
+    seq = not m.batch_first
+    q = a["query"]
+    args = [_swap(arg("query"), seq)]
+    if a["key"] is not q:
+        args.append(_swap(arg("key"), seq))
+    if a["value"] is not a["key"]:
+        args.append(f"value={_swap(arg('value'), seq)}")
+    sdpa = bool(a["is_causal"]) and a["key_padding_mask"] is None and not a["need_weights"]
+    masks = _masks(entry, arg, helper, "key_padding_mask", "attn_mask", m.num_heads, sdpa_causal=sdpa)
+    if masks:
+        args.append(masks)
+    weights = a["need_weights"] and 1 in wanted
+    if weights:
+        args.append("return_weights=True")
+    call = f"{attr}({', '.join(args)})"
+    if not weights:
+        return _swap(call, seq)
+    helper("mha_outputs")
+    full = f"mha_outputs({call}, seq_first={seq}, average={bool(a['average_attn_weights'])})"
+    return full if wanted == [0, 1] else f"{full}[{wanted[0]}]"
+
+
+def _layer_call(twin: Twin, entry: _Entry, attr: str, arg, wanted: list[int], helper) -> str:
+    m, a = twin.module, entry.call.arguments
+    seq, heads = _seq(m), m.self_attn.num_heads
+    decoder = "tgt" in a
+    x = "tgt" if decoder else "src"
+    args = [_swap(arg(x), seq)]
+    if decoder:
+        args.append(_swap(arg("memory"), seq))
+        self_masks = _masks(entry, arg, helper, "tgt_key_padding_mask", "tgt_mask", heads,
+                            sdpa_causal=bool(a["tgt_is_causal"]) and a["tgt_key_padding_mask"] is None)
+        cross = _masks(entry, arg, helper, "memory_key_padding_mask", "memory_mask", heads, prefix="memory_")
+        args += [s for s in (self_masks, cross) if s]
+    else:
+        masks = _masks(entry, arg, helper, "src_key_padding_mask", "src_mask", heads,
+                       sdpa_causal=bool(a["is_causal"]) and a["src_key_padding_mask"] is None)
+        if masks:
+            args.append(masks)
+    return _swap(f"{attr}({', '.join(args)})", seq)
+
+
+def _stack_call(twin: Twin, entry: _Entry, attr: str, arg, wanted: list[int], helper) -> str:
+    m, a = twin.module, entry.call.arguments
+    seq = _seq(m)
+    heads = m.layers[0].self_attn.num_heads
+    decoder = "tgt" in a
+    if decoder:
+        args = [_swap(arg("tgt"), seq), _swap(arg("memory"), seq)]
+        masks = [("tgt_key_padding_mask", "tgt_mask", ""), ("memory_key_padding_mask", "memory_mask", "memory_")]
+    else:
+        args = [_swap(arg("src"), seq)]
+        masks = [("src_key_padding_mask", "mask", "")]
+    for kpm, am, prefix in masks:
+        text = _masks(entry, arg, helper, kpm, am, heads, prefix=prefix, with_bias=False)
+        if text:
+            args.append(text)
+    return _swap(f"{attr}({', '.join(args)})", seq)
+
+
+# ----------------------------------------------------------------------------- the written constructor
+def imported(cls: type, imports: dict[str, tuple[str, str]]) -> str:
+    """The file's name for the jaxformer class `cls`: its own, or `Jaxformer<name>` where the
+    file has a class of that name already (`imports` holds local name -> (module, name) and the
+    taken names -> None)."""
+    for local, where in imports.items():
+        if where == (cls.__module__, cls.__name__):
+            return local
+    local = cls.__name__ if cls.__name__ not in imports else f"Jaxformer{cls.__name__}"
+    imports[local] = (cls.__module__, cls.__name__)
+    return local
+
+
+def constructor_source(twin: Twin, imports: dict[str, tuple[str, str] | None]) -> str:
+    """`Class(args..., rngs=rngs)`, the names it uses added to `imports` (`imported`)."""
+    name = imported(twin.cls, imports)
+    defaults = {k: p.default for k, p in inspect.signature(twin.cls.__init__).parameters.items()}
+    parts = [source_of(v, imports) for v in twin.args]
+    parts += [f"{k}={source_of(v, imports)}" for k, v in twin.kwargs.items()
+              if not _same(v, defaults.get(k, inspect.Parameter.empty))]
+    return f"{name}({', '.join(parts + ['rngs=rngs'])})"
+
+
+def _same(value, default) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
+
+
+def source_of(value, imports: dict[str, tuple[str, str] | None]) -> str:
+    """Python source for a constructor argument: plain values, tuples, lists, dicts and config
+    dataclasses (their fields that differ from the defaults)."""
+    from jaxformer.port.ops import float_repr
+    if isinstance(value, float):
+        return float_repr(value)
+    if isinstance(value, PLAIN):
+        return repr(value)
+    if isinstance(value, tuple):
+        items = [source_of(v, imports) for v in value]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if isinstance(value, list):
+        return f"[{', '.join(source_of(v, imports) for v in value)}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{source_of(k, imports)}: {source_of(v, imports)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        name = imported(cls, imports)
+        fields = []
+        for f in dataclasses.fields(value):
+            if not f.init:
+                continue
+            v = getattr(value, f.name)
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if default is dataclasses.MISSING or not _same(v, default):
+                fields.append(f"{f.name}={source_of(v, imports)}")
+        return f"{name}({', '.join(fields)})"
+    raise ValueError(f"a constructor argument of type {type(value).__name__} has no source form")
