@@ -61,9 +61,10 @@ def checked(module, inputs, **kw):
 # ----------------------------------------------------------------------------- nn.MultiheadAttention
 class MHABlock(nn.Module):
     """LayerNorm -> nn.MultiheadAttention (self-attention) -> residual -> head; the attention
-    weights, when asked for, are added in (so they are an output torch and the port must agree on)."""
+    weights, when asked for, are added in (so they are an output torch and the port must agree on).
+    need_weights=None: torch's default (True), the weights left unused, as most code does."""
 
-    def __init__(self, masks: str, need_weights: bool = False, **kw):
+    def __init__(self, masks: str, need_weights: bool | None = False, **kw):
         super().__init__()
         self.norm = nn.LayerNorm(D)
         self.attn = nn.MultiheadAttention(D, H, **kw)
@@ -84,16 +85,19 @@ class MHABlock(nn.Module):
             kw["attn_mask"] = torch.triu(torch.full((t, t), float("-inf")), 1) + 0.1 * torch.arange(t).float()
         if "causal" in self.masks:  # torch's SDPA path: the causal mask of attn_mask's shape
             kw["attn_mask"], kw["is_causal"] = nn.Transformer.generate_square_subsequent_mask(t), True
-        out, weights = self.attn(h, h, h, need_weights=self.need_weights, **kw)
+        if self.need_weights is not None:
+            kw["need_weights"] = self.need_weights
+        out, weights = self.attn(h, h, h, **kw)
         if not self.attn.batch_first:
             out = out.transpose(0, 1)
         y = x + out
-        if weights is not None:
+        if weights is not None and self.need_weights:
             y = y + weights[..., :1]  # the weight on the first key, [B, T, 1]
         return self.head(y)
 
 
 MHA_CASES = {
+    "seq_first_no_mask": dict(masks="", need_weights=None, kw=dict(batch_first=False)),
     "batch_first_padding": dict(masks="kpm", kw=dict(batch_first=True)),
     "seq_first_bool_mask_weights": dict(masks="bool", need_weights=True, kw=dict(batch_first=False)),
     "padding_float_mask_bias_kv_zero_attn": dict(masks="kpm float", kw=dict(batch_first=True, add_bias_kv=True,
@@ -126,11 +130,13 @@ def test_multihead_attention(tag):
     assert "in_proj" not in src  # the twin holds q/k/v_proj; the loader splits torch's in_proj_weight
     if "padding" in tag:
         assert "torch_masks(key_padding_mask=pad" in src
-    if "seq_first" in tag:
+    if "weights" in tag:
         assert "mha_outputs(self.attn(h.swapaxes(0, 1), **torch_masks(attn_mask=triu), return_weights=True), " \
                "seq_first=True, average=True)" in src  # the output sequence-first, the weights averaged
     if "causal" in tag:
         assert "sdpa_causal=True" in src
+    if "no_mask" in tag:  # torch computes the weights (need_weights=True), nothing reads them
+        assert "attn = self.attn(h.swapaxes(0, 1)).swapaxes(0, 1)" in src and "torch_masks" not in src
 
 
 def test_multihead_attention_cross_kdim_vdim_per_head_weights():

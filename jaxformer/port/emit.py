@@ -411,9 +411,9 @@ class Port:
             for p, twin in self.twins.items():
                 by_class.setdefault(f"{twin.cls.__module__}.{twin.cls.__name__}", []).append(f"`{p}`")
             names = "; ".join(f"{_listed(paths)} as {cls}" for cls, paths in by_class.items())
+            renamed = " (torch.nn's under jaxformer.interop's names)" if any(t.interop for t in self.twins.values()) else ""
             lines += [f"Layers: jaxformer's (--layers jaxformer), so the file imports jaxformer: {names}.",
-                      "Their weights load through jaxformer.port.load_torch_weights (torch.nn modules under "
-                      "jaxformer.interop's names)."]
+                      f"Their weights load through jaxformer.port.load_torch_weights{renamed}."]
         lines += [line for line in [self._train_line()] if line]
         lines += [f"Note: {n}." for n in self.traced.notes]
         return "\n".join(lines) + '\n"""'

@@ -112,7 +112,7 @@ def build_calls(program, model, weights: dict[str, "Weight"]) -> Call:
                 stack[-1].items.append(call)
                 stack.append(call)
         stack[-1].items.append(node)
-    _wire(root, weights)
+    _wire(root, weights, needed)
     return root
 
 
@@ -121,9 +121,10 @@ def owned(weight: "Weight", path: str) -> bool:
     return not path or weight.fqn.startswith(path + ".")
 
 
-def _wire(root: Call, weights: dict[str, "Weight"]) -> None:
+def _wire(root: Call, weights: dict[str, "Weight"], needed: set) -> None:
     """Fill every call's inputs and outputs. Weights of the called module (and below) are read
-    as its attributes; another module's weight is an input."""
+    as its attributes; another module's weight is an input. A value only dead code reads (an
+    output of a multi-output op that nothing uses) is not an output."""
     for call in root.calls():
         inside = set(call.nodes())
         seen = set()
@@ -133,7 +134,8 @@ def _wire(root: Call, weights: dict[str, "Weight"]) -> None:
                 if src not in inside and src not in seen and not mine and not _size(src):
                     seen.add(src)
                     call.inputs.append(src)
-        call.outputs = [n for n in call.nodes() if any(u not in inside for u in n.users)]
+        call.outputs = [n for n in call.nodes()
+                        if any(u not in inside and (u in needed or u.op == "output") for u in n.users)]
 
 
 @dataclasses.dataclass

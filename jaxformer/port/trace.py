@@ -74,7 +74,7 @@ def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: 
     shapes = _dynamic_shapes(kwargs) if dynamic else None
     if twins_:
         preserve = tuple(p for p in preserve if not any(p == t or p.startswith(t + ".") for t in twins_))
-    with twins.opaque(twins_, {} if entries is None else entries) if twins_ else contextlib.nullcontext():
+    with twins.opaque(twins_, {} if entries is None else entries, real=draft) if twins_ else contextlib.nullcontext():
         if not draft:
             return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
                                        preserve_module_call_signature=preserve)

@@ -167,11 +167,14 @@ class Twin:
                 return True
         return False
 
-    def real_copy(self):
-        """A copy of the torch module made before any export (real weights, forward unpatched),
-        in the module's current mode: the custom op's real kernel runs it."""
+    def real_copy(self, make: bool = False):
+        """A copy of the torch module (real weights, forward unpatched), in the module's current
+        mode: the custom op's real kernel runs it. Made (`make`) before an export that runs that
+        kernel (draft_export's), as the export swaps fake weights into the module itself."""
         import copy
         if self._real is None:
+            if not make:
+                raise RuntimeError(f"`{self.path}`: the real kernel ran without a copy of the module")
             self._real = copy.deepcopy(self.module)
         return self._real.train(self.module.training)
 
@@ -309,8 +312,8 @@ def _interop_unsupported(twin: Twin, call: Call) -> str | None:
     a = call.arguments
     kind = type(twin.module).__name__
     first = next(iter(a.values()))
-    if first.dim() != 3:
-        return f"an unbatched ({first.dim()}-D) input; jaxformer's {twin.cls.__name__} takes [B, T, D]"
+    if not isinstance(first, torch.Tensor) or first.dim() != 3:
+        return f"an input that is not [B, T, D] or [T, B, D]; jaxformer's {twin.cls.__name__} takes [B, T, D]"
     masks = [v for k, v in a.items() if "mask" in k and isinstance(v, torch.Tensor)]
     if kind in ("TransformerEncoder", "TransformerDecoder") and any(m.is_floating_point() for m in masks):
         return f"a float (additive) mask: jaxformer's {twin.cls.__name__} takes a boolean mask only"
@@ -381,9 +384,10 @@ def _out_shape(first_eager, first, shape: tuple) -> tuple:
 
 
 @contextlib.contextmanager
-def opaque(twins: dict[str, Twin], entries: dict[int, _Entry]):
+def opaque(twins: dict[str, Twin], entries: dict[int, _Entry], real: bool = False):
     """Inside, each twin's forward is one call of the custom op (each call registered in
-    `entries` under the key the graph node carries)."""
+    `entries` under the key the graph node carries). `real`: the export runs the op's real
+    kernel too (draft_export propagates real values)."""
     import torch
     from torch.utils import _pytree as pytree
     op = _op()
@@ -401,6 +405,10 @@ def opaque(twins: dict[str, Twin], entries: dict[int, _Entry]):
             call = twin.calls[index]
             names = [k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
             statics = {k: v for k, v in bound.arguments.items() if k not in names}
+            changed = [k for k, v in statics.items() if not _same(v, call.arguments.get(k))]
+            if changed or names != [k for k, v in call.arguments.items() if isinstance(v, torch.Tensor)]:
+                raise RuntimeError(f"`{twin.path}` is called with other arguments than in the eager run "
+                                   f"({', '.join(changed) or 'tensors'})")
 
             def run(xs):  # real tensors: on a copy of the module (the export swaps in fake weights)
                 real = twin.real_copy()
@@ -416,7 +424,8 @@ def opaque(twins: dict[str, Twin], entries: dict[int, _Entry]):
 
     try:
         for twin in twins.values():
-            twin.real_copy()
+            if real:
+                twin.real_copy(make=True)
             patched.append((twin.module, twin.module.__dict__.get("forward")))
             twin.module.forward = wrapper(twin, twin.module.forward)
         yield
