@@ -8,8 +8,8 @@
 trace.py exports the module (torch.export, free batch and sequence dims); graph.py rebuilds the
 module calls from the flat graph; body.py writes each module's __call__ through the aten table
 (ops.py) and the flax layers for known torch.nn modules (layers.py); with layers="jaxformer",
-twins.py finds the modules with a jaxformer twin, traces each as one opaque op and writes its
-construction and call; emit.py assembles the classes; api.py loads the weights
+twins.py finds the modules with a jaxformer twin and traces each as one opaque op, and
+twin_source.py writes its construction and call; emit.py assembles the classes; api.py loads the weights
 (jaxformer.convert, through jaxformer.interop's names for torch.nn's twins) and runs the parity
 harness."""
 from jaxformer.port.api import PortResult, from_torch, load_torch_weights, port, port_source, state_map

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from jaxformer.port import graph, layers, twins
+from jaxformer.port import graph, layers, twin_source
 from jaxformer.port.body import Body, attr_path, dtype_name, relative
 from jaxformer.port.helpers import HELPERS
 from jaxformer.port.source import identifier
@@ -53,7 +53,7 @@ class Port:
         # class's name is taken (None)
         self.imports: dict[str, tuple[str, str] | None] = {self.class_name: None}
         for twin in self.twins.values():
-            twins.constructor_source(twin, self.imports)
+            twin_source.constructor_source(twin, self.imports)
         self.drops: set[str] = set()  # what drops in train mode: the header's train-mode line
 
     # ------------------------------------------------------------------ classes
@@ -108,7 +108,7 @@ class Port:
     def _constructor(self, path: str, module) -> str | None:
         """The expression that builds the submodule at `path`, None when it needs no attribute."""
         if path in self.twins:
-            return twins.constructor_source(self.twins[path], self.imports)
+            return twin_source.constructor_source(self.twins[path], self.imports)
         if layers.container(module):
             return self._container(path, module)
         if layers.parameterless_builtin(module):
@@ -332,7 +332,7 @@ class Port:
 
     def _twin_call(self, body: Body, call: graph.Call, rel: str) -> str:
         """The call of a twin: the jaxformer module called as torch called its twin, the
-        expression's value the call's outputs (twins.call_source)."""
+        expression's value the call's outputs (twin_source.call_source)."""
         node = next(n for n in call.nodes() if graph.op_name(n) == "jaxformer_port.twin")
         entry = self.traced.entries[node.args[0]]
         tensors = dict(zip(entry.names, node.args[1]))
@@ -340,7 +340,7 @@ class Port:
         wanted = [o.args[1] for o in call.outputs]
         if twin.drops:
             self.drops.add(f"`{call.path}` ({twin.cls.__name__})")
-        return twins.call_source(twin, entry, attr_path(rel), lambda name: body.arg(tensors[name]), wanted,
+        return twin_source.call_source(twin, entry, attr_path(rel), lambda name: body.arg(tensors[name]), wanted,
                                  body.helper)
 
     def _known_call(self, body: Body, call: graph.Call, rel: str) -> str:
