@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -119,7 +119,7 @@ class ClassifierConfig(TransformerConfig):
     pooler_bias: bool = True
     pooler_norm: bool = False
 
-    RULES: ClassVar[tuple[Rule, ...]] = (
+    RULES = (  # not annotated: a class attribute, never a dataclass field (nor a pseudo-field)
         *positive("num_classes"),
         Rule("classifier_dropout_probability", "classifier_dropout",
              lambda c: is_number(c.classifier_dropout) and 0.0 <= c.classifier_dropout < 1.0,
@@ -162,7 +162,7 @@ class Seq2SeqConfig(TransformerConfig):
     eos_id: int = 2
     dtype: str = "float32"
 
-    RULES: ClassVar[tuple[Rule, ...]] = (
+    RULES = (  # not annotated: a class attribute, never a dataclass field (nor a pseudo-field)
         *positive("num_decoder_layers", "tgt_vocab_size", optional=True),
         Rule("shared_embeddings_one_vocab", "tgt_vocab_size",
              lambda c: not c.share_embeddings or c.tgt_vocab_size == c.vocab_size,
@@ -222,7 +222,7 @@ class LMConfig(TransformerConfig):
         super().normalise()
         as_tuples(self, "eos_id")
 
-    RULES: ClassVar[tuple[Rule, ...]] = (
+    RULES = (  # not annotated: a class attribute, never a dataclass field (nor a pseudo-field)
         number_or_null("final_logit_softcap"), _meta_token("bos_id"), _meta_token("eos_id"),
         choice("dtype", COMPUTE_DTYPES), _NO_POOLER,
     )

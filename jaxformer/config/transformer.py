@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from jaxformer.config.base import check, check_choice
 from jaxformer.config.moe import MLAConfig, MoEConfig
@@ -179,7 +178,7 @@ class TransformerConfig:
         self.normalise()
         check_rules(self)
 
-    RULES: ClassVar[tuple[Rule, ...]] = (
+    RULES = (  # not annotated: a class attribute, never a dataclass field (nor a pseudo-field)
         *positive("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "rel_num_buckets",
                   "rel_max_distance"),
         choice("ffn", FFN_KINDS), choice("norm", NORM_KINDS), choice("norm_position", NORM_POSITIONS),
