@@ -106,6 +106,19 @@ def clean_stale(path: str) -> list[str]:
 
 
 @contextlib.contextmanager
+def _os_errors(path: str) -> Iterator[None]:
+    """A library's error that carries an OS error code (safetensors' "(os error 28)") raised as
+    a one-line OSError about `path` (_as_os_error); any other error unchanged."""
+    try:
+        yield
+    except Exception as e:
+        err = _as_os_error(e, path)
+        if err is e:
+            raise
+        raise err from None
+
+
+@contextlib.contextmanager
 def atomic_file(path: str) -> Iterator[str]:
     """Yield a temporary path beside `path`; on a clean exit it replaces `path` (os.replace is
     atomic on POSIX and replaces a link at `path`, never its target), on any error it is
@@ -116,13 +129,8 @@ def atomic_file(path: str) -> Iterator[str]:
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a written file gets the usual mode
     try:
-        try:
+        with _os_errors(path):
             yield tmp
-        except Exception as e:
-            err = _as_os_error(e, path)
-            if err is e:
-                raise
-            raise err from None
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -142,13 +150,8 @@ def atomic_dir(path: str, *, overwrite: bool = False) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix=_tmp_prefix(path), dir=parent)
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
     try:
-        try:
+        with _os_errors(path):
             yield tmp
-        except Exception as e:
-            err = _as_os_error(e, path)
-            if err is e:
-                raise
-            raise err from None
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         elif os.path.lexists(path):
