@@ -289,12 +289,15 @@ _BUILT: dict[str, str] = {}  # what each kind of setup built once, copied into e
 def _built(tmp: str, kind: str, rel: str) -> None:
     """{tmp}/rel: a copy of a tiny `kind` ("plain" / "lora" llama checkpoints, a "gpt2_lora"
     one with an adapter on q_proj, an "hf" Llama dir), built once per process."""
+    import atexit
     import contextlib
     import io
     import shutil
     import tempfile
     if kind not in _BUILT:
-        path = os.path.join(tempfile.mkdtemp(prefix="bad_input_lora_"), kind)
+        root = tempfile.mkdtemp(prefix="bad_input_lora_")
+        atexit.register(shutil.rmtree, root, True)  # built once per worker, removed when it exits
+        path = os.path.join(root, kind)
         if kind == "hf":
             import transformers
             cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("architectures", "model_type")})
