@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.cli import main
-from jaxformer.train import aot
+from jaxformer.train import aot, costs
 from jaxformer.train.config import load_config
 
 TINY = ["model.d_model=32", "model.num_heads=4", "model.num_kv_heads=2", "model.d_ff=64", "model.num_layers=2",
@@ -51,7 +51,7 @@ def test_train_step_report(fsdp_tensor):
     assert r["collectives"]["reduce-scatter"]["count"] + r["collectives"]["all-reduce"]["count"] > 0
     assert r["while_loops"] >= 2 and r["est_source"].startswith("roofline")
     # loop-aware FLOPs: the program multiplies at least what the model needs (6N per token plus
-    # attention; splash's kernels counted by aot.splash_flops) and, without remat, not much more
+    # attention; splash's kernels counted by costs.splash_flops) and, without remat, not much more
     # (splash's backward recomputes the scores); XLA's cost_analysis counts the scanned layers once
     ratio = r["program_flops_per_chip"] * r["chips"] / r["model_flops_per_step"]
     assert 1.0 <= ratio < 1.6, ratio
@@ -207,7 +207,7 @@ ENTRY %main (a: f32[8,16], b: f32[64], c: bf16[128]) -> f32[8,16] {
 def test_collectives_count_loops_once_per_trip_and_async_parts_once():
     """A loop's trip count from its condition (TPU: `i < 5`, no annotation) or its
     known_trip_count (CPU, GPU: 3)."""
-    c = aot.collectives(_HLO)
+    c = costs.collectives(_HLO)
     assert c["all-gather"] == {"count": 5, "bytes": 5 * 32 * 16 * 4}  # in the while body, 5 trips
     assert c["collective-permute"] == {"count": 3, "bytes": 3 * 4 * 4}
     assert c["all-reduce"] == {"count": 1, "bytes": 64 * 4}  # the start; its continuation is not counted
@@ -217,7 +217,7 @@ def test_collectives_count_loops_once_per_trip_and_async_parts_once():
 def test_hbm_bytes_count_top_level_traffic_with_trip_counts():
     """Top-level instructions' operands and results, loop bodies per trip; a fusion that only
     slices an operand reads the slice (a scanned layer's weights out of the stack)."""
-    hbm, unknown = aot.hlo_hbm_bytes(_HLO)
+    hbm, unknown = costs.hlo_hbm_bytes(_HLO)
     # all-gather out + in; the fusion writes [8, 16] and reads only the [8, 16] slice of its operand
     body = 32 * 16 * 4 + 8 * 16 * 4 + (8 * 16 * 4 + 8 * 16 * 4)
     entry = 2 * 64 * 4 + 2 * 64 * 4 + (32 + 128) * 2 + 2 * 8 * 16 * 4  # start, continuation, scatter, copy
@@ -234,9 +234,9 @@ def test_jaxpr_flops_count_scans_and_remat():
             return jax.checkpoint(lambda c: jnp.sin(c @ wi))(c), None
         return jax.lax.scan(body, x, w)[0].sum()
     jaxpr = jax.make_jaxpr(jax.value_and_grad(f, argnums=1))(jnp.ones((4, 8)), jnp.ones((3, 8, 8)))
-    assert aot.jaxpr_flops(jaxpr.jaxpr) == 3 * 4 * (2 * 4 * 8 * 8)
-    assert math.isclose(aot.jaxpr_flops(jax.make_jaxpr(lambda a: a @ a)(np.ones((5, 5))).jaxpr), 2 * 125)
+    assert costs.jaxpr_flops(jaxpr.jaxpr) == 3 * 4 * (2 * 4 * 8 * 8)
+    assert math.isclose(costs.jaxpr_flops(jax.make_jaxpr(lambda a: a @ a)(np.ones((5, 5))).jaxpr), 2 * 125)
     # a shard_map body is one device's: 4 devices each multiply [2, 8] @ [8, 8]
     mesh = jax.make_mesh((4,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:4])
     per_device = jax.shard_map(lambda a, b: a @ b, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d"))
-    assert aot.jaxpr_flops(jax.make_jaxpr(per_device)(np.ones((8, 8)), np.ones((8, 8))).jaxpr) == 4 * 2 * 2 * 8 * 8
+    assert costs.jaxpr_flops(jax.make_jaxpr(per_device)(np.ones((8, 8)), np.ones((8, 8))).jaxpr) == 4 * 2 * 2 * 8 * 8
