@@ -34,6 +34,7 @@ from jaxformer.parity import setup_precision
 T = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 V = 64
+WEIGHTS = "adapter_model.safetensors"
 IDS = np.random.RandomState(5).randint(3, V, size=(2, 9))
 MASK = np.ones_like(IDS)
 MASK[1, :2] = 0  # a left-padded row
@@ -176,14 +177,14 @@ def test_export_fused_module_refused(tmp_path):
 
 
 # ----------------------------------------------------------------------------- import
-def _peft_adapter(fam: str, base: str, out: str, seed: int = 0, **options):
+def _peft_adapter(fam: str, base: str, out: str, seed: int = 0, randomize_b: bool = True, **options):
     """A PEFT adapter of the HF base saved by peft itself (B randomised); -> the PEFT model."""
     kw = dict(LORAS[fam][1], **options)
     torch.manual_seed(seed)
     pm = peft.get_peft_model(_hf(fam, base), peft.LoraConfig(task_type="CAUSAL_LM", **kw))
     with torch.no_grad():
         for n, p in pm.named_parameters():
-            if "lora_B" in n:
+            if "lora_B" in n and randomize_b:
                 p.copy_(torch.randn(p.shape) * 0.3)
     pm.save_pretrained(out)
     return pm.eval()
@@ -226,10 +227,60 @@ def test_peft_adapter_bin_and_round_trip(bases, tmp_path):
     assert all(np.array_equal(back[k], tensors[k]) for k in tensors)
 
 
+@pytest.mark.parametrize("fam", ["llama", "qwen2"])
+def test_peft_head_adapter_both_ways(fam, bases, tmp_path):
+    """PEFT's default save of a LoRA on lm_head also stores lm_head.base_layer.weight: checked
+    equal to the base's (Qwen2's tied head: the embedding; the model loads untied) and not
+    loaded. The export leaves it out (the base has it) and PeftModel loads it with our logits."""
+    from safetensors.numpy import load_file, save_file
+    src = str(tmp_path / "adapter")
+    ref = hf_lm_logits(_peft_adapter(fam, bases[fam], src, seed=4, r=2, target_modules=["lm_head", "q_proj"]),
+                       IDS, MASK)
+    tensors = load_file(os.path.join(src, "adapter_model.safetensors"))
+    assert "base_model.model.lm_head.base_layer.weight" in tensors
+    model, name, cfg, report = hf.from_pretrained(bases[fam], adapter=src, return_report=True)
+    ours = _ours(model)
+    check_hf_logits(f"PEFT lm_head adapter {fam}", ref, ours, MASK)
+    assert report["lora"].target_modules == ("lm_head", "q_proj") and cfg.tie_embeddings is False
+    assert any("loaded untied" in n for n in report["notes"]) == (fam == "qwen2")
+    back_dir = str(tmp_path / "back")
+    checkpoint_io.save_model(model, name, cfg, str(tmp_path / "ckpt"), lora=report["lora"])
+    _cli(["export", str(tmp_path / "ckpt"), "--to", "peft", back_dir])
+    assert "base_model.model.lm_head.lora_B.weight" in load_file(os.path.join(back_dir, WEIGHTS)) and \
+        not any("base_layer" in k for k in load_file(os.path.join(back_dir, WEIGHTS)))
+    back = peft.PeftModel.from_pretrained(_hf(fam, bases[fam]), back_dir).eval()
+    check_hf_logits(f"export --to peft, lm_head adapter {fam}", hf_lm_logits(back, IDS, MASK), ours, MASK)
+    tensors["base_model.model.lm_head.base_layer.weight"][3, 5] += 1e-3  # another base model's head
+    save_file(tensors, os.path.join(src, "adapter_model.safetensors"))
+    with pytest.raises(ConversionError, match=r"base weight: base_model.model.lm_head.base_layer.weight differs "
+                                              r"from the model's \(max \|diff\| 0.001\): the adapter was saved on "
+                                              "another base model"):
+        hf.from_pretrained(bases[fam], adapter=src)
+
+
+def test_peft_options_the_tensors_decide(bases, tmp_path):
+    """init_lora_weights=False (B random too, not 0), exclude_modules, layers_to_transform and
+    layers_pattern only say which modules get an adapter and how it starts: the saved tensors
+    decide, and the adapter loads with PEFT's logits."""
+    out = str(tmp_path / "adapter")
+    pm = _peft_adapter("llama", bases["llama"], out, seed=6, randomize_b=False, init_lora_weights=False,
+                       target_modules=["q_proj", "v_proj", "down_proj"], exclude_modules=["v_proj"],
+                       layers_to_transform=[1], layers_pattern="layers")
+    config = json.load(open(os.path.join(out, "adapter_config.json")))
+    assert (config["init_lora_weights"], config["exclude_modules"], config["layers_to_transform"],
+            config["layers_pattern"]) == (False, ["v_proj"], [1], "layers")
+    ref = hf_lm_logits(pm, IDS, MASK)
+    real = MASK.astype(bool)
+    assert np.abs(ref[real] - hf_lm_logits(_hf("llama", bases["llama"]), IDS, MASK)[real]).max() > 1e-3  # it matters
+    model, name, cfg, report = hf.from_pretrained(bases["llama"], adapter=out, return_report=True)
+    check_hf_logits("PEFT adapter with init False, exclude_modules, layers_to_transform", ref, _ours(model), MASK)
+    assert report["lora"].target_modules == ("decoder.layers.1.ffn.down_proj", "decoder.layers.1.self_attn.q_proj")
+
+
 @pytest.mark.parametrize("option, value, phrase", [
     ("use_dora", True, "use_dora=True is not supported"),
     ("modules_to_save", ["lm_head"], "modules_to_save=['lm_head'] is not supported"),
-    ("layers_to_transform", [0], "layers_to_transform=[0] is not supported"),
+    ("layer_replication", [[0, 1]], "layer_replication=[[0, 1]] is not supported"),
     ("rank_pattern", {"q_proj": 8}, "rank_pattern="),
     ("alpha_pattern", {"q_proj": 8}, "alpha_pattern="),
     ("bias", "lora_only", "bias='lora_only' is not supported"),

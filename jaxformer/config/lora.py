@@ -44,6 +44,11 @@ _PEFT_IGNORED = {
     "ensure_weight_tying",  # ties adapters of tied embeddings; embedding adapters are refused by key
 }
 _PEFT_INITS = {True: "kaiming", "gaussian": "gaussian"}
+# Options that only say which modules get an adapter and how it starts, so that an adapter
+# read with its tensors (hf/adapters.py: the tensors name the adapted modules and hold A and B)
+# is fully determined without them. init_lora_weights=False (A and B both nn.Linear's random
+# init) is then recorded as "kaiming": the init of a loaded adapter is moot.
+_PEFT_BY_TENSORS = ("exclude_modules", "layers_to_transform", "layers_pattern")
 
 
 def lora_scaling(alpha: float, r: int, use_rslora: bool) -> float:
@@ -56,18 +61,19 @@ def _is_empty(value) -> bool:
     return value is None or value == {} or value == [] or value == ()
 
 
-def peft_refusals(options: Mapping[str, Any]) -> list[str]:
+def peft_refusals(options: Mapping[str, Any], with_tensors: bool = False) -> list[str]:
     """One line per PEFT LoraConfig option in `options` that is set to something jaxformer does
-    not implement (DoRA, modules_to_save, per-layer ranks, ...)."""
+    not implement (DoRA, modules_to_save, per-layer ranks, ...). with_tensors: the adapter's
+    saved tensors come with it, so options they determine (_PEFT_BY_TENSORS) are accepted."""
     out = []
     for key, off in _PEFT_OFF.items():
-        if key not in options:
+        if key not in options or (with_tensors and key in _PEFT_BY_TENSORS):
             continue
         value = options[key]
         if not (value == off or (_is_empty(off) and _is_empty(value))):
             out.append(f"{key}={value!r} is not supported (only {off!r})")
     init = options.get("init_lora_weights", True)
-    if init not in _PEFT_INITS:
+    if init not in _PEFT_INITS and not (with_tensors and init is False):
         out.append(f"init_lora_weights={init!r} is not supported (only true or 'gaussian')")
     return out
 
@@ -133,9 +139,12 @@ class LoRAConfig:
         return None
 
     @classmethod
-    def from_peft(cls, options: Mapping[str, Any]) -> LoRAConfig:
-        """A PEFT adapter_config.json dict -> LoRAConfig; unsupported options are refused by name."""
-        problems = peft_refusals(options)
+    def from_peft(cls, options: Mapping[str, Any], with_tensors: bool = False) -> LoRAConfig:
+        """A PEFT adapter_config.json dict -> LoRAConfig; unsupported options are refused by name.
+        with_tensors: read with the adapter's tensors, which then decide the adapted modules
+        (exclude_modules, layers_to_transform and layers_pattern accepted, target_modules kept as
+        listed) and A and B (init_lora_weights=False accepted, recorded as "kaiming")."""
+        problems = peft_refusals(options, with_tensors)
         if options.get("peft_type", "LORA") != "LORA":
             problems.append(f"peft_type={options['peft_type']!r} is not supported (only 'LORA')")
         known = {"r", "lora_alpha", "lora_dropout", "use_rslora", "init_lora_weights", "target_modules"}
@@ -148,7 +157,7 @@ class LoRAConfig:
             target = None
         return cls(r=options.get("r", 8), alpha=options.get("lora_alpha", 8),
                    dropout=options.get("lora_dropout", 0.0), use_rslora=options.get("use_rslora", False),
-                   init=_PEFT_INITS[options.get("init_lora_weights", True)],
+                   init=_PEFT_INITS.get(options.get("init_lora_weights", True), "kaiming"),
                    target_modules=list(target) if isinstance(target, (list, tuple, set)) else target)
 
     def to_peft(self) -> dict[str, Any]:

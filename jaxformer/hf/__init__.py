@@ -160,7 +160,7 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
     from jaxformer.models import abstract_model, cast_params
     peft = None
     if adapter is not None:  # its options and keys are checked before the base is read
-        from jaxformer.hf.adapters import load_adapter, read_adapter
+        from jaxformer.hf.adapters import load_adapter, read_adapter, untie_for_head
         peft = read_adapter(adapter)
     ckpt = mxfp4.unpacked(HFCheckpoint(path))  # MXFP4 pairs read dequantized
     fam, arch, name, cfg, notes = read_config(ckpt, max_len)
@@ -175,6 +175,8 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
     model.eval()
     report.update(architecture=arch, model=name, notes=notes, lora=None)
     if adapter is not None:
+        model, cfg, note = untie_for_head(model, name, cfg, peft)
+        report["notes"] += [note] if note else []
         report["lora"] = load_adapter(model, name, cfg, adapter, seed=seed, adapter=peft)
     return (model, name, cfg, report) if return_report else (model, name, cfg)
 

@@ -35,6 +35,9 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 BIN_FILE = "adapter_model.bin"
 PREFIX = "base_model.model."  # PeftModel.base_model (LoraModel) .model (the HF model)
 _KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight")
+# the wrapped layer's own weight, which PEFT saves beside an adapter on lm_head by default
+# (save_embedding_layers="auto": an embedding name is targeted)
+_BASE_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.base_layer\.(?P<leaf>weight|bias)")
 TASK_TYPES = {"lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
 
 
@@ -138,7 +141,7 @@ def read_adapter(directory: str) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
             if why:
                 raise ConversionError([why], header="")
     try:
-        lora = LoRAConfig.from_peft(read_json_object(config_path, "PEFT adapter config"))
+        lora = LoRAConfig.from_peft(read_json_object(config_path, "PEFT adapter config"), with_tensors=True)
     except ConfigError as e:
         raise ConfigError(f"{config_path}: {e}") from None
     weights = os.path.join(directory, WEIGHTS_FILE)
@@ -153,6 +156,68 @@ def read_adapter(directory: str) -> tuple[LoRAConfig, dict[str, np.ndarray]]:
     return lora, tensors
 
 
+def untie_for_head(model, name: str, cfg, adapter):
+    """-> (model, cfg, note or None). A PEFT LoRA on the lm_head of a tied LM wraps HF's head,
+    which shares the embedding's weight: jaxformer's tied head is no Linear, so the model is
+    rebuilt untied, lm_head a copy of the embedding (the same logits), for load_adapter to wrap.
+    adapter: read_adapter's result."""
+    import dataclasses
+
+    from flax import nnx
+
+    from jaxformer.models import abstract_model
+    if name != "lm" or not cfg.tie_embeddings or not any(k.startswith(PREFIX + "lm_head.lora_") for k in adapter[1]):
+        return model, cfg, None
+    cfg = dataclasses.replace(cfg, tie_embeddings=False)
+    untied = abstract_model(name, cfg)
+    nnx.update(untied, nnx.state(model))  # every leaf but lm_head's, RNG state included
+    untied.lm_head.kernel.set_value(model.embed.embed_tokens.embedding[...].T)  # [D, V]
+    untied.eval()
+    return untied, cfg, ("the adapter's LoRA on lm_head wraps the tied head: loaded untied "
+                         "(tie_embeddings=False), lm_head a copy of the embedding")
+
+
+def _sort_keys(tensors: dict, ours: dict[str, str], modules: dict, name: str):
+    """{PEFT key: array} -> ({our module path: {"A"|"B": array}}, problems). A stored base
+    weight (base_layer.weight|bias) is checked, not loaded: it must equal the base model's."""
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    problems = []
+    for key, x in tensors.items():
+        m = _KEY.fullmatch(key) or _BASE_KEY.fullmatch(key)
+        if m is None:
+            problems.append(f"unexpected: {key} is not a LoRA A/B weight of a Linear module "
+                            "(base_model.model.<module>.lora_A|lora_B.weight)")
+        elif m["module"] not in ours:
+            problems.append(f"unmapped: {key}: HF module {m['module']} has no jaxformer Linear equivalent "
+                            f"(or its weight is fused or transposed in jaxformer's {name})")
+        elif "leaf" in m.groupdict():
+            lin = modules[ours[m["module"]]]
+            mine = lin.kernel if m["leaf"] == "weight" else lin.bias
+            why = _base_mismatch(x, None if mine is None else np.asarray(mine[...]))
+            if why:
+                problems.append(f"base weight: {key} {why}: the adapter was saved on another base model")
+        else:
+            pairs.setdefault(ours[m["module"]], {})[m["ab"]] = x
+    return pairs, problems
+
+
+def _base_mismatch(stored: np.ndarray, mine: np.ndarray | None) -> str | None:
+    """Why a base weight the adapter stores ([out, in] or [out]) is not the model's (kernel
+    [in, out] or bias), or None. Exact equality, in the narrower of the two dtypes: a base
+    loaded with param_dtype bfloat16 holds the checkpoint's fp32 weight rounded to nearest,
+    as a bfloat16 copy of the stored one is."""
+    if mine is None:
+        return "exists, but the model's layer has no bias"
+    mine = mine.T
+    if tuple(stored.shape) != mine.shape:
+        return f"is {tuple(stored.shape)}, the model's is {mine.shape}"
+    narrow = stored.dtype if stored.dtype.itemsize < mine.dtype.itemsize else mine.dtype
+    if np.array_equal(stored.astype(narrow), mine.astype(narrow)):
+        return None
+    diff = np.abs(stored.astype(np.float32) - mine.astype(np.float32)).max()
+    return f"differs from the model's (max |diff| {diff:.3g})"
+
+
 def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapter=None) -> LoRAConfig:
     """Apply the PEFT adapter in `directory` to `model` (a jaxformer model of the adapter's HF
     base, e.g. hf.from_pretrained's), in place, in eval mode. -> the LoRAConfig applied (its
@@ -161,24 +226,12 @@ def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapte
     import jax.numpy as jnp
     from flax import nnx
 
+    from jaxformer.layers.linear import Linear
     from jaxformer.layers.lora import apply_lora, lora_modules
     lora, tensors = read_adapter(directory) if adapter is None else adapter
     _, names = hf_module_names(model, name, cfg)
-    ours = {hf: p for p, hf in names.items()}
-    pairs: dict[str, dict[str, np.ndarray]] = {}
-    problems = []
-    for key, x in tensors.items():
-        m = _KEY.fullmatch(key)
-        if m is None:
-            problems.append(f"unexpected: {key} is not a LoRA A/B weight of a Linear module "
-                            "(base_model.model.<module>.lora_A|lora_B.weight)")
-        elif m["module"] not in ours:
-            problems.append(f"unmapped: {key}: HF module {m['module']} has no jaxformer Linear equivalent "
-                            f"(or its weight is fused or transposed in jaxformer's {name})")
-        else:
-            pairs.setdefault(ours[m["module"]], {})[m["ab"]] = x
-    from jaxformer.layers.linear import Linear
     modules = {".".join(map(str, p)): mod for p, mod in nnx.iter_modules(model)}
+    pairs, problems = _sort_keys(tensors, {hf: p for p, hf in names.items()}, modules, name)
     for p, ab in pairs.items():
         hf = names[p]
         if set(ab) != {"A", "B"}:
@@ -205,4 +258,4 @@ def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapte
     return lora
 
 
-__all__ = ["save_adapter", "load_adapter", "read_adapter", "hf_module_names", "CONFIG_FILE", "WEIGHTS_FILE"]
+__all__ = ["save_adapter", "load_adapter", "read_adapter", "untie_for_head", "hf_module_names", "CONFIG_FILE", "WEIGHTS_FILE"]
