@@ -18,7 +18,7 @@ from jaxformer.config.models import LMConfig
 from jaxformer.layers import blockwise
 from jaxformer.layers.attention import AttentionMask
 from jaxformer.models import build_model
-from jaxformer.parity.harness import GRAD_TOL, OUT_TOL
+from jaxformer.parity.results import GRAD_TOL, OUT_TOL
 
 B, H, K = 1, 2, 4
 

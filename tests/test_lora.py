@@ -19,7 +19,7 @@ from jaxformer.layers.linear import Linear
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity.cases_lora import fill_adapters
 from jaxformer.parity.cases_models import realistic_embeddings
-from jaxformer.parity.harness import GRAD_TOL, OUT_TOL
+from jaxformer.parity.results import GRAD_TOL, OUT_TOL
 from torch_ref.layers import lora as tl
 from torch_ref.models import build_model as tbuild
 

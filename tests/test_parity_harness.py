@@ -167,7 +167,7 @@ def test_precision_is_restored_after_a_check():
 def test_small_leaf_is_held_to_its_own_scale():
     """A bias gradient 1e-4 the size of the weight gradient: 10% of the bias leaf fails, although
     it is far below a model-wide (max-gradient) tolerance."""
-    from jaxformer.parity.harness import GRAD_TOL, _compare
+    from jaxformer.parity.results import GRAD_TOL, _compare
     a, b = np.full(3, 1e-4 * 1.1), np.full(3, 1e-4)
     d = _compare(a, b, GRAD_TOL)
     assert d.diff > d.tol and d.diff < 1e-5 * 48  # the old rule allowed 1e-5 x max |grad| (48 in a LLaMA LM)
@@ -176,7 +176,7 @@ def test_small_leaf_is_held_to_its_own_scale():
 # ------------------------------------------------------------ the float64 referee (docs/numerics.md §32)
 def test_referee_rule():
     """Excused only when jax is within tolerance of float64 and no farther from it than torch."""
-    from jaxformer.parity.harness import GRAD_TOL, judge
+    from jaxformer.parity.results import GRAD_TOL, judge
     f64 = np.zeros(4)
     honest = judge(np.zeros(4, np.float32), np.full(4, 7.5e-6, np.float32), f64, GRAD_TOL)
     assert honest.excused and honest.side == "torch" and "excused" in honest.describe()

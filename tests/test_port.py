@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from jaxformer import convert
-from jaxformer.parity.harness import OUT_TOL
+from jaxformer.parity.results import OUT_TOL
 from jaxformer.port import PortError, api, from_torch, ops, port, port_source
 
 

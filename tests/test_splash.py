@@ -30,7 +30,7 @@ import pytest
 from jaxformer import lowering
 from jaxformer.layers import blockwise
 from jaxformer.layers.attention import AttentionMask, dot_product_attention
-from jaxformer.parity.harness import GRAD_TOL, OUT_TOL
+from jaxformer.parity.results import GRAD_TOL, OUT_TOL
 
 B, T, H, G, K = 2, 256, 4, 2, 16
 BLOCKS = (128, 128)  # 2 x 2 blocks of splash's smallest size: skipped and partial blocks both occur

@@ -6,19 +6,13 @@ are the only places that hold both trees; torch and torch_ref are imported lazil
 functions that need them.
 """
 from jaxformer.parity.harness import (  # noqa: F401
-                                      GRAD_TOL,
-                                      OUT_TOL,
-                                      LeafDiff,
-                                      ParityError,
-                                      ParityReport,
-                                      Referee,
-                                      Tolerance,
-                                      accepts,
-                                      assert_parity,
-                                      check_parity,
-                                      first_divergence,
-                                      name_mapper,
-                                      parity_precision,
-                                      setup_precision,
+    accepts,
+    assert_parity,
+    check_parity,
+    first_divergence,
+    name_mapper,
+    parity_precision,
+    setup_precision,
 )
+from jaxformer.parity.results import GRAD_TOL, OUT_TOL, LeafDiff, ParityError, ParityReport, Referee, Tolerance  # noqa: F401
 from jaxformer.parity.trees import flatten  # noqa: F401

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from jaxformer.parity.harness import GRAD_TOL, OUT_TOL, Tolerance
+from jaxformer.parity.results import GRAD_TOL, OUT_TOL, Tolerance
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxformer.fileio import atomic_file, write_text
-from jaxformer.parity.harness import OUT_TOL, Tolerance, accepts, intermediate_diffs, setup_precision, to_numpy
+from jaxformer.parity.harness import accepts, intermediate_diffs, setup_precision, to_numpy
+from jaxformer.parity.results import OUT_TOL, Tolerance
 
 _LAYER = re.compile(r"^(?P<layer>(?:.*\.)?(?:layers|blocks)\.\d+)(?:\.(?P<sub>[a-z_]+))?$")
 FILES = ("divergence.csv", "divergence.json", "divergence.png")
