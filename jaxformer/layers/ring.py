@@ -47,6 +47,7 @@ mesh with the context axis (one device, a test), one step over the whole sequenc
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -267,68 +268,76 @@ def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool, 
     added to a buffer that travels with the block; one last ppermute brings each buffer home."""
     ring = [(j, (j + 1) % n) for j in range(n)]
     shift = lambda tree: jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), tree)  # noqa: E731
-
-    def prepare(q, k, v, q_parts, k_parts, window, slopes):
-        return _step_args(q, k, v, q_parts, k_parts, window, slopes, scale=scale, softcap=softcap, causal=causal,
-                          blocks=blocks)
-
-    def forward(q, k, v, q_parts, k_parts, window, slopes):
-        def local(k, v, k_parts):  # -> out [B, Tp, G, R, Kv] float32, lse [B, Tp, G, R]
-            st, args = prepare(q, k, v, q_parts, k_parts, window, slopes)
-            out, lse, _ = blockwise._forward(st, *args)
-            return out, jnp.moveaxis(lse, 3, 1)
-
-        out, lse = local(k, v, k_parts)  # the block held, then n - 1 received
-
-        def turn(carry, _):
-            out, lse, held = carry
-            held = shift(held)
-            out, lse = merge(out, lse, *local(*held))
-            return (out, lse, held), None
-
-        (out, lse, _), _ = jax.lax.scan(turn, (out, lse, (k, v, k_parts)), None, length=n - 1)
-        return out, lse  # padded, the kernel's layout
-
-    def unpad(out, lse, q):  # -> [B, T/n, H, Kv], [B, T/n, H]
-        b, t, h, _ = q.shape
-        return out[:, :t].reshape(b, t, h, out.shape[-1]), lse[:, :t].reshape(b, t, h)
+    prepare = functools.partial(_step_args, scale=scale, softcap=softcap, causal=causal, blocks=blocks)
+    forward = functools.partial(_ring_forward, prepare, shift, n)
 
     @jax.custom_vjp
     def attend(q, k, v, q_parts, k_parts, window, slopes):
-        return unpad(*forward(q, k, v, q_parts, k_parts, window, slopes), q)
+        return _unpad(*forward(q, k, v, q_parts, k_parts, window, slopes), q)
 
     def fwd(q, k, v, q_parts, k_parts, window, slopes):
         out, lse = forward(q, k, v, q_parts, k_parts, window, slopes)
-        return unpad(out, lse, q), (q, k, v, q_parts, k_parts, window, slopes, out, lse)
+        return _unpad(out, lse, q), (q, k, v, q_parts, k_parts, window, slopes, out, lse)
 
-    def bwd(res, cts):
-        q, k, v, q_parts, k_parts, window, slopes, out, lse = res  # out, lse padded: [B, Tp, G, R, .]
-        b, t, h, _ = q.shape
-        tp, g, r = out.shape[1], out.shape[2], out.shape[3]
-        pad = lambda a: jnp.pad(a, [(0, 0), (0, tp - t)] + [(0, 0)] * (a.ndim - 2))  # noqa: E731
-        d_out = pad(cts[0].reshape(b, t, g, r, -1))  # [B, Tp, G, R, Kv]
-        d_lse = pad(cts[1].reshape(b, t, g, r))  # [B, Tp, G, R]
-        d_lse = jnp.moveaxis(jnp.where(jnp.isfinite(lse), d_lse, 0.0), 1, 3)  # [B, G, R, Tp]; 0 on unseen rows
-        lse = jnp.moveaxis(lse, 1, 3)
-
-        def grads(k, v, k_parts):  # this block's share of dq [B, Tp, G, R, K], dk, dv [B, T/n, G, .]
-            st, (q5, kp, vp, _, _, sl, parts) = prepare(q, k, v, q_parts, k_parts, window, slopes)
-            # the slopes are constants here (AttentionMask's ALiBi table): no gradient computed
-            (dq, dk, dv, *_), _ = blockwise._backward(st, q5, kp, vp, None, None, sl, parts, out, lse, d_out,
-                                                      d_lse=d_lse, slopes_grad=False)
-            return dq, dk[:, :k.shape[1]], dv[:, :v.shape[1]]
-
-        dq, dk, dv = grads(k, v, k_parts)
-
-        def turn(carry, _):
-            dq, held, d_held = carry
-            held, d_held = shift(held), shift(d_held)
-            gq, gk, gv = grads(*held)
-            return (dq + gq, held, (d_held[0] + gk, d_held[1] + gv)), None
-
-        (dq, _, d_held), _ = jax.lax.scan(turn, (dq, (k, v, k_parts), (dk, dv)), None, length=n - 1)
-        dk, dv = shift(d_held)  # after n - 1 steps this device holds device i+1's block: send it home
-        return dq[:, :t].reshape(q.shape), dk, dv, None, None, None, None
-
-    attend.defvjp(fwd, bwd)
+    attend.defvjp(fwd, functools.partial(_ring_backward, prepare, shift, n))
     return attend
+
+
+def _ring_forward(prepare, shift, n: int, q, k, v, q_parts, k_parts, window, slopes):
+    """_ring's forward: the held block, then n - 1 received, each through the blockwise kernel's
+    forward and merged -> out [B, Tp, G, R, Kv] float32, lse [B, Tp, G, R] (padded, the kernel's
+    layout)."""
+    def local(k, v, k_parts):
+        st, args = prepare(q, k, v, q_parts, k_parts, window, slopes)
+        out, lse, _ = blockwise._forward(st, *args)
+        return out, jnp.moveaxis(lse, 3, 1)
+
+    out, lse = local(k, v, k_parts)
+
+    def turn(carry, _):
+        out, lse, held = carry
+        held = shift(held)
+        out, lse = merge(out, lse, *local(*held))
+        return (out, lse, held), None
+
+    (out, lse, _), _ = jax.lax.scan(turn, (out, lse, (k, v, k_parts)), None, length=n - 1)
+    return out, lse
+
+
+def _unpad(out, lse, q):
+    """The kernel's padded layout -> out [B, T/n, H, Kv], lse [B, T/n, H]."""
+    b, t, h, _ = q.shape
+    return out[:, :t].reshape(b, t, h, out.shape[-1]), lse[:, :t].reshape(b, t, h)
+
+
+def _ring_backward(prepare, shift, n: int, res, cts):
+    """_ring's custom_vjp backward (the FA-2 step per block, _ring's docstring): the key/value
+    blocks go around the ring again with their dk, dv buffers, then one last shift sends each
+    buffer home."""
+    q, k, v, q_parts, k_parts, window, slopes, out, lse = res  # out, lse padded: [B, Tp, G, R, .]
+    b, t, h, _ = q.shape
+    tp, g, r = out.shape[1], out.shape[2], out.shape[3]
+    pad = lambda a: jnp.pad(a, [(0, 0), (0, tp - t)] + [(0, 0)] * (a.ndim - 2))  # noqa: E731
+    d_out = pad(cts[0].reshape(b, t, g, r, -1))  # [B, Tp, G, R, Kv]
+    d_lse = pad(cts[1].reshape(b, t, g, r))  # [B, Tp, G, R]
+    d_lse = jnp.moveaxis(jnp.where(jnp.isfinite(lse), d_lse, 0.0), 1, 3)  # [B, G, R, Tp]; 0 on unseen rows
+    lse = jnp.moveaxis(lse, 1, 3)
+
+    def grads(k, v, k_parts):  # this block's share of dq [B, Tp, G, R, K], dk, dv [B, T/n, G, .]
+        st, (q5, kp, vp, _, _, sl, parts) = prepare(q, k, v, q_parts, k_parts, window, slopes)
+        # the slopes are constants here (AttentionMask's ALiBi table): no gradient computed
+        (dq, dk, dv, *_), _ = blockwise._backward(st, q5, kp, vp, None, None, sl, parts, out, lse, d_out,
+                                                  d_lse=d_lse, slopes_grad=False)
+        return dq, dk[:, :k.shape[1]], dv[:, :v.shape[1]]
+
+    dq, dk, dv = grads(k, v, k_parts)
+
+    def turn(carry, _):
+        dq, held, d_held = carry
+        held, d_held = shift(held), shift(d_held)
+        gq, gk, gv = grads(*held)
+        return (dq + gq, held, (d_held[0] + gk, d_held[1] + gv)), None
+
+    (dq, _, d_held), _ = jax.lax.scan(turn, (dq, (k, v, k_parts), (dk, dv)), None, length=n - 1)
+    dk, dv = shift(d_held)  # after n - 1 steps this device holds device i+1's block: send it home
+    return dq[:, :t].reshape(q.shape), dk, dv, None, None, None, None
