@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from jaxformer.port import graph, layers, twin_source
-from jaxformer.port.body import Body, attr_path, dtype_name, relative
+from jaxformer.port import graph, layers, twin_source, values
+from jaxformer.port.body import Body, attr_path, relative
 from jaxformer.port.helpers import HELPERS
 from jaxformer.port.source import identifier
 from jaxformer.port.trace import PortError, Traced
@@ -22,8 +22,6 @@ BUFFER_CLASS = '''class Buffer(nnx.Variable):
     """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
 CONSTANT_CLASS = '''class Constant(nnx.Variable):
     """A torch tensor outside the state_dict (a non-persistent buffer): never saved or trained."""'''
-LITERAL_LIMIT = 64  # tensors up to this many elements are written as a list, larger ones as bytes
-BYTES_LIMIT = 1 << 20  # the largest tensor built in forward that the file spells out
 
 
 class Port:
@@ -140,14 +138,14 @@ class Port:
             w = self.by_fqn.get(_join(path, leaf))
             if p is None or w is None:
                 continue  # None, or a tied alias: shared by the common parent (_ties)
-            lines.append(f"self.{self._param_attr(path, leaf, module)} = nnx.Param({_init_expr(p)})")
+            lines.append(f"self.{self._param_attr(path, leaf, module)} = nnx.Param({values.init_expr(p)})")
         for leaf, b in list(module._buffers.items()) + self._constants(path):
             w = self.by_fqn.get(_join(path, leaf))
             if b is None or w is None:
                 continue
             kind = "Buffer" if w.kind == "buffer" else "Constant"
             self.variables.add(kind)
-            lines.append(f"self.{self._attr(path, leaf)} = {kind}({_buffer_expr(b, literal=kind == 'Constant')})")
+            lines.append(f"self.{self._attr(path, leaf)} = {kind}({values.buffer_expr(b, literal=kind == 'Constant')})")
         return lines
 
     def _constants(self, path: str) -> list[tuple[str, object]]:
@@ -218,7 +216,7 @@ class Port:
     # ------------------------------------------------------------------ what bodies ask
     def weight_ref(self, weight: graph.Weight, base: str) -> str:
         if weight.kind == "literal":  # a tensor the forward makes from Python values
-            return _literal(weight.value.detach())
+            return values.literal(weight.value.detach())
         owner, _, leaf = weight.fqn.rpartition(".")
         rel = relative(owner, base)
         if rel is None:
@@ -534,57 +532,6 @@ def _render_tree(spec, leaves) -> str:
     if keys is None or len(keys) != len(kids):
         raise PortError(f"cannot port an output of type {spec.type.__name__}")
     return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, kids)) + "}"
-
-
-def _shape(t) -> str:
-    return repr(tuple(int(d) for d in t.shape))
-
-
-def _init_expr(p) -> str:
-    """A parameter's initial value: ones or zeros when torch's is, else a normal draw at the
-    torch tensor's own scale."""
-    import torch
-    dtype = "" if p.dtype == torch.float32 else f", {dtype_name(p.dtype)}"
-    t = p.detach()
-    if t.numel() and bool((t == 1).all()):
-        return f"jnp.ones({_shape(t)}{dtype})"
-    if not t.numel() or bool((t == 0).all()):
-        return f"jnp.zeros({_shape(t)}{dtype})"
-    std = float(t.float().std()) if t.numel() > 1 else abs(float(t.float().flatten()[0]))
-    return f"jax.random.normal(rngs.params(), {_shape(t)}{dtype}) * {std:.2g}"
-
-
-def _buffer_expr(b, *, literal: bool) -> str:
-    """A buffer's value: written out when it is ones, a triangle of ones, an arange or (with
-    `literal`, for tensors outside the state_dict) small; else zeros of its shape, filled by
-    jaxformer.port.load_torch_weights."""
-    import torch
-    t = b.detach()
-    dtype = dtype_name(t.dtype)
-    shape = _shape(t)
-    if t.numel() and bool((t == 1).all()):
-        return f"jnp.ones({shape}, {dtype})"
-    if t.dim() >= 2 and bool((t == torch.tril(torch.ones_like(t))).all()):
-        return f"jnp.tril(jnp.ones({shape}, {dtype}))"
-    if t.dim() == 1 and bool((t == torch.arange(t.numel(), dtype=t.dtype)).all()):
-        return f"jnp.arange({t.numel()}, dtype={dtype})"
-    if literal and t.numel() <= LITERAL_LIMIT:
-        return f"jnp.array({t.flatten().tolist()!r}, {dtype}).reshape({shape})"
-    return f"jnp.zeros({shape}, {dtype})"
-
-
-def _literal(t) -> str:
-    """A tensor that torch's forward built from Python values (a window mask, a table), written
-    into the file: a list when small, else its bytes (np.frombuffer, one line)."""
-    dtype = dtype_name(t.dtype)
-    if t.numel() <= LITERAL_LIMIT:
-        return f"jnp.array({t.tolist()!r}, {dtype})"
-    data = t.contiguous().numpy()
-    if data.nbytes > BYTES_LIMIT:
-        raise PortError(f"cannot port a {list(t.shape)} tensor that forward builds from Python values "
-                        f"({data.nbytes} bytes): keep it as a registered buffer instead")
-    return (f"jnp.asarray(np.frombuffer(bytes.fromhex({data.tobytes().hex()!r}), {data.dtype.name!r})"
-            f".reshape({_shape(t)}), {dtype})")
 
 
 def _describe(v) -> str:
