@@ -89,7 +89,7 @@ def block_visits(q, k, v, mask, *, bias=None, scale=None, softcap=None, sinks=No
         st, args = _prepare(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks,
                             block_q=block_q, block_k=block_k)
         out, lse, forward = _forward(st, *args)
-        _, backward = _backward(st, *args, out, lse, jnp.ones_like(out))
+        _, backward = _backward(st, args, out, lse, jnp.ones_like(out))
         return forward, backward, args[-1]["order"].size
     forward, backward, blocks = run(q, k, v, mask, bias, sinks)
     return {"forward": int(forward), "backward": int(backward), "blocks": int(blocks)}
@@ -308,13 +308,14 @@ def _lse_for_backward(lse):
     return lse
 
 
-def _backward(st: _Static, q, k, v, bias, sinks, slopes, parts, out, lse, d_out, d_lse=None,
-              slopes_grad: bool = True):
+def _backward(st: _Static, args: tuple, out, lse, d_out, d_lse=None, slopes_grad: bool = True):
     """FA-2's backward over the same plan -> ((dq, dk, dv, dbias, dsinks, dslopes), blocks computed).
+    args: the forward's (q, k, v, bias, sinks, slopes, parts), as _prepare gives them.
     d_lse [B, G, R, Tp]: a cotangent of the lse too (None = 0). slopes_grad=False: dslopes is
     not computed (None), for a caller whose ALiBi slopes are constants. Ring attention passes its merged
     out and lse, and the cotangents of both, for each key block: p = exp(s - lse) is then the
     block's share of the whole softmax, so each block's gradients come without its own lse."""
+    q, k, v, bias, sinks, slopes, parts = args
     b, tp, g, r, dk_width = q.shape
     nq = tp // st.bq
     lse = _lse_for_backward(lse)
@@ -395,8 +396,8 @@ def _attend_fwd(st, q, k, v, bias, sinks, slopes, parts):
 
 
 def _attend_bwd(st, res, d_out):
-    q, k, v, bias, sinks, slopes, parts, out, lse = res
-    grads, _ = _backward(st, q, k, v, bias, sinks, slopes, parts, out, lse, d_out)
+    *args, out, lse = res
+    grads, _ = _backward(st, tuple(args), out, lse, d_out)
     return (*grads, None)  # the mask parts are integers: no cotangent
 
 

@@ -326,7 +326,7 @@ def _ring_backward(prepare, shift, n: int, res, cts):
     def grads(k, v, k_parts):  # this block's share of dq [B, Tp, G, R, K], dk, dv [B, T/n, G, .]
         st, (q5, kp, vp, _, _, sl, parts) = prepare(q, k, v, q_parts, k_parts, window, slopes)
         # the slopes are constants here (AttentionMask's ALiBi table): no gradient computed
-        (dq, dk, dv, *_), _ = blockwise._backward(st, q5, kp, vp, None, None, sl, parts, out, lse, d_out,
+        (dq, dk, dv, *_), _ = blockwise._backward(st, (q5, kp, vp, None, None, sl, parts), out, lse, d_out,
                                                   d_lse=d_lse, slopes_grad=False)
         return dq, dk[:, :k.shape[1]], dv[:, :v.shape[1]]
 
