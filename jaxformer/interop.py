@@ -4,7 +4,7 @@
     jmod = interop.from_torch(torch_module)        # nn.MultiheadAttention, nn.TransformerEncoder(Layer),
                                                    # nn.TransformerDecoder(Layer), nn.Transformer
     mask, bias = interop.masks_from_torch(key_padding_mask=kpm, attn_mask=am)  # True = ignore -> True = attend
-    # torch called with is_causal=True: pass its flags (and the module, for appended slots)
+    # torch called with is_causal=True: pass both its flags (and the module, for appended slots)
     mask, bias = interop.masks_from_torch(attn_mask=am, is_causal=True, need_weights=False, attention=jmod)
     out = jmod(x_btd, mask=mask)
 
@@ -108,7 +108,7 @@ def _split_float(m: jax.Array, known: np.ndarray | None):
 
 
 def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | None = None,
-                     is_causal: bool = False, need_weights: bool = True, attention=None):
+                     is_causal: bool = False, need_weights: bool | None = None, attention=None):
     """torch's attention masks -> jaxformer's (mask, bias) for the same attention.
 
     key_padding_mask: [B, S]; bool True = ignore this key (padding), or float, added.
@@ -129,11 +129,16 @@ def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | 
     add_zero_attn visible) when key_padding_mask is given or need_weights is True; otherwise it
     drops attn_mask and runs SDPA's causal mask over all S + n keys, which hides the n appended
     slots from every query (docs/numerics.md §23). That path needs `attention`, the imported
-    MultiHeadAttention, to know n: the mask returned then has S + n columns.
+    MultiHeadAttention, to know n: the mask returned then has S + n columns. With is_causal and
+    no key_padding_mask, need_weights must be given (torch's default is True, but a module torch
+    runs the SDPA way differs by up to 0.9), unless `attention` has no slots (the paths agree).
     """
     if is_causal and attn_mask is None:
         raise ValueError("is_causal=True needs attn_mask, as in torch (the hint says what attn_mask is)")
-    if is_causal and key_padding_mask is None and not need_weights:
+    if is_causal and key_padding_mask is None and need_weights is None and _slots(attention) != 0:
+        raise ValueError("masks_from_torch(is_causal=True) without key_padding_mask: pass need_weights= as in the "
+                         "torch call (False: SDPA's causal path, which hides add_bias_kv / add_zero_attn slots)")
+    if is_causal and key_padding_mask is None and need_weights is False:
         return _sdpa_causal(attn_mask, attention), None
     masks, biases = [], []
     if key_padding_mask is not None:
@@ -187,6 +192,16 @@ def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | 
     return combine_masks(*masks), bias
 
 
+def _slots(attention) -> int | None:
+    """How many key slots an imported MultiHeadAttention appends (add_bias_kv, add_zero_attn);
+    None when `attention` is None (not known)."""
+    if attention is None:
+        return None
+    if not isinstance(attention, MultiHeadAttention):
+        raise ValueError(f"attention must be the imported MultiHeadAttention, got {type(attention).__name__}")
+    return int(attention.bias_k is not None) + int(bool(attention.add_zero_attn))
+
+
 def _sdpa_causal(attn_mask, attention) -> jax.Array:
     """torch's MultiheadAttention under is_causal=True, need_weights=False and no
     key_padding_mask: attn_mask is not used; SDPA's causal mask (query i sees key j <= i,
@@ -195,10 +210,8 @@ def _sdpa_causal(attn_mask, attention) -> jax.Array:
         raise ValueError("is_causal=True with need_weights=False and no key_padding_mask is torch's SDPA "
                          "causal path, which hides add_bias_kv / add_zero_attn slots: pass attention=<the "
                          "imported MultiHeadAttention> so the mask covers them")
-    if not isinstance(attention, MultiHeadAttention):
-        raise ValueError(f"attention must be the imported MultiHeadAttention, got {type(attention).__name__}")
     t, s = attn_mask.shape[-2:]
-    n = int(attention.bias_k is not None) + int(bool(attention.add_zero_attn))
+    n = _slots(attention)
     return jnp.asarray(np.tril(np.ones((t, s + n), bool)))[None, None]  # [1, 1, T, S + n]
 
 
@@ -361,7 +374,8 @@ def from_torch(module: nn.Module, *, causal: bool | None = None, seed: int = 0) 
         self-attention sees what the mask passed at call time allows, as torch sees what
         tgt_mask allows. True builds the causal mask into the stack (no tgt_mask needed).
     The result takes batch-first inputs ([B, T, D]) and boolean masks, True = attend
-    (masks_from_torch); it is in eval mode when the torch module is.
+    (masks_from_torch); it is in eval mode when the torch module is. The torch call's flags
+    (is_causal, need_weights) enter through masks_from_torch: the module is the same for both.
     """
     _check_type(module)
     stacks = (nn.TransformerDecoder, nn.Transformer)

@@ -51,7 +51,7 @@ def test_same_key_set_and_exact_round_trip(name):
     module without weights has none on either side."""
     from flax import nnx
     t, j = CASES[name].build(0)
-    sd = t.state_dict() if isinstance(t, torch.nn.Module) else {}
+    sd = CASES[name].torch_state(t) if isinstance(t, torch.nn.Module) else {}
     prefixes = scan_prefixes(j) if isinstance(j, nnx.Module) else ()  # a scanned stack: one torch key per layer
     flax_keys = ({k for p, v in param_leaves(j).items() for k in torch_keys_for(p, tuple(v.shape), prefixes)}
                  if isinstance(j, nnx.Module) else set())

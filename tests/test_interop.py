@@ -153,6 +153,24 @@ def test_is_causal_sdpa_path_needs_the_attention():
         interop.masks_from_torch(is_causal=True)
 
 
+def test_is_causal_without_need_weights_is_refused_where_the_paths_differ():
+    """torch's two is_causal paths differ by 0.34-0.92 on a module with appended slots: without
+    need_weights (or with a module that has slots) the call is ambiguous and refused by name;
+    a module without slots gives one answer on both paths, so it needs no flag."""
+    causal = nn.Transformer.generate_square_subsequent_mask(T)
+    torch.manual_seed(0)
+    slots = interop.from_torch(nn.MultiheadAttention(D, H, batch_first=True, add_zero_attn=True))
+    plain = interop.from_torch(nn.MultiheadAttention(D, H, batch_first=True))
+    for attention in (None, slots):
+        with pytest.raises(ValueError, match=r"^masks_from_torch\(is_causal=True\) without key_padding_mask: pass "
+                                             r"need_weights= as in the torch call \(False: SDPA's causal path"):
+            interop.masks_from_torch(attn_mask=causal, is_causal=True, attention=attention)
+    mask, bias = interop.masks_from_torch(attn_mask=causal, is_causal=True, attention=plain)
+    assert bias is None and np.array_equal(np.asarray(mask)[0, 0], np.tril(np.ones((T, T), bool)))
+    kpm = torch.from_numpy(padding([T, 3], T))  # with a key_padding_mask torch always uses attn_mask
+    assert interop.masks_from_torch(kpm, causal, is_causal=True, attention=slots)[0].shape == (B, 1, T, T)
+
+
 # ----------------------------------------------------------------------------- encoder layer and stack
 ENCODER_CASES = {
     "layer_postln_relu": dict(stack=0, kw=dict(activation="relu", batch_first=True)),

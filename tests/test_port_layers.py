@@ -103,6 +103,11 @@ MHA_CASES = {
     "padding_float_mask_bias_kv_zero_attn": dict(masks="kpm float", kw=dict(batch_first=True, add_bias_kv=True,
                                                                            add_zero_attn=True)),
     "is_causal_no_bias": dict(masks="causal", kw=dict(batch_first=True, bias=False)),
+    # torch's flags pick the path: SDPA's causal mask over S + 2 keys hides the appended slots;
+    # need_weights=True keeps attn_mask, the slots visible
+    "is_causal_bias_kv_zero_attn": dict(masks="causal", kw=dict(batch_first=True, add_bias_kv=True,
+                                                                add_zero_attn=True)),
+    "is_causal_bias_kv_visible": dict(masks="causal", need_weights=True, kw=dict(batch_first=True, add_bias_kv=True)),
 }
 
 
@@ -134,7 +139,7 @@ def test_multihead_attention(tag):
         assert "mha_outputs(self.attn(h.swapaxes(0, 1), **torch_masks(attn_mask=triu), return_weights=True), " \
                "seq_first=True, average=True)" in src  # the output sequence-first, the weights averaged
     if "causal" in tag:
-        assert "sdpa_causal=True" in src
+        assert ("sdpa_causal=True" in src) == ("visible" not in tag) and ("slots=2" in src) == ("zero_attn" in tag)
     if "no_mask" in tag:  # torch computes the weights (need_weights=True), nothing reads them
         assert "attn = self.attn(h.swapaxes(0, 1)).swapaxes(0, 1)" in src and "torch_masks" not in src
 

@@ -28,6 +28,14 @@ class Case:
     # jaxformer.lowering switches the JAX side is traced under (e.g. attention="blockwise");
     # the torch side runs as it is (its plain path)
     lowering: tuple[tuple[str, Any], ...] = ()
+    # (torch module, {torch name: tensor}) -> {converter key: tensor}, where the torch names are
+    # not jaxformer's (a torch.nn module and its jaxformer.interop twin); None: the same names
+    state_map: Callable | None = None
+
+    def torch_state(self, torch_module) -> dict:
+        """The torch module's state dict under the converter's keys."""
+        sd = dict(torch_module.state_dict())
+        return sd if self.state_map is None else self.state_map(torch_module, sd)
 
 
 CASES: dict[str, Case] = {}
@@ -123,9 +131,11 @@ def run_case(c: Case, seed: int = 0, reference: bool = False, locate: bool = Tru
     from jaxformer.parity.harness import check_parity
     torch_module, flax_module = c.build(seed)
     inputs = c.inputs(np.random.RandomState(seed))
+    state_map = None if c.state_map is None else (lambda sd: c.state_map(torch_module, sd))
     with lowering.tracing(**dict(c.lowering)):  # check_parity traces the JAX side inside
         return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
-                            grads=c.grads, case=c.name, seed=seed, reference=reference, locate=locate)
+                            grads=c.grads, case=c.name, seed=seed, reference=reference, locate=locate,
+                            state_map=state_map)
 
 
 # ----------------------------------------------------------------------------- input makers

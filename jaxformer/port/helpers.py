@@ -46,16 +46,18 @@ HELPERS = {
                                      rhs_dilation=dilation, feature_group_count=groups)
     return y if bias is None else y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))''',
     "torch_masks": '''def torch_masks(key_padding_mask=None, attn_mask=None, *, num_heads=None, sdpa_causal=False, prefix="",
-                with_bias=True):
+                with_bias=True, slots=0):
     """torch's attention masks as jaxformer's keyword arguments {prefix + "mask", prefix + "bias"}
     (jaxformer.interop.masks_from_torch): mask bool, True = attend, [B?, H?, T?, S]; bias float or None.
 
     key_padding_mask [B, S]: bool True = ignore, or float added. attn_mask [T, S] or
     [B * H, T, S]: bool True = not allowed, or float added. sdpa_causal: torch's is_causal path
-    without a key_padding_mask, which uses the causal mask of attn_mask's shape instead of attn_mask."""
+    without a key_padding_mask, which uses the causal mask of attn_mask's shape instead of attn_mask,
+    spanning the `slots` keys nn.MultiheadAttention appends too (so hiding them): [1, 1, T, S + slots]."""
     masks, biases = [], []
     if sdpa_causal:
-        masks.append(jnp.tril(jnp.ones(attn_mask.shape[-2:], jnp.bool_))[None, None])
+        t, s = attn_mask.shape[-2:]
+        masks.append(jnp.tril(jnp.ones((t, s + slots), jnp.bool_))[None, None])
         attn_mask = None
     for m in (key_padding_mask, attn_mask):
         if m is None:

@@ -62,8 +62,9 @@ def _swap(expr: str, seq: bool) -> str:
 
 
 def _masks(entry: Entry, arg, helper, kpm: str, am: str | None, num_heads: int, prefix: str = "",
-           sdpa_causal: bool = False, with_bias: bool = True) -> str:
-    """`**torch_masks(...)` for one attention's torch masks, or '' when it has none."""
+           sdpa_causal: bool = False, with_bias: bool = True, slots: int = 0) -> str:
+    """`**torch_masks(...)` for one attention's torch masks, or '' when it has none. slots: the
+    key slots nn.MultiheadAttention appends, which torch's SDPA causal mask hides."""
     a = entry.call.arguments
     given = [(k, name) for k, name in (("key_padding_mask", kpm), ("attn_mask", am))
              if name is not None and a.get(name) is not None]
@@ -75,6 +76,8 @@ def _masks(entry: Entry, arg, helper, kpm: str, am: str | None, num_heads: int, 
         parts.append(f"num_heads={num_heads}")
     if sdpa_causal:
         parts.append("sdpa_causal=True")
+    if sdpa_causal and slots:
+        parts.append(f"slots={slots}")
     if prefix:
         parts.append(f"prefix={prefix!r}")
     if not with_bias:
@@ -91,8 +94,11 @@ def _mha_call(twin: Twin, entry: Entry, attr: str, arg, wanted: list[int], helpe
         args.append(_swap(arg("key"), seq))
     if a["value"] is not a["key"]:
         args.append(f"value={_swap(arg('value'), seq)}")
+    # torch's own flags pick the path: on SDPA's (is_causal, need_weights=False, no padding mask)
+    # the causal mask spans the appended slots too and hides them
     sdpa = bool(a["is_causal"]) and a["key_padding_mask"] is None and not a["need_weights"]
-    masks = _masks(entry, arg, helper, "key_padding_mask", "attn_mask", m.num_heads, sdpa_causal=sdpa)
+    slots = int(m.bias_k is not None) + int(bool(m.add_zero_attn))
+    masks = _masks(entry, arg, helper, "key_padding_mask", "attn_mask", m.num_heads, sdpa_causal=sdpa, slots=slots)
     if masks:
         args.append(masks)
     weights = a["need_weights"] and 1 in wanted

@@ -318,8 +318,6 @@ def _interop_unsupported(twin: Twin, call: Call) -> str | None:
     masks = [v for k, v in a.items() if "mask" in k and isinstance(v, torch.Tensor)]
     if kind in ("TransformerEncoder", "TransformerDecoder") and any(m.is_floating_point() for m in masks):
         return f"a float (additive) mask: jaxformer's {twin.cls.__name__} takes a boolean mask only"
-    if kind == "MultiheadAttention" and a["is_causal"] and (twin.module.bias_k is not None or twin.module.add_zero_attn):
-        return "is_causal with add_bias_kv / add_zero_attn (torch's SDPA path hides the appended slots)"
     if kind == "TransformerEncoder" and a.get("is_causal"):
         return "is_causal=True"
     if kind == "TransformerDecoder" and (a.get("tgt_is_causal") or a.get("memory_is_causal")):
