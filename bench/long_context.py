@@ -7,7 +7,7 @@ Contenders (`impl`), each (impl, T) in its own child process:
 
     plain       jaxformer's attention as before (lowering attention "plain"): [B, H, T, S] scores
     blockwise   jaxformer's blockwise attention (lowering attention "blockwise",
-                jaxformer/layers/blockwise.py), the mask kept in parts
+                jaxformer/layers/kernels/blockwise.py), the mask kept in parts
     torch_sdpa  the torch twin (torch_ref) with blockwise attention, which runs
                 torch.nn.functional.scaled_dot_product_attention with is_causal (its flash CPU
                 kernel) for a plain causal mask

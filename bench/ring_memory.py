@@ -1,4 +1,4 @@
-"""Per-device compiled temporaries of one ring-attention gradient (jaxformer/layers/ring.py) on 8
+"""Per-device compiled temporaries of one ring-attention gradient (jaxformer/layers/kernels/ring.py) on 8
 host CPU devices, the whole 8 on the context axis (not a test; docs/numerics.md §30).
 
 The function is the gradient of sum(sin(ring attention)) with respect to q, k and v under a
@@ -32,8 +32,8 @@ def measure(seq_len: int, block: int, run: bool, steps: int) -> dict:
     import jax.numpy as jnp
 
     from jaxformer import lowering
-    from jaxformer.layers import ring
     from jaxformer.layers.attention import AttentionMask, dot_product_attention
+    from jaxformer.layers.kernels import ring
 
     order = ring.zigzag_order(seq_len, N)
     mask = ring.permute_mask(AttentionMask.self_attention(1, seq_len, causal=True), order)

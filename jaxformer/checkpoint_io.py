@@ -462,7 +462,7 @@ def _run_adapter(lora: dict):
 
 def _adapt_for_step(model, lora: dict) -> None:
     """The adapters of a train.lora run's checkpoint, and its base in the stored precision:
-    LoRALinear layers, kernels as layers/quant.py weights for a bf16/int8 base."""
+    LoRALinear layers, kernels as layers/kernels/quant.py weights for a bf16/int8 base."""
     from flax import nnx
 
     from jaxformer.layers.lora import apply_lora, quantize_base
@@ -476,8 +476,8 @@ def _dequantize_lora_bases(model) -> None:
     """Each reduced-precision LoRA base back to the fp32 [in, out] kernel it stands for."""
     import jax.numpy as jnp
 
+    from jaxformer.layers.kernels.quant import QuantizedWeight
     from jaxformer.layers.lora import lora_modules
-    from jaxformer.layers.quant import QuantizedWeight
     for m in lora_modules(model).values():
         k = m.kernel.get_value()
         if isinstance(k, QuantizedWeight):
@@ -506,7 +506,7 @@ def _restore_train_params(model, state_dir: str) -> None:
     except Exception as e:  # orbax raises many types for a missing or damaged step
         first = (str(e).strip().splitlines() or [""])[0]
         raise ConversionError([f"cannot read the params of {state_dir}: {type(e).__name__}: {first}"]) from None
-    from jaxformer.layers.quant import QuantizedWeight
+    from jaxformer.layers.kernels.quant import QuantizedWeight
     got = {}
     for path, x in jax.tree_util.tree_flatten_with_path(restored)[0]:
         keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path[1:]]

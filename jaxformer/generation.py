@@ -13,7 +13,7 @@ its kernel layout; "auto" = transposed on the CPU backend) and trace their progr
 lowering.decoding. Measured figures: bench/README.md, "Decode layout on CPU".
 
 GenerationConfig.weights_dtype (bf16 | int8) decodes with reduced-precision copies of the matmul
-weights (jaxformer/layers/quant.py, docs/numerics.md §24), made and kept like the layout's
+weights (jaxformer/layers/kernels/quant.py, docs/numerics.md §24), made and kept like the layout's
 copies; `decode_model` gives a model that computes what that program computes.
 
 Batched LM prompts of different lengths are left-padded (`pad_prompts`); positions come from
@@ -43,7 +43,8 @@ from jaxformer.config.models import (  # noqa: F401 (re-exported)
     eos_ids,
     pad_prompts,
 )
-from jaxformer.layers import linear, quant
+from jaxformer.layers import linear
+from jaxformer.layers.kernels import quant
 from jaxformer.lowering import DecodeLayout, release_decode_weights  # noqa: F401 (re-exported)
 from jaxformer.models.common import check_tokens
 

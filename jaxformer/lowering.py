@@ -17,12 +17,12 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
   * attention: how self-attention without a cache is computed (ATTENTION). "plain": the
     [B, H, T, S] scores and the fused path (as above), memory O(T^2). "blockwise": the online
     softmax over key blocks in lax ops with a recomputing backward pass
-    (jaxformer/layers/blockwise.py), O(T) memory on every backend; the stacks then keep their
+    (jaxformer/layers/kernels/blockwise.py), O(T) memory on every backend; the stacks then keep their
     masks as `AttentionMask` parts and never build a [B, 1, T, S] boolean. "splash": the Pallas
     splash-attention kernel on TPU (blockwise elsewhere). attention_blocks = (query block, key
     block) of the blockwise path, and the most splash's blocks may be (multiples of 128).
   * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
-    split; self-attention then runs as ring attention over it (jaxformer/layers/ring.py), whose
+    split; self-attention then runs as ring attention over it (jaxformer/layers/kernels/ring.py), whose
     steps run the blockwise kernel whatever `attention` says (blocks at most half a shard).
   * platform: the backend the program is compiled for ("cpu", "gpu", "tpu"), None = the
     default backend of this process. Ahead-of-time compilation for a TPU slice from a CPU host
@@ -35,7 +35,7 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
 `recording_kernels()` collects which attention kernel each traced call ran, and why a kernel
 was passed over (`note_kernel`), for reports such as `jaxformer compile`'s attention_kernel.
 
-For expert parallelism (jaxformer/layers/moe_parallel.py): `expert_all_to_all`, the exchange
+For expert parallelism (jaxformer/layers/kernels/moe_parallel.py): `expert_all_to_all`, the exchange
 of token rows between the devices of the `expert` mesh axis, as ragged_all_to_all or as
 all_to_all of fixed-size buffers by backend (`ragged_exchange`).
 
@@ -298,7 +298,7 @@ def release_decode_weights(model=None) -> None:
 # ----------------------------------------------------------------------------- reduced-precision weights
 def widen_each_step() -> bool:
     """Whether a bf16/int8 decode weight is widened to fp32 inside every decode step, next to
-    its product (jaxformer/layers/quant.py), or once per generate call (XLA hoists the
+    its product (jaxformer/layers/kernels/quant.py), or once per generate call (XLA hoists the
     loop-invariant widening out of the decode loop). In the step wherever the compiler can
     fuse the widening into the dot (GPU, TPU), so each token reads the reduced bytes. Once
     per call on the CPU backend: XLA:CPU fuses no widening into a dot, so a step would write

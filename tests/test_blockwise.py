@@ -1,4 +1,4 @@
-"""Blockwise attention (jaxformer/layers/blockwise.py, docs/numerics.md §29): the skipped blocks,
+"""Blockwise attention (jaxformer/layers/kernels/blockwise.py, docs/numerics.md §29): the skipped blocks,
 the O(T) residuals, the torch twin against torch's plain path, and tiny LMs (both trees) whose logits and
 parameter gradients with attention="blockwise" equal the plain path's. The kernel's own parity
 against torch (outputs and gradients, every mask kind) is in jaxformer/parity/cases_blockwise.py.
@@ -15,8 +15,8 @@ from flax import nnx
 
 from jaxformer import lowering, tables
 from jaxformer.config.models import LMConfig
-from jaxformer.layers import blockwise
 from jaxformer.layers.attention import AttentionMask
+from jaxformer.layers.kernels import blockwise
 from jaxformer.models import build_model
 from jaxformer.parity.results import GRAD_TOL, OUT_TOL
 

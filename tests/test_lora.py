@@ -14,7 +14,7 @@ from jaxformer.config import ConfigError, LoRAConfig
 from jaxformer.config.lora import DEFAULT_TARGETS, lora_config_from_dict
 from jaxformer.config.models import LMConfig
 from jaxformer.layers import lora as jl
-from jaxformer.layers import partitioning
+from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.models import build_model as jbuild
 from jaxformer.parity.cases_lora import fill_adapters

@@ -146,11 +146,11 @@ def fp32_first_loss(tmp_path_factory):
 
 @pytest.mark.parametrize("base_dtype", ["bf16", "int8"])
 def test_reduced_base_trains_and_stays_bit_identical(base_dtype, reduced_runs, fp32_first_loss):
-    """QLoRA style: the base stored as layers/quant.py's bf16/int8 weight, the adapters fp32;
+    """QLoRA style: the base stored as layers/kernels/quant.py's bf16/int8 weight, the adapters fp32;
     steps run in both trees, only the adapters move, and the first step's loss is the fp32
     base's within the weight rounding."""
     _, _, jt, jh, (before, adapters), tt, th, t_before = reduced_runs(base_dtype)
-    from jaxformer.layers.quant import QuantizedWeight
+    from jaxformer.layers.kernels.quant import QuantizedWeight
     kernel = jt.state["frozen"]["decoder"]["layers"][0]["self_attn"]["q_proj"]["kernel"].get_value()
     assert isinstance(kernel, QuantizedWeight) and kernel.data.dtype == (jnp.int8 if base_dtype == "int8" else jnp.uint16)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(jt.state["params"]))

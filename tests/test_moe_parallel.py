@@ -1,4 +1,4 @@
-"""Expert parallelism (jaxformer/layers/moe_parallel.py): the MoE layer under a mesh with an
+"""Expert parallelism (jaxformer/layers/kernels/moe_parallel.py): the MoE layer under a mesh with an
 `expert` axis (8 host devices, tests/conftest.py) sends its tokens to their experts' devices
 with all-to-alls and equals the one-device layer on outputs, aux outputs and every gradient,
 capacity drops included."""

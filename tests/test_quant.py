@@ -1,4 +1,4 @@
-"""Reduced-precision decoding (GenerationConfig.weights_dtype; jaxformer/layers/quant.py and its
+"""Reduced-precision decoding (GenerationConfig.weights_dtype; jaxformer/layers/kernels/quant.py and its
 twin; docs/numerics.md §24): the two frameworks quantize to the same bits (ties included) and
 give the same int8 and bf16 logits; against fp32, bf16 and int8 stay within their KL budgets on
 the registry's LMs; quantized decoding with the KV cache equals a quantized full recompute;
@@ -20,10 +20,10 @@ from jaxformer import generation as jgen
 from jaxformer.config import ConfigError
 from jaxformer.config.models import GenerationConfig
 from jaxformer.layers import linear
-from jaxformer.layers import quant as jquant
+from jaxformer.layers.kernels import quant as jquant
 from jaxformer.parity import cases_models
 from torch_ref import generation as tgen
-from torch_ref.layers import quant as tquant
+from torch_ref.layers.kernels import quant as tquant
 
 # KL(p_fp32 || p_reduced) budgets, mean over positions (issue 18; docs/numerics.md §24)
 KL_BUDGET = {"bf16": 1e-3, "int8": 1e-2}

@@ -1,4 +1,4 @@
-"""Context parallelism: ring attention (jaxformer/layers/ring.py) against the plain path, outputs
+"""Context parallelism: ring attention (jaxformer/layers/kernels/ring.py) against the plain path, outputs
 and gradients, on data 2 x context 4 and context 4 x tensor 2 meshes of the 8 host devices
 (tests/conftest.py); the blocks its steps skip; its torch twin; the zigzag layout; the LM's training trajectory on a
 context 4 x data 2 mesh against one device (RoPE, GQA, a sliding-window layer, packed
@@ -15,8 +15,8 @@ import torch
 
 from jaxformer import lowering
 from jaxformer.config import ConfigError
-from jaxformer.layers import ring
 from jaxformer.layers.attention import AttentionMask, dot_product_attention
+from jaxformer.layers.kernels import ring
 from jaxformer.train.config import config_from_dict
 
 B, T, H, G, K = 2, 16, 4, 2, 8
@@ -115,9 +115,9 @@ def test_ring_steps_skip_masked_blocks():
 
 
 def test_torch_twin_matches_torch_plain():
-    from torch_ref.layers import ring as tring
     from torch_ref.layers.attention import AttentionMask as TMask
     from torch_ref.layers.attention import dot_product_attention as tdpa
+    from torch_ref.layers.kernels import ring as tring
     q, k, v, sinks = (torch.from_numpy(np.array(a)) for a in _inputs())
     mask = TMask.self_attention(1, T, causal=True, segment_ids=torch.from_numpy(SEGMENTS)).with_window(5)
     order = tring.zigzag_order(T, 4)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jaxformer import convert
 from jaxformer.config import MODELS
-from jaxformer.layers.partitioning import logical_axes
+from jaxformer.layers.kernels.partitioning import logical_axes
 from jaxformer.train import init as init_lib
 from jaxformer.train import sharding
 from jaxformer.train.config import LOGICAL_AXIS_RULES, config_from_dict
@@ -125,7 +125,7 @@ def test_every_parameter_of_every_registered_model_is_annotated():
             for path, var in convert.param_leaves(init_lib.abstract_model(name, c)).items():
                 axes = logical_axes(var)
                 where = f"{case}: {convert.flax_key(path)} {tuple(var.shape)}"
-                assert axes is not None, f"{where} has no logical axes (jaxformer/layers/partitioning.py)"
+                assert axes is not None, f"{where} has no logical axes (jaxformer/layers/kernels/partitioning.py)"
                 assert len(axes) == len(var.shape), f"{where}: axes {axes}"
                 assert all(a is None or a in LOGICAL_AXIS_RULES for a in axes), f"{where}: axes {axes}"
 

@@ -1,4 +1,4 @@
-"""Pallas' splash-attention kernel, the TPU kernel of attention="splash" (jaxformer/layers/blockwise.py,
+"""Pallas' splash-attention kernel, the TPU kernel of attention="splash" (jaxformer/layers/kernels/blockwise.py,
 `_splash`): run in Pallas' interpret mode on CPU against dot_product_attention's plain path with the
 same mask made dense (outputs, and the gradients of q, k, v and sinks), alone and under a mesh of
 the host devices; the calls it refuses by name; and compiled for a TPU slice (v5e 2x2, by
@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from jaxformer import lowering
-from jaxformer.layers import blockwise
 from jaxformer.layers.attention import AttentionMask, dot_product_attention
+from jaxformer.layers.kernels import blockwise
 from jaxformer.parity.results import GRAD_TOL, OUT_TOL
 
 B, T, H, G, K = 2, 256, 4, 2, 16

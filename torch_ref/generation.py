@@ -22,7 +22,7 @@ from jaxformer.config.models import (  # noqa: F401 (re-exported)
     eos_ids,
     pad_prompts,
 )
-from torch_ref.layers import quant
+from torch_ref.layers.kernels import quant
 from torch_ref.models.common import check_tokens
 
 
@@ -132,7 +132,7 @@ def _reorder_self(cache, rows):
 def decode_model(model: nn.Module, weights_dtype: str = "fp32") -> nn.Module:
     """A copy of `model` whose matmul weights are reduced to weights_dtype (bf16 | int8; fp32:
     the model itself): every nn.Linear becomes a quant.QuantizedLinear and a tied output table
-    a quant.QuantizedWeight (torch_ref/layers/quant.py). Generation decodes with it, as the
+    a quant.QuantizedWeight (torch_ref/layers/kernels/quant.py). Generation decodes with it, as the
     JAX twin's decode_model / generate do."""
     if weights_dtype == "fp32":
         return model

@@ -2,7 +2,7 @@
 cache is computed, set for the calls made inside `computing(...)`.
 
 attention: "plain" (the dense masks and SDPA / the explicit path) or "blockwise" (the stacks
-keep the mask as AttentionMask parts and torch_ref/layers/blockwise.py computes it: torch's SDPA
+keep the mask as AttentionMask parts and torch_ref/layers/kernels/blockwise.py computes it: torch's SDPA
 with is_causal, its flash CPU kernel, where the mask is plain causal, else the same online
 softmax over key blocks as jaxformer's). "splash" is TPU-only in jaxformer and means blockwise
 here. The switch changes which kernels compute the function, never the function.

@@ -257,7 +257,7 @@ class LMConfig(TransformerConfig):
 
 
 STRATEGIES = ("greedy", "sample", "beam")
-WEIGHTS_DTYPES = ("fp32", "bf16", "int8")  # generation's matmul weights (jaxformer/layers/quant.py)
+WEIGHTS_DTYPES = ("fp32", "bf16", "int8")  # generation's matmul weights (jaxformer/layers/kernels/quant.py)
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ class GenerationConfig:
     seed: sampling RNG seed (streams differ between the frameworks, docs/numerics.md §9).
     weights_dtype: the matmul weights decoding reads: fp32 (as stored), bf16, or int8
         (weight-only, symmetric, per output channel; fp32 activations and accumulation).
-        Linear kernels and a tied output table are reduced (jaxformer/layers/quant.py,
+        Linear kernels and a tied output table are reduced (jaxformer/layers/kernels/quant.py,
         docs/numerics.md §24).
     prefill_chunk: LM prompts are prefilled through the KV cache in chunks of this many
         tokens (a positive int), so prefill attention holds [chunk, cache] scores instead of

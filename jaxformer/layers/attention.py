@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.layers import partitioning
 from jaxformer.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
+from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.masks import (  # noqa: F401
     AttentionMask,

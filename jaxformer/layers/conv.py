@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.layers import partitioning
+from jaxformer.layers.kernels import partitioning
 
 
 def _tuple(v, n: int) -> tuple:

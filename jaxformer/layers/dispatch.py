@@ -1,7 +1,7 @@
 """Scaled dot-product attention: the one place that chooses how it is computed. Plain (the
 fused kernel, or the explicit ops where weights, dropout, a soft-cap, sinks or the KV-cache
-layout need them), blockwise (layers/blockwise.py, which itself takes Pallas' splash kernel on
-a TPU when lowering asks for it) or ring attention over a context axis (layers/ring.py), as
+layout need them), blockwise (layers/kernels/blockwise.py, which itself takes Pallas' splash kernel on
+a TPU when lowering asks for it) or ring attention over a context axis (layers/kernels/ring.py), as
 `lowering.active()` says. Twin: torch_ref/layers/dispatch.py.
 
 Masks are boolean, True = may attend, broadcastable to [B, H, T, S], or an AttentionMask (the
@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.layers.blockwise import blockwise_attention
+from jaxformer.layers.kernels.blockwise import blockwise_attention
+from jaxformer.layers.kernels.ring import ring_attention
 from jaxformer.layers.masks import AttentionMask
-from jaxformer.layers.ring import ring_attention
 from jaxformer.layers.scores import sink_softmax, soft_cap
 
 
@@ -36,7 +36,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
         q: [B, T, H, K].  k, v: [B, S, G, K] with H a multiple of G (grouped-query attention);
             v may have a width of its own (MLA's v_head_dim), and so then has the output.
         mask: bool, broadcastable to [B, H, T, S], True = attend; or an AttentionMask (its
-            parts), which runs the blockwise path (jaxformer/layers/blockwise.py), or ring
+            parts), which runs the blockwise path (jaxformer/layers/kernels/blockwise.py), or ring
             attention with a context axis, as `lowering.active()` says; made dense otherwise
             (return_weights, active dropout, a KV cache, attention "plain" without a context axis).
         bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).

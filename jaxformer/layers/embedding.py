@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.layers import linear, partitioning, quant
+from jaxformer.layers import linear
+from jaxformer.layers.kernels import partitioning, quant
 
 
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
@@ -39,7 +40,7 @@ class Embedding(nnx.Module):
 
     Args:
         num_embeddings: V.  dim: D.  scale: multiply looked-up rows by sqrt(D).
-        axes: the table's logical axes (layers/partitioning.py).
+        axes: the table's logical axes (layers/kernels/partitioning.py).
     Shapes: ids [B, T] int -> [B, T, D]; attend(x [B, T, D]) -> [B, T, V] (tied output).
     """
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.layers import partitioning, quant
+from jaxformer.layers.kernels import partitioning, quant
 
 
 def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> jax.Array:
@@ -68,7 +68,7 @@ class Linear(nnx.Linear):
     """nnx.Linear (kernel [in, out], bias [out]; same parameters, same checkpoint keys), with
     `matmul`'s backward and the [out, in] decode layout of the module docstring.
 
-    axes: the kernel's logical axes (in, out) (layers/partitioning.py); the bias is replicated.
+    axes: the kernel's logical axes (in, out) (layers/kernels/partitioning.py); the bias is replicated.
     None leaves the parameters unannotated, which the trainer refuses on a mesh."""
 
     def __init__(self, in_features: int, out_features: int, *, axes: tuple | None = None, **kwargs):
@@ -100,7 +100,7 @@ class Linear(nnx.Linear):
 
 
     def _reduced(self, x: jax.Array, kernel, bias, stop_bias_gradient: bool) -> jax.Array:
-        """The product with a reduced-precision decode weight (jaxformer/layers/quant.py), in
+        """The product with a reduced-precision decode weight (jaxformer/layers/kernels/quant.py), in
         fp32, cast back to x's dtype."""
         y = quant.matmul(x, kernel, functools.partial(weight_stationary_matmul, precision=self.precision),
                          self.precision)

@@ -20,7 +20,7 @@ optimiser state and stays bit-identical:
 
 Frozen base in reduced precision (QLoRA style): `quantize_base(model, "bf16" | "int8")` stores
 every adapted layer's kernel as a quant.QuantizedWeight (the decode weights of
-jaxformer/layers/quant.py); the adapter stays fp32.
+jaxformer/layers/kernels/quant.py); the adapter stays fp32.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config.lora import LoRAConfig, lora_scaling, select_targets
-from jaxformer.layers import partitioning, quant
+from jaxformer.layers.kernels import partitioning, quant
 from jaxformer.layers.linear import Linear
 
 # the attributes of nnx.Linear besides its parameters, copied from the wrapped layer

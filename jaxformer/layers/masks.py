@@ -61,7 +61,7 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 @dataclasses.dataclass(frozen=True)
 class AttentionMask:
     """A self-attention mask kept as its parts, O(T + S) memory, for the blockwise and ring
-    paths (jaxformer/layers/blockwise.py): they build each [bq, bk] block of it on the fly and
+    paths (jaxformer/layers/kernels/blockwise.py): they build each [bq, bk] block of it on the fly and
     never hold the [B, 1, T, S] boolean the plain path takes (`dense()` makes that one).
 
     Query i sits at slot q_slots[b, i] and key j at slot k_slots[b, j] (absolute sequence
@@ -92,7 +92,7 @@ class AttentionMask:
                        offset=0) -> AttentionMask:
         """Self-attention over `length` tokens at slots offset.. (key_valid [B, T], segment_ids [B, T])."""
         # a static offset gives numpy slots, known at trace time: a kernel that takes the mask as
-        # a static pattern (Pallas' splash, layers/blockwise.py) can then see it is the default one
+        # a static pattern (Pallas' splash, layers/kernels/blockwise.py) can then see it is the default one
         slots = (np.arange(length, dtype=np.int32)[None] + np.int32(offset) if isinstance(offset, int)
                  else default_positions(1, length, offset))
         return cls(slots, slots, k_valid=None if key_valid is None else key_valid.astype(bool),

@@ -41,8 +41,8 @@ from flax import nnx
 
 from jaxformer import lowering, tables
 from jaxformer.config.moe import MLAConfig
-from jaxformer.layers import quant
 from jaxformer.layers.dispatch import dot_product_attention
+from jaxformer.layers.kernels import quant
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import RMSNorm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions

@@ -16,7 +16,7 @@ to a multiple of a block instead, and one batched matmul runs every block with i
 weight (`blocked_dispatch`). capacity_factor drops, per expert, the assignments beyond
 ceil(capacity_factor * N * k / E) in token order (Switch Transformer); a dropped assignment
 contributes 0. On a mesh with an `expert` axis the tokens go to their experts' devices with
-all-to-alls instead (jaxformer/layers/moe_parallel.py, the same maths). `dense_experts`
+all-to-alls instead (jaxformer/layers/kernels/moe_parallel.py, the same maths). `dense_experts`
 computes every expert for every token (an einsum), the reference the ragged path is tested against (tests/test_moe.py) and benchmarked against.
 
 Shapes: x [B, T, D] -> [B, T, D]; N = B*T tokens, E experts, k = top_k, F = d_expert.
@@ -32,8 +32,8 @@ from flax import nnx
 from jaxformer import lowering
 from jaxformer.config import ConfigError
 from jaxformer.config.moe import MoEConfig
-from jaxformer.layers import moe_parallel, partitioning
 from jaxformer.layers.ffn import GATED, FeedForward, activation
+from jaxformer.layers.kernels import moe_parallel, partitioning
 from jaxformer.layers.linear import Linear
 
 EXPERT_GATED = GATED + ("swiglu_clamped",)

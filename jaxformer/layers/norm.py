@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.layers import partitioning
+from jaxformer.layers.kernels import partitioning
 
 
 class LayerNorm(nnx.Module):

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import tables
-from jaxformer.layers import partitioning
 from jaxformer.layers.embedding import Embedding, check_ids, check_length
+from jaxformer.layers.kernels import partitioning
 
 
 class SinusoidalPositionalEncoding(nnx.Module):

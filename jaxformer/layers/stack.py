@@ -17,7 +17,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import lowering
 from jaxformer.config import ConfigError, TransformerConfig
-from jaxformer.layers import partitioning, ring
+from jaxformer.layers.kernels import partitioning, ring
 
 # the sub-layer intermediates of one layer, in depth order (transformer.py's docstring)
 SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cross_attn",

@@ -35,7 +35,7 @@ from flax import nnx
 
 from jaxformer import lowering, tables
 from jaxformer.config import TransformerConfig
-from jaxformer.layers import kv_cache, partitioning, stack
+from jaxformer.layers import kv_cache, stack
 from jaxformer.layers.attention import (
     AttentionMask,
     MultiHeadAttention,
@@ -44,6 +44,7 @@ from jaxformer.layers.attention import (
     make_sliding_window_mask,
 )
 from jaxformer.layers.ffn import FeedForward
+from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.mla import MultiHeadLatentAttention
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.norm import make_norm

@@ -13,8 +13,8 @@ from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.config.models import LMConfig
-from jaxformer.layers import ring
 from jaxformer.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
+from jaxformer.layers.kernels import ring
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
@@ -90,7 +90,7 @@ class LM(nnx.Module):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
             positions = position_ids
         # context parallelism (ring attention): the sequence in zigzag order, permuted once here
-        # and put back before the logits; the masks go by slot (layers/ring.py, docs/numerics.md §30)
+        # and put back before the logits; the masks go by slot (layers/kernels/ring.py, docs/numerics.md §30)
         n = ring.context_size() if cache is None and not return_intermediates else 1
         order = ring.zigzag_order(t, n) if n > 1 else None
         if order is not None:

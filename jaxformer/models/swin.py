@@ -23,10 +23,10 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config.vision import SwinConfig
-from jaxformer.layers import partitioning
 from jaxformer.layers.attention import key_projection
 from jaxformer.layers.dispatch import dot_product_attention
 from jaxformer.layers.ffn import FeedForward
+from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.layers.transformer import put_record

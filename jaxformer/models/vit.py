@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config.vision import ViTConfig
-from jaxformer.layers import partitioning
 from jaxformer.layers.conv import Conv2d
+from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.layers.positional import LearnedPositionalEmbedding, default_positions, resize_bicubic

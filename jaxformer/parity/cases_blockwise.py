@@ -1,4 +1,4 @@
-"""Parity cases for blockwise attention (jaxformer/layers/blockwise.py, docs/numerics.md §29):
+"""Parity cases for blockwise attention (jaxformer/layers/kernels/blockwise.py, docs/numerics.md §29):
 the JAX side traced with attention="blockwise" and small blocks (8 queries x 16 keys, so every
 case spans several blocks and skips some), the torch side on its plain path (the dense mask).
 Outputs and every gradient, the sinks' and the bias' included.

@@ -369,7 +369,7 @@ def _lora_wrong_module():
 
 
 def _blockwise():
-    from jaxformer.layers import blockwise
+    from jaxformer.layers.kernels import blockwise
     return blockwise
 
 

@@ -25,7 +25,7 @@ REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_
                   "everything_saveable", "offload_layer_inputs")
 PARALLEL_MODES = ("none", "pmap", "mesh")
 NONFINITE = ("stop", "skip")
-LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/quant.py's reduced weights
+LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/kernels/quant.py's reduced weights
 ATTENTION = ("plain", "blockwise", "splash")  # jaxformer/lowering.py's attention switch
 
 
@@ -34,7 +34,7 @@ class TrainLoRAConfig(LoRAConfig):
     """`train.lora:` LoRA fine-tuning (jaxformer/config/lora.py's fields, PEFT's defaults; only
     `r` is required, and target_modules defaults to every attention and MLP projection), plus
     base_dtype: how the frozen base of each adapted layer is stored while training, fp32, or
-    bf16 / int8 (QLoRA style, layers/quant.py's weights; the adapters stay fp32)."""
+    bf16 / int8 (QLoRA style, layers/kernels/quant.py's weights; the adapters stay fp32)."""
 
     base_dtype: str = "fp32"
 
@@ -131,7 +131,7 @@ class MeshConfig:
     tensor: int = 1
     expert: int = 1  # expert parallelism: MoE experts split over it; it also splits the batch
     # context parallelism: the sequence split over it, attention as ring attention
-    # (jaxformer/layers/ring.py); lm only, data.seq_len divisible by 2 x context (zigzag)
+    # (jaxformer/layers/kernels/ring.py); lm only, data.seq_len divisible by 2 x context (zigzag)
     context: int = 1
 
     def __post_init__(self) -> None:
@@ -146,7 +146,7 @@ class MeshConfig:
 # (ring attention passes key/value blocks between neighbours on it at every layer)
 MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 CONTEXT_AXIS = "context"
-# logical axis (jaxformer/layers/partitioning.py) -> mesh axis, several, or None (never split)
+# logical axis (jaxformer/layers/kernels/partitioning.py) -> mesh axis, several, or None (never split)
 LOGICAL_AXIS_RULES: dict[str, Any] = {
     # the global batch is split over data x fsdp x expert (the expert axis is data parallel
     # outside the MoE layers, so every device holds distinct tokens to send to the experts)
@@ -329,7 +329,7 @@ def check_sections(cfg: RunConfig) -> None:
 
 
 def _context_problems(cfg: RunConfig) -> list[str]:
-    """parallel.mesh.context > 1: ring attention over the sequence of an LM (layers/ring.py)."""
+    """parallel.mesh.context > 1: ring attention over the sequence of an LM (layers/kernels/ring.py)."""
     m, d, p, n = cfg.model, cfg.data, cfg.parallel, cfg.parallel.mesh.context
     out = []
     if p.mode != "mesh":

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.layers import lora as lora_lib
-from jaxformer.layers import quant
+from jaxformer.layers.kernels import quant
 
 
 def adapt(model: nnx.Module, lcfg, seed: int) -> nnx.Module:
@@ -62,7 +62,7 @@ def dequantize_base(model: nnx.Module) -> None:
 
 def cast_frozen(frozen, dtype):
     """The frozen base in the compute dtype (bf16 precision); reduced-precision weights stay
-    as stored (their product is computed in fp32, layers/quant.py)."""
+    as stored (their product is computed in fp32, layers/kernels/quant.py)."""
     def f(x):
         if is_quantized(x) or not jnp.issubdtype(x.dtype, jnp.floating):
             return x

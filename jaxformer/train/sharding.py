@@ -6,13 +6,13 @@ dispatch and ring attention.
 Context parallelism: the sequence is split over `context`. Parameters and the batch are
 replicated over it (the batch arrays [A, micro, T + 1] are split over the batch axes only); the
 LM permutes its sequence into the zigzag layout, and its activations are constrained to the
-sequence split over `context` between layers (jaxformer/layers/ring.py shard_sequence), where
+sequence split over `context` between layers (jaxformer/layers/kernels/ring.py shard_sequence), where
 self-attention runs as ring attention (a shard_map passing key/value blocks around `context`).
 Parameter gradients are summed over `context` by XLA like over the data axes.
 
 Expert parallelism: the stacked expert weights are split over `expert`, and the batch over
 data x fsdp x expert. Under the trainer's mesh (jax.set_mesh) each MoE layer runs its routing
-and dispatch in a jax.shard_map (jaxformer/layers/moe_parallel.py): every device routes its
+and dispatch in a jax.shard_map (jaxformer/layers/kernels/moe_parallel.py): every device routes its
 own tokens, all_to_all over `expert` sends each assignment to the device holding its expert,
 that device runs its experts (ragged_dot), and the reverse all_to_all brings the rows back.
 Compiled train step of the tiny MoE LM on data 2 x expert 4 (tests/test_moe_train.py): 6
@@ -23,7 +23,7 @@ and ragged_all_to_all elsewhere (jaxformer/lowering.py). The maths equals one de
 (docs/numerics.md §26).
 
 Every parameter carries *logical* axes from its definition (flax NNX partitioning metadata,
-jaxformer/layers/partitioning.py), and one table maps logical axes to mesh axes
+jaxformer/layers/kernels/partitioning.py), and one table maps logical axes to mesh axes
 (jaxformer/train/config.py LOGICAL_AXIS_RULES, overridden by `parallel.axis_rules`). A
 parameter without logical axes is an error here, never silently replicated.
 
@@ -42,8 +42,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxformer.layers.partitioning import logical_axes
-from jaxformer.layers.quant import QuantizedWeight
+from jaxformer.layers.kernels.partitioning import logical_axes
+from jaxformer.layers.kernels.quant import QuantizedWeight
 from jaxformer.train.config import LOGICAL_AXIS_RULES, MESH_AXES
 
 DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(v))
@@ -126,7 +126,7 @@ def param_shardings(params, mesh: Mesh, rules: dict | None = None):
     out = jax.tree_util.tree_map_with_path(f, params, is_leaf=_is_var)
     if problems:
         raise ValueError("parallel.mode=mesh needs logical axes on every parameter "
-                         "(jaxformer/layers/partitioning.py); missing or wrong on:\n  " + "\n  ".join(problems))
+                         "(jaxformer/layers/kernels/partitioning.py); missing or wrong on:\n  " + "\n  ".join(problems))
     return out
 
 

@@ -66,7 +66,7 @@ def export_state_dict(module) -> dict:
     """The module's state_dict with each reduced-precision LoRA base (not a Parameter, so not in
     the state_dict) added back as the fp32 weight [out, in] it stands for."""
     from torch_ref.layers import lora as tl
-    from torch_ref.layers.quant import QuantizedWeight
+    from torch_ref.layers.kernels.quant import QuantizedWeight
     out = {k: v.detach() for k, v in module.state_dict().items()}
     for path, m in tl.lora_modules(module).items():
         if isinstance(m.weight, QuantizedWeight):

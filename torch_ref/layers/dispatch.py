@@ -1,6 +1,6 @@
 """Scaled dot-product attention: the one place that chooses how it is computed. Plain (torch's
 fused SDPA, or the explicit ops where weights, a soft-cap or sinks need them) or blockwise
-(layers/blockwise.py), as `lowering.active()` says. Twin: jaxformer/layers/dispatch.py (which
+(layers/kernels/blockwise.py), as `lowering.active()` says. Twin: jaxformer/layers/dispatch.py (which
 also has ring attention over a context axis). Masks are boolean, True = may attend; a row with
 no visible key outputs exactly 0 (with attention sinks too: the sink takes all its weight)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_ref import lowering
-from torch_ref.layers.blockwise import blockwise_attention
+from torch_ref.layers.kernels.blockwise import blockwise_attention
 from torch_ref.layers.masks import AttentionMask
 from torch_ref.layers.scores import sink_softmax, soft_cap
 

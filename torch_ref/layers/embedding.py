@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from torch_ref.layers import quant
+from torch_ref.layers.kernels import quant
 
 
 def check_ids(ids: torch.Tensor, upper: int, what: str = "token id", field: str = "vocab_size") -> None:

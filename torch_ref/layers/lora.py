@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jaxformer.config.lora import LoRAConfig, lora_scaling, select_targets
-from torch_ref.layers import quant
+from torch_ref.layers.kernels import quant
 
 
 class LoRALinear(nn.Module):

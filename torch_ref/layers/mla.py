@@ -8,8 +8,8 @@ from torch import nn
 
 from jaxformer import tables
 from jaxformer.config.moe import MLAConfig
-from torch_ref.layers import quant
 from torch_ref.layers.dispatch import dot_product_attention
+from torch_ref.layers.kernels import quant
 from torch_ref.layers.norm import RMSNorm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
 from torch_ref.layers.scores import soft_cap

@@ -1,4 +1,4 @@
-"""Blockwise attention, the torch twin of jaxformer/layers/blockwise.py (docs/numerics.md §29).
+"""Blockwise attention, the torch twin of jaxformer/layers/kernels/blockwise.py (docs/numerics.md §29).
 
 Two forms, chosen per call:
   * torch's SDPA with is_causal=True and no mask (its flash CPU kernel, O(T) memory in the
@@ -26,7 +26,7 @@ from torch_ref.layers.scores import slot_distance, soft_cap
 def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, *, bias=None, scale=None,
                         softcap=None, sinks=None, block_q: int | None = None,
                         block_k: int | None = None) -> torch.Tensor:
-    """jaxformer/layers/blockwise.py's function in torch. q [B, T, H, K], k [B, S, G, K],
+    """jaxformer/layers/kernels/blockwise.py's function in torch. q [B, T, H, K], k [B, S, G, K],
     v [B, S, G, Kv]; mask a torch_ref AttentionMask (or None). -> [B, T, H, Kv]."""
     b, t, h, d = q.shape
     s, g = k.shape[1], k.shape[2]

@@ -1,6 +1,6 @@
 """Ring attention (context parallelism): exact self-attention over a sequence split across the
 devices of one mesh axis, `lowering.active().context_axis` (the trainer's `context` axis).
-Twin: torch_ref/layers/ring.py (no mesh in torch: the same steps and merges in a loop, each step
+Twin: torch_ref/layers/kernels/ring.py (no mesh in torch: the same steps and merges in a loop, each step
 a dense score block there).
 
 Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers". With n devices on the
@@ -8,7 +8,7 @@ context axis, each holds T/n queries and the keys/values of the same T/n tokens,
 mask parts (slots, padding, segment ids):
   1. every device attends its queries to the key/value block it holds, giving a partial output
      and the log-sum-exp (lse) of its scores per query row: the blockwise kernel's forward
-     (jaxformer/layers/blockwise.py), which skips the fully masked [bq, bk] blocks of the pair;
+     (jaxformer/layers/kernels/blockwise.py), which skips the fully masked [bq, bk] blocks of the pair;
   2. the block (keys, values, their slots, padding and segments) moves one device along the
      ring (jax.lax.ppermute, device j -> j + 1), and step 1 runs on the block received;
   3. after n steps every query has seen every key; the partial results are merged as they
@@ -41,7 +41,7 @@ device for the backward is its q, k, v shards, output and lse: O(T/n). On TPU, "
 reach the ring (the merge needs each step's lse): the steps run blockwise there too.
 
 Layout: queries, keys and values split over the context axis on the sequence, over the batch
-axes (data x fsdp x expert, the trainer's default "batch" rule, as layers/moe_parallel.py) on
+axes (data x fsdp x expert, the trainer's default "batch" rule, as layers/kernels/moe_parallel.py) on
 the batch where it divides, and over `tensor` on the heads where both H and G divide. Without a
 mesh with the context axis (one device, a test), one step over the whole sequence runs.
 """
@@ -56,7 +56,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
-from jaxformer.layers import blockwise
+from jaxformer.layers.kernels import blockwise
 from jaxformer.layers.masks import AttentionMask
 
 BATCH_AXES = ("data", "fsdp", "expert")  # the trainer's default "batch" rule (train/config.py)

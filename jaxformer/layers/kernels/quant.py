@@ -1,6 +1,6 @@
 """Reduced-precision decode weights: bf16 or int8 copies of the matmul weights that
 jaxformer.generation decodes with. Weight-only: activations, accumulation, norms, biases,
-attention and the KV cache stay fp32. Twin: torch_ref/layers/quant.py (same scales, same
+attention and the KV cache stay fp32. Twin: torch_ref/layers/kernels/quant.py (same scales, same
 rounding, so the two frameworks' int8 logits agree to fp32 summation order; docs/numerics.md §24).
 
 Which weights: every `Linear` kernel (attention projections, FFN, an untied lm_head) and a

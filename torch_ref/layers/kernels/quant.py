@@ -1,6 +1,6 @@
 """Reduced-precision decode weights: bf16 or int8 copies of the matmul weights that
 torch_ref.generation decodes with. Weight-only: activations, accumulation, norms, biases,
-attention and the KV cache stay fp32. Twin: jaxformer/layers/quant.py (same scales, same
+attention and the KV cache stay fp32. Twin: jaxformer/layers/kernels/quant.py (same scales, same
 rounding; docs/numerics.md §24).
 
 Which weights: every nn.Linear (attention projections, FFN, an untied lm_head) and a tied

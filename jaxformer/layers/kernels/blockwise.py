@@ -1,6 +1,6 @@
 """Blockwise attention: FlashAttention-2's online softmax over key blocks in lax ops, with a
 recomputing backward pass, O(T) memory on every backend (docs/numerics.md §29).
-Twin: torch_ref/layers/blockwise.py.
+Twin: torch_ref/layers/kernels/blockwise.py.
 
 Hand-written because no library op does this in lax with our mask parts, sinks and soft-cap:
 jax.nn.dot_product_attention's XLA form builds the [B, H, T, S] scores, cuDNN runs on NVIDIA GPUs
@@ -223,7 +223,7 @@ def _block_scores(st: _Static, qi, kj, bias, slopes, parts, i, j):
 # ----------------------------------------------------------------------------- 2) forward
 def _forward(st: _Static, q, k, v, bias, sinks, slopes, parts):
     """-> (out [B, Tp, G, R, Kv] float32, lse [B, G, R, Tp] float32, -inf on a row without
-    visible keys, visited blocks). Ring attention (jaxformer/layers/ring.py) merges these per
+    visible keys, visited blocks). Ring attention (jaxformer/layers/kernels/ring.py) merges these per
     key block."""
     b, tp, g, r, _ = q.shape
     nq = tp // st.bq
@@ -284,7 +284,7 @@ def _zeros_from(x, shape):
 
 def _varying(inputs, *carries):
     """The loop carries cast to vary over every manual mesh axis the inputs vary over: inside
-    shard_map (ring attention's steps, jaxformer/layers/ring.py) a carry built from constants
+    shard_map (ring attention's steps, jaxformer/layers/kernels/ring.py) a carry built from constants
     varies over none, its updated value over the inputs' axes, and a loop's carry must keep its
     type (jax's "vma" check). The identity outside shard_map."""
     def axes(a):

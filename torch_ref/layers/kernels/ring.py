@@ -1,4 +1,4 @@
-"""Ring attention, the torch twin of jaxformer/layers/ring.py. torch_ref has no device mesh, so
+"""Ring attention, the torch twin of jaxformer/layers/kernels/ring.py. torch_ref has no device mesh, so
 this is the single-device equivalent: the sequence in `shards` parts, and for each query part
 the same steps the ring takes (its own key/value block, then the blocks of parts i-1, i-2, ...
 as they would arrive), each a `local_attention` returning (out, lse), merged by the same
@@ -98,7 +98,7 @@ def finish(out, lse, sinks, dtype):
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask, *, bias=None,
                    scale: float | None = None, softcap: float | None = None,
                    sinks: torch.Tensor | None = None, shards: int = 1) -> torch.Tensor:
-    """jaxformer/layers/ring.py's function on one device, the sequence in `shards` parts.
+    """jaxformer/layers/kernels/ring.py's function on one device, the sequence in `shards` parts.
     q [B, T, H, K], k/v [B, T, G, K]; mask an AttentionMask (slots say where each token sits).
     -> [B, T, H, Kv]."""
     if bias is not None:
