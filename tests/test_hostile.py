@@ -1,25 +1,19 @@
 """Hostile files and killed processes (issue 35, part A): data lost, or read or written outside
 its tree, and the safe file layer (jaxformer/fileio.py) that prevents it. One table of cases;
 each sets up a fresh temporary directory, then runs a CLI command in-process or a Python call,
-and expects one of:
-  - a one- or two-line error matching `error` (CLI: exit 2, no traceback), with every path in
-    `protect` byte-for-byte unchanged and nothing in `absent` or `.tmp-*` left behind;
-  - a correct result: `check(tmp, result)` holds (CLI: exit 0).
-`patch(monkeypatch, tmp)` simulates a fault (a full disk) for the case's duration.
+and expects a one-line error or a correct result (tests/hostile_helpers.py: Case, run_case).
+Files, data, bombs and kills: tests/test_hostile_data.py.
 
-The style follows tests/test_bad_input.py (whose runner and snapshot this module reuses).
+The style follows tests/test_bad_input.py (whose runner and snapshot the helpers reuse).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import re
-import subprocess
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
+from hostile_helpers import Case, _dead_pid, _link, _no_stale, _open_split, _seq, _stale, _tokens, run_case
 from test_bad_input import (
     GOOD_CHAT,
     HF_ARGV,
@@ -31,91 +25,10 @@ from test_bad_input import (
     _put_bytes,
     _safetensors_bytes,
     _tiny,
-    run_row,
-    snapshot,
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    argv: list[str] | None = None  # a CLI command ("{tmp}" replaced), or
-    call: Callable[[str], Any] | None = None  # a Python call on the case's directory
-    error: str | None = None  # regex the one-line error must match; None: success
-    setup: Callable[[str], None] | None = None
-    protect: tuple[str, ...] = ()
-    absent: tuple[str, ...] = ()
-    check: Callable[[str, Any], None] | None = None  # success: what must hold after
-    patch: Callable[[Any, str], None] | None = None
-    secret: str | None = None  # must not appear in the error (bytes of a file outside)
-    # for run_row (test_bad_input.Row's fields)
-    subprocess: bool = False
-    env: dict | None = None
-    preexec: Any = None
-
-
-def _dead_pid() -> int:
-    """The pid of a process that has exited (a killed writer's, for stale temp names)."""
-    p = subprocess.Popen(["true"])
-    p.wait()
-    return p.pid
-
-
-def _stale(tmp: str, target: str, file: bool = False) -> None:
-    """A killed write's leftover beside `target`: .tmp-NAME-pPID-XXXX of a dead process."""
-    name = f".tmp-{os.path.basename(target)}-p{_dead_pid()}-abc123"
-    path = os.path.join(tmp, os.path.dirname(target), name)
-    if file:
-        _put(tmp, os.path.relpath(path, tmp), "partial")
-    else:
-        _put(tmp, os.path.join(os.path.relpath(path, tmp), "part.npy"), "partial")
-
-
-def _no_stale(tmp: str, _=None) -> None:
-    left = [n for _, dirs, files in os.walk(tmp) for n in dirs + files if n.startswith(".tmp-")]
-    assert not left, left
-
-
-def _seq(*fns):
-    def setup(tmp: str) -> None:
-        for f in fns:
-            f(tmp)
-    return setup
-
-
-def _link(target: str, rel: str):
-    def setup(tmp: str) -> None:
-        os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
-        os.symlink(target if os.path.isabs(target) else os.path.join(tmp, target), os.path.join(tmp, rel))
-    return setup
-
-
 # ----------------------------------------------------------------------------- tokens dirs
-def _tokens(tmp: str, rel: str = "tok", **meta_changes) -> None:
-    """{tmp}/rel: a valid tokens dir (8 ids, byte tokenizer), meta.json then changed: a key
-    set to a value (None deletes), or "shard": the train shard's file name."""
-    from jaxformer.train.data.tokens import TokensWriter
-    with TokensWriter(os.path.join(tmp, rel), vocab_size=259, eos_id=258,
-                      tokenizer={"spec": "bytes", "kind": "bytes"}) as w:
-        w.add("train", [1, 2, 3, 4, 5, 6, 7])
-    path = os.path.join(tmp, rel, "meta.json")
-    meta = json.load(open(path))
-    for k, v in meta_changes.items():
-        if k == "shard":
-            meta["splits"]["train"]["shards"][0]["file"] = v
-        elif k == "whole":
-            meta = v
-        else:
-            meta[k] = v
-    with open(path, "w") as f:
-        json.dump(meta, f)
-
-
-def _open_split(tmp: str, rel: str = "tok"):
-    from jaxformer.train.data.tokens import TokensDir
-    return TokensDir(os.path.join(tmp, rel)).split("train")
-
-
 def _outside_npy(tmp: str) -> None:
     np.save(os.path.join(tmp, "outside.npy"), np.arange(8, dtype=np.uint16))
 
@@ -509,7 +422,7 @@ LEFTOVER_CASES = [
          error=r"No space left", setup=_seq(_text(), lambda t: _stale(t, "out")), absent=("out",),
          patch=_full_disk_on("numpy", "save")),
     Case("prepare_keeps_live_and_other_temps", argv=[*PREP, "--input", "{tmp}/in.txt", "--out", "{tmp}/out"],
-         setup=_stale_and_live, check=_kept_live_and_other),
+         setup=_stale_and_live, check=_kept_live_and_other, keeps_temps=True),
     Case("export_torch_cleans_stale", argv=["export", "{tmp}/plain", "--to", "torch", "{tmp}/out.safetensors"],
          setup=lambda t: (_built(t, "plain", "plain"), _stale(t, "out.safetensors", file=True)), check=_no_stale),
     Case("export_flax_cleans_stale", argv=["export", "{tmp}/plain", "--to", "flax", "{tmp}/out"],
@@ -579,45 +492,4 @@ CASES = [*TOKENS_CASES, *PARSE_CASES, *LINK_CASES, *CONFIG_CASES, *OVERWRITE_CAS
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_hostile(case: Case, tmp_path, capsys, monkeypatch):
-    tmp = str(tmp_path)
-    if case.setup:
-        case.setup(tmp)
-        capsys.readouterr()  # the setup's own output (progress bars) is no case's
-    before = {p: snapshot(tmp, p) for p in case.protect}
-    if case.patch:
-        case.patch(monkeypatch, tmp)
-    if case.argv is not None:
-        code, err = run_row(case, tmp, capsys)
-        result = None
-        if case.error is None:
-            assert code == 0, f"exit {code}; stderr:\n{err}"
-        else:
-            assert code == 2, f"exit {code}, expected 2; stderr:\n{err}"
-            assert "Traceback" not in err, err
-            lines = [ln for ln in err.splitlines() if ln.strip()]
-            assert 1 <= len(lines) <= 2, f"{len(lines)} lines on stderr:\n{err}"
-            assert re.search(case.error, lines[0]), err
-    else:
-        import yaml
-        if case.error is None:
-            result = case.call(tmp)
-            err = ""
-        else:
-            with pytest.raises((ValueError, OSError, yaml.YAMLError)) as info:
-                case.call(tmp)
-            err = str(info.value).strip()
-            if isinstance(info.value, yaml.YAMLError):
-                err = str(getattr(info.value, "problem", None) or err)
-            lines = err.splitlines()
-            assert len(lines) <= 2, f"{len(lines)} lines:\n{err}"
-            assert re.search(case.error, lines[0]), err
-    if case.secret:
-        assert case.secret not in err, err
-    if case.check is not None:
-        assert case.check(tmp, result) is not False
-    for p in case.protect:
-        assert snapshot(tmp, p) == before[p], f"{p} changed"
-    for p in case.absent:
-        assert not os.path.lexists(os.path.join(tmp, p)), f"{p} was left behind"
-    if case.name != "prepare_keeps_live_and_other_temps":
-        _no_stale(tmp)
+    run_case(case, tmp_path, capsys, monkeypatch)
