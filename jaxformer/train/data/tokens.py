@@ -16,9 +16,18 @@ meta.json:
      "tokenizer": {"spec": "gpt2/", "kind": "tokenizers", "file": "tokenizer.json", "sha256": "..."},
      "splits": {"train": {"tokens": N, "documents": D,
                           "shards": [{"file": "train-00000.npy", "tokens": n, "documents": d,
-                                      "mask": "train-00000.mask.npy"}]},   # loss_mask only
+                                      "bytes": b, "sha256": "...",   # the .npy file's
+                                      "mask": "train-00000.mask.npy",  # loss_mask only,
+                                      "mask_bytes": b, "mask_sha256": "..."}]},  # with these
                 "eval": {...}},
      "source": {...}}   # free-form: inputs, eval fraction, the command's options
+
+Integrity. Each shard file's size and sha256 are in meta.json. The size is checked when the
+directory opens; the hash, and that every id lies in [0, vocab_size), when a shard is first
+read (once per shard and process: 0.12 s CPU for a full 128 MiB shard, which at open would be
+seconds per GB of data each start). An altered shard is refused by name. Directories written
+before the checksums existed still open, with a one-line warning that their shards cannot be
+verified (the ids are still range-checked).
 
 `TokensWriter` streams documents into shards of bounded size inside a temporary directory that
 replaces DIR only when the whole dataset is written (jaxformer/fileio.py), so a failed prepare
@@ -27,8 +36,11 @@ Version 1 directories (no loss mask) read as version 2 ones with "loss_mask": fa
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
+import threading
 from typing import Iterable
 
 import numpy as np
@@ -124,12 +136,15 @@ class TokensWriter:
         s = self.meta["splits"][split]
         name = f"{split}-{len(s['shards']):05d}.npy"
         np.save(os.path.join(self.tmp, name), np.concatenate(self._buf[split]), allow_pickle=False)
+        size, digest = file_digest(os.path.join(self.tmp, name))
         s["shards"].append({"file": name, "tokens": self._buf_tokens[split],
-                            "documents": self._buf_docs[split]})
+                            "documents": self._buf_docs[split], "bytes": size, "sha256": digest})
         if self.meta["loss_mask"]:
             s["shards"][-1]["mask"] = mask_name = name[:-len(".npy")] + ".mask.npy"
             mask = np.concatenate(self._mask[split])
             np.save(os.path.join(self.tmp, mask_name), mask, allow_pickle=False)
+            size, digest = file_digest(os.path.join(self.tmp, mask_name))
+            s["shards"][-1].update(mask_bytes=size, mask_sha256=digest)
             s["loss_tokens"] = s.get("loss_tokens", 0) + int(mask.sum())  # ids that count as targets
             self._mask[split] = []
         s["tokens"] += self._buf_tokens[split]
@@ -152,23 +167,61 @@ class TokensWriter:
         return self._ctx.__exit__(kind, value, tb)
 
 
-class TokenSplit:
-    """One split's shards as memory maps, read as one long 1-D stream of ids."""
+def file_digest(path: str) -> tuple[int, str]:
+    """(size in bytes, sha256 hex) of a file, read in 8 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+        return f.tell(), h.hexdigest()
 
-    def __init__(self, root: str, name: str, info: dict, dtype: np.dtype, loss_mask: bool = False):
-        self.name = name
+
+class TokenSplit:
+    """One split's shards as memory maps, read as one long 1-D stream of ids. Each shard's size
+    is checked here; its hash and id range on its first read (`_verify`; module docstring)."""
+
+    def __init__(self, root: str, name: str, info: dict, dtype: np.dtype, loss_mask: bool = False,
+                 vocab_size: int | None = None):
+        self.name, self.root, self.vocab_size = name, root, vocab_size
         self.shards: list[np.ndarray] = []
         self.masks: list[np.ndarray] | None = [] if loss_mask else None  # uint8, one per shard
+        self._checks: list[list[tuple]] = []  # per shard: (file, path, sha256 or None, kind) to verify
         for s in info["shards"]:
-            self.shards.append(_open_shard(root, s["file"], s["tokens"], dtype))
+            arr, path = _open_shard(root, s["file"], s["tokens"], dtype, s.get("bytes"))
+            self.shards.append(arr)
+            checks = [(s["file"], path, s.get("sha256"), "ids")]
             if loss_mask:
                 if "mask" not in s:
                     raise ConfigError(f"tokens dataset {root}: shard {s['file']} names no loss mask "
                                       "file, but meta.json says loss_mask: true")
-                self.masks.append(_open_shard(root, s["mask"], s["tokens"], np.dtype(np.uint8)))
+                arr, path = _open_shard(root, s["mask"], s["tokens"], np.dtype(np.uint8), s.get("mask_bytes"))
+                self.masks.append(arr)
+                checks.append((s["mask"], path, s.get("mask_sha256"), "mask"))
+            self._checks.append(checks)
+        self._lock = threading.Lock()  # grain reads on several threads
         self.offsets = np.cumsum([0] + [len(a) for a in self.shards])
         self.num_tokens = int(self.offsets[-1])
         self.num_documents = int(info["documents"])
+
+    def _verify(self, i: int) -> None:
+        """Shard i's files against meta.json's sha256, and its ids in [0, vocab_size), before
+        its first read; ConfigError naming the file. Once per shard (a failed one fails again)."""
+        if not self._checks[i]:
+            return
+        with self._lock:
+            for file, path, sha, kind in self._checks[i]:  # empty if another thread verified it
+                if sha is not None and file_digest(path)[1] != sha:
+                    raise ConfigError(f"tokens dataset {self.root}: shard {file} was altered (its sha256 "
+                                      "differs from meta.json's); prepare the data again")
+                arr = self.shards[i] if kind == "ids" else self.masks[i]
+                if not arr.size:
+                    continue
+                top, limit = int(arr.max()), (self.vocab_size if kind == "ids" else 2)
+                if limit is not None and top >= limit:
+                    what = f"id {top}, outside the vocab [0, {limit}) of meta.json" if kind == "ids" else \
+                        f"the value {top}; a loss mask holds 0 and 1"
+                    raise ConfigError(f"tokens dataset {self.root}: shard {file} holds {what}")
+            self._checks[i] = []
 
     def read(self, start: int, length: int) -> np.ndarray:
         """ids [start, start + length) of the stream, as int32, across shard boundaries."""
@@ -186,6 +239,7 @@ class TokenSplit:
         i = int(np.searchsorted(self.offsets, start, side="right")) - 1
         filled = 0
         while filled < length:
+            self._verify(i)
             lo = start + filled - self.offsets[i]
             take = min(length - filled, len(arrays[i]) - lo)
             out[filled:filled + take] = arrays[i][lo:lo + take]
@@ -194,8 +248,10 @@ class TokenSplit:
         return out
 
 
-def _open_shard(root: str, file: str, tokens: int, dtype: np.dtype) -> np.ndarray:
-    """One .npy shard as a memory map, checked against meta.json's length and dtype."""
+def _open_shard(root: str, file: str, tokens: int, dtype: np.dtype,
+                size: int | None) -> tuple[np.ndarray, str]:
+    """One .npy shard as a memory map, checked against meta.json's length, dtype and size (in
+    bytes, when meta.json has it). -> (the map, the file's resolved path)."""
     try:  # a name from meta.json: it must stay inside the tokens dir (links resolved)
         path = inside(root, file, source=os.path.join(root, "meta.json"), field="shard file")
     except ValueError as e:
@@ -209,7 +265,10 @@ def _open_shard(root: str, file: str, tokens: int, dtype: np.dtype) -> np.ndarra
     if arr.ndim != 1 or arr.dtype != dtype or len(arr) != tokens:
         raise ConfigError(f"tokens dataset {root}: shard {file} holds {arr.shape} "
                           f"{arr.dtype}, meta.json says ({tokens},) {dtype.name}")
-    return arr
+    if size is not None and os.path.getsize(path) != size:  # bytes appended or changed in the header
+        raise ConfigError(f"tokens dataset {root}: shard {file} is {os.path.getsize(path)} bytes, meta.json "
+                          f"says {size}: it was altered; prepare the data again")
+    return arr, path
 
 
 def _check_meta(meta: dict, where: str) -> None:
@@ -241,6 +300,28 @@ def _check_meta(meta: dict, where: str) -> None:
         for i, s in enumerate(info["shards"]):
             if not isinstance(s, dict) or not isinstance(s.get("file"), str) or not count(s.get("tokens")):
                 raise bad(f"splits.{name}.shards[{i}]", 'an object {"file": NAME, "tokens": N}', s)
+            for key in ("bytes", "mask_bytes"):
+                if key in s and not count(s[key]):
+                    raise bad(f"splits.{name}.shards[{i}].{key}", "a count", s[key])
+            for key in ("sha256", "mask_sha256"):
+                if key in s and not (isinstance(s[key], str) and len(s[key]) == 64
+                                     and all(c in "0123456789abcdef" for c in s[key])):
+                    raise bad(f"splits.{name}.shards[{i}].{key}", "64 hex digits", s[key])
+            if "mask" in s and not isinstance(s["mask"], str):
+                raise bad(f"splits.{name}.shards[{i}].mask", "a file name", s["mask"])
+
+
+_UNVERIFIED_WARNED: set[str] = set()
+
+
+def _warn_unverified(meta: dict, where: str) -> None:
+    """A directory written before shards had checksums: one line, once per directory and process."""
+    shards = [s for info in meta["splits"].values() for s in info["shards"]]
+    if any("sha256" not in s for s in shards) and where not in _UNVERIFIED_WARNED:
+        _UNVERIFIED_WARNED.add(where)
+        print(f"warning: tokens dataset {where}: meta.json holds no shard checksums (written by an older "
+              "jaxformer); its shards cannot be checked for changes (prepare it again to add them)",
+              file=sys.stderr)
 
 
 class TokensDir:
@@ -266,6 +347,7 @@ class TokensDir:
                               f"{meta.get('version')!r}; this jaxformer reads {FORMAT!r} versions "
                               f"{', '.join(map(str, READS))}")
         _check_meta(meta, meta_path)
+        _warn_unverified(meta, os.path.abspath(path))
         self.meta = meta
         self.loss_mask = bool(meta.get("loss_mask", False))  # version 1: never
         self.vocab_size, self.eos_id = int(meta["vocab_size"]), int(meta["eos_id"])
@@ -279,5 +361,5 @@ class TokensDir:
             if name not in self.meta["splits"]:
                 raise ConfigError(f"tokens dataset {self.path}: no {name!r} split")
             self._splits[name] = TokenSplit(self.path, name, self.meta["splits"][name], self.dtype,
-                                            self.loss_mask)
+                                            self.loss_mask, self.vocab_size)
         return self._splits[name]
