@@ -70,6 +70,14 @@ def positive(*names: str, optional: bool = False) -> tuple[Rule, ...]:
                       (lambda c, n=n: getattr(c, n) is not None) if optional else None) for n in names)
 
 
+def at_most(limits: dict[str, int]) -> tuple[Rule, ...]:
+    """Each named field (an int, or None) is at most its limit: sizes no real model comes near,
+    which a corrupt or hostile config would otherwise spend minutes or all memory building."""
+    return tuple(Rule(f"{n}_real", n, lambda c, n=n, v=v: not positive_int(getattr(c, n)) or getattr(c, n) <= v,
+                      "{%s} is larger than any real model's (at most %d here); a corrupt config?" % (n, v))
+                 for n, v in limits.items())
+
+
 def choice(name: str, choices: Iterable[str]) -> Rule:
     choices = tuple(choices)
     return Rule(f"{name}_choice", name, lambda c: getattr(c, name) in choices,

@@ -8,6 +8,7 @@ from jaxformer.config.moe import MLAConfig, MoEConfig
 from jaxformer.config.rules import (
     Rule,
     as_tuples,
+    at_most,
     check_rules,
     choice,
     is_number,
@@ -24,6 +25,11 @@ NORM_POSITIONS = ("pre", "post", "sandwich", "post_sublayer")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # HF's layer_types names
 POSITION_KINDS = ("sinusoidal", "learned", "rope", "alibi", "t5", "none")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn", "longrope")
+# Sizes beyond any real model (the largest published: 126 layers, width 25,600, ffn 73,728,
+# vocab 262,144, 128 heads, 10 M positions; DeepNet trained 1,000 layers). A config past them is
+# corrupt or hostile: 3,000 layers took minutes to build before any check could run.
+SIZE_LIMITS = {"num_layers": 1024, "d_model": 1 << 16, "d_ff": 1 << 19, "vocab_size": 1 << 24,
+               "num_heads": 4096, "num_kv_heads": 4096, "head_dim": 1 << 14, "max_len": 1 << 27}
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,7 @@ class TransformerConfig:
     RULES = (  # not annotated: a class attribute, never a dataclass field (nor a pseudo-field)
         *positive("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len", "rel_num_buckets",
                   "rel_max_distance"),
+        *at_most(SIZE_LIMITS),
         choice("ffn", FFN_KINDS), choice("norm", NORM_KINDS), choice("norm_position", NORM_POSITIONS),
         choice("position", POSITION_KINDS),
         *probability("dropout", "attn_dropout", "ffn_dropout", "embed_dropout"),

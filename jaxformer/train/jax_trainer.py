@@ -148,6 +148,7 @@ class JaxTrainer:
         from jaxformer.convert import scan_prefixes
         self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
         self.abstract_state = init_lib.abstract_state_of(self.model, self.tx)
+        init_lib.check_fits(self.abstract_state, "the train state (parameters and optimiser state)")
         self.mode = cfg.parallel.mode
         self.mesh = None
         self.devices = None  # pmap: the number of local devices the steps are mapped over

@@ -26,14 +26,24 @@ offsets) overlap an answer span. transformers' return_assistant_tokens_mask on a
 {% generation %} blocks gives the same mask (tests/test_chat_data.py checks it).
 
 Every bad record (not JSON, a missing or mistyped field, an unknown role, a template error, an
-empty answer, no assistant turn) is a BadRecord "FILE:LINE: ...", or, with skip_bad, is skipped
-and counted (`Records.skipped`, the first reason in `Records.first_bad`).
+empty answer, no assistant turn, a template that writes none of an answer) is a BadRecord
+"FILE:LINE: ...", or, with skip_bad, is skipped and counted (`Records.skipped`, the first reason
+in `Records.first_bad`).
+
+Templates are untrusted code: transformers renders them in jinja2's ImmutableSandboxedEnvironment
+(no attribute escapes, range() capped at 100,000 items), and each render here also has a time
+limit (RENDER_SECONDS; nested loops run for ever within the range cap) and a limit on the
+rendered text (RENDER_CHARS). Either stops the whole command, --skip-bad or not: the template is
+at fault, not the record.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
+import threading
 from typing import Callable, Iterator
 
 import numpy as np
@@ -44,6 +54,8 @@ FORMATS = ("text", "prompt_completion", "chat")
 ROLES = ("system", "user", "assistant")
 TOOL_ROLES = ("tool", "ipython", "function")
 DEFAULT_FIELDS = {"chat": "messages", "prompt": "prompt", "completion": "completion"}
+RENDER_SECONDS = 10.0  # one render of one conversation; real templates take well under 1 ms
+RENDER_CHARS = 64 << 20  # characters one render may write
 
 # Our named templates, written as Hugging Face's are (transformers' Jinja environment trims
 # blocks, so every newline is a string). The {% generation %} blocks mark the answers for
@@ -252,15 +264,52 @@ class Records:
                                 "the whole conversation, so its answer cannot be placed")
             spans.append((len(before), len(upto.rstrip())))
         ids, starts, ends = _encode(self.tok, text, False, where)
-        return text, ids, self._mask(starts, ends, spans), 0
+        mask = self._mask(starts, ends, spans)
+        if mask is not None and not mask.any():
+            raise BadRecord(f"{where}: the chat template ({self.template_what}) writes none of the assistant's "
+                            "text, so no token would count in the loss")
+        return text, ids, mask, 0
 
     def _render(self, messages, add_generation_prompt: bool, where: str) -> str:
         try:
-            return self.renderer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                     add_generation_prompt=add_generation_prompt)
+            with _time_limit(RENDER_SECONDS):
+                text = self.renderer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                         add_generation_prompt=add_generation_prompt)
+        except _RenderTimeout:
+            raise ValueError(f"{where}: the chat template ({self.template_what}) ran for more than "
+                             f"{RENDER_SECONDS:g} s on one conversation (a loop without end?); refused") from None
         except Exception as e:  # a user's Jinja template can raise anything (raise_exception, TypeError...)
             raise BadRecord(f"{where}: the chat template ({self.template_what}) failed: "
                             f"{type(e).__name__}: {_first_line(e)}") from None
+        if len(text) > RENDER_CHARS:
+            raise ValueError(f"{where}: the chat template ({self.template_what}) wrote {len(text)} characters "
+                             f"for one conversation, more than {RENDER_CHARS}; refused")
+        return text
+
+
+class _RenderTimeout(BaseException):
+    """Raised by the timer inside a render; a BaseException, so no template's own error
+    handling (or transformers') catches it."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """SIGALRM after `seconds` raises _RenderTimeout in the main thread (other threads: no limit,
+    since only the main thread receives signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _parse(raw: bytes, where: str) -> dict | None:

@@ -69,15 +69,29 @@ def as_config(data_cfg: Config | Mapping) -> Config:
 
 
 # ----------------------------------------------------------------------------- decoding
+def _bomb_warning_is_error() -> None:
+    """Pillow warns (DecompressionBombWarning) for an image of Image.MAX_IMAGE_PIXELS to twice
+    that, and raises past it: both refuse here. The filter is (re)placed first in the process's
+    list at every decode (warnings.catch_warnings is not thread-safe, and grain decodes on
+    threads; placing it again is idempotent), for that warning class only."""
+    import warnings
+
+    from PIL import Image
+    warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
+
+
 def decode(data: bytes | str, name: str, cfg: Config) -> np.ndarray:
     """Encoded image bytes (or a file path) -> float32 [image_size, image_size, num_channels],
     normalised. ValueError naming `name` if Pillow cannot read it."""
     from PIL import Image, UnidentifiedImageError
+    _bomb_warning_is_error()
     try:
         with Image.open(io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data) as im:
             im = im.convert("L" if cfg.num_channels == 1 else "RGB")
             im = im.resize((cfg.image_size, cfg.image_size), Image.Resampling.BILINEAR)
             x = np.asarray(im, np.float32) / 255.0
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ValueError(f"{name}: refused: a decompression bomb ({e})"[:400]) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise ValueError(f"{name}: cannot decode the image ({type(e).__name__}: {e})") from None
     x = x.reshape(cfg.image_size, cfg.image_size, cfg.num_channels)
@@ -136,6 +150,9 @@ def _folder_items(root: str) -> tuple[list[str], list[int], list[str]]:
     classes = sorted(d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
     if not classes:
         raise ValueError(f"data.path {root}: no class folders (expected one sub-folder of images per class)")
+    if len(classes) == 1:
+        raise ValueError(f"data.path {root}: one class folder ({classes[0]!r}); a classifier needs two or "
+                         "more (with one, every label is the same and the loss trains to 0)")
     exts = _image_extensions()
     files, labels = [], []
     for label, c in enumerate(classes):
@@ -257,6 +274,10 @@ def sources(data_cfg: Config | Mapping, seed: int) -> tuple[ImageSource, ImageSo
         whole, held = _hf_disk(cfg)
     else:
         whole = _parquet(cfg)
+    seen = np.unique(whole[1] if held is None else np.concatenate([whole[1], held[1]]))
+    if seen.size < 2:
+        raise ValueError(f"data.path {cfg.path}: every example has the label {int(seen[0])}; a classifier "
+                         "needs two or more classes (with one, the loss trains to 0)")
     if held is None:
         tr, ev = _split(whole[1], cfg.eval_fraction, seed)
         train, held = _subset(*whole, tr), _subset(*whole, ev)

@@ -31,6 +31,7 @@ PINNED = {
     "stdlib_docstrings": "1b45cfec08dc3a69acc0cd51ccc4f83b49e21456eb157410a2a2bb698d77e80f",
 }
 GENERATED_ON = "3.11.7"  # the CPython the pinned texts were read from
+MAX_TEXT_BYTES = 64 << 20  # a pinned text decompresses to at most this (they are 0.5-2 MB)
 
 # stdlib modules whose source (class 1) and docstrings (class 2) text_source reads
 MODULES = ("argparse", "textwrap", "json.decoder", "json.encoder", "dataclasses", "functools",
@@ -54,14 +55,29 @@ def text(name: str) -> str:
         raise ValueError(f"no pinned text {name!r}; known: {sorted(PINNED)}")
     path = _folder() / file_name(name)
     try:
-        raw = lzma.decompress(path.read_bytes())
+        raw = _decompress(path.read_bytes(), MAX_TEXT_BYTES)
     except (OSError, lzma.LZMAError) as e:
         raise ValueError(f"{path}: cannot read the pinned corpus ({e}); reinstall jaxformer") from None
+    if raw is None:
+        raise ValueError(f"{path}: decompresses to more than {MAX_TEXT_BYTES} bytes (an xz bomb?); "
+                         "refused; reinstall jaxformer")
     digest = hashlib.sha256(raw).hexdigest()
     if digest != PINNED[name]:
         raise ValueError(f"{path}: sha256 {digest[:16]}... differs from the pinned "
                          f"{PINNED[name][:16]}...; the file was altered (reinstall jaxformer)")
     return raw.decode("utf-8")
+
+
+def _decompress(data: bytes, limit: int) -> bytes | None:
+    """xz `data` decompressed, or None if it holds more than `limit` bytes (never more than
+    limit + 1 bytes are produced)."""
+    d = lzma.LZMADecompressor()
+    raw = d.decompress(data, max_length=limit + 1)
+    if len(raw) > limit:
+        return None
+    if not d.eof:
+        raise lzma.LZMAError("the compressed data ends early")
+    return raw
 
 
 # ---------------------------------------------------------------- the live texts (regeneration)
