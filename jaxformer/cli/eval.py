@@ -15,6 +15,16 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
 
 
+def _metrics_step(path: str) -> int | None:
+    """The step a model/last|best dir's metrics.json names (None if it names none); its file
+    read with limits and its field typed, ValueError naming both."""
+    from jaxformer.fileio import read_json
+    step = read_json(path, expect=dict).get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ValueError(f"{path}: step must be a step number, got {step!r}"[:300])
+    return step
+
+
 def run(args) -> int:
     from jaxformer.train.config import load_config
     run_dir = args.run_dir
@@ -23,7 +33,16 @@ def run(args) -> int:
         raise FileNotFoundError(f"{run_dir} is not a training run (no config.yaml)")
     if args.step not in ("last", "best") and not args.step.isdigit():
         raise ValueError(f"--step {args.step}: expected last, best or a step number")
-    cfg = load_config(cfg_path)
+    from jaxformer.config import ConfigError
+    try:
+        cfg = load_config(cfg_path)
+    except ConfigError as e:
+        raise ConfigError(str(e) if cfg_path in str(e) else f"{cfg_path}: {e}") from None
+    if args.step in ("last", "best"):  # its files checked before the model is built
+        d = os.path.join(run_dir, "model", args.step)
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"{run_dir} has no model/{args.step} (no checkpoint written yet)")
+        step = _metrics_step(os.path.join(d, "metrics.json"))
     import jax
     from flax import nnx
 
@@ -41,20 +60,16 @@ def run(args) -> int:
         import dataclasses
         lora = dataclasses.replace(lora, base_dtype="fp32")
     model = init_lib.abstract_model(cfg.model_name, mcfg, cfg.train.seed, lora)
+    init_lib.check_fits(nnx.state(model), "the model")
     graphdef, params, frozen, _ = lora_lib.split(model)
     tx, schedule = make_optax(cfg.train, params, scan_prefixes(model))
     rest = init_lib.create_rest(cfg.model_name, mcfg, cfg.train.seed, lora_cfg=lora)
     if args.step in ("last", "best"):
         from jaxformer.checkpoint_io import load_params_sharded
-        d = os.path.join(run_dir, "model", args.step)
-        if not os.path.isdir(d):
-            raise FileNotFoundError(f"{run_dir} has no model/{args.step} (no checkpoint written yet)")
         every = nnx.state(model, nnx.Param)  # a LoRA run's adapters and base alike
         loaded = lora_lib.split(nnx.merge(graphdef, load_params_sharded(d, every, init_lib.single_device(every)),
                                           rest))
         state = {"params": loaded[1], "rest": rest, **({} if loaded[2] is None else {"frozen": loaded[2]})}
-        with open(os.path.join(d, "metrics.json")) as f:
-            step = json.load(f).get("step")
     else:
         from jaxformer.train.checkpoint import Checkpointer
         step = int(args.step)

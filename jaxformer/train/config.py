@@ -231,6 +231,9 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(f"unknown top-level key(s) {unknown}; valid: {list(SECTIONS)}")
     if "model" not in raw:
         raise ConfigError("model: missing section")
+    for key in SECTIONS:  # a section written as a list, a number or (model) null: one error naming it
+        if not isinstance(raw.get(key, {}), Mapping) and not (key != "model" and raw[key] is None):
+            raise ConfigError(f"{key}: must be a mapping of the section's fields, got {raw[key]!r}"[:300])
     name, model = model_config_from_dict(raw["model"])
     data_raw = dict(raw.get("data") or {})
     if "name" not in data_raw:

@@ -173,7 +173,7 @@ class TorchTrainer:
                 self.sched.load_state_dict(st["scheduler"])
                 torch.set_rng_state(st["rng"])
                 self.skipped_steps = int(st.get("skipped_steps", 0))
-                self.data_state = json.loads(st["data"]) if "data" in st else None
+                self.data_state = pipeline.check_state(json.loads(st["data"])) if "data" in st else None
                 self.trained_tokenizer = json.loads(st.get("tokenizer", "null"))
                 return int(st["step"])
             except Exception as e:

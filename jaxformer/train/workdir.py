@@ -91,7 +91,11 @@ def stored_config(workdir: str) -> dict | None:
     if not os.path.exists(p):
         return None
     with open(p) as f:
-        return yaml_load(f) or {}
+        data = yaml_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: must be a YAML mapping of the run's config sections, not a "
+                         f"{type(data).__name__}")
+    return data
 
 
 def open_workdir(workdir: str, cfg, *, resume: bool, overwrite: bool, has_checkpoint: bool,

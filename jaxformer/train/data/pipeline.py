@@ -143,6 +143,17 @@ def start_at(iterator, step: int, saved_state: dict | None = None) -> None:
         grain.experimental.set_next_index(iterator, step)
 
 
+def check_state(state) -> dict:
+    """A checkpoint's pipeline state as `start_at` reads it: an object whose next_index is the
+    step to read next (a count); ValueError naming the field otherwise."""
+    if not isinstance(state, dict):
+        raise ValueError(f"the pipeline state must be a JSON object, not {type(state).__name__}")
+    n = state.get("next_index")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"the pipeline state's next_index must be a step count, got {n!r}"[:300])
+    return state
+
+
 class SavedState(grain.DatasetIterator):
     """Receives a checkpoint's pipeline state (grain's orbax handler restores into an
     iterator) before the trainer builds the real pipeline, whose threads start only when the
@@ -159,7 +170,7 @@ class SavedState(grain.DatasetIterator):
         return self.state or {}
 
     def set_state(self, state: dict) -> None:
-        self.state = state
+        self.state = check_state(state)
 
 
 def eval_batches(source, batch_size: int, max_batches: int, rows: np.ndarray | None = None):
