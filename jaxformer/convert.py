@@ -334,15 +334,18 @@ def torch_load_weights_only(path: str) -> Any:
     with a ConversionError naming the file and the refused global; so is a file torch cannot
     read. A missing or unreadable path is the OSError itself."""
     import pickle
+    import warnings
 
     import torch
     try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):  # legacy (non-zip) files cannot be mmapped
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # its "Detected pickle protocol N" warning would print above our error
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):  # legacy (non-zip) files cannot be mmapped
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
     except OSError:
         raise
     except pickle.UnpicklingError as e:

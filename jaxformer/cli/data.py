@@ -24,12 +24,17 @@ role, a failing template, an empty answer) stops with FILE:LINE, or is skipped a
 --skip-bad (jaxformer/train/data/chat.py).
 The eval split is --eval FILE... or a hashed --eval-fraction of the documents (default 0.01).
 DIR gets uint16/uint32 token shards (.npy) and meta.json (jaxformer/train/data/tokens.py); it is
-written in a temporary folder and appears only when complete.
+written in a temporary folder and appears only when complete. SIGTERM stops the command and
+removes that folder (exit 143); a second SIGTERM, or SIGKILL, ends it at once, and the next
+prepare of DIR removes what a dead one left.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 
 
 def add_arguments(p) -> None:
@@ -75,7 +80,31 @@ def _raw():
     return argparse.RawDescriptionHelpFormatter
 
 
+@contextlib.contextmanager
+def _sigterm_exits():
+    """SIGTERM raises SystemExit(143) in the main thread, so the temporary output is removed on
+    the way out; the handler is reset first, so a second SIGTERM terminates at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise SystemExit(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args) -> int:
+    with _sigterm_exits():
+        return _prepare(args)
+
+
+def _prepare(args) -> int:
     from jaxformer.train.data.prepare import prepare
     meta = prepare(args.input, args.tokenizer, args.out, field=args.field, text_docs=args.text_docs,
                    eval_fraction=args.eval_fraction, eval_files=args.eval_files, dtype=args.dtype,

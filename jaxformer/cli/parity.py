@@ -18,6 +18,7 @@ judged against torch rerun in float64 (docs/numerics.md §32) and, on a failure,
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -41,6 +42,18 @@ def add_arguments(p) -> None:
                    help="also write, per model case, divergence against depth (CSV, JSON, PNG) to DIR/<case>/")
 
 
+def _origin(module: str) -> str:
+    """The file of `module` (for errors), or its name where it has none."""
+    try:
+        return importlib.util.find_spec(module).origin or module
+    except Exception:  # noqa: BLE001 - only for the message
+        return module
+
+
+def _first_line(e: BaseException) -> str:
+    return ((str(e).strip().splitlines() or [type(e).__name__])[0])[:300]
+
+
 def _factory(spec: str):
     """MODULE:FACTORY -> the factory. The working directory is importable, as under `python -m`
     (the `jaxformer` script's own folder is the one Python puts first). A module that cannot be
@@ -61,6 +74,11 @@ def _factory(spec: str):
                          f"folder that holds {path}.py, or add that folder to PYTHONPATH") from None
     except ImportError as e:
         raise ValueError(f"--pair {spec!r}: importing {module!r} failed: {e}") from None
+    except SyntaxError as e:  # the user's file: its place and the message, no traceback
+        raise ValueError(f"--pair {spec!r}: {e.filename}:{e.lineno}: {type(e).__name__}: {e.msg}") from None
+    except Exception as e:  # the module raised while it was imported
+        raise ValueError(f"--pair {spec!r}: importing {_origin(module)} raised {type(e).__name__}: "
+                         f"{_first_line(e)}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"--pair {spec!r}: {module!r} has no attribute {attr!r}")

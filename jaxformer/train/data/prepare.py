@@ -419,6 +419,9 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
                     for text, *doc in records.read(path, _advance(bar)):
                         feed.document(fixed or split.of(text), *doc)
                 source.update(records.describe(), first_bad=records.first_bad)
+                if records.skipped and not sum(w.count(s)[1] for s in ("train", "eval")) and feed.held is None:
+                    raise ValueError(f"every record was bad and skipped ({records.skipped}); the first: "
+                                     f"{records.first_bad}")
             else:
                 batch: list[tuple[str, str, bool, bool]] = []
                 size = 0
