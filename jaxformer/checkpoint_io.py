@@ -64,7 +64,7 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
     from flax import nnx
 
     from jaxformer.config import to_dict
-    from jaxformer.layers.lora import LoRAParam, lora_modules
+    from jaxformer.layers.lora import LoRAParam, has_adapters
     from jaxformer.layers.moe import SAVED
     check_lora(model, lora)
     params = nnx.to_pure_dict(nnx.state(model, SAVED))  # params and saved buffers (MoE score_bias)
@@ -73,7 +73,7 @@ def save_model(model, name: str, cfg, directory: str, *, overwrite: bool = True,
               or np.dtype(x.dtype).name == "bfloat16"}
     with fileio.atomic_dir(os.path.abspath(directory), overwrite=overwrite) as tmp:
         doc = model_yaml(name, to_dict(cfg), "bfloat16" if dtypes == {"bfloat16"} else "float32")
-        if lora_modules(model):
+        if has_adapters(model):
             doc["lora"] = to_dict(lora)
         if tokenizer is not None:
             doc["tokenizer"] = _tokenizer_section(tokenizer, tokenizer_file)
@@ -93,16 +93,18 @@ def check_lora(model, lora) -> None:
     """The LoRAConfig given to save_model must be the one the model's adapters carry."""
     import math
 
-    from jaxformer.layers.lora import lora_modules
-    adapted = lora_modules(model)
+    from jaxformer.layers.lora import lora_modules, parameter_adapters
+    adapted = {**lora_modules(model), **parameter_adapters(model)}
     if adapted and lora is None:
         raise ValueError("the model has LoRA adapters: pass lora= (their LoRAConfig) to record them, or "
                          "merge them first (layers/lora.merge_lora)")
     if lora is not None and not adapted:
         raise ValueError("lora= given, but the model has no LoRA adapters")
-    bad = [p for p, m in adapted.items() if m.r != lora.r or not math.isclose(m.scaling, lora.scaling)] if lora else []
+    bad = [p for p, m in adapted.items() if m.r != lora.rank_of(p) or not math.isclose(m.scaling, lora.scaling_of(p))
+           or not (lora.match(p) if p in lora_modules(model) else lora.match_parameter(p))] if lora else []
     if bad:
-        raise ValueError(f"lora= (r={lora.r}, scaling {lora.scaling}) does not match the adapters of {bad}")
+        raise ValueError(f"lora= (r={lora.r}, scaling {lora.scaling}, target_parameters {lora.target_parameters}) "
+                         f"does not match the adapters of {bad}")
 
 
 def lora_section(directory: str):

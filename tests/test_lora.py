@@ -203,8 +203,7 @@ def test_scaling_and_config_validation():
 
 
 @pytest.mark.parametrize("option, value", [("use_dora", True), ("modules_to_save", ["lm_head"]), ("bias", "all"),
-                                           ("layers_to_transform", [0]), ("rank_pattern", {"q_proj": 8}),
-                                           ("alpha_pattern", {"q_proj": 8}), ("fan_in_fan_out", True),
+                                           ("layers_to_transform", [0]), ("fan_in_fan_out", True),
                                            ("init_lora_weights", "pissa"), ("exclude_modules", ["v_proj"])])
 def test_peft_options_we_do_not_implement_are_refused_by_name(option, value):
     with pytest.raises(ConfigError, match=option):

@@ -109,8 +109,8 @@ def run(args) -> int:
 def _merge_or_refuse(model, lora, args) -> list[str]:
     """--merge: fold the adapters into the base (-> the merged paths). Without it, adapters go
     only where they can be kept (--to flax, --to peft)."""
-    from jaxformer.layers.lora import lora_modules, merge_lora
-    adapted = lora_modules(model)
+    from jaxformer.layers.lora import has_adapters, merge_lora
+    adapted = has_adapters(model)
     if args.merge:
         if not adapted:
             raise ValueError(f"--merge: {args.run_dir} has no LoRA adapters to merge")

@@ -1,9 +1,11 @@
 """LoRA (Hu et al. 2021) as PEFT defines it, shared by both trees (layers/lora.py in each).
 Imports neither jax nor torch.
 
-    LoRAConfig       r, alpha, dropout, use_rslora, init, target_modules
+    LoRAConfig       r, alpha, dropout, use_rslora, init, target_modules, target_parameters,
+                     rank_pattern, alpha_pattern
     lora_scaling     alpha / r, or alpha / sqrt(r) with rslora (PEFT's LoraLayer.update_layer)
     select_targets   which module paths an adapter wraps (PEFT's check_target_module_exists)
+    select_parameters   which stacked expert / router weights get an adapter (target_parameters)
     peft_refusals    the PEFT LoraConfig options jaxformer does not implement, each named
 
 Field names follow our YAML style; `from_peft` / `to_peft` map PEFT's adapter_config.json names
@@ -30,8 +32,7 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 # would silently compute something else here.
 _PEFT_OFF: dict[str, Any] = {
     "use_dora": False, "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
-    "rank_pattern": {}, "alpha_pattern": {}, "bias": "none", "fan_in_fan_out": False,
-    "exclude_modules": None, "lora_bias": False, "target_parameters": None, "use_qalora": False,
+    "bias": "none", "fan_in_fan_out": False, "exclude_modules": None, "lora_bias": False, "use_qalora": False,
     "layer_replication": None, "trainable_token_indices": None, "megatron_config": None,
     "alora_invocation_tokens": None, "use_bdlora": None, "arrow_config": None, "kasa_config": None,
 }
@@ -55,6 +56,15 @@ def lora_scaling(alpha: float, r: int, use_rslora: bool) -> float:
     """The factor on B @ A: alpha / r, or alpha / sqrt(r) with rank-stabilized LoRA (Kalajdzievski
     2023), as PEFT computes it."""
     return alpha / math.sqrt(r) if use_rslora else alpha / r
+
+
+def pattern_value(patterns: Mapping[str, Any] | None, path: str, default):
+    r"""PEFT's rank_pattern / alpha_pattern rule (peft.utils.other.get_pattern_key): the value of
+    the first key k (in the mapping's order) with re.match(rf"(.*\.)?({k})$", path), else default."""
+    for key, value in (patterns or {}).items():
+        if re.match(rf"(.*\.)?({key})$", path):
+            return value
+    return default
 
 
 def _is_empty(value) -> bool:
@@ -92,7 +102,16 @@ class LoRAConfig:
         head); a list of names, each matching a module whose dotted path equals it or ends in
         "." + it (PEFT's rule: "q_proj", or "self_attn.q_proj"); or one string, a regular
         expression matched against the whole dotted path with re.fullmatch (PEFT's rule).
-        Each listed name must match some Linear layer; the regex must match at least one.
+        Each listed name must match some Linear layer; the regex must match at least one. An
+        empty list adapts no Linear layer (with target_parameters only).
+    target_parameters: stacked weights adapted in place, PEFT's target_parameters (its
+        ParamWrapper): "gate_up_proj" (a gated MoE's gate and up expert weights as one [E, 2F, D]
+        stack, gate rows first, as transformers fuses them), "down_proj", "up_proj" (ungated
+        experts), "router.weight"; matched as target_modules' names are, against the weight's
+        dotted path (decoder.layers.0.ffn.experts.gate_up_proj). One (A, B) pair per expert;
+        no dropout (PEFT refuses it there too). layers/lora.py ParamLoRA.
+    rank_pattern / alpha_pattern: per-adapter r and alpha by PEFT's rule (`pattern_value`) on our
+        dotted paths, e.g. {"gate_up_proj": 8}; PEFT writes them for the fused gate_up_proj.
     """
 
     r: int
@@ -101,6 +120,9 @@ class LoRAConfig:
     use_rslora: bool = False
     init: str = "kaiming"
     target_modules: tuple[str, ...] | str | None = None
+    target_parameters: tuple[str, ...] | None = None
+    rank_pattern: dict[str, int] | None = None
+    alpha_pattern: dict[str, float] | None = None
 
     def __post_init__(self):
         check_positive(self, "r")
@@ -120,8 +142,48 @@ class LoRAConfig:
         elif t is not None:
             if isinstance(t, list):
                 object.__setattr__(self, "target_modules", tuple(t))
-            check(len(self.target_modules) > 0 and all(isinstance(n, str) and n for n in self.target_modules),
+            check((len(self.target_modules) > 0 or bool(self.target_parameters))
+                  and all(isinstance(n, str) and n for n in self.target_modules),
                   "target_modules", f"must be None, a non-empty list of module names or one regex, got {t!r}")
+        self._check_parameters()
+
+    def _check_parameters(self) -> None:
+        p = self.target_parameters
+        if isinstance(p, (list, set)):
+            object.__setattr__(self, "target_parameters", tuple(sorted(p)) if isinstance(p, set) else tuple(p))
+        check(p is None or (len(p) > 0 and all(isinstance(n, str) and n for n in p)), "target_parameters",
+              f"must be None or a non-empty list of parameter names, got {p!r}")
+        check(not (p and self.dropout), "dropout", f"must be 0 with target_parameters (PEFT's ParamWrapper "
+              f"has no dropout: the update is added to the weight), got {self.dropout!r}")
+        for field, kind in (("rank_pattern", int), ("alpha_pattern", (int, float))):
+            pat = getattr(self, field)
+            check(pat is None or isinstance(pat, dict), field, f"must be a mapping, got {pat!r}")
+            for key, value in (pat or {}).items():
+                check(isinstance(value, kind) and not isinstance(value, bool) and value > 0, field,
+                      f"{key!r}: must be a positive {'int' if kind is int else 'number'}, got {value!r}")
+                try:
+                    re.compile(key)
+                except (re.error, TypeError) as e:
+                    raise ConfigError(f"{field}: {key!r} is not a regular expression ({e})") from None
+
+    def rank_of(self, path: str) -> int:
+        """The rank of the adapter at dotted `path` (rank_pattern, else r)."""
+        return pattern_value(self.rank_pattern, path, self.r)
+
+    def alpha_of(self, path: str) -> float:
+        """The alpha of the adapter at dotted `path` (alpha_pattern, else alpha)."""
+        return pattern_value(self.alpha_pattern, path, self.alpha)
+
+    def scaling_of(self, path: str) -> float:
+        """The scaling of the adapter at dotted `path` (rank_pattern / alpha_pattern applied)."""
+        return lora_scaling(self.alpha_of(path), self.rank_of(path), self.use_rslora)
+
+    def match_parameter(self, path: str) -> str | None:
+        """The target_parameters entry that selects the weight at dotted `path`, or None."""
+        for name in self.target_parameters or ():
+            if path == name or path.endswith("." + name):
+                return name
+        return None
 
     @property
     def scaling(self) -> float:
@@ -147,7 +209,8 @@ class LoRAConfig:
         problems = peft_refusals(options, with_tensors)
         if options.get("peft_type", "LORA") != "LORA":
             problems.append(f"peft_type={options['peft_type']!r} is not supported (only 'LORA')")
-        known = {"r", "lora_alpha", "lora_dropout", "use_rslora", "init_lora_weights", "target_modules"}
+        known = {"r", "lora_alpha", "lora_dropout", "use_rslora", "init_lora_weights", "target_modules",
+                 "target_parameters", "rank_pattern", "alpha_pattern"}
         unknown = sorted(set(options) - known - set(_PEFT_OFF) - _PEFT_IGNORED)
         problems += [f"{k}: unknown PEFT LoraConfig option" for k in unknown]
         if problems:
@@ -158,7 +221,9 @@ class LoRAConfig:
         return cls(r=options.get("r", 8), alpha=options.get("lora_alpha", 8),
                    dropout=options.get("lora_dropout", 0.0), use_rslora=options.get("use_rslora", False),
                    init=_PEFT_INITS.get(options.get("init_lora_weights", True), "kaiming"),
-                   target_modules=list(target) if isinstance(target, (list, tuple, set)) else target)
+                   target_modules=list(target) if isinstance(target, (list, tuple, set)) else target,
+                   target_parameters=options.get("target_parameters") or None,
+                   rank_pattern=options.get("rank_pattern") or None, alpha_pattern=options.get("alpha_pattern") or None)
 
     def to_peft(self) -> dict[str, Any]:
         """The LoRA fields of a PEFT adapter_config.json (the exporter adds the model's name
@@ -167,7 +232,9 @@ class LoRAConfig:
         return {"peft_type": "LORA", "r": self.r, "lora_alpha": self.alpha, "lora_dropout": self.dropout,
                 "use_rslora": self.use_rslora, "init_lora_weights": True if self.init == "kaiming" else "gaussian",
                 "target_modules": t if isinstance(t, str) else sorted(t), "bias": "none",
-                "fan_in_fan_out": False, "use_dora": False, "modules_to_save": None}
+                "fan_in_fan_out": False, "use_dora": False, "modules_to_save": None,
+                "target_parameters": None if self.target_parameters is None else sorted(self.target_parameters),
+                "rank_pattern": dict(self.rank_pattern or {}), "alpha_pattern": dict(self.alpha_pattern or {})}
 
 
 def lora_config_from_dict(data: Mapping[str, Any], prefix: str = "lora.") -> LoRAConfig:
@@ -204,5 +271,22 @@ def select_targets(cfg: LoRAConfig, modules: Mapping[str, bool]) -> list[str]:
     return chosen
 
 
+def select_parameters(cfg: LoRAConfig, params: Mapping[str, str | None]) -> list[str]:
+    """{dotted weight path: None if LoRA can adapt it, else why not} -> the sorted paths
+    cfg.target_parameters selects. ConfigError when it selects a weight that cannot be adapted,
+    or when a listed name matches nothing."""
+    if not cfg.target_parameters:
+        return []
+    hits = {p: cfg.match_parameter(p) for p in params}
+    chosen = sorted(p for p, m in hits.items() if m is not None)
+    refused = [f"{p} ({params[p]})" for p in chosen if params[p] is not None]
+    if refused:
+        raise ConfigError(f"target_parameters selects {refused}")
+    unmatched = [n for n in cfg.target_parameters if n not in set(hits.values())]
+    if unmatched:
+        raise ConfigError(f"target_parameters: {unmatched} match no expert or router weight of the model")
+    return chosen
+
+
 __all__ = ["LoRAConfig", "DEFAULT_TARGETS", "INITS", "lora_scaling", "peft_refusals", "select_targets",
-           "lora_config_from_dict"]
+           "select_parameters", "pattern_value", "lora_config_from_dict"]

@@ -18,6 +18,14 @@ optimiser state and stays bit-identical:
     optimizer = nnx.Optimizer(model, tx, wrt=wrt)
     grads = nnx.grad(loss_fn, argnums=nnx.DiffState(0, wrt))(model, batch)
 
+Stacked weights (PEFT's target_parameters, its ParamWrapper): a ParamLoRA adapts an MoE's
+expert weights [E, out, in] (one (A, B) pair per expert) or the router's weight [E, D] in place:
+the owner (layers/moe.py Experts.weight, Router) multiplies by W + scaling * B @ A with W frozen,
+as PEFT's parametrization does. It sits beside the weight as `<name>_lora` (experts.gate_up_proj_lora
+adapts the gate and up weights as one [E, 2F, D] stack, gate rows first, transformers' fused
+gate_up_proj), holding lora_A [E, r, in] and lora_B [E, out, r] in torch's layout in both trees
+(the converter copies them as they are).
+
 Frozen base in reduced precision (QLoRA style): `quantize_base(model, "bf16" | "int8")` stores
 every adapted layer's kernel as a quant.QuantizedWeight (the decode weights of
 jaxformer/layers/kernels/quant.py); the adapter stays fp32.
@@ -28,9 +36,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config.lora import LoRAConfig, lora_scaling, select_targets
+from jaxformer.config.lora import LoRAConfig, lora_scaling, select_parameters, select_targets
 from jaxformer.layers.kernels import partitioning, quant
 from jaxformer.layers.linear import Linear
+from jaxformer.layers.moe import Experts, Router
 
 # the attributes of nnx.Linear besides its parameters, copied from the wrapped layer
 _LINEAR_ATTRS = ("in_features", "out_features", "use_bias", "dtype", "param_dtype", "precision",
@@ -105,6 +114,35 @@ class LoRALinear(Linear):
         return (self.lora_A.kernel[...] @ self.lora_B.kernel[...]) * self.scaling
 
 
+class ParamLoRA(nnx.Module):
+    """A low-rank update of a stacked weight W [..., out, in] (PEFT's ParamWrapper): the owner
+    multiplies by W + delta(), W frozen. One (A, B) pair per leading index (per expert).
+
+    Args: shape of W; axes: W's logical axes (or None); r, alpha, use_rslora, init as LoRALinear.
+    Params: lora_A [..., r, in] (kaiming: U(-1/sqrt(in), 1/sqrt(in)), torch's nn.Linear init of
+    PEFT's lora_A; gaussian: N(0, 1/r^2)), lora_B [..., out, r] zeros; both LoRAParam, fp32.
+    """
+
+    def __init__(self, shape: tuple, axes: tuple | None, *, r: int, alpha: float, use_rslora: bool = False,
+                 init: str = "kaiming", rngs: nnx.Rngs):
+        *lead, out, inn = shape
+        key = rngs.params()
+        if init == "kaiming":
+            a = jax.random.uniform(key, (*lead, r, inn), jnp.float32, -1.0, 1.0) / jnp.sqrt(inn)
+        else:
+            a = jax.random.normal(key, (*lead, r, inn), jnp.float32) / r
+        lead_axes = None if axes is None else tuple(axes[:-2])
+        self.r = r
+        self.scaling = lora_scaling(alpha, r, use_rslora)
+        self.lora_A = LoRAParam(a, **partitioning.metadata(None if axes is None else (*lead_axes, None, axes[-1])))
+        self.lora_B = LoRAParam(jnp.zeros((*lead, out, r), jnp.float32),
+                                **partitioning.metadata(None if axes is None else (*lead_axes, axes[-2], None)))
+
+    def delta(self) -> jax.Array:
+        """scaling * B @ A: [..., out, in], float32."""
+        return (self.lora_B[...] @ self.lora_A[...]) * self.scaling
+
+
 # ----------------------------------------------------------------------------- model surgery
 def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
@@ -128,17 +166,47 @@ def find_targets(model: nnx.Module, cfg: LoRAConfig) -> dict[str, tuple]:
     return {k: modules[k][0] for k in chosen}
 
 
+def parameter_candidates(model: nnx.Module) -> dict[str, tuple | str]:
+    """{dotted weight path: (owner path, attribute, shape, logical axes) when a ParamLoRA can
+    adapt it, else why not}: every Experts' and Router's weight, and each Linear's (which
+    target_modules adapts)."""
+    out = {}
+    for path, m in nnx.iter_modules(model):
+        dotted = _dotted(path)
+        if isinstance(m, Experts):
+            gated = m.gate_proj is not None
+            for name in ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj"):
+                out[f"{dotted}.{name}"] = "the gated experts' gate and up weights take one adapter: gate_up_proj" \
+                    if gated and name != "down_proj" else (path, name, m.stacked_shape(name), m.stacked_axes(name))
+            if gated:
+                out[f"{dotted}.gate_up_proj"] = (path, "gate_up_proj", m.stacked_shape("gate_up_proj"),
+                                                 m.stacked_axes("gate_up_proj"))
+        elif isinstance(m, Router):
+            out[f"{dotted}.weight"] = (path, "weight", m.weight.shape, partitioning.logical_axes(m.weight))
+        elif isinstance(m, Linear) and path:
+            out[f"{dotted}.weight"] = "a Linear layer's weight: name the layer in target_modules"
+    return out
+
+
 def apply_lora(model: nnx.Module, cfg: LoRAConfig, rngs: nnx.Rngs) -> list[str]:
-    """Wrap every targeted Linear of `model` in a LoRALinear, in place; -> the adapted dotted
-    paths, sorted. The base parameters stay nnx.Param (train `trainable_filter(model)` only)."""
-    if lora_modules(model):
+    """Wrap every targeted Linear of `model` in a LoRALinear and give every targeted stacked
+    weight (cfg.target_parameters) a ParamLoRA, in place; -> the adapted dotted paths, sorted
+    (Linear layers, then weights). The base parameters stay nnx.Param (train
+    `trainable_filter(model)` only). Each adapter's r and alpha: cfg.rank_of / scaling_of."""
+    if has_adapters(model):
         raise ValueError("the model already has LoRA adapters")
     targets = find_targets(model, cfg)
+    candidates = parameter_candidates(model)
+    chosen = select_parameters(cfg, {p: c if isinstance(c, str) else None for p, c in candidates.items()})
     modules = dict(nnx.iter_modules(model))
     for dotted, path in targets.items():
-        _set_child(model, path, LoRALinear(modules[path], r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout,
-                                           use_rslora=cfg.use_rslora, init=cfg.init, rngs=rngs))
-    return list(targets)
+        _set_child(model, path, LoRALinear(modules[path], r=cfg.rank_of(dotted), alpha=cfg.alpha_of(dotted),
+                                           dropout=cfg.dropout, use_rslora=cfg.use_rslora, init=cfg.init, rngs=rngs))
+    for dotted in chosen:
+        owner, name, shape, axes = candidates[dotted]
+        setattr(modules[owner], f"{name}_lora", ParamLoRA(shape, axes, r=cfg.rank_of(dotted), alpha=cfg.alpha_of(dotted),
+                                                          use_rslora=cfg.use_rslora, init=cfg.init, rngs=rngs))
+    return list(targets) + chosen
 
 
 def lora_modules(model: nnx.Module) -> dict[str, LoRALinear]:
@@ -146,10 +214,24 @@ def lora_modules(model: nnx.Module) -> dict[str, LoRALinear]:
     return {_dotted(p): m for p, m in nnx.iter_modules(model) if isinstance(m, LoRALinear)}
 
 
+def parameter_adapters(model: nnx.Module) -> dict[str, ParamLoRA]:
+    """{dotted path of the adapted weight (decoder.layers.0.ffn.experts.gate_up_proj): ParamLoRA}."""
+    out = {}
+    for p, m in nnx.iter_modules(model):
+        if isinstance(m, ParamLoRA):
+            *owner, attr = p
+            out[_dotted((*owner, attr.removesuffix("_lora")))] = m
+    return out
+
+
+def has_adapters(model: nnx.Module) -> bool:
+    return bool(lora_modules(model) or parameter_adapters(model))
+
+
 def trainable_filter(model: nnx.Module):
     """The nnx filter of the parameters to train: the adapters (LoRAParam) when the model has
     any, else every nnx.Param (full fine-tuning)."""
-    return LoRAParam if lora_modules(model) else nnx.Param
+    return LoRAParam if has_adapters(model) else nnx.Param
 
 
 def merge_lora(model: nnx.Module) -> list[str]:
@@ -168,6 +250,21 @@ def merge_lora(model: nnx.Module) -> list[str]:
         for name in _LINEAR_ATTRS:
             setattr(plain, name, getattr(m, name))
         _set_child(model, path, plain)
+    return sorted(merged) + _merge_parameters(model)
+
+
+def _merge_parameters(model: nnx.Module) -> list[str]:
+    """merge_lora of the ParamLoRAs: each weight += its update (Experts.weight's), the adapter removed."""
+    owners = {_dotted(p): m for p, m in nnx.iter_modules(model)}
+    merged = parameter_adapters(model)
+    for dotted in merged:
+        owner_path, name = dotted.rsplit(".", 1)
+        owner = owners[owner_path]
+        names = ("gate_proj", "up_proj") if name == "gate_up_proj" else (name,)
+        new = {n: owner.weight(n) if isinstance(owner, Experts) else owner.effective_weight() for n in names}
+        for n, w in new.items():
+            getattr(owner, n).set_value(w.astype(getattr(owner, n).get_value().dtype))
+        setattr(owner, f"{name}_lora", None)
     return sorted(merged)
 
 
@@ -178,5 +275,6 @@ def quantize_base(model: nnx.Module, weights_dtype: str) -> None:
         m.kernel.set_value(quant.reduce_weight(jnp.swapaxes(m.kernel.get_value(), -1, -2), weights_dtype))
 
 
-__all__ = ["LoRAParam", "LoRALinear", "apply_lora", "find_targets", "lora_modules", "trainable_filter",
-           "merge_lora", "quantize_base", "adapter_inits"]
+__all__ = ["LoRAParam", "LoRALinear", "ParamLoRA", "apply_lora", "find_targets", "lora_modules",
+           "parameter_adapters", "parameter_candidates", "has_adapters", "trainable_filter", "merge_lora",
+           "quantize_base", "adapter_inits"]

@@ -95,7 +95,8 @@ class Router(nnx.Module):
     """Router logits x @ weight^T (+ bias) in float32, then cfg.router's rule.
 
     Params: weight [E, D], bias [E] (router_bias), score_bias [E] Buffer (score_bias:
-    DeepSeek-V3's e_score_correction_bias, zeros; updated only by the trainer's bias rule).
+    DeepSeek-V3's e_score_correction_bias, zeros; updated only by the trainer's bias rule);
+    weight_lora: a LoRA update of weight (layers/lora.py ParamLoRA), or None.
     Shapes: x [N, D] -> (logits [N, E] float32, weights [N, k] float32, indices [N, k] int32).
     """
 
@@ -107,9 +108,17 @@ class Router(nnx.Module):
         self.bias = partitioning.param(jnp.zeros((e,), jnp.float32), ("expert",)) if cfg.router_bias else None
         self.score_bias = Buffer(jnp.zeros((e,), jnp.float32), **partitioning.metadata(("expert",))) \
             if cfg.score_bias else None
+        self.weight_lora = nnx.data(None)  # data: layers/lora.py may put a ParamLoRA here
+
+    def effective_weight(self) -> jax.Array:
+        """weight [E, D], plus its LoRA update (weight frozen) when adapted."""
+        if self.weight_lora is None:
+            return self.weight[...]
+        w = self.weight[...]
+        return jax.lax.stop_gradient(w) + self.weight_lora.delta().astype(w.dtype)
 
     def __call__(self, x: jax.Array):
-        logits = x.astype(jnp.float32) @ self.weight[...].astype(jnp.float32).T  # [N, E]
+        logits = x.astype(jnp.float32) @ self.effective_weight().astype(jnp.float32).T  # [N, E]
         if self.bias is not None:
             logits = logits + self.bias[...].astype(jnp.float32)
         bias = None if self.score_bias is None else jax.lax.stop_gradient(self.score_bias[...])
@@ -185,6 +194,8 @@ class Experts(nnx.Module):
 
     Params: gate_proj [E, F, D] (gated kinds), up_proj [E, F, D], down_proj [E, D, F];
     gate_proj_bias / up_proj_bias [E, F], down_proj_bias [E, D] (bias).
+    LoRA (layers/lora.py ParamLoRA, or None): gate_up_proj_lora on the gate and up weights as
+    one [E, 2F, D] stack (gated kinds), up_proj_lora (the others), down_proj_lora; `weight`.
     Shapes: x [N, D], indices [N, k] int, weights [N, k] -> [N, D] in x's dtype.
     `dtype`: the compute dtype (None: x's), as nnx.Linear's, set by models/common.py
     set_compute_dtype. The rows are gathered, exchanged and multiplied in it, as torch.autocast
@@ -211,6 +222,33 @@ class Experts(nnx.Module):
         self.gate_proj_bias = bias((e, f), ("expert", "mlp")) if gated else None
         self.up_proj_bias = bias((e, f), ("expert", "mlp"))
         self.down_proj_bias = bias((e, d), ("expert", None))
+        # data: layers/lora.py may put a ParamLoRA here
+        self.gate_up_proj_lora = self.up_proj_lora = self.down_proj_lora = nnx.data(None)
+
+    def stacked_shape(self, name: str) -> tuple:
+        """The [E, out, in] shape of weight `name`; gate_up_proj: gate and up stacked, [E, 2F, D]."""
+        if name == "gate_up_proj":
+            e, f, d = self.up_proj.shape
+            return (e, 2 * f, d)
+        return tuple(getattr(self, name).shape)
+
+    def stacked_axes(self, name: str) -> tuple | None:
+        return partitioning.logical_axes(self.up_proj if name == "gate_up_proj" else getattr(self, name))
+
+    def weight(self, name: str) -> jax.Array:
+        """The [E, out, in] weight `name` the FFN multiplies by: the stored one, plus its LoRA
+        update (the stored one frozen) when adapted; gate_up_proj_lora's rows [:F] update
+        gate_proj, rows [F:] up_proj."""
+        w = getattr(self, name)[...]
+        fused = self.gate_proj is not None and name != "down_proj"
+        lora = self.gate_up_proj_lora if fused else getattr(self, f"{name}_lora")
+        if lora is None:
+            return w
+        delta = lora.delta()  # [E, out, in]
+        if fused:
+            f = w.shape[1]
+            delta = delta[:, :f] if name == "gate_proj" else delta[:, f:]
+        return jax.lax.stop_gradient(w) + delta.astype(w.dtype)
 
     def ffn(self, x: jax.Array, project) -> jax.Array:
         """The expert FFN on rows x [M, D]; project(name, h) applies weight `name` (per row's
@@ -254,8 +292,8 @@ class Experts(nnx.Module):
         sum(group_sizes) are padding: ragged_dot gives them 0 and their bias is 0. block_expert:
         the rows are in `block_layout` order, run as one batched matmul (blocked_dispatch)."""
         def project(name, h):
-            y = block_matmul(h, getattr(self, name)[...], block_expert) if block_expert is not None else \
-                grouped_matmul(h, getattr(self, name)[...], group_sizes)
+            y = block_matmul(h, self.weight(name), block_expert) if block_expert is not None else \
+                grouped_matmul(h, self.weight(name), group_sizes)
             b = getattr(self, f"{name}_bias")
             if b is None:
                 return y
@@ -272,7 +310,7 @@ def dense_experts(experts: Experts, x: jax.Array, indices: jax.Array, weights: j
 
     def project(name, h):  # h [N, E, in] or [N, in]
         eq = "nd,efd->nef" if h.ndim == 2 else "ned,efd->nef"
-        y = jnp.einsum(eq, h, getattr(experts, name)[...].astype(h.dtype))
+        y = jnp.einsum(eq, h, experts.weight(name).astype(h.dtype))
         b = getattr(experts, f"{name}_bias")
         return y if b is None else y + b[...].astype(y.dtype)
 

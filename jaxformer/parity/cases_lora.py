@@ -7,7 +7,9 @@ and the checks the self-test's LoRA bugs need:
 - dropout on the adapter path only, in training mode, made deterministic with rate 1.0 (both
   frameworks return exact zeros: the adapter path vanishes, the base path must stay);
 - which modules get an adapter: both sides apply LoRA themselves, and every adapter's weights
-  are a function of its own path, so an adapter on the wrong module changes the output.
+  are a function of its own path, so an adapter on the wrong module changes the output;
+- an MoE's expert and router weights adapted in place (target_parameters, ParamLoRA), the
+  fused gate_up_proj at its own rank.
 
 Adapters get non-zero B (a trained adapter's state), so the gradients reach A.
 """
@@ -19,6 +21,7 @@ import numpy as np
 
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.models import TINY_SIZES, LMConfig
+from jaxformer.config.moe import MoEConfig
 from jaxformer.parity.cases import case, normal
 from jaxformer.parity.cases_models import realistic_embeddings, token_ids
 
@@ -33,8 +36,15 @@ def _adapter_values(path: str, r: int, d_in: int, d_out: int):
     return a.astype(np.float32), (rng.standard_normal((d_out, r)) * 0.1).astype(np.float32)
 
 
+def _stacked_values(path: str, a_shape: tuple, b_shape: tuple):
+    """(A [..., r, in], B [..., out, r]) of a ParamLoRA, a function of the weight path alone."""
+    rng = np.random.RandomState(zlib.crc32(path.encode()))
+    a = rng.uniform(-1, 1, a_shape) / np.sqrt(a_shape[-1])
+    return a.astype(np.float32), (rng.standard_normal(b_shape) * 0.1).astype(np.float32)
+
+
 def fill_adapters(torch_model=None, flax_model=None) -> None:
-    """Set every adapter of either model to _adapter_values of its path, in place."""
+    """Set every adapter of either model to _adapter_values (_stacked_values) of its path, in place."""
     if torch_model is not None:
         import torch
 
@@ -44,6 +54,10 @@ def fill_adapters(torch_model=None, flax_model=None) -> None:
                 a, b = _adapter_values(path, m.r, m.in_features, m.out_features)
                 m.lora_A.weight.copy_(torch.from_numpy(a))
                 m.lora_B.weight.copy_(torch.from_numpy(b))
+            for path, m in tl.parameter_adapters(torch_model).items():
+                a, b = _stacked_values(path, tuple(m.lora_A.shape), tuple(m.lora_B.shape))
+                m.lora_A.copy_(torch.from_numpy(a))
+                m.lora_B.copy_(torch.from_numpy(b))
     if flax_model is not None:
         import jax.numpy as jnp
 
@@ -52,6 +66,10 @@ def fill_adapters(torch_model=None, flax_model=None) -> None:
             a, b = _adapter_values(path, m.r, m.in_features, m.out_features)
             m.lora_A.kernel.set_value(jnp.asarray(a.T))
             m.lora_B.kernel.set_value(jnp.asarray(b.T))
+        for path, m in jl.parameter_adapters(flax_model).items():
+            a, b = _stacked_values(path, tuple(m.lora_A.shape), tuple(m.lora_B.shape))
+            m.lora_A.set_value(jnp.asarray(a))
+            m.lora_B.set_value(jnp.asarray(b))
 
 
 def _linear_pair(cfg: LoRAConfig, *, bias: bool = True, train: bool = False):
@@ -197,6 +215,10 @@ case("lora_fresh_llama_is_base", "lora", _lm_own_adapters(LLAMA, LoRAConfig(r=4,
      grads=False)
 case("lora_llama_targets_q_only", "lora", _lm_own_adapters(LLAMA, LoRAConfig(r=4, alpha=8, target_modules=["q_proj"])),
      ids_input, grads=False)
+case("lora_moe_experts_lm", "lora", _lm_pair(
+    LMConfig.tiny("llama", num_layers=2, moe=MoEConfig(num_experts=4, top_k=2, router="softmax_topk", d_expert=16)),
+    LoRAConfig(r=2, alpha=4, target_modules=["q_proj"], target_parameters=["gate_up_proj", "down_proj", "router.weight"],
+               rank_pattern={"gate_up_proj": 4}, alpha_pattern={"gate_up_proj": 6})), ids_input)
 for _dtype in ("bf16", "int8"):
     case(f"lora_llama_{_dtype}_base", "lora",
          _lm_own_adapters(LLAMA, LoRAConfig(r=4, alpha=8), weights_dtype=_dtype), ids_input, grads=False)

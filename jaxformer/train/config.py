@@ -41,6 +41,9 @@ class TrainLoRAConfig(LoRAConfig):
     def __post_init__(self):
         super().__post_init__()
         check_choice(self, "base_dtype", LORA_BASE_DTYPES)
+        check(self.base_dtype == "fp32" or not self.target_parameters, "base_dtype",
+              f"{self.base_dtype!r} stores Linear bases only; the stacked weights of target_parameters stay "
+              "fp32: use fp32, or adapt Linear layers only")
 
     def adapter(self) -> LoRAConfig:
         """The LoRAConfig alone (what the model checkpoint's model.yaml records)."""

@@ -25,7 +25,7 @@ def adapt(model: nnx.Module, lcfg, seed: int) -> nnx.Module:
     """Wrap the targets of `lcfg` (a TrainLoRAConfig) in LoRALinear layers with fresh adapters
     drawn from `seed`, and store their base in lcfg.base_dtype; in place (concrete, abstract or
     traced model) -> the model. A model that already has adapters is returned as it is."""
-    if not lora_lib.lora_modules(model):
+    if not lora_lib.has_adapters(model):
         lora_lib.apply_lora(model, lcfg.adapter(), nnx.Rngs(seed))
         if lcfg.base_dtype != "fp32":
             lora_lib.quantize_base(model, lcfg.base_dtype)

@@ -55,7 +55,7 @@ def adapt_torch(module, lcfg, seed: int):
     fresh adapters (every other parameter frozen, requires_grad False) and their base stored in
     lcfg.base_dtype; a module that already has adapters, or lcfg None, is left as it is."""
     from torch_ref.layers import lora as tl
-    if lcfg is not None and not tl.lora_modules(module):
+    if lcfg is not None and not tl.has_adapters(module):
         tl.apply_lora(module, lcfg.adapter(), seed=seed)
         if lcfg.base_dtype != "fp32":
             tl.quantize_base(module, lcfg.base_dtype)

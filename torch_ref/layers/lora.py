@@ -10,7 +10,9 @@ without PEFT's adapter-name level).
 
 Training only the adapter: apply_lora sets requires_grad False on every parameter of the model
 but the adapters (PEFT does the same), so an optimiser over the parameters that require a
-gradient trains the adapters only. Frozen base in reduced precision (QLoRA style):
+gradient trains the adapters only. Stacked weights (PEFT's target_parameters): a ParamLoRA beside
+an MoE's expert or router weight (experts.gate_up_proj_lora, router.weight_lora), lora_A [E, r, in]
+and lora_B [E, out, r]; the owner multiplies by W + scaling * B @ A. Frozen base in reduced precision (QLoRA style):
 quantize_base(model, "bf16" | "int8"), the adapter stays fp32.
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxformer.config.lora import LoRAConfig, lora_scaling, select_targets
+from jaxformer.config.lora import LoRAConfig, lora_scaling, select_parameters, select_targets
 from torch_ref.layers.kernels import quant
+from torch_ref.layers.moe import Experts, Router
 
 
 class LoRALinear(nn.Module):
@@ -83,6 +86,33 @@ class LoRALinear(nn.Module):
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
 
+class ParamLoRA(nn.Module):
+    """A low-rank update of a stacked weight W [..., out, in] (PEFT's ParamWrapper): the owner
+    multiplies by W + delta(), W frozen. One (A, B) pair per leading index (per expert).
+
+    Args: shape of W; r, alpha, use_rslora, init as LoRALinear; generator for the init.
+    Params: lora_A [..., r, in] (kaiming: U(-1/sqrt(in), 1/sqrt(in)), torch's nn.Linear init of
+    PEFT's lora_A; gaussian: N(0, 1/r^2)), lora_B [..., out, r] zeros; fp32.
+    """
+
+    def __init__(self, shape: tuple, *, r: int, alpha: float, use_rslora: bool = False, init: str = "kaiming",
+                 generator: torch.Generator | None = None, device=None):
+        super().__init__()
+        *lead, out, inn = shape
+        if init == "kaiming":
+            a = (torch.rand(*lead, r, inn, generator=generator) * 2 - 1) / inn ** 0.5
+        else:
+            a = torch.randn(*lead, r, inn, generator=generator) / r
+        self.r = r
+        self.scaling = lora_scaling(alpha, r, use_rslora)
+        self.lora_A = nn.Parameter(a.to(device))
+        self.lora_B = nn.Parameter(torch.zeros(*lead, out, r, device=device))
+
+    def delta(self) -> torch.Tensor:
+        """scaling * B @ A: [..., out, in], float32."""
+        return (self.lora_B @ self.lora_A) * self.scaling
+
+
 # ----------------------------------------------------------------------------- model surgery
 def _set_child(model: nn.Module, dotted: str, child: nn.Module) -> None:
     parent_name, _, name = dotted.rpartition(".")
@@ -95,26 +125,64 @@ def find_targets(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     return select_targets(cfg, {n: isinstance(m, nn.Linear) for n, m in model.named_modules() if n})
 
 
+def parameter_candidates(model: nn.Module) -> dict[str, tuple | str]:
+    """{dotted weight path: (owner path, attribute, shape) when a ParamLoRA can adapt it, else
+    why not} (the JAX twin's, same paths and reasons)."""
+    out = {}
+    for dotted, m in model.named_modules():
+        if isinstance(m, Experts):
+            gated = m.gate_proj is not None
+            for name in ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj"):
+                out[f"{dotted}.{name}"] = "the gated experts' gate and up weights take one adapter: gate_up_proj" \
+                    if gated and name != "down_proj" else (dotted, name, m.stacked_shape(name))
+            if gated:
+                out[f"{dotted}.gate_up_proj"] = (dotted, "gate_up_proj", m.stacked_shape("gate_up_proj"))
+        elif isinstance(m, Router):
+            out[f"{dotted}.weight"] = (dotted, "weight", tuple(m.weight.shape))
+        elif isinstance(m, nn.Linear) and dotted:
+            out[f"{dotted}.weight"] = "a Linear layer's weight: name the layer in target_modules"
+    return out
+
+
 def apply_lora(model: nn.Module, cfg: LoRAConfig, seed: int = 0) -> list[str]:
-    """Wrap every targeted nn.Linear of `model` in a LoRALinear, in place, and freeze every other
-    parameter (requires_grad False); -> the adapted dotted paths, sorted. The adapters' init
-    draws from a torch.Generator seeded with `seed` (the global RNG is untouched)."""
-    if lora_modules(model):
+    """Wrap every targeted nn.Linear of `model` in a LoRALinear and give every targeted stacked
+    weight (cfg.target_parameters) a ParamLoRA, in place, and freeze every other parameter
+    (requires_grad False); -> the adapted dotted paths, sorted (Linear layers, then weights). The
+    adapters' init draws from a torch.Generator seeded with `seed` (the global RNG is untouched)."""
+    if has_adapters(model):
         raise ValueError("the model already has LoRA adapters")
     targets = find_targets(model, cfg)
+    candidates = parameter_candidates(model)
+    chosen = select_parameters(cfg, {p: c if isinstance(c, str) else None for p, c in candidates.items()})
     generator = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.requires_grad_(False)
     for dotted in targets:
-        _set_child(model, dotted, LoRALinear(model.get_submodule(dotted), r=cfg.r, alpha=cfg.alpha,
-                                             dropout=cfg.dropout, use_rslora=cfg.use_rslora, init=cfg.init,
-                                             generator=generator))
-    return targets
+        _set_child(model, dotted, LoRALinear(model.get_submodule(dotted), r=cfg.rank_of(dotted),
+                                             alpha=cfg.alpha_of(dotted), dropout=cfg.dropout,
+                                             use_rslora=cfg.use_rslora, init=cfg.init, generator=generator))
+    for dotted in chosen:
+        owner, name, shape = candidates[dotted]
+        module = model.get_submodule(owner)
+        device = getattr(module, "up_proj", getattr(module, "weight", None)).device
+        setattr(module, f"{name}_lora", ParamLoRA(shape, r=cfg.rank_of(dotted), alpha=cfg.alpha_of(dotted),
+                                                  use_rslora=cfg.use_rslora, init=cfg.init, generator=generator,
+                                                  device=device))
+    return targets + chosen
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
     """{dotted path: LoRALinear} of the model."""
     return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def parameter_adapters(model: nn.Module) -> dict[str, ParamLoRA]:
+    """{dotted path of the adapted weight (decoder.layers.0.ffn.experts.gate_up_proj): ParamLoRA}."""
+    return {n.removesuffix("_lora"): m for n, m in model.named_modules() if isinstance(m, ParamLoRA)}
+
+
+def has_adapters(model: nn.Module) -> bool:
+    return bool(lora_modules(model) or parameter_adapters(model))
 
 
 @torch.no_grad()
@@ -132,6 +200,20 @@ def merge_lora(model: nn.Module) -> list[str]:
                                    device="meta")
         plain.weight, plain.bias = m.weight, m.bias
         _set_child(model, dotted, plain)
+    return sorted(merged) + _merge_parameters(model)
+
+
+def _merge_parameters(model: nn.Module) -> list[str]:
+    """merge_lora of the ParamLoRAs: each weight += its update (Experts.weight's), the adapter removed."""
+    merged = parameter_adapters(model)
+    for dotted in merged:
+        owner_path, name = dotted.rsplit(".", 1)
+        owner = model.get_submodule(owner_path)
+        names = ("gate_proj", "up_proj") if name == "gate_up_proj" else (name,)
+        new = {n: owner.weight(n) if isinstance(owner, Experts) else owner.effective_weight() for n in names}
+        for n, w in new.items():
+            getattr(owner, n).copy_(w)
+        setattr(owner, f"{name}_lora", None)
     return sorted(merged)
 
 
@@ -145,4 +227,5 @@ def quantize_base(model: nn.Module, weights_dtype: str) -> None:
         m.weight = reduced
 
 
-__all__ = ["LoRALinear", "apply_lora", "find_targets", "lora_modules", "merge_lora", "quantize_base"]
+__all__ = ["LoRALinear", "ParamLoRA", "apply_lora", "find_targets", "lora_modules", "parameter_adapters",
+           "parameter_candidates", "has_adapters", "merge_lora", "quantize_base"]

@@ -73,7 +73,8 @@ class Router(nn.Module):
     """Router logits x @ weight^T (+ bias) in float32, then cfg.router's rule.
 
     Params: weight [E, D], bias [E] (router_bias), score_bias [E] a saved buffer (score_bias:
-    DeepSeek-V3's e_score_correction_bias, zeros; updated only by the trainer's bias rule).
+    DeepSeek-V3's e_score_correction_bias, zeros; updated only by the trainer's bias rule);
+    weight_lora: a LoRA update of weight (layers/lora.py ParamLoRA), or None.
     Shapes: x [N, D] -> (logits [N, E] float32, weights [N, k] float32, indices [N, k] int64).
     """
 
@@ -84,9 +85,16 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.randn(e, d_model) * 0.02)
         self.bias = nn.Parameter(torch.zeros(e)) if cfg.router_bias else None
         self.register_buffer("score_bias", torch.zeros(e) if cfg.score_bias else None, persistent=True)
+        self.weight_lora = None
+
+    def effective_weight(self) -> torch.Tensor:
+        """weight [E, D], plus its LoRA update (weight frozen) when adapted."""
+        if self.weight_lora is None:
+            return self.weight
+        return self.weight.detach() + self.weight_lora.delta().to(self.weight.dtype)
 
     def forward(self, x: torch.Tensor):
-        logits = F.linear(x.float(), self.weight.float())  # [N, E]
+        logits = F.linear(x.float(), self.effective_weight().float())  # [N, E]
         if self.bias is not None:
             logits = logits + self.bias.float()
         weights, idx = route(logits, self.cfg, self.score_bias)
@@ -120,6 +128,8 @@ class Experts(nn.Module):
 
     Params: gate_proj [E, F, D] (gated kinds), up_proj [E, F, D], down_proj [E, D, F];
     gate_proj_bias / up_proj_bias [E, F], down_proj_bias [E, D] (bias).
+    LoRA (layers/lora.py ParamLoRA, or None): gate_up_proj_lora on the gate and up weights as
+    one [E, 2F, D] stack (gated kinds), up_proj_lora (the others), down_proj_lora; `weight`.
     Shapes: x [N, D], indices [N, k] int, weights [N, k] -> [N, D].
     """
 
@@ -141,6 +151,29 @@ class Experts(nn.Module):
         self.gate_proj_bias = bias(e, f) if gated else None
         self.up_proj_bias = bias(e, f)
         self.down_proj_bias = bias(e, d)
+        self.gate_up_proj_lora = self.up_proj_lora = self.down_proj_lora = None
+
+    def stacked_shape(self, name: str) -> tuple:
+        """The [E, out, in] shape of weight `name`; gate_up_proj: gate and up stacked, [E, 2F, D]."""
+        if name == "gate_up_proj":
+            e, f, d = self.up_proj.shape
+            return (e, 2 * f, d)
+        return tuple(getattr(self, name).shape)
+
+    def weight(self, name: str) -> torch.Tensor:
+        """The [E, out, in] weight `name` the FFN multiplies by: the stored one, plus its LoRA
+        update (the stored one frozen) when adapted; gate_up_proj_lora's rows [:F] update
+        gate_proj, rows [F:] up_proj."""
+        w = getattr(self, name)
+        fused = self.gate_proj is not None and name != "down_proj"
+        lora = self.gate_up_proj_lora if fused else getattr(self, f"{name}_lora")
+        if lora is None:
+            return w
+        delta = lora.delta()  # [E, out, in]
+        if fused:
+            f = w.shape[1]
+            delta = delta[:, :f] if name == "gate_proj" else delta[:, f:]
+        return w.detach() + delta.to(w.dtype)
 
     def ffn(self, x: torch.Tensor, project) -> torch.Tensor:
         """The expert FFN on rows x [M, D]; project(name, h) applies weight `name` and its bias."""
@@ -153,6 +186,8 @@ class Experts(nn.Module):
         n = x.shape[0]
         out = torch.zeros_like(x)
         cap = capacity(self.cfg, n)
+        weight = {name: self.weight(name) for name in ("gate_proj", "up_proj", "down_proj")
+                  if getattr(self, name) is not None}
         for e in range(self.cfg.num_experts):
             token, slot = torch.where(indices == e)  # token order (row-major)
             if cap is not None:
@@ -162,7 +197,7 @@ class Experts(nn.Module):
 
             def project(name, h):
                 b = getattr(self, f"{name}_bias")
-                return F.linear(h, getattr(self, name)[e], None if b is None else b[e])
+                return F.linear(h, weight[name][e], None if b is None else b[e])
 
             y = self.ffn(x[token], project)  # [M, D]
             # summed in x's dtype: under torch.autocast y is bf16 and x the float32 stream
