@@ -49,7 +49,8 @@ FAMILIES = {
 # (jaxformer LoRAConfig of the export test, PEFT LoraConfig kwargs of the import test) per family
 LORAS = {
     "llama": (LoRAConfig(r=4, alpha=16), dict(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
-                                               init_lora_weights="gaussian")),
+                                               init_lora_weights="gaussian", rank_pattern={"down_proj": 2},
+                                               alpha_pattern={r"layers\.1\.self_attn\.v_proj": 3})),
     "qwen2": (LoRAConfig(r=2, alpha=3, use_rslora=True, target_modules=["q_proj", "o_proj", "up_proj"]),
               dict(r=3, lora_alpha=5, use_rslora=True, target_modules="all-linear")),
     "gemma2": (LoRAConfig(r=4, alpha=8, target_modules=r".*layers\.1\..*_proj"), None),
@@ -283,8 +284,6 @@ def test_peft_options_the_tensors_decide(bases, tmp_path):
     ("use_dora", True, "use_dora=True is not supported"),
     ("modules_to_save", ["lm_head"], "modules_to_save=['lm_head'] is not supported"),
     ("layer_replication", [[0, 1]], "layer_replication=[[0, 1]] is not supported"),
-    ("rank_pattern", {"q_proj": 8}, "rank_pattern="),
-    ("alpha_pattern", {"q_proj": 8}, "alpha_pattern="),
     ("bias", "lora_only", "bias='lora_only' is not supported"),
     ("peft_type", "IA3", "peft_type='IA3' is not supported"),
     ("init_lora_weights", "pissa", "init_lora_weights='pissa' is not supported"),

@@ -15,7 +15,9 @@ that has no jaxformer equivalent when loading.
 
 The maths: y = W x + b + B A dropout(x) * scaling with PEFT's scaling (alpha / r, or alpha /
 sqrt(r) with rslora): LoRAConfig.from_peft / to_peft map the options and refuse the ones jaxformer
-does not implement (DoRA, modules_to_save, rank/alpha patterns, bias, other peft_types...) by name.
+does not implement (DoRA, modules_to_save, bias, other peft_types...) by name. r and alpha per
+adapter follow rank_pattern / alpha_pattern. LoRA on MoE expert and router weights (PEFT's
+target_parameters) is read and written by hf/expert_adapters.py.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.convert import ConversionError
+from jaxformer.hf import expert_adapters
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -42,18 +45,16 @@ TASK_TYPES = {"lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
 
 
 def _is_adapter_key(torch_key: str) -> bool:
-    return ".lora_A." in torch_key or ".lora_B." in torch_key
+    """A LoRALinear's pair (q_proj.lora_A.weight) or a ParamLoRA's (experts.down_proj_lora.lora_A)."""
+    return ".lora_A." in torch_key or ".lora_B." in torch_key or "_lora.lora_" in torch_key
 
 
-def hf_module_names(model, name: str, cfg):
-    """-> (family module, {our Linear module path: HF module path}) for every Linear whose weight
-    the family's HF export writes unchanged. Found by running the export on placeholder arrays
-    (broadcast views, no memory) and following each weight object through the renaming."""
-    from flax import nnx
-
+def export_ids(model, name: str, cfg):
+    """-> (family module, ({id: HF key}, {our torch key: array})) of the family's HF export run on
+    placeholder arrays (broadcast views, no memory): a weight the export writes unchanged keeps
+    its object, so its HF key is by_id[id(base[our key])]."""
     from jaxformer import convert
     from jaxformer.hf.families import exporter
-    from jaxformer.layers.linear import Linear
     fam = exporter(name, cfg)
     prefixes = convert.scan_prefixes(model)
     base = {}
@@ -63,7 +64,16 @@ def hf_module_names(model, name: str, cfg):
         base.update(convert.flax_leaf_to_torch(path, placeholder, prefixes))
     base = {k: v for k, v in base.items() if not _is_adapter_key(k)}
     hf_sd = fam.state_dict_to_hf(base, name, cfg)
-    by_id = {id(v): k for k, v in hf_sd.items()}
+    return fam, ({id(v): k for k, v in hf_sd.items()}, base)
+
+
+def hf_module_names(model, name: str, cfg):
+    """-> (family module, {our Linear module path: HF module path}) for every Linear whose weight
+    the family's HF export writes unchanged (export_ids)."""
+    from flax import nnx
+
+    from jaxformer.layers.linear import Linear
+    fam, (by_id, base) = export_ids(model, name, cfg)
     out = {}
     for path, module in nnx.iter_modules(model):
         dotted = ".".join(map(str, path))
@@ -90,35 +100,39 @@ def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite
     from safetensors.numpy import save_file
 
     from jaxformer.checkpoint_io import check_lora
-    from jaxformer.layers.lora import lora_modules
+    from jaxformer.layers.lora import has_adapters, lora_modules
     adapted = lora_modules(model)
-    if not adapted:
+    if not has_adapters(model):
         raise ValueError("the model has no LoRA adapters: nothing to export --to peft (export the "
                          "model itself with --to hf|flax|torch)")
     check_lora(model, lora)
     fam, names = hf_module_names(model, name, cfg)
     family = fam.name
     missing = [p for p in adapted if p not in names]
-    if missing:
+    extra, params, ranks, alphas, why = expert_adapters.write(model, name, cfg, lora, fam, export_ids(model, name, cfg)[1],
+                                                              {p: names[p] for p in adapted if p in names})
+    if missing or why:
         raise ConversionError([f"{p}: adapted, but the {family} HF export fuses, transposes or splits its "
-                               "weight, so HF (and PEFT) has no module for it" for p in missing],
+                               "weight, so HF (and PEFT) has no module for it" for p in missing] + why,
                               header="LoRA adapter on a module with no Hugging Face equivalent")
     tensors = {}
     for p, m in sorted(adapted.items()):
         tensors[f"{PREFIX}{names[p]}.lora_A.weight"] = np.asarray(m.lora_A.kernel[...], np.float32).T  # [r, in]
         tensors[f"{PREFIX}{names[p]}.lora_B.weight"] = np.asarray(m.lora_B.kernel[...], np.float32).T  # [out, r]
-    targets = _targets([names[p] for p in adapted], list(names.values()))
+    tensors.update(extra)
+    targets = _targets([names[p] for p in adapted], list(names.values())) if adapted else None
     alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha
     config = {**lora.to_peft(), "lora_alpha": alpha, "target_modules": targets,
               "task_type": TASK_TYPES.get(name), "base_model_name_or_path": base_model, "revision": None,
               "inference_mode": True, "layers_to_transform": None, "layers_pattern": None,
-              "rank_pattern": {}, "alpha_pattern": {}, "lora_bias": False}
+              "target_parameters": params, "rank_pattern": ranks, "alpha_pattern": alphas, "lora_bias": False}
     with fileio.atomic_dir(os.path.abspath(out), overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, os.path.join(tmp, WEIGHTS_FILE),
                   metadata={"format": "pt"})
-    return {"modules": len(adapted), "tensors": len(tensors), "target_modules": targets, "family": family}
+    return {"modules": len(adapted) + len(extra) // 2, "tensors": len(tensors), "target_modules": targets,
+            "target_parameters": params, "family": family}
 
 
 # ----------------------------------------------------------------------------- import
@@ -229,7 +243,9 @@ def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapte
     from jaxformer.layers.linear import Linear
     from jaxformer.layers.lora import apply_lora, lora_modules
     lora, tensors = read_adapter(directory) if adapter is None else adapter
-    _, names = hf_module_names(model, name, cfg)
+    fam, names = hf_module_names(model, name, cfg)
+    got = expert_adapters.read(model, fam.name, export_ids(model, name, cfg)[1], lora, tensors)
+    tensors = got.rest
     modules = {".".join(map(str, p)): mod for p, mod in nnx.iter_modules(model)}
     pairs, problems = _sort_keys(tensors, {hf: p for p, hf in names.items()}, modules, name)
     for p, ab in pairs.items():
@@ -238,17 +254,20 @@ def load_adapter(model, name: str, cfg, directory: str, *, seed: int = 0, adapte
             problems.append(f"missing: {PREFIX}{hf}.lora_{'B' if 'A' in ab else 'A'}.weight")
             continue
         lin = modules[p]
-        want = {"A": (lora.r, lin.in_features), "B": (lin.out_features, lora.r)}
-        problems += [f"shape: {PREFIX}{hf}.lora_{k}.weight is {tuple(ab[k].shape)}, expected {want[k]} (r={lora.r})"
+        r = lora.rank_of(hf)
+        want = {"A": (r, lin.in_features), "B": (lin.out_features, r)}
+        problems += [f"shape: {PREFIX}{hf}.lora_{k}.weight is {tuple(ab[k].shape)}, expected {want[k]} (r={r})"
                      for k in "AB" if tuple(ab[k].shape) != want[k]]
-    if not pairs and not problems:
+    problems += got.problems
+    if not pairs and not got.pairs and not problems:
         problems.append(f"{directory}: the adapter holds no LoRA weights")
     if problems:
         raise ConversionError(problems, header=f"the PEFT adapter {directory} does not fit the {name} model")
-    import dataclasses
     linears = [p for p, mod in modules.items() if isinstance(mod, Linear)]
-    lora = dataclasses.replace(lora, target_modules=tuple(_targets(sorted(pairs), linears)))
+    lora = expert_adapters.our_config(model, lora, tuple(_targets(sorted(pairs), linears)),
+                                      {p: names[p] for p in pairs}, got)
     apply_lora(model, lora, nnx.Rngs(seed))
+    expert_adapters.set_values(model, got.pairs)
     adapted = lora_modules(model)
     assert set(adapted) == set(pairs), (sorted(adapted), sorted(pairs))
     for p, ab in pairs.items():
