@@ -4,7 +4,8 @@ Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss (one layer, 4 experts, vocab 64):
 
   * import: an adapter made by peft.get_peft_model (every B random) loads with
     hf.from_pretrained(base, adapter=) and gives PeftModel's logits, adapted and merged;
-  * export: save_adapter of that model writes PEFT's tensors back bit for bit, and
+  * export: that model saved as a checkpoint (model.yaml's lora: section) and exported by
+    `jaxformer export --to peft` gives PEFT's tensors back bit for bit, and
     PeftModel.from_pretrained of the export gives jaxformer's logits;
   * the options PEFT writes: Mixtral's "all-linear" and the MLP names of Qwen3-MoE and DeepSeek
     (a regex) become target_parameters with a doubled rank and alpha for the fused gate_up_proj;
@@ -105,7 +106,7 @@ def adapters(tmp_path_factory):
 def test_peft_expert_adapter_both_ways(fam, adapters, tmp_path):
     from safetensors.numpy import load_file
 
-    from jaxformer.hf.adapters import save_adapter
+    from jaxformer import checkpoint_io, cli
     from jaxformer.layers.lora import merge_lora, parameter_adapters
     base, src, ref = adapters(fam)
     config = json.load(open(os.path.join(src, "adapter_config.json")))
@@ -120,7 +121,8 @@ def test_peft_expert_adapter_both_ways(fam, adapters, tmp_path):
     assert {m.r for p, m in experts.items() if p.endswith("gate_up_proj")} == {2 * r if fam != "gpt_oss" else r}
     check_hf_logits(f"PEFT -> jaxformer {fam}", ref, ours := _ours(model), MASK)
     # export: PEFT's own tensors back, and PeftModel on them gives our logits
-    save_adapter(model, name, cfg, lora, str(tmp_path / "back"))
+    checkpoint_io.save_model(model, name, cfg, str(tmp_path / "ckpt"), lora=lora)
+    assert cli.main(["export", str(tmp_path / "ckpt"), "--to", "peft", str(tmp_path / "back")]) == 0
     theirs, back = load_file(os.path.join(src, "adapter_model.safetensors")), \
         load_file(str(tmp_path / "back" / "adapter_model.safetensors"))
     assert set(back) == set(theirs) and all(np.array_equal(back[k], theirs[k]) for k in theirs)
@@ -147,8 +149,11 @@ def test_peft_rank_pattern_decides_the_shapes(adapters, tmp_path):
 
 
 def test_expert_targets_refused_by_name(adapters, tmp_path):
+    import dataclasses
+
     from jaxformer.hf.adapters import save_adapter
     from jaxformer.layers.lora import apply_lora
+    from jaxformer.models import abstract_model
     from jaxformer.train.config import TrainLoRAConfig
     with pytest.raises(ConfigError, match="dropout: must be 0 with target_parameters"):
         LoRAConfig(r=2, dropout=0.1, target_parameters=["down_proj"])
@@ -160,6 +165,9 @@ def test_expert_targets_refused_by_name(adapters, tmp_path):
         apply_lora(model, LoRAConfig(r=2, target_modules=[], target_parameters=["up_proj"]), nnx.Rngs(0))
     with pytest.raises(ConfigError, match=r"q_proj\.weight \(a Linear layer's weight: name the layer in target_modules\)"):
         apply_lora(model, LoRAConfig(r=2, target_modules=[], target_parameters=["q_proj.weight"]), nnx.Rngs(0))
+    scanned = abstract_model("lm", dataclasses.replace(cfg, scan_layers=True))
+    with pytest.raises(ConfigError, match=r"a scanned layer's \(leading layer axis\): build with scan_layers false"):
+        apply_lora(scanned, LoRAConfig(r=2, target_modules=[], target_parameters=["down_proj"]), nnx.Rngs(0))
     # PEFT rewrites DeepSeek's gate_proj/up_proj/down_proj targets into the experts' on load
     lora = LoRAConfig(r=2, target_modules=["shared_experts.up_proj"], target_parameters=["down_proj"])
     apply_lora(model, lora, nnx.Rngs(0))

@@ -173,7 +173,11 @@ def parameter_candidates(model: nnx.Module) -> dict[str, tuple | str]:
     out = {}
     for path, m in nnx.iter_modules(model):
         dotted = _dotted(path)
-        if isinstance(m, Experts):
+        if isinstance(m, (Experts, Router)) and (m.up_proj if isinstance(m, Experts) else m.weight).ndim != \
+                (3 if isinstance(m, Experts) else 2):  # stacked by scan_layers
+            for name in ("gate_up_proj", "up_proj", "down_proj") if isinstance(m, Experts) else ("weight",):
+                out[f"{dotted}.{name}"] = "a scanned layer's (leading layer axis): build with scan_layers false"
+        elif isinstance(m, Experts):
             gated = m.gate_proj is not None
             for name in ("gate_proj", "up_proj", "down_proj") if gated else ("up_proj", "down_proj"):
                 out[f"{dotted}.{name}"] = "the gated experts' gate and up weights take one adapter: gate_up_proj" \
