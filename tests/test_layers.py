@@ -3,6 +3,7 @@ paper slopes, HF T5 buckets), masked rows, range checks, and proofs that the par
 would catch each difference of docs/numerics.md if an implementation regressed."""
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -95,6 +96,30 @@ def test_fused_and_explicit_paths_agree():
     fused = jattn.dot_product_attention(q, k, v, mask=mask, bias=bias)
     explicit, _ = jattn.dot_product_attention(q, k, v, mask=mask, bias=bias, return_weights=True)
     assert float(jnp.abs(fused - explicit).max()) < 1e-6
+
+
+def test_fused_path_rounds_as_the_explicit_one_under_jit():
+    """docs/numerics.md §44: jitted, jax.nn.dot_product_attention (XLA) and the explicit ops give
+    the same bits, outputs and gradients, here with grouped heads, a window of 3, rows of 0, 4
+    and 9 left pads (padded queries see no key) and Gemma3's scale 7 ** -0.5."""
+    rng = np.random.RandomState(2)
+    q = jnp.asarray(rng.standard_normal((3, 11, 4, 8)).astype(np.float32) * 3)
+    k, v = (jnp.asarray(rng.standard_normal((3, 11, 2, 8)).astype(np.float32) * 3) for _ in range(2))
+    g = jnp.asarray(rng.standard_normal((3, 11, 4, 8)).astype(np.float32))
+    pos = np.arange(11)
+    mask = ((pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < 3))[None, None] \
+        & np.stack([pos >= p for p in (0, 4, 9)])[:, None, None, :]  # [B, 1, T, S]
+    mask = jnp.asarray(mask)
+
+    def out_and_grads(return_weights):
+        def f(q, k, v):
+            out = jattn.dot_product_attention(q, k, v, mask=mask, scale=7 ** -0.5, return_weights=return_weights)
+            return out[0] if return_weights else out
+        out, vjp = jax.vjp(f, q, k, v)
+        return (out, *vjp(g))
+    fused, explicit = jax.jit(lambda: out_and_grads(False))(), jax.jit(lambda: out_and_grads(True))()
+    for a, b in zip(fused, explicit):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_non_boolean_mask_is_rejected():

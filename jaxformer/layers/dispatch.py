@@ -93,7 +93,8 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
 
 def _fused_attention(q, k, v, mask, bias, scale: float, backend: str | None):
     """1) fused path (cuDNN / XLA); it returns mean(V) on a fully masked row, so zero it. Masks
-    and bias are 4-D here."""
+    and bias are 4-D here. XLA's form rounds as the explicit path does: under jit the two give
+    the same bits, outputs and gradients (docs/numerics.md §44)."""
     visible = None if mask is None else jnp.any(mask, axis=-1, keepdims=True)  # [B?, H?, T, 1]
     if mask is not None:
         mask = jnp.broadcast_to(mask, mask.shape[:2] + (q.shape[1], k.shape[1]))

@@ -211,6 +211,22 @@ GEMMA3 = LMConfig.tiny(position="rope", norm="rmsnorm_offset", norm_eps=1e-6, ff
 case("lm_gemma3_local_rope_qk_norm_left_padding", "lm_model", model_pair("lm", GEMMA3),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4])})
+# The two configurations of issue 36 (docs/numerics.md §44), on the fused attention path: Gemma3
+# with every layer sliding (window 3), query_pre_attn_scalar 7, head_dim 8 and a final cap of 3,
+# rows of 0, 4 and 9 left pads (the padded queries of the last two rows see no key at all);
+# a 2-layer LM with (1 + w) RMSNorm, scores scaled by 2, q/k/v biases and a window of 3
+GEMMA3_SLIDING = LMConfig.tiny(position="rope", norm="rmsnorm_offset", norm_eps=1e-6, ffn="geglu_tanh",
+                               norm_position="sandwich", bias=False, num_kv_heads=2, head_dim=8,
+                               scale_embedding=True, tie_embeddings=True, num_layers=5, sliding_window=3,
+                               qk_norm=True, layer_types=("sliding_attention",) * 5, query_pre_attn_scalar=7.0,
+                               rope_local_base=1e4, final_logit_softcap=3.0)
+case("lm_gemma3_all_sliding_final_cap_left_padding", "lm_model", model_pair("lm", GEMMA3_SLIDING),
+     lambda r: {"ids": token_ids(3, 11, V, lengths=[11, 7, 2], left=True)(r),
+                "attention_mask": left_padding(3, 11, [11, 7, 2])})
+case("lm_rmsnorm_offset_scale2_qkv_bias_window", "lm_model",
+     model_pair("lm", LMConfig.tiny(norm="rmsnorm_offset", attn_scale=2.0, attn_qkv_bias=True, sliding_window=3)),
+     lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
+                "attention_mask": left_padding(B, T, [7, 4])})
 case("lm_gpt2_left_padding_position_ids", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")),
      lambda r: {"ids": token_ids(B, T, V, lengths=[7, 4], left=True)(r),
                 "attention_mask": left_padding(B, T, [7, 4]),
