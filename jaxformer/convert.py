@@ -7,7 +7,7 @@ the *leaf name* does the rest (see STYLE.md):
     kernel      weight       Linear: [in, out] <-> [out, in]; Conv: [k..., I, O] <-> [O, I, k...]
     scale       weight       as is (norms)
     embedding   weight       as is
-    anything    same name    as is (bias, cls_token, ...)
+    anything    same name    as is (bias, cls_token, a ParamLoRA's lora_A / lora_B: torch layout in both, ...)
 
 A tied weight, which torch's state_dict lists under every name, loads once (its other names are
 the same tensor). Conversion is strict: one ConversionError lists every missing, unexpected and mis-shaped key,
