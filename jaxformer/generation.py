@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
+from jaxformer.config import inputs
 from jaxformer.config.models import (  # noqa: F401 (re-exported)
     GenerationConfig,
     check_lengths,
@@ -318,13 +319,12 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     (tokens, scores [B]). layout: the kernel layout to decode with (lowering.DecodeLayout)."""
     layout = DecodeLayout.of(layout)
     cfg = model.cfg
-    ids = np.asarray(ids)
+    ids = inputs.as_host_array(ids, "prompt token id")
     check_tokens(ids, cfg.vocab_size, cfg.max_len, "prompt token id")
-    mask = np.ones_like(ids, np.int32) if attention_mask is None else np.asarray(attention_mask, np.int32)
-    if mask.shape != ids.shape:
-        raise ValueError(f"attention_mask shape {mask.shape} != prompt shape {ids.shape}")
-    if (mask.sum(axis=1) == 0).any():
-        raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
+    mask = np.ones_like(ids, np.int32) if attention_mask is None else inputs.check_generation_mask(
+        attention_mask, ids.shape)
+    inputs.check_left_padded(mask)
+    inputs.check_eos_in_vocab(eos_ids(gen.eos_id), cfg.vocab_size)
     check_prefill_chunk(cfg, gen)
     check_longrope_switch(cfg, ids.shape[1], gen)
     return _run(_lm_generate, model, ids, mask, gen, check_lengths(ids.shape[1], gen, cfg.max_len), layout)
@@ -382,9 +382,14 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     with beam search (tokens, scores [B]). layout: as in lm_generate."""
     layout = DecodeLayout.of(layout)
     cfg = model.cfg
-    src_ids = np.asarray(src_ids)
+    src_ids = inputs.as_host_array(src_ids, "source token id")
     check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
-    mask = (src_ids != cfg.pad_id) if src_mask is None else np.asarray(src_mask).astype(bool)
+    mask = (src_ids != cfg.pad_id) if src_mask is None else inputs.check_generation_mask(
+        src_mask, src_ids.shape, "src_mask").astype(bool)
+    if not mask.any(axis=1).all():
+        raise ValueError(f"every source needs at least one token (row {int(np.argmin(mask.any(axis=1)))} "
+                         f"is all padding)")
+    inputs.check_eos_in_vocab(eos_ids(gen.eos_id), cfg.resolved_tgt_vocab)
     if gen.prefill_chunk is not None:
         raise ValueError("prefill_chunk applies to LM prompts; a seq2seq model's encoder reads the source "
                          "in one pass and its decoder starts from BOS (nothing to prefill)")

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from jaxformer.config import inputs
 from jaxformer.config.models import (  # noqa: F401 (re-exported)
     GenerationConfig,
     check_lengths,
@@ -208,13 +209,14 @@ def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = Generat
     (1 = token; None = all) -> tokens [B, N] int32 numpy (pad_id after EOS); with beam search
     (tokens, scores [B])."""
     cfg = model.cfg
-    ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
-    check_tokens(ids, cfg.vocab_size, cfg.max_len, "prompt token id")
-    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(np.asarray(attention_mask)).long()
-    if mask.shape != ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(mask.shape)} != prompt shape {tuple(ids.shape)}")
-    if bool((mask.sum(dim=1) == 0).any()):
-        raise ValueError("every prompt needs at least one token (a row of attention_mask is all 0)")
+    ids = inputs.as_host_array(ids, "prompt token id")
+    check_tokens(torch.as_tensor(ids), cfg.vocab_size, cfg.max_len, "prompt token id")
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    mask = np.ones(tuple(ids.shape), np.int32) if attention_mask is None else inputs.check_generation_mask(
+        attention_mask, tuple(ids.shape))
+    inputs.check_left_padded(mask)
+    inputs.check_eos_in_vocab(eos_ids(gen.eos_id), cfg.vocab_size)
+    mask = torch.as_tensor(mask).long()
     cache_len = check_lengths(ids.shape[1], gen, cfg.max_len)
     check_prefill_chunk(cfg, gen)
     check_longrope_switch(cfg, ids.shape[1], gen)
@@ -251,9 +253,15 @@ def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = Gene
     (None = src_ids != pad_id) -> tokens [B, N] int32 numpy after BOS (pad_id after EOS);
     with beam search (tokens, scores [B])."""
     cfg = model.cfg
-    src_ids = torch.as_tensor(np.asarray(src_ids), dtype=torch.long)
-    check_tokens(src_ids, cfg.vocab_size, cfg.max_len, "source token id")
-    mask = (src_ids != cfg.pad_id) if src_mask is None else torch.as_tensor(np.asarray(src_mask)).bool()
+    src_ids = inputs.as_host_array(src_ids, "source token id")
+    check_tokens(torch.as_tensor(src_ids), cfg.vocab_size, cfg.max_len, "source token id")
+    src_ids = torch.as_tensor(src_ids, dtype=torch.long)
+    mask = (src_ids != cfg.pad_id) if src_mask is None else torch.as_tensor(inputs.check_generation_mask(
+        src_mask, tuple(src_ids.shape), "src_mask")).bool()
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError(f"every source needs at least one token (row {int(torch.argmin(mask.any(dim=1).int()))} "
+                         f"is all padding)")
+    inputs.check_eos_in_vocab(eos_ids(gen.eos_id), cfg.resolved_tgt_vocab)
     if gen.prefill_chunk is not None:
         raise ValueError("prefill_chunk applies to LM prompts; a seq2seq model's encoder reads the source "
                          "in one pass and its decoder starts from BOS (nothing to prefill)")

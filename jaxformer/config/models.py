@@ -17,6 +17,7 @@ Overrides win over the preset's values; the result is validated like any other c
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -305,14 +306,29 @@ class GenerationConfig:
             check_positive(self, "prefill_chunk")
         check_choice(self, "strategy", STRATEGIES)
         check_choice(self, "weights_dtype", WEIGHTS_DTYPES)
-        check(self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}")
-        check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an int >= 0, got {self.top_k!r}")
-        check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(_finite(self.temperature) and self.temperature > 0, "temperature",
+              f"must be a finite number > 0, got {self.temperature!r}")
+        check(_int(self.top_k) and self.top_k >= 0, "top_k", f"must be an int >= 0, got {self.top_k!r}")
+        check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p!r}")
+        # HF's length_penalty: any finite exponent (0 = sum of log-probs, < 0 favours short)
+        check(_finite(self.length_penalty), "length_penalty", f"must be a finite number, got {self.length_penalty!r}")
+        check(_int(self.seed), "seed", f"must be an int, got {self.seed!r}")
+        check(isinstance(self.stop_at_eos, bool), "stop_at_eos", f"must be true or false, got {self.stop_at_eos!r}")
         if self.cache_len is not None:
             check_positive(self, "cache_len")
         if isinstance(self.eos_id, list):
             object.__setattr__(self, "eos_id", tuple(self.eos_id))
         _check_meta_tokens(self, "eos_id")
+        ids = eos_ids(self.eos_id)
+        check(len(set(ids)) == len(ids), "eos_id", f"lists an id twice: {self.eos_id!r}")
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 # Framework-free generation inputs, shared by jaxformer.generation and torch_ref.generation.
@@ -320,6 +336,10 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarr
     """Left-pad token lists to one array: -> ids [B, P] int32, mask [B, P] int32 (1 = token)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    for b, x in enumerate(prompts):  # a float or bool would be cast to an int32 id silently
+        kind = np.asarray(x).dtype.kind
+        if kind not in "iu":
+            raise ValueError(f"prompt {b}: token ids must be integers, got {np.asarray(x).dtype}")
     p = max(len(x) for x in prompts)
     ids = np.full((len(prompts), p), pad_id, np.int32)
     mask = np.zeros((len(prompts), p), np.int32)

@@ -8,18 +8,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import checkify
 
 from jaxformer.layers import linear
 from jaxformer.layers.kernels import partitioning, quant
+
+# Set while models.common.checked traces a function: traced ids then get a checkify check.
+# Everywhere else a traced program holds no check at all (docs/numerics.md §10).
+TRACED_CHECKS = {"on": False}
 
 
 def check_ids(ids, upper: int, what: str = "token id", field: str = "vocab_size") -> None:
     """Raise ValueError if a concrete id array has an entry outside [0, upper).
 
     JAX gathers never raise on an out-of-range index (indexing clamps, jnp.take fills NaN), so
-    concrete inputs are checked here. Traced inputs (inside jit) cannot raise; the data
-    pipeline checks those at its boundary."""
+    concrete inputs are checked here. Traced inputs (inside jit) cannot raise: the entry points
+    check theirs before tracing (generation, the trainers' batches); under
+    models.common.checked a traced id array gets a checkify check instead."""
     if isinstance(ids, jax.core.Tracer):
+        if TRACED_CHECKS["on"]:
+            lo, hi = jnp.min(ids), jnp.max(ids)
+            checkify.check((lo >= 0) & (hi < upper), f"{what} {{}} is out of range [0, {upper}) ({field}={upper})",
+                           jnp.where(lo < 0, lo, hi))
         return
     arr = np.asarray(ids)
     if arr.size == 0:

@@ -16,7 +16,7 @@ from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Encoder
-from jaxformer.models.common import check_tokens, set_compute_dtype
+from jaxformer.models.common import check_int_input, check_mask, check_tokens, set_compute_dtype
 
 
 class Classifier(nnx.Module):
@@ -49,6 +49,8 @@ class Classifier(nnx.Module):
                  token_type_ids: jax.Array | None = None, return_intermediates: bool = False,
                  return_attention: bool = False):
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
+        check_mask(attention_mask, ids.shape)
+        check_int_input(token_type_ids, "token type id")
         valid = ids != self.cfg.pad_id if attention_mask is None else attention_mask.astype(bool)  # [B, T]
         x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
         out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates,

@@ -11,6 +11,7 @@ from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Encoder
+from jaxformer.models.common import check_int_input, check_mask, check_tokens
 
 
 class TextEncoder(nnx.Module):
@@ -30,6 +31,9 @@ class TextEncoder(nnx.Module):
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  token_type_ids: jax.Array | None = None, return_intermediates: bool = False,
                  return_attention: bool = False):
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
+        check_mask(attention_mask, ids.shape)
+        check_int_input(token_type_ids, "token type id")
         mask = None if attention_mask is None else make_padding_mask(attention_mask)
         x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
         out = self.encoder(x, mask=mask, return_intermediates=return_intermediates,

@@ -20,6 +20,8 @@ from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder
 from jaxformer.models.common import (
+    check_int_input,
+    check_mask,
     check_tokens,
     compute_dtype,
     positions_from_mask,
@@ -59,10 +61,10 @@ class LM(nnx.Module):
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
                  return_attention: bool = False, position_ids: jax.Array | None = None,
                  return_aux: bool = False, segment_ids: jax.Array | None = None):
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         b, t = ids.shape
         if return_aux and self.cfg.moe is None:
             raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
-        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
@@ -72,9 +74,11 @@ class LM(nnx.Module):
                 raise ValueError(f"attention_mask must be [batch, {slots or 'slots'}] (one entry per "
                                  f"{'cache slot' if cache is not None else 'token'}), "
                                  f"got {tuple(attention_mask.shape)}")
+            check_mask(attention_mask, None)
             positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(attention_mask), start, t, 1)  # [B, T]
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
         if segment_ids is not None:  # packed documents: no attention across them, positions restart
+            check_int_input(segment_ids, "segment id")
             if cache is not None or tuple(segment_ids.shape) != (b, t):
                 raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
                                  f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
@@ -86,6 +90,7 @@ class LM(nnx.Module):
         elif segment_ids is not None:
             mask = combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
+            check_int_input(position_ids, "position id")
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
             positions = position_ids

@@ -16,7 +16,7 @@ from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder, Encoder
-from jaxformer.models.common import check_tokens, compute_dtype, set_compute_dtype
+from jaxformer.models.common import check_mask, check_tokens, compute_dtype, set_compute_dtype
 
 
 class Seq2Seq(nnx.Module):
@@ -52,8 +52,9 @@ class Seq2Seq(nnx.Module):
     def encode(self, src_ids: jax.Array, src_mask: jax.Array | None = None, *,
                return_intermediates: bool = False, return_attention: bool = False):
         """-> memory [B, S, D], memory_mask [B, 1, 1, S] bool (and intermediates)."""
-        b, s = src_ids.shape
         check_tokens(src_ids, self.cfg.vocab_size, self.cfg.max_len, "source token id")
+        check_mask(src_mask, src_ids.shape, "src_mask")
+        b, s = src_ids.shape
         valid = src_ids != self.cfg.pad_id if src_mask is None else src_mask.astype(bool)  # [B, S]
         memory_mask = make_padding_mask(valid)  # [B, 1, 1, S]
         x = self.source_embedding()(src_ids, default_positions(b, s))  # [B, S, D]
@@ -69,9 +70,9 @@ class Seq2Seq(nnx.Module):
                return_attention: bool = False):
         """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
         With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
-        b, t = tgt_ids.shape
         check_tokens(tgt_ids, self.cfg.resolved_tgt_vocab, self.cfg.max_len if cache is None else None,
                      "target token id")
+        b, t = tgt_ids.shape
         positions = default_positions(b, t, 0 if cache_index is None else cache_index)  # [B, T]
         y = self.target_embedding()(tgt_ids, positions)  # [B, T, D]
         out = self.decoder(y, memory, memory_mask=memory_mask, positions=positions,

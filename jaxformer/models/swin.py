@@ -30,6 +30,7 @@ from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.layers.transformer import put_record
+from jaxformer.models.common import check_values
 from jaxformer.models.vit import PatchEmbedding, check_images
 from jaxformer.tables import relative_position_index, shift_mask
 
@@ -194,6 +195,7 @@ class SwinTransformer(nnx.Module):
         self.embed_dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
 
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False):
+        check_values(images, "images")
         check_images(images.shape, self.cfg.num_channels)
         inter = {}
         x = self.patch_embed(images)  # [B, H/p, W/p, C]

@@ -25,6 +25,7 @@ from jaxformer.layers.conv import Conv1d
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import absolute_positions, default_positions
 from jaxformer.layers.transformer import Encoder
+from jaxformer.models.common import check_values
 
 
 def check_series(shape: tuple, num_channels: int, receptive_field: int, max_len: int) -> None:
@@ -66,6 +67,7 @@ class TCNTransformer(nnx.Module):
     def __call__(self, series: jax.Array, *, return_intermediates: bool = False,
                  return_attention: bool = False):
         cfg = self.cfg
+        check_values(series, "series")
         check_series(series.shape, cfg.num_channels, cfg.receptive_field, cfg.input_len)
         b, length, _ = series.shape
         inter = {}

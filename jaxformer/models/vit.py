@@ -22,6 +22,7 @@ from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.layers.positional import LearnedPositionalEmbedding, default_positions, resize_bicubic
 from jaxformer.layers.transformer import Encoder
+from jaxformer.models.common import check_values
 
 
 def check_images(shape: tuple, num_channels: int, patch_size: int | None = None,
@@ -106,6 +107,7 @@ class ViT(nnx.Module):
     def __call__(self, images: jax.Array, *, return_intermediates: bool = False,
                  return_attention: bool = False):
         cfg = self.cfg
+        check_values(images, "images")
         check_images(images.shape, cfg.num_channels, cfg.patch_size,
                      None if cfg.interpolate_positions else cfg.image_size)
         b, gh, gw = images.shape[0], images.shape[1] // cfg.patch_size, images.shape[2] // cfg.patch_size

@@ -14,7 +14,7 @@ from torch_ref.layers.ffn import activation
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Encoder
-from torch_ref.models.common import autocast, check_tokens
+from torch_ref.models.common import autocast, check_int_input, check_mask, check_tokens
 
 
 class Classifier(nn.Module):
@@ -49,6 +49,8 @@ class Classifier(nn.Module):
 
     def _forward(self, ids, attention_mask, return_intermediates, token_type_ids=None, return_attention=False):
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
+        check_mask(attention_mask, ids.shape)
+        check_int_input(token_type_ids, "token type id")
         valid = ids != self.cfg.pad_id if attention_mask is None else attention_mask.bool()  # [B, T]
         x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
         out = self.encoder(x, mask=make_padding_mask(valid), return_intermediates=return_intermediates,

@@ -4,20 +4,65 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
+from jaxformer.config.inputs import check_finite, check_float_kind, check_int_kind, check_mask_values
 from torch_ref.layers.embedding import check_ids, check_length
 
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def check_tokens(ids, vocab_size: int, max_len: int | None, what: str = "token id") -> None:
-    """ValueError for a sequence longer than max_len, or an id outside [0, vocab_size)."""
+    """ValueError for ids that are not an integer [batch, length] tensor, a sequence longer than
+    max_len, or an id outside [0, vocab_size) (the JAX tree's checks and messages)."""
+    if not hasattr(ids, "dim"):
+        raise ValueError(f"{what}s must be an array [batch, length], got {type(ids).__name__}")
     if ids.dim() != 2:
         raise ValueError(f"{what}s must be [batch, length], got shape {tuple(ids.shape)}")
+    check_int_kind(_kind(ids), _dtype_name(ids), what)
     if max_len is not None:
         check_length(ids.shape[1], max_len, f"{what} sequence length")
     check_ids(ids, vocab_size, what, "vocab_size")
+
+
+def check_mask(mask, shape: tuple | None, what: str = "attention_mask") -> None:
+    """ValueError for a mask not of `shape` ([B, T]; None: the caller checks it), or holding
+    anything but 0 and 1 (a NaN or an additive mask would read as tokens)."""
+    if mask is None:
+        return
+    if not hasattr(mask, "shape") or (shape is not None and tuple(mask.shape) != tuple(shape)):
+        got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
+        raise ValueError(f"{what} must be [batch, length] = {tuple(shape)}, got {got}")
+    check_mask_values(_host(mask), what)
+
+
+def check_int_input(x, what: str) -> None:
+    """ValueError for integer inputs given as floats or bools (segment ids, positions)."""
+    if x is not None:
+        check_int_kind(_kind(x), _dtype_name(x), what)
+
+
+def check_values(x, what: str) -> None:
+    """Images or series: ValueError unless floating point and finite."""
+    check_float_kind(_kind(x), _dtype_name(x), what)
+    check_finite(_host(x), what)
+
+
+def _kind(x: torch.Tensor) -> str:
+    """The numpy dtype kind of a tensor's dtype (bfloat16 included)."""
+    if x.dtype == torch.bool:
+        return "b"
+    return "f" if x.dtype.is_floating_point else "c" if x.dtype.is_complex else "i"
+
+
+def _dtype_name(x: torch.Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    x = x.detach().cpu()
+    return (x.float() if x.dtype.is_floating_point else x).numpy()
 
 
 def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from jaxformer.config import TransformerConfig
 from torch_ref.layers.attention import make_padding_mask
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Encoder
+from torch_ref.models.common import check_int_input, check_mask, check_tokens
 
 
 class TextEncoder(nn.Module):
@@ -29,6 +30,9 @@ class TextEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False,
                 return_attention: bool = False):
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len)
+        check_mask(attention_mask, ids.shape)
+        check_int_input(token_type_ids, "token type id")
         mask = None if attention_mask is None else make_padding_mask(attention_mask)
         x = self.embed(ids, token_type_ids=token_type_ids)  # [B, T, D]
         out = self.encoder(x, mask=mask, return_intermediates=return_intermediates,

@@ -15,7 +15,15 @@ from torch_ref.layers.attention import AttentionMask, combine_masks, make_paddin
 from torch_ref.layers.positional import default_positions
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Decoder
-from torch_ref.models.common import autocast, check_tokens, compute_dtype, positions_from_mask, positions_from_segments
+from torch_ref.models.common import (
+    autocast,
+    check_int_input,
+    check_mask,
+    check_tokens,
+    compute_dtype,
+    positions_from_mask,
+    positions_from_segments,
+)
 
 
 class LM(nn.Module):
@@ -54,10 +62,10 @@ class LM(nn.Module):
 
     def _forward(self, ids, attention_mask, return_intermediates, cache, cache_index, return_attention=False,
                  position_ids=None, return_aux=False, segment_ids=None):
+        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         b, t = ids.shape
         if return_aux and self.cfg.moe is None:
             raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
-        check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
         if attention_mask is None:
@@ -67,9 +75,11 @@ class LM(nn.Module):
                 raise ValueError(f"attention_mask must be [batch, {slots or 'slots'}] (one entry per "
                                  f"{'cache slot' if cache is not None else 'token'}), "
                                  f"got {tuple(attention_mask.shape)}")
+            check_mask(attention_mask, None)
             positions = positions_from_mask(attention_mask)[:, start:start + t]  # [B, T]
             mask = make_padding_mask(attention_mask)  # [B, 1, 1, L]
         if segment_ids is not None:  # packed documents: no attention across them, positions restart
+            check_int_input(segment_ids, "segment id")
             if cache is not None or tuple(segment_ids.shape) != (b, t):
                 raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
                                  f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
@@ -81,6 +91,7 @@ class LM(nn.Module):
         elif segment_ids is not None:
             mask = combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
+            check_int_input(position_ids, "position id")
             if tuple(position_ids.shape) != (b, t):
                 raise ValueError(f"position_ids must be [batch, {t}], got {tuple(position_ids.shape)}")
             positions = position_ids

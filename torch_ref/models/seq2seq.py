@@ -14,7 +14,7 @@ from torch_ref.layers.attention import make_padding_mask
 from torch_ref.layers.positional import default_positions
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Decoder, Encoder
-from torch_ref.models.common import autocast, check_tokens, compute_dtype
+from torch_ref.models.common import autocast, check_mask, check_tokens, compute_dtype
 
 
 class Seq2Seq(nn.Module):
@@ -50,8 +50,9 @@ class Seq2Seq(nn.Module):
                return_intermediates: bool = False, return_attention: bool = False):
         """-> memory [B, S, D], memory_mask [B, 1, 1, S] bool (and intermediates)."""
         with autocast(self.cfg.dtype, src_ids.device):
-            b, s = src_ids.shape
             check_tokens(src_ids, self.cfg.vocab_size, self.cfg.max_len, "source token id")
+            check_mask(src_mask, src_ids.shape, "src_mask")
+            b, s = src_ids.shape
             valid = src_ids != self.cfg.pad_id if src_mask is None else src_mask.bool()  # [B, S]
             memory_mask = make_padding_mask(valid)  # [B, 1, 1, S]
             x = self.source_embedding()(src_ids, default_positions(b, s, device=src_ids.device))  # [B, S, D]
@@ -68,9 +69,9 @@ class Seq2Seq(nn.Module):
         """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
         With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
         with autocast(self.cfg.dtype, tgt_ids.device):
-            b, t = tgt_ids.shape
             check_tokens(tgt_ids, self.cfg.resolved_tgt_vocab, self.cfg.max_len if cache is None else None,
                          "target token id")
+            b, t = tgt_ids.shape
             positions = default_positions(b, t, 0 if cache_index is None else cache_index,
                                           device=tgt_ids.device)  # [B, T]
             y = self.target_embedding()(tgt_ids, positions)  # [B, T, D]

@@ -19,6 +19,7 @@ from torch_ref.layers.dispatch import dot_product_attention
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import LayerNorm
 from torch_ref.layers.transformer import put_record
+from torch_ref.models.common import check_values
 from torch_ref.models.vit import PatchEmbedding, check_images
 
 
@@ -185,6 +186,7 @@ class SwinTransformer(nn.Module):
         self.embed_dropout = nn.Dropout(cfg.embed_dropout)
 
     def forward(self, images: torch.Tensor, *, return_intermediates: bool = False):
+        check_values(images, "images")
         check_images(images.shape, self.cfg.num_channels)
         inter = {}
         x = self.patch_embed(images)  # [B, H/p, W/p, C]

@@ -23,6 +23,7 @@ from jaxformer.config.vision import TimeSeriesConfig
 from torch_ref.layers.conv import Conv1d
 from torch_ref.layers.positional import absolute_positions, default_positions
 from torch_ref.layers.transformer import Encoder
+from torch_ref.models.common import check_values
 
 
 def check_series(shape: tuple, num_channels: int, receptive_field: int, max_len: int) -> None:
@@ -59,6 +60,7 @@ class TCNTransformer(nn.Module):
     def forward(self, series: torch.Tensor, *, return_intermediates: bool = False,
                 return_attention: bool = False):
         cfg = self.cfg
+        check_values(series, "series")
         check_series(series.shape, cfg.num_channels, cfg.receptive_field, cfg.input_len)
         b, length, _ = series.shape
         inter = {}

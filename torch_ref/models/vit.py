@@ -20,6 +20,7 @@ from torch_ref.layers.conv import Conv2d
 from torch_ref.layers.norm import LayerNorm
 from torch_ref.layers.positional import LearnedPositionalEmbedding, default_positions, resize_bicubic
 from torch_ref.layers.transformer import Encoder
+from torch_ref.models.common import check_values
 
 
 def check_images(shape: tuple, num_channels: int, patch_size: int | None = None,
@@ -94,6 +95,7 @@ class ViT(nn.Module):
     def forward(self, images: torch.Tensor, *, return_intermediates: bool = False,
                 return_attention: bool = False):
         cfg = self.cfg
+        check_values(images, "images")
         check_images(images.shape, cfg.num_channels, cfg.patch_size,
                      None if cfg.interpolate_positions else cfg.image_size)
         b, gh, gw = images.shape[0], images.shape[1] // cfg.patch_size, images.shape[2] // cfg.patch_size
