@@ -90,6 +90,12 @@ def test_pmap_matches_single_device(single_device_losses, tmp_path):
     print("pmap vs single-device loss diffs:", ["%.1e" % d for d in diffs])
     assert len(losses) == 5 and max(diffs) <= 1e-5
     assert all(x.devices() == {jax.local_devices()[0]} for x in jax.tree.leaves(tr.state))
+    # resuming under pmap: the restored arrays (committed to one device) are placed one copy per
+    # device as pmap takes them (a sharding mismatch ValueError before)
+    resumed = JaxTrainer(config_from_dict({**cfg.to_dict(), "train": {**cfg.to_dict()["train"], "steps": 6}}),
+                         str(tmp_path), resume=True, progress=False)
+    assert resumed.start_step == 5
+    assert [r["step"] for r in resumed.run()] == [6]
 
 
 def test_fsdp8_shards_params_and_optimizer(fsdp8_trainer):

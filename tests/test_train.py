@@ -183,6 +183,10 @@ def test_resume_after_sigkill_is_exact(resume_setup):
     resumed = _losses(wd)
     assert [s for s, _ in resumed] == list(range(1, 13))
     assert resumed == reference  # identical losses, dropout RNG and data order included
+    # every logged value too: the evals after the resume (steps 8, 12: eval_loss, token
+    # accuracy, perplexity) and the train metrics (correct, grad_norm, lr), bit for bit
+    from jaxformer.train.logging_utils import read_metrics
+    assert read_metrics(wd) == read_metrics(str(d / "full"))
 
 
 def test_corrupted_newest_checkpoint_falls_back(resume_setup):

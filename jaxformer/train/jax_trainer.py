@@ -301,10 +301,15 @@ class JaxTrainer:
 
     # ------------------------------------------------------------------ per-mode placement
     def _replicate(self, tree):
-        """pmap: one copy per device along a leading axis; other modes: the tree itself."""
+        """pmap: one copy per device along a leading axis, placed one per device (as pmap
+        shards its inputs: a restored checkpoint's arrays are committed to one device, which
+        pmap refuses, and a fresh state's are not); other modes: the tree itself."""
         if not self.devices:
             return tree
-        return jax.tree.map(lambda x: jnp.broadcast_to(x, (self.devices,) + x.shape), tree)
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        mesh = Mesh(np.array(jax.local_devices()[: self.devices]), (DATA_AXIS,))
+        per_device = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+        return jax.tree.map(lambda x: jax.device_put(jnp.broadcast_to(x, (self.devices,) + x.shape), per_device), tree)
 
     def _unreplicate(self, tree):
         """pmap: the first device's copy (all are equal after the psum); other modes: the tree
