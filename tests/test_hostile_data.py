@@ -370,6 +370,11 @@ BOMB_CASES = [
                                            "--set", "model.vocab_size=16777216", "--set", "model.d_model=65536"],
          error=r"the train state \(parameters and optimiser state\) needs [\d,.]+ GiB, more than the [\d,.]+ GiB "
                r"available on this host", setup=_tiny, absent=("w/config.yaml", "w/checkpoints", "w/.lock")),
+    Case("torch_train_state_does_not_fit", argv=["train", "--framework", "torch", "--config", "{tmp}/cfg.yaml", "--workdir",
+                                                 "{tmp}/w", "--no-progress", "--set", "model.vocab_size=16777216",
+                                                 "--set", "model.d_model=65536"],
+         error=r"the train state \(parameters, gradients and optimiser state\) needs [\d,.]+ GiB, more than",
+         setup=_tiny, absent=("w/config.yaml", "w/torch_checkpoints", "w/.lock")),
     Case("eval_model_does_not_fit", argv=["eval", "{tmp}/w", "--step", "2"], error=r"the model needs [\d,.]+ GiB, more than",
          setup=lambda t: _run_yaml(t, model={"name": "lm", "vocab_size": 1 << 24, "d_model": 1 << 16, "num_heads": 4,
                                              "d_ff": 64, "num_layers": 2, "max_len": 32})),

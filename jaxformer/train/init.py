@@ -163,12 +163,12 @@ def abstract_state_of(model, tx) -> dict:
     return jax.eval_shape(f, params, frozen, rest)
 
 
-def available_bytes() -> tuple[int, str]:
+def available_bytes(host: bool = False) -> tuple[int, str]:
     """(bytes the arrays may use, where): the local devices' memory limits summed (a state that
-    exceeds it cannot fit however it is sharded), or, on CPU, the host's available memory
-    (psutil when installed, else os.sysconf)."""
+    exceeds it cannot fit however it is sharded), or, on CPU (or host=True), the host's
+    available memory (psutil when installed, else os.sysconf)."""
     devices = jax.local_devices()
-    if devices[0].platform != "cpu":
+    if devices[0].platform != "cpu" and not host:
         limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
         if all(limits):
             return int(sum(limits)), f"the {len(devices)} local {devices[0].platform} device(s)"
@@ -185,7 +185,12 @@ def check_fits(abstract, what: str) -> None:
     gave would otherwise fail deep inside XLA, or take the machine's memory)."""
     need = sum(int(np.prod(x.shape)) * getattr(x.dtype, "itemsize", 8) for x in jax.tree.leaves(abstract)
                if hasattr(x, "shape") and hasattr(x, "dtype"))
-    have, where = available_bytes()
+    check_bytes(need, what)
+
+
+def check_bytes(need: int, what: str, host: bool = False) -> None:
+    """ValueError naming both when `need` bytes exceed available_bytes(host)."""
+    have, where = available_bytes(host)
     if need > have:
         raise ValueError(f"{what} needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
                          f"available on {where}; check the model's sizes")

@@ -23,6 +23,7 @@ import torch
 
 from jaxformer import fileio
 from jaxformer.train import data as data_lib
+from jaxformer.train import init as init_lib
 from jaxformer.train import tasks, torch_init, torch_tasks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.config import RunConfig, save_config
@@ -31,6 +32,19 @@ from jaxformer.train.jax_trainer import model_config_for_training
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_torch_optimizer
 from torch_ref import lowering as torch_lowering
+
+
+def check_fits_torch(cfg: RunConfig) -> None:
+    """Before the real build: the module built on torch's meta device (no memory), its weights,
+    their gradients and Adam's two moments against the host's available memory (init.check_bytes)."""
+    from torch_ref.models import build_model
+    try:
+        with torch.device("meta"):
+            meta = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
+    except Exception:  # noqa: BLE001 - a module whose construction needs real tensors: no estimate
+        return
+    need = 4 * sum(p.numel() * p.element_size() for p in meta.parameters())
+    init_lib.check_bytes(need, "the train state (parameters, gradients and optimiser state)", host=True)
 
 
 def build_torch_model(cfg: RunConfig):
@@ -101,6 +115,8 @@ class TorchTrainer:
             self.batches = None
             self.data_state: dict | None = None
             self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
+            if module is None:
+                check_fits_torch(cfg)
             self.module = module if module is not None else build_torch_model(cfg)
             adapt_torch(self.module, tc.lora, tc.seed)  # a caller's module gets adapters too
             self.opt, self.sched = make_torch_optimizer(tc, self.module)
