@@ -9,7 +9,7 @@
     out = jmod(x_btd, mask=mask)
 
 torch.nn module             jaxformer module (built here)                      torch key -> jaxformer key
-nn.MultiheadAttention       layers.attention.MultiHeadAttention                in_proj_weight/bias -> q/k/v_proj (split),
+nn.MultiheadAttention       TorchMultiheadAttention (below, a MultiHeadAttention) in_proj_weight/bias -> q/k/v_proj (split),
                                                                                 q/k/v_proj_weight (kdim/vdim) -> q/k/v_proj,
                                                                                 out_proj -> o_proj, bias_k/v [1, 1, E] -> [E]
 nn.TransformerEncoderLayer  layers.transformer.EncoderLayer                    linear1/2 -> ffn.up_proj/down_proj,
@@ -47,8 +47,72 @@ from torch import nn
 
 from jaxformer import convert
 from jaxformer.config import TransformerConfig
-from jaxformer.layers.attention import MultiHeadAttention, combine_masks
+from jaxformer.layers.attention import AttentionMask, MultiHeadAttention, combine_masks
+from jaxformer.layers.kernels import partitioning
+from jaxformer.layers.linear import Linear
 from jaxformer.layers.transformer import Decoder, DecoderLayer, Encoder, EncoderLayer
+
+
+class TorchMultiheadAttention(MultiHeadAttention):
+    """MultiHeadAttention with torch.nn.MultiheadAttention's own options, which from_torch
+    builds; its torch reference is nn.MultiheadAttention itself (docs/numerics.md §23).
+
+    Args (beyond MultiHeadAttention's):
+        kdim, vdim: input widths of k_proj and v_proj; None = D (keys and values that come
+            from a stream of another width).
+        add_bias_kv: append one learned key slot `bias_k` and value slot `bias_v` ([G * K]) to
+            the projected keys and values, always visible.
+        add_zero_attn: then append one all-zero key and value slot, always visible (score 0).
+    Shapes: kv [B, S, kdim], value [B, S, vdim]. The appended slots extend S by one each; mask
+    and bias get them visible. They have no position, so they cannot be combined with RoPE,
+    and no KV cache holds them.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, kdim: int | None = None, vdim: int | None = None,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, rngs: nnx.Rngs, **options):
+        super().__init__(d_model, num_heads, rngs=rngs, **options)
+        self.slots = int(add_bias_kv) + int(add_zero_attn)
+        if self.rope is not None and self.slots:
+            raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
+                             "they cannot be combined with RoPE (rope)")
+        width = self.num_kv_heads * self.head_dim
+        for name, dim in (("k_proj", kdim), ("v_proj", vdim)):
+            if dim is not None and dim != d_model:
+                setattr(self, name, Linear(dim, width, use_bias=getattr(self, name).use_bias,
+                                           axes=("embed", "heads"), rngs=rngs))
+        # learned key/value slots appended after the projected keys/values (add_bias_kv), [G * K]
+        self.bias_k = (partitioning.param(0.02 * jax.random.normal(rngs.params(), (width,)), (None,))
+                       if add_bias_kv else None)
+        self.bias_v = (partitioning.param(0.02 * jax.random.normal(rngs.params(), (width,)), (None,))
+                       if add_bias_kv else None)
+        self.add_zero_attn = add_zero_attn
+
+    def append_slots(self, k: jax.Array, v: jax.Array, mask, bias):
+        """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
+        (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
+        visible with bias 0, unless they already have S + n columns (then they say it)."""
+        if isinstance(mask, AttentionMask):  # the slots have no place in the parts: make it dense
+            extra = mask.dense_bias()
+            mask, bias = mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
+        b, _, g, d = k.shape
+        new_k, new_v = [k], [v]
+        if self.bias_k is not None:
+            new_k.append(jnp.broadcast_to(self.bias_k[...].reshape(1, 1, g, d), (b, 1, g, d)).astype(k.dtype))
+            new_v.append(jnp.broadcast_to(self.bias_v[...].reshape(1, 1, g, d), (b, 1, g, d)).astype(v.dtype))
+        if self.add_zero_attn:
+            new_k.append(jnp.zeros((b, 1, g, d), k.dtype))
+            new_v.append(jnp.zeros((b, 1, g, d), v.dtype))
+        n, s = len(new_k) - 1, k.shape[1]
+
+        def pad(m, value):  # -> 4-D, S columns, then n more (a mask of S + n covers them itself)
+            m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+            if m.shape[-1] == s + n:
+                return m
+            m = jnp.broadcast_to(m, m.shape[:3] + (s,))
+            return jnp.concatenate([m, jnp.full(m.shape[:3] + (n,), value, m.dtype)], axis=-1)
+        mask = None if mask is None else pad(mask, True)
+        bias = None if bias is None else pad(bias, 0)
+        return jnp.concatenate(new_k, axis=1), jnp.concatenate(new_v, axis=1), mask, bias
 
 
 class EncoderDecoder(nnx.Module):
@@ -199,7 +263,7 @@ def _slots(attention) -> int | None:
         return None
     if not isinstance(attention, MultiHeadAttention):
         raise ValueError(f"attention must be the imported MultiHeadAttention, got {type(attention).__name__}")
-    return int(attention.bias_k is not None) + int(bool(attention.add_zero_attn))
+    return attention.slots
 
 
 def _sdpa_causal(attn_mask, attention) -> jax.Array:
@@ -336,11 +400,13 @@ def twin_spec(module: nn.Module, causal: bool = False) -> tuple[type, tuple, dic
     kind = type(module)
     if kind is nn.MultiheadAttention:
         e = module.embed_dim
-        return MultiHeadAttention, (e, module.num_heads), dict(
-            bias=module.in_proj_bias is not None, out_bias=module.out_proj.bias is not None,
-            attn_dropout=float(module.dropout), kdim=None if module.kdim == e else module.kdim,
-            vdim=None if module.vdim == e else module.vdim, add_bias_kv=module.bias_k is not None,
-            add_zero_attn=bool(module.add_zero_attn))
+        kw = dict(bias=module.in_proj_bias is not None, out_bias=module.out_proj.bias is not None,
+                  attn_dropout=float(module.dropout))
+        torch_only = {k: v for k, v in (("kdim", module.kdim), ("vdim", module.vdim)) if v != e}
+        torch_only.update({k: True for k, on in (("add_bias_kv", module.bias_k is not None),
+                                                 ("add_zero_attn", bool(module.add_zero_attn))) if on})
+        return (TorchMultiheadAttention, (e, module.num_heads), {**kw, **torch_only}) if torch_only else (
+            MultiHeadAttention, (e, module.num_heads), kw)
     if kind is nn.TransformerEncoderLayer:
         return EncoderLayer, (_layer_config(module, "TransformerEncoderLayer"),), {}
     if kind is nn.TransformerDecoderLayer:

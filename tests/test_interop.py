@@ -359,10 +359,10 @@ def test_from_torch_refuses(name):
 
 
 def test_attention_slots_refuse_cache_and_rope():
-    from jaxformer.layers.attention import MultiHeadAttention
+    from jaxformer.config import Rope
     with pytest.raises(ValueError, match="cannot be combined with RoPE"):
-        MultiHeadAttention(D, H, rope_max_len=8, add_bias_kv=True, rngs=nnx.Rngs(0))
-    m = MultiHeadAttention(D, H, add_zero_attn=True, rngs=nnx.Rngs(0))
+        interop.TorchMultiheadAttention(D, H, rope=Rope(8), add_bias_kv=True, rngs=nnx.Rngs(0))
+    m = interop.TorchMultiheadAttention(D, H, add_zero_attn=True, rngs=nnx.Rngs(0))
     cache = {"k": np.zeros((1, H, 4, D // H), np.float32), "v": np.zeros((1, H, 4, D // H), np.float32)}
     with pytest.raises(ValueError, match="not supported together with a KV cache"):
         m(np.zeros((1, 1, D), np.float32), cache=cache, cache_index=0)

@@ -24,7 +24,7 @@ from generation_helpers import jitted, pair
 
 from jaxformer import convert
 from jaxformer import generation as jgen
-from jaxformer.config import ConfigError, RopeScaling
+from jaxformer.config import ConfigError, Rope, RopeScaling
 from jaxformer.config.models import GenerationConfig, LMConfig, Seq2SeqConfig
 from jaxformer.config.moe import MLAConfig
 from jaxformer.layers.mla import MultiHeadLatentAttention as JaxMLA
@@ -78,7 +78,7 @@ def test_mla_matches_transformers_deepseek_v3_attention(name):
         for p in ref.parameters():
             p.copy_(torch.randn(p.shape) * (0.5 if p.ndim == 1 else 0.2))
     rotary = hf_ds.DeepseekV3RotaryEmbedding(cfg)
-    kw = dict(max_len=32, rope_base=100.0, rope_scaling=_rope_scaling(rope), bias=bias)
+    kw = dict(rope=Rope(32, 100.0, _rope_scaling(rope)), bias=bias)
     ours_t = TorchMLA(D, H, mla, **kw).eval()
     ours_t.load_state_dict(ref.state_dict(), strict=True)  # HF's names are ours
     from flax import nnx
@@ -210,7 +210,7 @@ def test_mla_refuses_what_it_does_not_implement():
     with pytest.raises(ValueError, match="self-attention only"):
         pair("seq2seq", Seq2SeqConfig.tiny(position="rope", mla=MLA_Q_LORA))
     from flax import nnx
-    layer = JaxMLA(D, H, MLA_Q_LORA, max_len=16, rngs=nnx.Rngs(0))
+    layer = JaxMLA(D, H, MLA_Q_LORA, rope=Rope(16), rngs=nnx.Rngs(0))
     x = jnp.zeros((1, 2, D))
     with pytest.raises(ValueError, match="ring cache"):
         layer(x, cache=layer.init_cache(1, 4), cache_index=0, rolling=True)

@@ -130,8 +130,10 @@ def test_multihead_attention(tag):
     module, inputs = make_mha(tag)
     result, _ = checked(module, inputs)
     src = flat(result.source)
-    assert "from jaxformer.layers.attention import MultiHeadAttention" in src
-    assert "self.attn = MultiHeadAttention(16, 4," in src
+    slots = MHA_CASES[tag]["kw"].get("add_bias_kv") or MHA_CASES[tag]["kw"].get("add_zero_attn")
+    cls = "TorchMultiheadAttention" if slots else "MultiHeadAttention"  # torch.nn's own options: interop's
+    assert f"from jaxformer.{'interop' if slots else 'layers.attention'} import {cls}" in src
+    assert f"self.attn = {cls}(16, 4," in src
     assert "in_proj" not in src  # the twin holds q/k/v_proj; the loader splits torch's in_proj_weight
     if "padding" in tag:
         assert "torch_masks(key_padding_mask=pad" in src

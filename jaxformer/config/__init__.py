@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping
 
+from jaxformer.config.attention import QKNorm, Rope, Scores  # noqa: F401
 from jaxformer.config.base import ConfigError, from_dict, replace, to_dict
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.moe import MLAConfig, MoEConfig

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer.config.attention import QKNorm, Rope, Scores
 from jaxformer.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
@@ -60,24 +61,19 @@ class MultiHeadAttention(nnx.Module):
         head_dim: K; None = D // H.  bias: biases on the q/k/v projections (and on o_proj when
             out_bias is None).  out_bias: the o_proj bias; None = bias.
         attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
-        rope_max_len: enable RoPE for self-attention with tables of this length.
-        rope_base: RoPE base.  rope_scaling: a RopeScaling or None (docs/numerics.md §20).
-        qk_norm: a norm kind ("rmsnorm", Qwen3) applied per head to q and k before RoPE, with
-            eps norm_eps; None = none.
-        qk_norm_full: the qk_norm is one norm over all heads' q (H * K) and k (G * K), applied
-            before the head split (OLMo 2, docs/numerics.md §35); False = per head.
-        rotary_dim: RoPE rotates the first rotary_dim dims of each head; None = all (§35).
-        scale: score scale; None = 1/sqrt(K) (T5 uses 1).
-        kdim, vdim: input widths of k_proj and v_proj; None = D (torch.nn.MultiheadAttention's
-            kdim / vdim, for keys and values that come from a stream of another width).
-        add_bias_kv: append one learned key slot `bias_k` and value slot `bias_v` ([G * K]) to
-            the projected keys and values, always visible (nn.MultiheadAttention's add_bias_kv).
-        add_zero_attn: then append one all-zero key and value slot, always visible (score 0).
-        softcap: attention logit soft-capping (Gemma2), see dot_product_attention.
-        sinks: a learned per-head logit `sinks` [H] in every softmax denominator (gpt-oss's
-            attention sinks, HF `self_attn.sinks`), see dot_product_attention.
-    Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
-    kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
+        rope: a config.Rope (max_len, base, scaling, rotary_dim): rotary positions for
+            self-attention; None = none.
+        qk_norm: a config.QKNorm (kind, eps, full): norms of q and k before RoPE, per head
+            (Qwen3) or over all heads (OLMo 2, docs/numerics.md §35); None = none.
+        scores: a config.Scores (scale, softcap, sinks): the score scale (None = 1/sqrt(K); T5
+            uses 1), soft-capping (Gemma2) and a learned per-head logit `sinks` [H] in every
+            softmax denominator (gpt-oss's attention sinks, HF `self_attn.sinks`); see
+            dot_product_attention.
+    torch.nn.MultiheadAttention's own options (kdim / vdim, add_bias_kv, add_zero_attn) are
+    jaxformer.interop.TorchMultiheadAttention's, a subclass: it sets `slots` and
+    `append_slots`, which this class calls in step 2c.
+    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention), value [B, S, D] (None = kv)
+    -> [B, T, D].
 
     KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] arrays (the
     layout a decode step reads without a transpose; bench/README.md):
@@ -94,15 +90,12 @@ class MultiHeadAttention(nnx.Module):
     With a cache the call returns (out, new_cache).
     """
 
+    slots = 0  # key/value slots appended after the projected keys (interop.TorchMultiheadAttention)
+
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
-                 dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
-                 scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
-                 qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
-                 vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
-                 softcap: float | None = None, sinks: bool = False, qk_norm_full: bool = False,
-                 rotary_dim: int | None = None,
-                 rngs: nnx.Rngs):
+                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
+                 attn_dropout: float = 0.0, dropout: float = 0.0, rope: Rope | None = None,
+                 qk_norm: QKNorm | None = None, scores: Scores = Scores(), rngs: nnx.Rngs):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
             if d_model % num_heads:
@@ -110,46 +103,36 @@ class MultiHeadAttention(nnx.Module):
             head_dim = d_model // num_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-        if rope_max_len and (add_bias_kv or add_zero_attn):
-            raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
-                             "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale, self.softcap = scale, softcap
+        self.scale, self.softcap = scores.scale, scores.softcap
         self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
-        self.k_proj = Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, use_bias=bias,
-                             axes=("embed", "heads"), rngs=rngs)
-        self.v_proj = Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, use_bias=bias,
-                             axes=("embed", "heads"), rngs=rngs)
-        # learned key/value slots appended after the projected keys/values (add_bias_kv), [G * K]
-        self.bias_k = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,)),
-                                         (None,)) if add_bias_kv else None
-        self.bias_v = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_kv_heads * head_dim,)),
-                                         (None,)) if add_bias_kv else None
-        self.add_zero_attn = add_zero_attn
+        self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
+        self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
         # one learned logit per query head in every softmax denominator (gpt-oss), [H]
         self.sinks = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_heads,)),
-                                        (None,)) if sinks else None
+                                        (None,)) if scores.sinks else None
         self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
                              axes=("heads", "embed"), rngs=rngs)
         # norms of q and k before RoPE: per head (Qwen3), weights [K]; or over all heads at
-        # once (qk_norm_full, OLMo 2), weights [H * K] and [G * K]
-        self.qk_norm_full = qk_norm_full
-        q_width, k_width = (num_heads * head_dim, num_kv_heads * head_dim) if qk_norm_full else (head_dim, head_dim)
-        self.q_norm = make_norm(qk_norm, q_width, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
-        self.k_norm = make_norm(qk_norm, k_width, eps=norm_eps, bias=False, rngs=rngs) if qk_norm else None
-        self.rope = (RotaryEmbedding(head_dim, rope_max_len, rope_base, rope_scaling, rotary_dim)
-                     if rope_max_len else None)
+        # once (qk_norm.full, OLMo 2), weights [H * K] and [G * K]
+        self.qk_norm_full = qk_norm is not None and qk_norm.full
+        q_width, k_width = (num_heads * head_dim, num_kv_heads * head_dim) if self.qk_norm_full else (head_dim, head_dim)
+        self.q_norm, self.k_norm = ((make_norm(qk_norm.kind, q_width, eps=qk_norm.eps, bias=False, rngs=rngs),
+                                     make_norm(qk_norm.kind, k_width, eps=qk_norm.eps, bias=False, rngs=rngs))
+                                    if qk_norm else (None, None))
+        self.rope = (RotaryEmbedding(head_dim, rope.max_len, rope.base, rope.scaling, rope.rotary_dim)
+                     if rope else None)
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
     def project_kv(self, kv: jax.Array, value: jax.Array | None = None) -> dict:
-        """Keys of kv [B, S, kdim] and values of value [B, S, vdim] (None = kv)
-        -> {"k", "v"}: [B, S, G, K] (no RoPE, no appended slots)."""
+        """Keys of kv [B, S, D] and values of value [B, S, D] (None = kv; other widths in
+        interop.TorchMultiheadAttention) -> {"k", "v"}: [B, S, G, K] (no RoPE, no appended slots)."""
         b, s, _ = kv.shape
         # step 2 of __call__ rotates these keys; a k_norm is not linear in b_k either
         rotated = self.rope is not None or self.k_norm is not None
         # the slots of step 2c carry no b_k, so softmax does not cancel q . b_k (§23)
-        rotated = rotated or self.bias_k is not None or self.add_zero_attn
+        rotated = rotated or self.slots > 0
         k = self.split_heads(key_projection(self.k_proj, kv, rotated=rotated), self.k_norm,
                              self.num_kv_heads)  # [B, S, G, K]
         value = kv if value is None else value
@@ -164,33 +147,6 @@ class MultiHeadAttention(nnx.Module):
         x = x.reshape(b, s, heads, self.head_dim)  # [B, S, n, K]
         return x if norm is None or self.qk_norm_full else norm(x)
 
-    def append_slots(self, k: jax.Array, v: jax.Array, mask, bias):
-        """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
-        (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
-        visible with bias 0, unless they already have S + n columns (then they say it)."""
-        if isinstance(mask, AttentionMask):  # the slots have no place in the parts: make it dense
-            extra = mask.dense_bias()
-            mask, bias = mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
-        b, _, g, d = k.shape
-        new_k, new_v = [k], [v]
-        if self.bias_k is not None:
-            new_k.append(jnp.broadcast_to(self.bias_k[...].reshape(1, 1, g, d), (b, 1, g, d)).astype(k.dtype))
-            new_v.append(jnp.broadcast_to(self.bias_v[...].reshape(1, 1, g, d), (b, 1, g, d)).astype(v.dtype))
-        if self.add_zero_attn:
-            new_k.append(jnp.zeros((b, 1, g, d), k.dtype))
-            new_v.append(jnp.zeros((b, 1, g, d), v.dtype))
-        n, s = len(new_k) - 1, k.shape[1]
-
-        def pad(m, value):  # -> 4-D, S columns, then n more (a mask of S + n covers them itself)
-            m = m.reshape((1,) * (4 - m.ndim) + m.shape)
-            if m.shape[-1] == s + n:
-                return m
-            m = jnp.broadcast_to(m, m.shape[:3] + (s,))
-            return jnp.concatenate([m, jnp.full(m.shape[:3] + (n,), value, m.dtype)], axis=-1)
-        mask = None if mask is None else pad(mask, True)
-        bias = None if bias is None else pad(bias, 0)
-        return jnp.concatenate(new_k, axis=1), jnp.concatenate(new_v, axis=1), mask, bias
-
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
                  bias: jax.Array | None = None, positions: jax.Array | None = None,
                  return_weights: bool = False, cache: dict | None = None, cache_index=None,
@@ -198,8 +154,7 @@ class MultiHeadAttention(nnx.Module):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
-        extra_slots = self.bias_k is not None or self.add_zero_attn
-        if cache is not None and extra_slots:
+        if cache is not None and self.slots:
             raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
@@ -234,8 +189,8 @@ class MultiHeadAttention(nnx.Module):
             k = jax.lax.dynamic_update_slice(cache["k"], jnp.swapaxes(k, 1, 2).astype(cache["k"].dtype), start)  # [B, G, L, K]
             v = jax.lax.dynamic_update_slice(cache["v"], jnp.swapaxes(v, 1, 2).astype(cache["v"].dtype), start)  # [B, G, L, K]
             cache = {"k": k, "v": v}
-        # 2c) append the learned and the zero key/value slots
-        if extra_slots:
+        # 2c) append torch.nn's learned and zero key/value slots (interop.TorchMultiheadAttention)
+        if self.slots:
             k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,

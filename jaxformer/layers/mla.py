@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering, tables
+from jaxformer.config.attention import Rope
 from jaxformer.config.moe import MLAConfig
 from jaxformer.layers.dispatch import dot_product_attention
 from jaxformer.layers.kernels import quant
@@ -69,7 +70,7 @@ class MultiHeadLatentAttention(nnx.Module):
 
     Args:
         d_model: D.  num_heads: H.  mla: the MLAConfig (ranks and head widths).
-        max_len, rope_base, rope_scaling: the rope part's RoPE (RopeScaling or None).
+        rope: the rope part's RoPE, a config.Rope (max_len, base, scaling; rotary_dim unused).
         bias: biases on q_a_proj and kv_a_proj_with_mqa (HF attention_bias); q_proj, q_b_proj
             and kv_b_proj never have one.  out_bias: the o_proj bias; None = bias.
         attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
@@ -82,13 +83,12 @@ class MultiHeadLatentAttention(nnx.Module):
     the unwritten slots (as MultiHeadAttention's cache).
     """
 
-    def __init__(self, d_model: int, num_heads: int, mla: MLAConfig, *, max_len: int,
-                 rope_base: float = 10000.0, rope_scaling=None, bias: bool = False,
+    def __init__(self, d_model: int, num_heads: int, mla: MLAConfig, *, rope: Rope, bias: bool = False,
                  out_bias: bool | None = None, attn_dropout: float = 0.0, dropout: float = 0.0,
                  scale: float | None = None, softcap: float | None = None, rngs: nnx.Rngs):
         h, n, r, v, c = num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
         self.num_heads, self.mla, self.softcap = num_heads, mla, softcap
-        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope_scaling, scale)
+        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope.scaling, scale)
         if mla.q_lora_rank is None:
             self.q_proj = Linear(d_model, h * (n + r), use_bias=False, axes=("embed", "heads"), rngs=rngs)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
@@ -102,7 +102,7 @@ class MultiHeadLatentAttention(nnx.Module):
         self.kv_b_proj = Linear(c, h * (n + v), use_bias=False, axes=(None, "heads"), rngs=rngs)
         self.o_proj = Linear(h * v, d_model, use_bias=bias if out_bias is None else out_bias,
                              axes=("heads", "embed"), rngs=rngs)
-        self.rope = RotaryEmbedding(r, max_len, rope_base, rope_scaling)
+        self.rope = RotaryEmbedding(r, rope.max_len, rope.base, rope.scaling)
         self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 

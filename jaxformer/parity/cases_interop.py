@@ -71,3 +71,82 @@ for need_weights, path in ((False, "sdpa"), (True, "weights")):
     case(f"interop_mha_slots_is_causal_{path}", "interop", _mha_is_causal(need_weights),
          lambda r: {"x": normal(B, T, D)(r)},
          state_map=_mha_state)
+
+
+# ----------------------------------------------------------------- torch.nn's own options
+# kdim / vdim, add_bias_kv, add_zero_attn: interop.TorchMultiheadAttention against
+# nn.MultiheadAttention itself. Keys and values from streams of other widths; learned and zero
+# key/value slots, which stay visible in a row whose every key is masked, and under which the
+# key bias keeps its gradient (docs/numerics.md §23). Both sides get the same bool mask [B, 1,
+# T, S] and additive bias [B, H, T, S]: torch as one float attn_mask [B * H, T, S] (-inf where
+# masked), which it pads with visible columns for the slots, as the twin pads its mask and bias.
+S = 4
+
+
+def _mha_options(need_weights: bool = False, **options):
+    """Builder: nn.MultiheadAttention(**options), called with (x, kv, value, mask, bias) as
+    above, and its interop twin called with the mask and bias themselves."""
+    def build(seed: int):
+        import torch
+        from flax import nnx
+        from torch import nn
+
+        from jaxformer import interop
+
+        class TorchCall(nn.Module):
+            def __init__(self, attn):
+                super().__init__()
+                self.attn = attn
+
+            def forward(self, x, mask, kv=None, value=None, bias=None):
+                kv = x if kv is None else kv
+                value = kv if value is None else value
+                full = (x.shape[0], H, x.shape[1], kv.shape[1])  # [B, H, T, S]
+                mask = torch.as_tensor(mask).expand(full)
+                add = torch.zeros(full) if bias is None else bias.expand(full)
+                attn_mask = add.masked_fill(~mask, float("-inf")).reshape(-1, *full[2:])  # [B * H, T, S]
+                out, weights = self.attn(x, kv, value, attn_mask=attn_mask, need_weights=need_weights,
+                                         average_attn_weights=False)
+                return (out, weights) if need_weights else out
+
+        class FlaxCall(nnx.Module):
+            def __init__(self, attn):
+                self.attn = attn
+
+            def __call__(self, x, mask, kv=None, value=None, bias=None):
+                return self.attn(x, kv, value=value, mask=mask, bias=bias, return_weights=need_weights)
+
+        torch.manual_seed(seed)
+        mha = nn.MultiheadAttention(D, H, batch_first=True, **options).eval()
+        with torch.no_grad():  # torch inits the biases to 0: random ones make them matter
+            for p in (mha.in_proj_bias, mha.out_proj.bias, mha.bias_v):
+                if p is not None:
+                    p.normal_()
+        return TorchCall(mha).eval(), FlaxCall(interop.from_torch(mha))
+    return build
+
+
+def _pad(lengths, s):
+    """Key padding [B, 1, 1, s] bool, True = attend."""
+    import numpy as np
+    return (np.arange(s)[None, :] < np.asarray(lengths)[:, None])[:, None, None, :]
+
+
+def _no_keys():
+    """[B, 1, T, T]: batch row 1's query 2 sees no key at all (only the appended slots)."""
+    import numpy as np
+    m = np.ones((B, 1, T, T), bool)
+    m[1, 0, 2] = False
+    return m
+
+
+case("interop_mha_kdim_vdim_cross", "interop", _mha_options(kdim=24, vdim=20),
+     lambda r: {"x": normal(B, T, D)(r), "kv": normal(B, S, 24)(r), "value": normal(B, S, 20)(r),
+                "mask": _pad([4, 2], S)},
+     state_map=_mha_state)
+case("interop_mha_bias_kv_zero_attn", "interop", _mha_options(add_bias_kv=True, add_zero_attn=True),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _no_keys() & _pad([5, 3], T), "bias": normal(B, H, T, T)(r)},
+     state_map=_mha_state)
+case("interop_mha_bias_kv_weights", "interop", _mha_options(need_weights=True, add_bias_kv=True),
+     lambda r: {"x": normal(B, T, D)(r), "mask": _pad([5, 3], T)},
+     state_map=_mha_state)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.config import RopeScaling, TransformerConfig
+from jaxformer.config import QKNorm, Rope, RopeScaling, Scores, TransformerConfig
 from jaxformer.parity.cases import case, ids, mirror, mirror_fn, model_pair, normal, padding
 
 B, T, S, D, H = 2, 6, 5, 32, 4
@@ -75,19 +75,19 @@ case("mha_gqa_nobias_causal", "attention",
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
 # T5 (docs/numerics.md §22): unscaled scores plus a position bias, no biases, a head_dim of its own
 case("mha_t5_unscaled_bias", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, head_dim=6, bias=False, scale=1.0),
+     mirror("layers.attention.MultiHeadAttention", D, H, head_dim=6, bias=False, scores=Scores(scale=1.0)),
      lambda r: {"x": normal(B, T, D)(r), "bias": normal(1, H, T, T)(r), "mask": _pad_mask([6, 3], T)})
 case("mha_mqa_head_dim", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=1, head_dim=12),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
 case("mha_rope_gqa", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, rope_base=500.0),
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16, 500.0)),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal(),
                 "positions": np.stack([np.arange(T), np.arange(3, 3 + T)]).astype(np.int32)})
 # positions up to 2000: the RoPE angle pos * base^(-2i/K) is large, so a base off by 0.1% moves
 # outputs and every gradient leaf well past the tolerance (mutation rope_base_0.1pct)
 case("mha_rope_long_positions", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, rope_max_len=2048),
+     mirror("layers.attention.MultiHeadAttention", D, H, rope=Rope(2048)),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal(),
                 "positions": np.sort(r.randint(0, 2048, (B, T)), axis=1).astype(np.int32)})
 # dropout configured but eval mode: both sides must be deterministic (mutation dropout_active_in_eval)
@@ -135,30 +135,17 @@ for tag, scaling in {"": None, "_dynamic": ROPE_SCALINGS["dynamic"]}.items():
          lambda r: {"x": normal(B, T, H, 12)(r), "positions": r.randint(0, 64, (B, T)).astype(np.int32)})
 # Qwen2 / Qwen3 attention: q/k/v biases without an o_proj bias; per-head RMSNorm on q and k
 case("mha_qkv_bias_qk_norm_rope", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, out_bias=False,
-            qk_norm="rmsnorm", norm_eps=1e-6),
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16), out_bias=False,
+            qk_norm=QKNorm("rmsnorm", 1e-6)),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
-# torch.nn.MultiheadAttention's options (jaxformer/interop.py, docs/numerics.md §23): keys and
-# values from streams of other widths; learned and zero key/value slots, which stay visible in
-# a row whose every key is masked, and under which the key bias keeps its gradient
-_NO_KEYS = np.ones((B, 1, T, T), bool)
-_NO_KEYS[1, 0, 2] = False
-case("mha_kdim_vdim_cross", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, kdim=24, vdim=20),
-     lambda r: {"x": normal(B, T, D)(r), "kv": normal(B, S, 24)(r), "value": normal(B, S, 20)(r),
-                "mask": _pad_mask([5, 2])})
-case("mha_bias_kv_zero_attn", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, add_bias_kv=True, add_zero_attn=True),
-     lambda r: {"x": normal(B, T, D)(r), "mask": _NO_KEYS & _pad_mask([6, 3], T),
-                "bias": normal(B, H, T, T)(r)})
-case("mha_bias_kv_return_weights", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, add_bias_kv=True),
-     lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 3], T), "return_weights": True})
+# torch.nn.MultiheadAttention's own options (kdim / vdim, add_bias_kv, add_zero_attn) are
+# interop.TorchMultiheadAttention's: their cases are against nn.MultiheadAttention itself
+# (cases_interop.py)
 # Gemma2 attention: scores scaled by query_pre_attn_scalar ** -0.5, then soft-capped (tanh bends
 # them: inputs of std 2 give |scores| well above the cap of 3), grouped-query, RoPE
 case("mha_gemma2_softcap_scalar", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, bias=False,
-            scale=20.0 ** -0.5, softcap=3.0),
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16), bias=False,
+            scores=Scores(scale=20.0 ** -0.5, softcap=3.0)),
      lambda r: {"x": normal(B, T, D, scale=2.0)(r), "mask": _causal()})
 case("sdpa_softcap_padding_causal", "attention",
      mirror_fn("layers.attention.dot_product_attention", softcap=2.0),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.config import RopeScaling
+from jaxformer.config import Rope, RopeScaling
 from jaxformer.config.models import TINY_SIZES, LMConfig
 from jaxformer.config.moe import MLAConfig
 from jaxformer.parity.cases import case, mirror, model_pair, normal, padding
@@ -33,8 +33,8 @@ def _mask(lengths):
     return padding(B, T, lengths).astype(bool)[:, None, None, :] & np.tril(np.ones((T, T), bool))[None, None]
 
 
-def _layer(mla, **kw):
-    return mirror("layers.mla.MultiHeadLatentAttention", D, H, mla, max_len=16, **kw)
+def _layer(mla, rope_scaling=None, **kw):
+    return mirror("layers.mla.MultiHeadLatentAttention", D, H, mla, rope=Rope(16, scaling=rope_scaling), **kw)
 
 
 def _x_mask(lengths=(7, 7)):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer.config import Rope, Scores
 from jaxformer.config.models import LMConfig
 from jaxformer.parity.cases import case, mirror, mirror_fn, normal, padding
 from jaxformer.parity.cases_models import left_padding, model_pair, token_ids
@@ -64,7 +65,7 @@ def big_sinks(build):
 
 
 case("mha_sinks_rope_gqa_sliding", "attention",
-     big_sinks(mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope_max_len=16, sinks=True)),
+     big_sinks(mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16), scores=Scores(sinks=True))),
      lambda r: {"x": normal(B, T, D)(r), "mask": WINDOW & PADDED})
 # gpt-oss's attention: q/k/v/o biases, RoPE, GQA, sinks; alternating sliding / full layers
 GPT_OSS_ATTN = LMConfig.tiny(position="rope", norm="rmsnorm", norm_position="pre", norm_eps=1e-5, ffn="swiglu",

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jaxformer.config.attention import QKNorm, Rope, Scores
 from torch_ref.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
 from torch_ref.layers.masks import (  # noqa: F401
     AttentionMask,
@@ -34,15 +35,15 @@ def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False)
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
-    kdim, vdim: input widths of k_proj and v_proj (None = D); add_bias_kv: learned key/value
-    slots `bias_k`, `bias_v` [G * K] appended after the projected keys/values; add_zero_attn:
-    then an all-zero slot (torch.nn.MultiheadAttention's options; see the JAX twin); sinks: a
-    learned per-head logit `sinks` [H] in every softmax denominator (gpt-oss); qk_norm_full:
-    one q/k norm over all heads' width before the split (OLMo 2); rotary_dim: RoPE rotates the
-    first rotary_dim dims of each head (GPT-NeoX; docs/numerics.md §35).
-    Shapes: x [B, T, D], kv [B, S, kdim] (None = self-attention), value [B, S, vdim] (None =
-    kv) -> [B, T, D]. The appended slots extend S by one each; mask and bias get them visible.
+    """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE. rope,
+    qk_norm, scores: the config records Rope, QKNorm, Scores (see the JAX twin): rotary
+    positions (rotary_dim: GPT-NeoX, docs/numerics.md §35), q/k norms per head or over all heads
+    (OLMo 2), and the score scale, soft-capping and sinks (a learned per-head logit `sinks` [H]
+    in every softmax denominator, gpt-oss). torch.nn.MultiheadAttention's own options (kdim /
+    vdim, add_bias_kv, add_zero_attn) are the JAX twin's interop subclass; its torch reference
+    is nn.MultiheadAttention itself.
+    Shapes: x [B, T, D], kv [B, S, D] (None = self-attention), value [B, S, D] (None = kv)
+    -> [B, T, D].
 
     KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] tensors:
       * with cache_index (int): self-attention decode step. The new keys/values (RoPE'd at
@@ -59,13 +60,9 @@ class MultiHeadAttention(nn.Module):
     With a cache the call returns (out, new_cache)."""
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, attn_dropout: float = 0.0,
-                 dropout: float = 0.0, rope_max_len: int | None = None, rope_base: float = 10000.0,
-                 scale: float | None = None, out_bias: bool | None = None, rope_scaling=None,
-                 qk_norm: str | None = None, norm_eps: float = 1e-6, kdim: int | None = None,
-                 vdim: int | None = None, add_bias_kv: bool = False, add_zero_attn: bool = False,
-                 softcap: float | None = None, sinks: bool = False, qk_norm_full: bool = False,
-                 rotary_dim: int | None = None):
+                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
+                 attn_dropout: float = 0.0, dropout: float = 0.0, rope: Rope | None = None,
+                 qk_norm: QKNorm | None = None, scores: Scores = Scores()):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -74,40 +71,32 @@ class MultiHeadAttention(nn.Module):
             head_dim = d_model // num_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
-        if rope_max_len and (add_bias_kv or add_zero_attn):
-            raise ValueError("add_bias_kv / add_zero_attn append key slots that have no position; "
-                             "they cannot be combined with RoPE (rope_max_len)")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale, self.softcap = scale, softcap
+        self.scale, self.softcap = scores.scale, scores.softcap
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model if kdim is None else kdim, num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model if vdim is None else vdim, num_kv_heads * head_dim, bias=bias)
-        # learned key/value slots appended after the projected keys/values (add_bias_kv), [G * K]
-        self.bias_k = nn.Parameter(0.02 * torch.randn(num_kv_heads * head_dim)) if add_bias_kv else None
-        self.bias_v = nn.Parameter(0.02 * torch.randn(num_kv_heads * head_dim)) if add_bias_kv else None
-        self.add_zero_attn = add_zero_attn
+        self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
         # one learned logit per query head in every softmax denominator (gpt-oss), [H]
-        self.sinks = nn.Parameter(0.02 * torch.randn(num_heads)) if sinks else None
+        self.sinks = nn.Parameter(0.02 * torch.randn(num_heads)) if scores.sinks else None
         self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias if out_bias is None else out_bias)
         # norms of q and k before RoPE: per head (Qwen3), weights [K]; or over all heads at
-        # once (qk_norm_full, OLMo 2), weights [H * K] and [G * K]
-        self.qk_norm_full = qk_norm_full
-        q_width, k_width = (num_heads * head_dim, num_kv_heads * head_dim) if qk_norm_full else (head_dim, head_dim)
-        self.q_norm = make_norm(qk_norm, q_width, eps=norm_eps, bias=False) if qk_norm else None
-        self.k_norm = make_norm(qk_norm, k_width, eps=norm_eps, bias=False) if qk_norm else None
-        self.rope = (RotaryEmbedding(head_dim, rope_max_len, rope_base, rope_scaling, rotary_dim)
-                     if rope_max_len else None)
+        # once (qk_norm.full, OLMo 2), weights [H * K] and [G * K]
+        self.qk_norm_full = qk_norm is not None and qk_norm.full
+        q_width, k_width = (num_heads * head_dim, num_kv_heads * head_dim) if self.qk_norm_full else (head_dim, head_dim)
+        self.q_norm, self.k_norm = ((make_norm(qk_norm.kind, q_width, eps=qk_norm.eps, bias=False),
+                                     make_norm(qk_norm.kind, k_width, eps=qk_norm.eps, bias=False))
+                                    if qk_norm else (None, None))
+        self.rope = (RotaryEmbedding(head_dim, rope.max_len, rope.base, rope.scaling, rope.rotary_dim)
+                     if rope else None)
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.dropout = nn.Dropout(dropout)
 
     def project_kv(self, kv: torch.Tensor, value: torch.Tensor | None = None) -> dict:
-        """Keys of kv [B, S, kdim] and values of value [B, S, vdim] (None = kv)
-        -> {"k", "v"}: [B, S, G, K] (no RoPE, no appended slots)."""
+        """Keys of kv [B, S, D] and values of value [B, S, D] (None = kv) -> {"k", "v"}:
+        [B, S, G, K] (no RoPE)."""
         b, s, _ = kv.shape
         # step 2 of forward rotates these keys; a k_norm is not linear in b_k either
         rotated = self.rope is not None or self.k_norm is not None
-        # the slots of step 2c carry no b_k, so softmax does not cancel q . b_k (§23)
-        rotated = rotated or self.bias_k is not None or self.add_zero_attn
         k = self.split_heads(key_projection(self.k_proj, kv, rotated=rotated), self.k_norm,
                              self.num_kv_heads)  # [B, S, G, K]
         value = kv if value is None else value
@@ -122,42 +111,12 @@ class MultiHeadAttention(nn.Module):
         x = x.view(b, s, heads, self.head_dim)  # [B, S, n, K]
         return x if norm is None or self.qk_norm_full else norm(x)
 
-    def append_slots(self, k: torch.Tensor, v: torch.Tensor, mask, bias):
-        """k, v [B, S, G, K] -> [B, S + n, G, K] with the bias_k/bias_v slot, then the zero slot
-        (torch's order); mask and bias (broadcastable to [B, H, T, S]) get the n new keys
-        visible with bias 0, unless they already have S + n columns (then they say it)."""
-        if isinstance(mask, AttentionMask):  # the slots have no place in the parts: make it dense
-            extra = mask.dense_bias()
-            mask, bias = mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
-        b, _, g, d = k.shape
-        new_k, new_v = [k], [v]
-        if self.bias_k is not None:
-            new_k.append(self.bias_k.view(1, 1, g, d).expand(b, 1, g, d).to(k.dtype))
-            new_v.append(self.bias_v.view(1, 1, g, d).expand(b, 1, g, d).to(v.dtype))
-        if self.add_zero_attn:
-            new_k.append(k.new_zeros((b, 1, g, d)))
-            new_v.append(v.new_zeros((b, 1, g, d)))
-        n, s = len(new_k) - 1, k.shape[1]
-
-        def pad(m, value):  # -> 4-D, S columns, then n more (a mask of S + n covers them itself)
-            m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
-            if m.shape[-1] == s + n:
-                return m
-            m = m.expand(tuple(m.shape[:3]) + (s,))
-            return torch.cat([m, m.new_full(tuple(m.shape[:3]) + (n,), value)], dim=-1)
-        mask = None if mask is None else pad(mask, True)
-        bias = None if bias is None else pad(bias, 0)
-        return torch.cat(new_k, dim=1), torch.cat(new_v, dim=1), mask, bias
-
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
                 positions=None, return_weights: bool = False, cache: dict | None = None,
                 cache_index=None, value: torch.Tensor | None = None, rolling: bool = False):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
-        extra_slots = self.bias_k is not None or self.add_zero_attn
-        if cache is not None and extra_slots:
-            raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
         read_only = cache is not None and cache_index is None
         # 1) project and split heads
         q = self.split_heads(self.q_proj(x), self.q_norm, self.num_heads)  # [B, T, H, K]
@@ -189,9 +148,6 @@ class MultiHeadAttention(nn.Module):
             cache["v"][:, :, start:start + t] = v.transpose(1, 2).to(cache["v"].dtype)  # [B, G, L, K]
             cache = {"k": cache["k"], "v": cache["v"]}
             k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, L, G, K] views
-        # 2c) append the learned and the zero key/value slots
-        if extra_slots:
-            k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
         out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from jaxformer import tables
+from jaxformer.config.attention import Rope
 from jaxformer.config.moe import MLAConfig
 from torch_ref.layers.dispatch import dot_product_attention
 from torch_ref.layers.kernels import quant
@@ -33,14 +34,13 @@ class MultiHeadLatentAttention(nn.Module):
     With cache (init_cache) and cache_index (int), the T new tokens are written into slots
     cache_index.. (in place here; JAX returns an updated copy) and the call returns (out, cache)."""
 
-    def __init__(self, d_model: int, num_heads: int, mla: MLAConfig, *, max_len: int,
-                 rope_base: float = 10000.0, rope_scaling=None, bias: bool = False,
+    def __init__(self, d_model: int, num_heads: int, mla: MLAConfig, *, rope: Rope, bias: bool = False,
                  out_bias: bool | None = None, attn_dropout: float = 0.0, dropout: float = 0.0,
                  scale: float | None = None, softcap: float | None = None):
         super().__init__()
         h, n, r, v, c = num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
         self.num_heads, self.mla, self.softcap = num_heads, mla, softcap
-        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope_scaling, scale)
+        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope.scaling, scale)
         if mla.q_lora_rank is None:
             self.q_proj = nn.Linear(d_model, h * (n + r), bias=False)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None
@@ -53,7 +53,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(c, eps=mla.latent_norm_eps)
         self.kv_b_proj = nn.Linear(c, h * (n + v), bias=False)
         self.o_proj = nn.Linear(h * v, d_model, bias=bias if out_bias is None else out_bias)
-        self.rope = RotaryEmbedding(r, max_len, rope_base, rope_scaling)
+        self.rope = RotaryEmbedding(r, rope.max_len, rope.base, rope.scaling)
         self.attn_dropout = nn.Dropout(attn_dropout)
         self.dropout = nn.Dropout(dropout)
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from jaxformer import tables
-from jaxformer.config import TransformerConfig
+from jaxformer.config import QKNorm, Rope, Scores, TransformerConfig
 from torch_ref import lowering
 from torch_ref.layers import kv_cache, stack
 from torch_ref.layers.attention import (
@@ -56,19 +56,18 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = Fal
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
         return MultiHeadLatentAttention(
-            cfg.d_model, cfg.num_heads, cfg.mla, max_len=cfg.max_len, rope_base=cfg.rope_base,
-            rope_scaling=cfg.rope_scaling, bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
+            cfg.d_model, cfg.num_heads, cfg.mla, rope=Rope(cfg.max_len, cfg.rope_base, cfg.rope_scaling),
+            bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
             attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
             softcap=cfg.attn_logit_softcap)
     use_rope = self_attn and cfg.position == "rope"
     rope_base, rope_scaling = cfg.layer_rope(local)
+    qk_norm = QKNorm(cfg.norm, cfg.norm_eps, cfg.qk_norm_full) if cfg.qk_norm or cfg.qk_norm_full else None
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope_max_len=cfg.max_len if use_rope else None, rope_base=rope_base,
-        rope_scaling=rope_scaling, qk_norm=cfg.norm if cfg.qk_norm or cfg.qk_norm_full else None,
-        qk_norm_full=cfg.qk_norm_full, rotary_dim=cfg.rotary_dim, norm_eps=cfg.norm_eps,
-        scale=cfg.score_scale, softcap=cfg.attn_logit_softcap, sinks=cfg.attn_sinks and self_attn)
+        dropout=cfg.dropout, rope=Rope(cfg.max_len, rope_base, rope_scaling, cfg.rotary_dim) if use_rope else None,
+        qk_norm=qk_norm, scores=Scores(cfg.score_scale, cfg.attn_logit_softcap, cfg.attn_sinks and self_attn))
 
 
 def make_ffn(cfg: TransformerConfig, *, sparse: bool = False) -> FeedForward | MoE:
