@@ -341,6 +341,38 @@ def resolve_tokenizer(tokenizer, dtype: str | None, eos_token: str | None):
     return tok if tok is not None else vocab
 
 
+def _check_request(inputs: list[str], eval_files: list[str], tokenizer, out: str, *, eval_fraction, text_docs: str,
+                   field, overwrite: bool, fmt: str, chat_template, chat: tuple) -> float:
+    """prepare's arguments checked before anything is read or written -> the eval fraction.
+    chat: (prompt_field, completion_field, train_on_prompt, skip_bad), data/chat.py's options."""
+    if not inputs:
+        raise ValueError("no input: give one or more files with --input")
+    if text_docs not in TEXT_DOCS:
+        raise ValueError(f"text_docs must be one of {', '.join(TEXT_DOCS)}, got {text_docs!r}")
+    if eval_files and eval_fraction:
+        raise ValueError("give either --eval FILE (the eval split) or --eval-fraction, not both")
+    fraction = 0.0 if eval_files else DEFAULT_EVAL_FRACTION if eval_fraction is None else float(eval_fraction)
+    if not 0 <= fraction < 1:
+        raise ValueError(f"eval fraction must be in [0, 1), got {fraction}")
+    for path in inputs + eval_files:
+        check_input(path)
+    _check_format(fmt, inputs + eval_files, tokenizer, chat_template, *chat)
+    if field is not None and all(input_kind(p) == "text" for p in inputs + eval_files):
+        raise ValueError(f"--field {field!r} applies to JSONL/Parquet/Arrow inputs; {inputs[0]} is read "
+                         "as plain text (name JSON lines *.jsonl)")
+    out = os.path.abspath(out)
+    from jaxformer.fileio import refuse_overlap  # links resolved: --overwrite never deletes an input
+    named = {p: "the input" for p in inputs + eval_files}
+    for extra in (tokenizer, chat_template):
+        if isinstance(extra, str) and os.path.exists(extra):
+            named[extra] = "the tokenizer" if extra is tokenizer else "the chat template"
+    for path, what in named.items():
+        refuse_overlap(out, {what: path})
+    if os.path.lexists(out) and not overwrite:
+        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
+    return fraction
+
+
 def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
             text_docs: str = "paragraph", eval_fraction: float | None = None,
             eval_files: list[str] | None = None, dtype: str | None = None,
@@ -362,32 +394,10 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
     source.skipped_bad)."""
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     eval_files = list(eval_files or [])
-    if not inputs:
-        raise ValueError("no input: give one or more files with --input")
-    if text_docs not in TEXT_DOCS:
-        raise ValueError(f"text_docs must be one of {', '.join(TEXT_DOCS)}, got {text_docs!r}")
-    if eval_files and eval_fraction:
-        raise ValueError("give either --eval FILE (the eval split) or --eval-fraction, not both")
-    fraction = 0.0 if eval_files else DEFAULT_EVAL_FRACTION if eval_fraction is None else float(eval_fraction)
-    if not 0 <= fraction < 1:
-        raise ValueError(f"eval fraction must be in [0, 1), got {fraction}")
-    for path in inputs + eval_files:
-        check_input(path)
-    _check_format(fmt, inputs + eval_files, tokenizer, chat_template, prompt_field, completion_field,
-                  train_on_prompt, skip_bad)
-    if field is not None and all(input_kind(p) == "text" for p in inputs + eval_files):
-        raise ValueError(f"--field {field!r} applies to JSONL/Parquet/Arrow inputs; {inputs[0]} is read "
-                         "as plain text (name JSON lines *.jsonl)")
+    fraction = _check_request(inputs, eval_files, tokenizer, out, eval_fraction=eval_fraction, text_docs=text_docs,
+                              field=field, overwrite=overwrite, fmt=fmt, chat_template=chat_template,
+                              chat=(prompt_field, completion_field, train_on_prompt, skip_bad))
     out = os.path.abspath(out)
-    from jaxformer.fileio import refuse_overlap  # links resolved: --overwrite never deletes an input
-    named = {p: "the input" for p in inputs + eval_files}
-    for extra in (tokenizer, chat_template):
-        if isinstance(extra, str) and os.path.exists(extra):
-            named[extra] = "the tokenizer" if extra is tokenizer else "the chat template"
-    for path, what in named.items():
-        refuse_overlap(out, {what: path})
-    if os.path.lexists(out) and not overwrite:
-        raise FileExistsError(f"{out} exists; choose another output or pass --overwrite")
     tok = resolve_tokenizer(tokenizer, dtype, eos_token)
     records = None
     if fmt != "text":
