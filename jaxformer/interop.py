@@ -204,56 +204,61 @@ def masks_from_torch(key_padding_mask=None, attn_mask=None, *, num_heads: int | 
                          "torch call (False: SDPA's causal path, which hides add_bias_kv / add_zero_attn slots)")
     if is_causal and key_padding_mask is None and need_weights is False:
         return _sdpa_causal(attn_mask, attention), None
-    masks, biases = [], []
-    if key_padding_mask is not None:
-        known = _concrete(key_padding_mask)  # checked before any jnp op (jit stages those)
-        kpm = _to_jnp(key_padding_mask)
-        if kpm.ndim != 2:
-            raise ValueError(f"key_padding_mask must be [B, S], got shape {tuple(kpm.shape)}")
-        if kpm.dtype == jnp.bool_:
-            valid = ~kpm
-            if known is not None:
-                check_key_mask(~known, "key_padding_mask (converted to True = attend)")
-        elif jnp.issubdtype(kpm.dtype, jnp.floating):
-            valid, b = _split_float(kpm, known)
-            if known is not None:
-                check_key_mask(~np.isneginf(known), "key_padding_mask (converted to True = attend)")
-            if b is not None:
-                biases.append(b[:, None, None, :])
-        else:
-            raise ValueError(f"key_padding_mask must be bool (True = ignore) or float (added), got "
-                             f"{kpm.dtype}; an int 0/1 attention_mask (1 = attend) is attention_mask == 0 here")
-        masks.append(valid[:, None, None, :])  # [B, 1, 1, S]
-    if attn_mask is not None:
-        known = _concrete(attn_mask)
-        am = _to_jnp(attn_mask)
-        if am.ndim == 2:
-            am = am[None, None]  # [1, 1, T, S]
-        elif am.ndim == 3:
-            if num_heads is None or am.shape[0] % num_heads:
-                raise ValueError(f"a 3-D attn_mask [B * H, T, S] (shape {tuple(am.shape)}) needs "
-                                 f"num_heads dividing its first axis, got num_heads={num_heads}")
-            am = am.reshape(am.shape[0] // num_heads, num_heads, *am.shape[1:])  # [B, H, T, S]
-        else:
-            raise ValueError(f"attn_mask must be [T, S] or [B * H, T, S], got shape {tuple(am.shape)}")
-        if am.dtype == jnp.bool_:
-            if known is not None and known.all(axis=-1).any():
-                where = sorted(set(np.argwhere(known.all(axis=-1))[:, -1].tolist()))[:8]
-                raise ValueError(f"attn_mask: query row(s) {where} ignore every key (torch's bool "
-                                 "attn_mask is True = not allowed, and returns NaN there); the mask "
-                                 "looks inverted (jaxformer's polarity is True = attend)")
-            masks.append(~am)
-        elif jnp.issubdtype(am.dtype, jnp.floating):
-            allowed, b = _split_float(am, known)
-            masks.append(allowed)
-            if b is not None:
-                biases.append(b)
-        else:
-            raise ValueError(f"attn_mask must be bool (True = not allowed) or float (added), got {am.dtype}")
+    parts = ([] if key_padding_mask is None else [_from_key_padding(key_padding_mask)]) + (
+        [] if attn_mask is None else [_from_attn_mask(attn_mask, num_heads)])
+    biases = [b for _, b in parts if b is not None]
     bias = None
     for b in biases:
         bias = b if bias is None else bias + b
-    return combine_masks(*masks), bias
+    return combine_masks(*[m for m, _ in parts]), bias
+
+
+def _from_key_padding(key_padding_mask):
+    """torch's key_padding_mask [B, S] -> (mask [B, 1, 1, S] True = attend, bias or None)."""
+    bias = None
+    known = _concrete(key_padding_mask)  # checked before any jnp op (jit stages those)
+    kpm = _to_jnp(key_padding_mask)
+    if kpm.ndim != 2:
+        raise ValueError(f"key_padding_mask must be [B, S], got shape {tuple(kpm.shape)}")
+    if kpm.dtype == jnp.bool_:
+        valid = ~kpm
+        if known is not None:
+            check_key_mask(~known, "key_padding_mask (converted to True = attend)")
+    elif jnp.issubdtype(kpm.dtype, jnp.floating):
+        valid, b = _split_float(kpm, known)
+        if known is not None:
+            check_key_mask(~np.isneginf(known), "key_padding_mask (converted to True = attend)")
+        if b is not None:
+            bias = b[:, None, None, :]
+    else:
+        raise ValueError(f"key_padding_mask must be bool (True = ignore) or float (added), got "
+                         f"{kpm.dtype}; an int 0/1 attention_mask (1 = attend) is attention_mask == 0 here")
+    return valid[:, None, None, :], bias  # [B, 1, 1, S]
+
+
+def _from_attn_mask(attn_mask, num_heads: int | None):
+    """torch's attn_mask [T, S] or [B * H, T, S] -> (mask True = attend, bias or None), 4-D."""
+    known = _concrete(attn_mask)
+    am = _to_jnp(attn_mask)
+    if am.ndim == 2:
+        am = am[None, None]  # [1, 1, T, S]
+    elif am.ndim == 3:
+        if num_heads is None or am.shape[0] % num_heads:
+            raise ValueError(f"a 3-D attn_mask [B * H, T, S] (shape {tuple(am.shape)}) needs "
+                             f"num_heads dividing its first axis, got num_heads={num_heads}")
+        am = am.reshape(am.shape[0] // num_heads, num_heads, *am.shape[1:])  # [B, H, T, S]
+    else:
+        raise ValueError(f"attn_mask must be [T, S] or [B * H, T, S], got shape {tuple(am.shape)}")
+    if am.dtype == jnp.bool_:
+        if known is not None and known.all(axis=-1).any():
+            where = sorted(set(np.argwhere(known.all(axis=-1))[:, -1].tolist()))[:8]
+            raise ValueError(f"attn_mask: query row(s) {where} ignore every key (torch's bool "
+                             "attn_mask is True = not allowed, and returns NaN there); the mask "
+                             "looks inverted (jaxformer's polarity is True = attend)")
+        return ~am, None
+    elif jnp.issubdtype(am.dtype, jnp.floating):
+        return _split_float(am, known)
+    raise ValueError(f"attn_mask must be bool (True = not allowed) or float (added), got {am.dtype}")
 
 
 def _slots(attention) -> int | None:
