@@ -34,7 +34,9 @@ def check_mask(mask, shape: tuple | None, what: str = "attention_mask") -> None:
     if not hasattr(mask, "shape") or (shape is not None and tuple(mask.shape) != tuple(shape)):
         got = tuple(mask.shape) if hasattr(mask, "shape") else type(mask).__name__
         raise ValueError(f"{what} must be [batch, length] = {tuple(shape)}, got {got}")
-    check_mask_values(_host(mask), what)
+    values = _host(mask)
+    if values is not None:
+        check_mask_values(values, what)
 
 
 def check_int_input(x, what: str) -> None:
@@ -46,7 +48,9 @@ def check_int_input(x, what: str) -> None:
 def check_values(x, what: str) -> None:
     """Images or series: ValueError unless floating point and finite."""
     check_float_kind(_kind(x), _dtype_name(x), what)
-    check_finite(_host(x), what)
+    values = _host(x)
+    if values is not None:
+        check_finite(values, what)
 
 
 def _kind(x: torch.Tensor) -> str:
@@ -60,7 +64,12 @@ def _dtype_name(x: torch.Tensor) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def _host(x: torch.Tensor) -> np.ndarray:
+def _host(x: torch.Tensor) -> np.ndarray | None:
+    """A concrete tensor's values on the host; None while torch traces it (torch.export's fake
+    and functional tensors are subclasses, and have no values): the checks on values then stay
+    out of the traced program, as in the JAX twin, which checks values only on concrete arrays."""
+    if torch.compiler.is_compiling() or type(x) not in (torch.Tensor, torch.nn.Parameter):
+        return None
     x = x.detach().cpu()
     return (x.float() if x.dtype.is_floating_point else x).numpy()
 
