@@ -479,37 +479,15 @@ class JaxTrainer:
                     records = self._records(step - len(pending) + 1, fetched)
                     pending = []
                     if is_eval or is_ckpt:  # every checkpoint carries its eval loss (BestN ranks by it)
-                        self.last_eval = self.evaluate(state)
-                        records[-1].update(self.last_eval)
-                        if self.primary:
-                            bar.write(f"step {step}: "
-                                      + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+                        self._evaluate_into(records[-1], state, step, bar)
                     self.history.extend(records)
                     self.metrics.write_many(records)
                     if timed and not recompiled:
-                        seconds = t_fetched - t_block
-                        self.timing["steps"] += timed
-                        self.timing["seconds"] += seconds
-                        self.timing["items"] += items
-                        bar.timed(items, seconds)
-                        self.metrics.write_throughput(step, items // timed, unit, step_time=seconds / timed)
+                        self._count_time(bar, step, timed, t_fetched - t_block, items, unit)
                     for r in records:
                         bar.update(r["loss"] if r["loss"] is not None else float("nan"), r["lr"])
                     items = 0
-                    eval_loss = self.last_eval.get("eval_loss") if (is_eval or is_ckpt) else None
-                    host_state = None
-                    if is_ckpt and step != saved:
-                        host_state = self._unreplicate(state)
-                        self.ckpt.save(step, host_state, {"config": self.cfg.to_dict(),
-                                                          "skipped_steps": self.skipped_steps,
-                                                          "tokenizer": self.tokenizer},
-                                       eval_loss=eval_loss, data=self.batches)
-                        saved = step
-                        self._export(host_state, "last", {"step": step, **self.last_eval})
-                    if eval_loss is not None and eval_loss < self.best_eval:  # the same on every process
-                        self.best_eval = eval_loss
-                        self._export(host_state or self._unreplicate(state), "best",
-                                     {"step": step, **self.last_eval})
+                    saved = self._save(state, step, is_ckpt and step != saved, is_eval or is_ckpt, saved)
                     if stopping:
                         self.stopped_by = stop.name or "preemption"
                         break
@@ -527,6 +505,38 @@ class JaxTrainer:
                 self.close()
         self.state = self._unreplicate(state)
         return self.history
+
+    def _evaluate_into(self, record: dict, state, step: int, bar) -> None:
+        """Run the eval at `step`, keep it as last_eval and add it to the step's record."""
+        self.last_eval = self.evaluate(state)
+        record.update(self.last_eval)
+        if self.primary:
+            bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
+
+    def _count_time(self, bar, step: int, timed: int, seconds: float, items: int, unit: str) -> None:
+        """A timed block of `timed` steps (run's comment): into self.timing, the bar and the log."""
+        self.timing["steps"] += timed
+        self.timing["seconds"] += seconds
+        self.timing["items"] += items
+        bar.timed(items, seconds)
+        self.metrics.write_throughput(step, items // timed, unit, step_time=seconds / timed)
+
+    def _save(self, state, step: int, checkpoint: bool, evaluated: bool, saved: int) -> int:
+        """The checkpoint at `step` (when `checkpoint`) with the last model's export, and the best
+        model's export when this step's eval loss is the best yet -> the step last saved."""
+        eval_loss = self.last_eval.get("eval_loss") if evaluated else None
+        host_state = None
+        if checkpoint:
+            host_state = self._unreplicate(state)
+            self.ckpt.save(step, host_state, {"config": self.cfg.to_dict(), "skipped_steps": self.skipped_steps,
+                                              "tokenizer": self.tokenizer},
+                           eval_loss=eval_loss, data=self.batches)
+            saved = step
+            self._export(host_state, "last", {"step": step, **self.last_eval})
+        if eval_loss is not None and eval_loss < self.best_eval:  # the same on every process
+            self.best_eval = eval_loss
+            self._export(host_state or self._unreplicate(state), "best", {"step": step, **self.last_eval})
+        return saved
 
     def close(self) -> None:
         """Release the workdir lock (run() does it when it ends)."""
