@@ -416,7 +416,11 @@ def _static(gen: GenerationConfig) -> GenerationConfig:
 
 
 def _eos(gen: GenerationConfig, cfg) -> tuple[int, ...]:
-    """The ids generation stops at: gen.eos_id, else the model's (a tuple; () = none)."""
+    """The ids generation stops at: gen.eos_id, else the model's (a tuple; () = none, as with
+    gen.stop_at_eos False: every sequence, every beam hypothesis included, runs to the end, as
+    HF generate with eos_token_id=None)."""
+    if not gen.stop_at_eos:
+        return ()
     return eos_ids(cfg.eos_id if gen.eos_id is None else gen.eos_id)
 
 

@@ -160,9 +160,9 @@ def check_generate(hf_model, model, ids, mask, greedy: int | None = None, beam: 
         np.testing.assert_array_equal(ours[:, :ref.shape[1]], ref)
     if beam:
         ref = hf_generate(hf_model, ids, mask, beam, eos=None, num_beams=3, length_penalty=1.0)
-        never = hf_model.config.vocab_size + 7
         ours, _ = jgen.generate(model, ids, mask, gen=GenerationConfig(max_new_tokens=beam, strategy="beam",
-                                                                       num_beams=3, eos_id=never, length_penalty=1.0))
+                                                                       num_beams=3, stop_at_eos=False,
+                                                                       length_penalty=1.0))
         np.testing.assert_array_equal(ours, ref)
 
 

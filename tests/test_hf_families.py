@@ -70,7 +70,7 @@ def test_beam_matches_hf(tag, tmp_path_factory):
     eos = int(free[0, 3])
     ref = hf_generate(hf_model, IDS, MASK, n, eos=eos, num_beams=3, length_penalty=1.0)
     ours, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=n, strategy="beam", num_beams=3,
-                                                             eos_id=V + 7, length_penalty=1.0))
+                                                             stop_at_eos=False, length_penalty=1.0))
     np.testing.assert_array_equal(ours, free)
     ours, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=n, strategy="beam", num_beams=3,
                                                              eos_id=eos, length_penalty=1.0))

@@ -271,7 +271,8 @@ class GenerationConfig:
     num_beams, length_penalty: beam search; a finished hypothesis scores
         sum(log p) / (number of generated tokens, EOS included) ** length_penalty.
     eos_id: None = the model config's eos_id; an int or a tuple of ints (stop at any).
-        stop_at_eos: False generates exactly max_new_tokens (benchmarks).
+        stop_at_eos: False: no eos at all, every sequence (every beam hypothesis too) runs
+            exactly max_new_tokens (benchmarks; HF generate's eos_token_id=None).
     cache_len: KV cache slots; None = prompt length + max_new_tokens (LM) or
         1 + max_new_tokens (seq2seq decoder). A fixed value keeps one compilation for
         prompts of different lengths.
