@@ -135,6 +135,10 @@ def _quiet_background_failures() -> None:
     # orbax's failed write coroutines are reported again when their tasks are collected
     # ("Task exception was never retrieved"); jaxformer runs no asyncio code of its own
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    # and a write coroutine the failed save cancelled before it ran is warned about when it is
+    # collected ("coroutine ... was never awaited", with a tracemalloc hint): seen under load
+    import warnings
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
     if not isinstance(sys.stderr, _BackgroundTracebackFilter):
         sys.stderr = _BackgroundTracebackFilter(sys.stderr)
 
