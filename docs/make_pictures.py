@@ -57,8 +57,8 @@ def runs(overlay: str, heads: str) -> None:
         plot_runs([jdir, tdir], overlay, title="tiny LM, 60 steps: JAX and its torch twin")
         print(overlay)
         ids = tokenizer.encode(PROMPT)[None]  # [1, T]
-        _, inter = jt.trained_model()(ids, return_intermediates=True, return_attention=True)
-        plot_attention(inter["layers.0.attn_weights"][0], tokens=[tokenizer.decode([i]) for i in ids[0]],
+        out = jt.trained_model()(ids, return_intermediates=True, return_attention=True)
+        plot_attention(out.attention["layers.0.attn_weights"][0], tokens=[tokenizer.decode([i]) for i in ids[0]],
                        out=heads, title="tiny LM after 60 steps, layer 0")
         print(heads)
 

@@ -173,7 +173,8 @@ def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=
     this backend."""
     TRACES["lm_forward"] += 1
     with lowering.decoding(False, elementwise):
-        return nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
+        out = nnx.merge(graphdef, state)(ids, slot_mask, cache=cache, cache_index=cache_index)
+        return out.logits, out.cache
 
 
 def lm_step(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=None):
@@ -274,7 +275,8 @@ def _lm_generate_body(model, ids, mask, key, gen, cache_len, eos_ids, pad_id):
         cache, slot_mask = carry
         slot = p + i  # generated token i sits in slot P + i
         slot_mask = jax.lax.dynamic_update_slice(slot_mask, jnp.ones((b, 1), jnp.int32), (jnp.int32(0), slot))
-        logits, cache = model(tok[:, None], slot_mask, cache=cache, cache_index=slot)
+        out = model(tok[:, None], slot_mask, cache=cache, cache_index=slot)
+        logits, cache = out.logits, out.cache
         return logits[:, 0], (cache, slot_mask)
 
     if gen.strategy == "beam":
@@ -293,18 +295,20 @@ def lm_prefill(model, ids, slot_mask, cache, chunk: int | None = None):
     layers [chunk, W + chunk]) and the logits [B, chunk, V], instead of P rows of each."""
     b, p = ids.shape
     if chunk is None or chunk >= p:
-        logits, cache = model(ids, slot_mask, cache=cache, cache_index=0)
+        out = model(ids, slot_mask, cache=cache, cache_index=0)
+        logits, cache = out.logits, out.cache
         return logits[:, -1], cache
     head = p % chunk  # the odd part goes first, so the scanned chunks all have one shape
     if head:
-        _, cache = model(ids[:, :head], slot_mask, cache=cache, cache_index=0)
+        cache = model(ids[:, :head], slot_mask, cache=cache, cache_index=0).cache
     n = (p - head) // chunk  # >= 1
     chunks = jnp.swapaxes(ids[:, head:].reshape(b, n, chunk), 0, 1)  # [n, B, C]
 
     def body(carry, xs):
         cache, _ = carry
         i, x = xs
-        logits, cache = model(x, slot_mask, cache=cache, cache_index=head + i * chunk)
+        out = model(x, slot_mask, cache=cache, cache_index=head + i * chunk)
+        logits, cache = out.logits, out.cache
         return (cache, logits[:, -1]), None
 
     (cache, last), _ = jax.lax.scan(body, (cache, jnp.zeros((b, model.cfg.vocab_size), jnp.float32)),

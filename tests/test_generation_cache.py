@@ -45,12 +45,14 @@ def _torch_lm_cached(model, ids, mask, n):
     b, p = ids.shape
     slot_mask = torch.zeros((b, p + n), dtype=torch.long)
     slot_mask[:, :p] = torch.as_tensor(mask)
-    logits, cache = model(torch.as_tensor(ids).long(), slot_mask, cache=model.init_cache(b, p + n), cache_index=0)
+    out = model(torch.as_tensor(ids).long(), slot_mask, cache=model.init_cache(b, p + n), cache_index=0)
+    logits, cache = out.logits, out.cache
     steps = [logits[:, -1].numpy()]
     for i in range(n - 1):
         tok = torch.as_tensor(steps[-1].argmax(-1))
         slot_mask[:, p + i] = 1
-        logits, cache = model(tok[:, None], slot_mask, cache=cache, cache_index=p + i)
+        out = model(tok[:, None], slot_mask, cache=cache, cache_index=p + i)
+        logits, cache = out.logits, out.cache
         steps.append(logits[:, 0].numpy())
     return np.stack(steps), np.stack([s.argmax(-1) for s in steps], 1)
 
@@ -159,7 +161,7 @@ def test_elementwise_decode_attention_reads_the_cache_without_copies():
             def body(i, cache):
                 with lowering.tracing(elementwise_attention=elementwise):
                     return model(jnp.ones((1, 1), jnp.int32), jnp.ones((1, 40), jnp.int32), cache=cache,
-                                 cache_index=7 + i)[1]
+                                 cache_index=7 + i).cache
             return jax.lax.fori_loop(0, 4, body, cache)
 
         counts = {}

@@ -102,12 +102,14 @@ def _torch_cached(model, ids, mask, n):
     b, p = ids.shape
     slot_mask = torch.zeros((b, p + n), dtype=torch.long)
     slot_mask[:, :p] = torch.as_tensor(mask)
-    logits, cache = model(torch.as_tensor(ids).long(), slot_mask, cache=model.init_cache(b, p + n), cache_index=0)
+    out = model(torch.as_tensor(ids).long(), slot_mask, cache=model.init_cache(b, p + n), cache_index=0)
+    logits, cache = out.logits, out.cache
     steps = [logits[:, -1].numpy()]
     for i in range(n - 1):
         slot_mask[:, p + i] = 1
         tok = torch.as_tensor(steps[-1].argmax(-1))[:, None]
-        logits, cache = model(tok, slot_mask, cache=cache, cache_index=p + i)
+        out = model(tok, slot_mask, cache=cache, cache_index=p + i)
+        logits, cache = out.logits, out.cache
         steps.append(logits[:, 0].numpy())
     return np.stack(steps), cache
 

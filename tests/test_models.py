@@ -45,6 +45,11 @@ def run_both(t, j, *args, **kw):
     return to, j(*[jnp.asarray(a) for a in args], **kw)
 
 
+def _intermediates(out) -> dict:
+    """An LM's LMOutput.intermediates, or the other models' (output, intermediates)[1]."""
+    return out.intermediates if dataclasses.is_dataclass(out) else out[1]
+
+
 def rand_ids(rng, b, n, vocab=V):
     return rng.randint(1, vocab, size=(b, n)).astype(np.int32)
 
@@ -118,7 +123,7 @@ def test_intermediates_agree_and_locate_a_divergence(key):
     name, cfg = MODELS[key]
     t, j = converted_pair(name, cfg)
     args = model_inputs(name, np.random.RandomState(1))
-    (_, t_inter), (_, j_inter) = run_both(t, j, *args, return_intermediates=True)
+    t_inter, j_inter = (_intermediates(o) for o in run_both(t, j, *args, return_intermediates=True))
     assert set(t_inter) == set(j_inter)
     assert first_divergence(t_inter, j_inter) is None
     # perturb the JAX twin's last FFN only: the report must name that sub-layer, not earlier ones
@@ -126,7 +131,7 @@ def test_intermediates_agree_and_locate_a_divergence(key):
     last = len(stack.layers) - 1
     kernel = stack.layers[last].ffn.down_proj.kernel
     kernel[...] = kernel[...] * 1.05  # (not a constant shift, which a Post-LN norm would remove)
-    (_, t_inter), (_, j_inter) = run_both(t, j, *args, return_intermediates=True)
+    t_inter, j_inter = (_intermediates(o) for o in run_both(t, j, *args, return_intermediates=True))
     report = first_divergence(t_inter, j_inter)
     assert report is not None and report.split(" ")[0].endswith(f"layers.{last}.ffn"), report
 

@@ -69,7 +69,8 @@ def test_aux_terms_compose_per_micro_batch():
 
     @nnx.jit
     def reference(model, toks):  # one program: CE, load balance, z-loss of a batch
-        logits, aux = model(toks[:, :-1], return_aux=True)
+        out = model(toks[:, :-1], return_aux=True)
+        logits, aux = out.logits, out.aux
         losses = moe_aux_losses(aux["router_logits"], None, cfg.model.moe)
         logp = jax.nn.log_softmax(logits, -1)
         ce = -jnp.mean(jnp.take_along_axis(logp, toks[:, 1:, None], -1))

@@ -3,6 +3,7 @@ trees, first_divergence at sub-layer granularity, the parity report's files, `ja
 plot_attention and the TensorBoard entries (text, hparams, grouped tags). Tiny models only."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -25,23 +26,25 @@ TOL = 1e-5
 
 
 def run_both(t, j, *args, **kw):
-    """Both trees on the same inputs; the jax model runs as one compiled program (eager
-    dispatch compiles every op of a Swin separately, most of this file's time), its
-    intermediates dict rebuilt in the order the model inserted its keys at trace time (a
-    pytree round trip sorts dict keys), so key-order checks see the model's own order."""
+    """Both trees' intermediates on the same inputs (an LM's LMOutput.intermediates, the other
+    models' last tuple element); the jax model runs as one compiled program (eager dispatch
+    compiles every op of a Swin separately, most of this file's time), its intermediates dict
+    rebuilt in the order the model inserted its keys at trace time (a pytree round trip sorts
+    dict keys), so key-order checks see the model's own order."""
     with torch.no_grad():
-        to = t(*[torch.as_tensor(a) for a in args], **kw)
+        ti = _intermediates(t(*[torch.as_tensor(a) for a in args], **kw))
     order = []
 
     def call(model, *xs):
-        out = model(*xs, **kw)
-        if isinstance(out, tuple) and isinstance(out[-1], dict):
-            order.append(list(out[-1]))
-        return out
-    out = nnx.jit(call)(j, *[jnp.asarray(a) for a in args])
-    if order:
-        out = (*out[:-1], {k: out[-1][k] for k in order[0]})
-    return to, out
+        inter = _intermediates(model(*xs, **kw))
+        order.append(list(inter))
+        return inter
+    ji = nnx.jit(call)(j, *[jnp.asarray(a) for a in args])
+    return ti, {k: ji[k] for k in order[0]}
+
+
+def _intermediates(out) -> dict:
+    return out.intermediates if dataclasses.is_dataclass(out) else out[-1]
 
 
 def ids(rng, b, n, vocab=64):
@@ -73,7 +76,7 @@ def test_sublayer_intermediates_have_the_same_keys_and_order_in_both_trees(name)
         t, j = converted_pair(name, VISION[name])
         shape = (2, 8, 8, 3) if name == "vit" else (2, 12, 3)
         args = (rng.standard_normal(shape).astype(np.float32),)
-    (_, ti), (_, ji) = run_both(t, j, *args, return_intermediates=True, return_attention=True)
+    ti, ji = run_both(t, j, *args, return_intermediates=True, return_attention=True)
     assert list(ti) == list(ji)
     prefix = {"lm": "", "seq2seq": "decoder.", "vit": "encoder.", "timeseries": "encoder."}[name]
     subs = ["attn_weights", "attn", "attn_residual"] + \
@@ -83,7 +86,7 @@ def test_sublayer_intermediates_have_the_same_keys_and_order_in_both_trees(name)
     for k in ti:
         assert np.abs(np.asarray(ji[k]) - ti[k].numpy()).max() <= TOL, k
     # the sub-layer keys do not depend on return_attention (only the weights do)
-    (_, ti2), _ = run_both(t, j, *args, return_intermediates=True)
+    ti2, _ = run_both(t, j, *args, return_intermediates=True)
     assert list(ti2) == [k for k in ti if not k.endswith("attn_weights")]
 
 
@@ -94,7 +97,7 @@ def test_swin_blocks_report_their_sublayers_in_both_trees():
                      num_heads=(2, 2), window_size=2)
     t, j = converted_pair("swin", cfg)
     x = np.random.RandomState(0).standard_normal((2, 16, 16, 3)).astype(np.float32)
-    (_, ti), (_, ji) = run_both(t, j, x, return_intermediates=True)
+    ti, ji = run_both(t, j, x, return_intermediates=True)
     assert list(ti) == list(ji)
     block = [k for k in ti if k.startswith("stages.1.blocks.1")]
     assert block == [f"stages.1.blocks.1.{s}" for s in ("attn", "attn_residual", "ffn")] + ["stages.1.blocks.1"]
@@ -114,7 +117,7 @@ def test_first_divergence_names_the_perturbed_sublayer(where, expect):
     kernel = module.down_proj.kernel if sub == "ffn" else module.o_proj.kernel
     kernel[...] = kernel[...] * 1.01
     rng = np.random.RandomState(1)
-    (_, ti), (_, ji) = run_both(t, j, ids(rng, 2, 6), ids(rng, 2, 5), return_intermediates=True)
+    ti, ji = run_both(t, j, ids(rng, 2, 6), ids(rng, 2, 5), return_intermediates=True)
     report = first_divergence(ti, ji, TOL)
     assert report is not None and report.split(" ")[0] == expect, report
 
@@ -162,7 +165,7 @@ def test_attention_weights_match_across_trees_and_sum_to_one_over_unmasked_keys(
     mask = np.ones((2, 7), np.int32)
     mask[1, :3] = 0  # left padding
     x[1, :3] = 0
-    (_, ti), (_, ji) = run_both(t, j, x, mask, return_intermediates=True, return_attention=True)
+    ti, ji = run_both(t, j, x, mask, return_intermediates=True, return_attention=True)
     visible = np.tril(np.ones((7, 7), bool))[None, None] & mask.astype(bool)[:, None, None, :]  # [B, 1, T, S]
     for i in range(2):
         tw, jw = ti[f"layers.{i}.attn_weights"].numpy(), np.asarray(ji[f"layers.{i}.attn_weights"])

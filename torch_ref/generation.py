@@ -176,7 +176,8 @@ def _lm_generate(model, ids, mask, generator, *, gen, cache_len, eos_ids, pad_id
         slot = p + i  # generated token i sits in slot P + i
         slot_mask = slot_mask.clone()
         slot_mask[:, slot] = 1
-        logits, cache = model(tok[:, None], slot_mask, cache=cache, cache_index=slot)
+        out = model(tok[:, None], slot_mask, cache=cache, cache_index=slot)
+        logits, cache = out.logits, out.cache
         return logits[:, 0], (cache, slot_mask)
 
     if gen.strategy == "beam":
@@ -194,13 +195,15 @@ def lm_prefill(model, ids, slot_mask, cache, chunk: int | None = None):
     attending over the cache its predecessors wrote."""
     p = ids.shape[1]
     if chunk is None or chunk >= p:
-        logits, cache = model(ids, slot_mask, cache=cache, cache_index=0)
+        out = model(ids, slot_mask, cache=cache, cache_index=0)
+        logits, cache = out.logits, out.cache
         return logits[:, -1], cache
     head = p % chunk  # the odd part goes first, as the JAX twin does
     if head:
-        _, cache = model(ids[:, :head], slot_mask, cache=cache, cache_index=0)
+        cache = model(ids[:, :head], slot_mask, cache=cache, cache_index=0).cache
     for start in range(head, p, chunk):
-        logits, cache = model(ids[:, start:start + chunk], slot_mask, cache=cache, cache_index=start)
+        out = model(ids[:, start:start + chunk], slot_mask, cache=cache, cache_index=start)
+        logits, cache = out.logits, out.cache
     return logits[:, -1], cache
 
 

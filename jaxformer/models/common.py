@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
+from flax import nnx, struct
 from jax.experimental import checkify
 
 from jaxformer.config.inputs import check_finite, check_float_kind, check_int_kind, check_mask_values
@@ -13,6 +13,26 @@ from jaxformer.layers.embedding import TRACED_CHECKS, check_ids, check_length
 from jaxformer.layers.moe import Experts
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@struct.dataclass
+class LMOutput:
+    """What LM returns when a call asks for more than the logits (a cache, intermediates or
+    aux); None where not asked. A frozen JAX pytree, so a jitted call can return it.
+    logits [B, T, V] float32; cache: the updated KV cache; intermediates {name: array} (with
+    return_attention also "layers.i.attn_weights" [B, H, T, T]); aux {"router_logits",
+    "expert_load"} (MoE)."""
+    logits: jax.Array
+    cache: list | dict | None = None
+    intermediates: dict | None = None
+    aux: dict | None = None
+
+    @property
+    def attention(self) -> dict | None:
+        """The attention weights among the intermediates {name: [B, H, T, S]}, or None."""
+        if self.intermediates is None:
+            return None
+        return {k: v for k, v in self.intermediates.items() if k.endswith("attn_weights")} or None
 
 
 def check_tokens(ids, vocab_size: int, max_len: int | None, what: str = "token id") -> None:

@@ -20,6 +20,7 @@ from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder
 from jaxformer.models.common import (
+    LMOutput,
     check_int_input,
     check_mask,
     check_tokens,
@@ -41,11 +42,13 @@ class LM(nnx.Module):
     restart at each segment (unless position_ids are given), so each document gets the
     logits it would get alone (layers/attention.py make_segment_mask). No cache.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
-    attention_mask [B, L] over all cache slots; returns (logits, new_cache).
-    return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
-    (before the cache); return_attention adds "layers.i.attn_weights" [B, H, T, T] to them.
-    return_aux (model.moe, no cache) adds, last, {"router_logits": [n_sparse, B, T, E] float32,
-    "expert_load": [n_sparse, E] float32} (layers/moe.py MoE; moe_aux_losses takes them).
+    attention_mask [B, L] over all cache slots.
+    Returns the logits alone for a plain call; with a cache or any return_* flag, an LMOutput
+    (models/common.py) holding the logits and what was asked: .cache (the new cache),
+    .intermediates ({"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"};
+    return_attention adds "layers.i.attn_weights" [B, H, T, T], also read as .attention),
+    .aux (return_aux, model.moe, no cache: {"router_logits": [n_sparse, B, T, E] float32,
+    "expert_load": [n_sparse, E] float32}; layers/moe.py MoE; moe_aux_losses takes them).
     """
 
     def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
@@ -111,11 +114,10 @@ class LM(nnx.Module):
             if return_aux:  # router logits [n_sparse, B, T, E] in sequence order too
                 aux["router_logits"] = aux["router_logits"][:, :, np.argsort(order)]
         logits = ring.shard_batch(self.logits(h))  # [B, T, V]
-        if return_intermediates:
-            out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
-        if return_aux:
-            out = (*out, aux)
-        return logits if len(out) == 1 else (logits, *out[1:])
+        if cache is None and not return_intermediates and not return_aux:
+            return logits
+        return LMOutput(logits, cache=out[-1] if cache is not None else None, aux=aux,
+                        intermediates={"embeddings": x, **out[1]} if return_intermediates else None)
 
     def logits(self, h: jax.Array) -> jax.Array:
         """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head; then

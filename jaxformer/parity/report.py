@@ -17,6 +17,7 @@ intermediates (DIR/<case>/) and DIR/index.json.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -58,7 +59,8 @@ def run_intermediates(torch_module, flax_module, inputs, *, convert: bool = True
         a = [to_array(x) for x in args]
         kw = {k: to_array(v) if isinstance(v, np.ndarray) and v.ndim else v for k, v in kwargs.items()}
         out = model(*a, **kw)
-        return {k: to_numpy(v) for k, v in out[1].items()}
+        inter = out.intermediates if dataclasses.is_dataclass(out) else out[1]  # LM: an LMOutput
+        return {k: to_numpy(v) for k, v in inter.items()}
 
     with torch.no_grad():
         t_inter = call(torch_module, torch.as_tensor)

@@ -2,15 +2,19 @@
 compare (jaxformer/parity/harness.py, locate.py)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import numpy as np
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested tuples/lists/dicts -> {"0", "1.attn", ...: leaf}. None leaves are dropped."""
+    """Nested tuples/lists/dicts/dataclasses (LMOutput) -> {"0", "1.attn", "logits", ...: leaf}.
+    A dataclass goes by its field names. None leaves are dropped."""
     if tree is None:
         return {}
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return flatten({f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}, prefix)
     if isinstance(tree, Mapping):
         out = {}
         for k in tree:

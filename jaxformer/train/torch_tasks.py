@@ -42,10 +42,10 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
         tokens, moe, seg = batch["tokens"], moe_of(model.cfg), batch.get("segment_ids")
         kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
         out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
-        logits = out[0] if moe else out  # [B, T, V]
+        logits = out.logits if moe else out  # [B, T, V]
         w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
-        extra = moe_terms(out[1], moe, w.sum()) if moe else {}
+        extra = moe_terms(out.aux, moe, w.sum()) if moe else {}
         return loss, w.sum(), {"correct": correct, **extra}
     if name == "seq2seq":
         logits = model(batch["src"], batch["tgt_in"])  # [B, T, V]

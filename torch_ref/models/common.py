@@ -3,6 +3,7 @@ boundary, positions from an attention mask, compute dtype. Twin: jaxformer/model
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
@@ -11,6 +12,26 @@ from jaxformer.config.inputs import check_finite, check_float_kind, check_int_ki
 from torch_ref.layers.embedding import check_ids, check_length
 
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LMOutput:
+    """What LM returns when a call asks for more than the logits (a cache, intermediates or
+    aux); None where not asked (the JAX twin's fields).
+    logits [B, T, V] float32; cache: the updated KV cache; intermediates {name: tensor} (with
+    return_attention also "layers.i.attn_weights" [B, H, T, T]); aux {"router_logits",
+    "expert_load"} (MoE)."""
+    logits: torch.Tensor
+    cache: list | None = None
+    intermediates: dict | None = None
+    aux: dict | None = None
+
+    @property
+    def attention(self) -> dict | None:
+        """The attention weights among the intermediates {name: [B, H, T, S]}, or None."""
+        if self.intermediates is None:
+            return None
+        return {k: v for k, v in self.intermediates.items() if k.endswith("attn_weights")} or None
 
 
 def check_tokens(ids, vocab_size: int, max_len: int | None, what: str = "token id") -> None:

@@ -16,6 +16,7 @@ from torch_ref.layers.positional import default_positions
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Decoder
 from torch_ref.models.common import (
+    LMOutput,
     autocast,
     check_int_input,
     check_mask,
@@ -37,11 +38,13 @@ class LM(nn.Module):
     restart at each segment (unless position_ids are given), so each document gets the
     logits it would get alone (layers/attention.py make_segment_mask). No cache.
     Incremental decoding: cache = init_cache(B, L), cache_index = slot of ids[:, 0], and
-    attention_mask [B, L] over all cache slots; returns (logits, new_cache).
-    return_intermediates adds {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"}
-    (before the cache); return_attention adds "layers.i.attn_weights" [B, H, T, T] to them.
-    return_aux (model.moe, no cache) adds, last, {"router_logits": [n_sparse, B, T, E] float32,
-    "expert_load": [n_sparse, E] float32} (layers/moe.py MoE; moe_aux_losses takes them).
+    attention_mask [B, L] over all cache slots.
+    Returns the logits alone for a plain call; with a cache or any return_* flag, an LMOutput
+    (models/common.py) holding the logits and what was asked: .cache (the new cache),
+    .intermediates ({"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm"};
+    return_attention adds "layers.i.attn_weights" [B, H, T, T], also read as .attention),
+    .aux (return_aux, model.moe, no cache: {"router_logits": [n_sparse, B, T, E] float32,
+    "expert_load": [n_sparse, E] float32}; layers/moe.py MoE; moe_aux_losses takes them).
     """
 
     def __init__(self, cfg: LMConfig):
@@ -101,11 +104,10 @@ class LM(nn.Module):
                            cache=cache, cache_index=cache_index, return_attention=return_attention, aux=aux)
         out = out if isinstance(out, tuple) else (out,)
         logits = self.logits(out[0])  # [B, T, V]
-        if return_intermediates:
-            out = (out[0], {"embeddings": x, **out[1]}, *out[2:])
-        if return_aux:
-            out = (*out, aux)
-        return logits if len(out) == 1 else (logits, *out[1:])
+        if cache is None and not return_intermediates and not return_aux:
+            return logits
+        return LMOutput(logits, cache=out[-1] if cache is not None else None, aux=aux,
+                        intermediates={"embeddings": x, **out[1]} if return_intermediates else None)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head; then
