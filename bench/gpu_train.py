@@ -77,8 +77,8 @@ def bench_torch(cfg, seq, steps, warmup):
     import torch
 
     from jaxformer.train.optim import make_torch_optimizer
-    from jaxformer.train.torch_tasks import forward_loss
-    from jaxformer.train.torch_trainer import build_torch_model
+    from jaxformer.train.torch.tasks import forward_loss
+    from jaxformer.train.torch.trainer import build_torch_model
     torch.backends.cuda.matmul.allow_tf32 = True
     module = build_torch_model(cfg).cuda()
     n = sum(p.numel() for p in module.parameters())

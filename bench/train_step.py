@@ -88,8 +88,8 @@ def bench_torch(cfg, b, compile_=False):
     import torch
 
     from jaxformer.train.optim import make_torch_optimizer
-    from jaxformer.train.torch_tasks import forward_loss
-    from jaxformer.train.torch_trainer import build_torch_model
+    from jaxformer.train.torch.tasks import forward_loss
+    from jaxformer.train.torch.trainer import build_torch_model
     module = build_torch_model(cfg)
     module.train()
     opt, sched = make_torch_optimizer(cfg.train, module)

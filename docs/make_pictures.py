@@ -47,7 +47,7 @@ def runs(overlay: str, heads: str) -> None:
     from jaxformer.train.data import tokenizer
     from jaxformer.train.jax_trainer import JaxTrainer
     from jaxformer.train.plots import plot_attention, plot_runs
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     cfg = load_config("lm", TINY_RUN)
     with tempfile.TemporaryDirectory() as d:
         jdir, tdir = os.path.join(d, "jax", "lm_tiny"), os.path.join(d, "torch", "lm_tiny")

@@ -217,7 +217,7 @@ def test_jax_and_torch_train_and_eval_on_the_answers_only(tmp_path):
     from jaxformer.models import build_model as jbuild
     from jaxformer.train.data import batch_at, load_sources
     from jaxformer.train.jax_trainer import JaxTrainer
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     from torch_ref.models import build_model as tbuild
     cfg = _masked_run(tmp_path)
     tmod, jmod = tbuild("lm", cfg.model, seed=3), jbuild("lm", cfg.model, seed=0)

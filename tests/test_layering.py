@@ -11,7 +11,7 @@ string naming a module, as importlib and the registries use) goes down, never up
 
 torch_ref imports only torch_ref and the framework-free rank-1 modules. The core (config,
 layers, models) never imports torch or torch_ref. torch_ref is imported only by parity, convert,
-the CLI, the torch twin of the trainer (`jaxformer/train/torch_*.py`, which the CLI loads
+the CLI, the torch twin of the trainer (`jaxformer/train/torch/`, which the CLI loads
 only for `--framework torch`) and the trainers' trajectory check (`jaxformer/train/trajectory.py`); parity, convert and the CLI import it only inside functions.
 The rest of jaxformer never imports it at all.
 """
@@ -35,8 +35,8 @@ RANK = {
 }
 FRAMEWORK_FREE = ("jaxformer", "jaxformer.config", "jaxformer.tables", "jaxformer.fileio")
 HOLDS_TORCH_REF = ("jaxformer.parity", "jaxformer.convert", "jaxformer.cli",
-                   "jaxformer.train.torch_trainer", "jaxformer.train.torch_tasks",
-                   "jaxformer.train.torch_init", "jaxformer.train.trajectory")
+                   "jaxformer.train.torch.trainer", "jaxformer.train.torch.tasks",
+                   "jaxformer.train.torch.init", "jaxformer.train.trajectory")
 CORE = ("jaxformer.config", "jaxformer.layers", "jaxformer.models")
 MODULE_STRING = re.compile(r"^(jaxformer|torch_ref)(\.[A-Za-z_]\w*)+")
 

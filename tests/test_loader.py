@@ -238,7 +238,7 @@ def test_torch_trainer_reads_the_same_batches(data_dir, reference, tmp_path):
     losses are the JAX run's within the trajectory bound (jaxformer/train/trajectory.py RTOL),
     and its exported model carries the tokenizer."""
     from jaxformer.checkpoint_io import tokenizer_entry
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     from jaxformer.train.trajectory import RTOL
     history = TorchTrainer(tokens_cfg(data_dir, steps=2), str(tmp_path), progress=False).run()
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(history, reference[0])]

@@ -14,7 +14,7 @@ from test_train import _pair, run_cfg
 from jaxformer.config import ConfigError, LoRAConfig
 from jaxformer.train.config import TrainLoRAConfig, apply_override, config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
-from jaxformer.train.torch_trainer import TorchTrainer
+from jaxformer.train.torch.trainer import TorchTrainer
 
 LORA = {"r": 4, "alpha": 16}
 

@@ -13,7 +13,7 @@ from flax import nnx
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, StepFns, build_jax_model, init_state, shape_batch
 from jaxformer.train.optim import make_optax
-from jaxformer.train.torch_trainer import TorchTrainer
+from jaxformer.train.torch.trainer import TorchTrainer
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import FAMILIES, TRAIN, _pair  # noqa: E402
@@ -224,7 +224,7 @@ def test_init_from_loads_score_bias_in_both_trainers(tmp_path):
     outside the params), not from zeros: the JAX trainer (both its state paths) and the torch one."""
     from jaxformer.checkpoint_io import save_model
     from jaxformer.train.jax_trainer import build_jax_model
-    from jaxformer.train.torch_trainer import build_torch_model
+    from jaxformer.train.torch.trainer import build_torch_model
     cfg = moe_cfg(DEEPSEEK)
     src = build_jax_model(cfg)
     saved = []

@@ -12,8 +12,9 @@ from jaxformer.config import ConfigError
 from jaxformer.config.models import LMConfig
 from jaxformer.parity.cases_mla import MLA_Q_LORA
 from jaxformer.parity.cases_sinks import GPT_OSS_ATTN
-from jaxformer.train import tasks, torch_tasks
+from jaxformer.train import tasks
 from jaxformer.train.data.tokens_data import segment_ids
+from jaxformer.train.torch import tasks as torch_tasks
 
 EOS = 2
 FLAVOURS = {"gpt2_learned": LMConfig.tiny("gpt2"), "llama_rope_gqa": LMConfig.tiny("llama"),
@@ -115,7 +116,7 @@ def test_trainers_agree_on_packed_windows_and_pmap_matches(tmp_path):
     from jaxformer.models import build_model as jbuild
     from jaxformer.train.config import config_from_dict
     from jaxformer.train.jax_trainer import JaxTrainer
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     from torch_ref.models import build_model as tbuild
     rng = np.random.default_rng(2)
     path = _write(tmp_path / "tok", [(s + np.arange(n)) % 61 + 3 for s, n in zip(rng.integers(0, 61, 80),

@@ -186,7 +186,7 @@ def test_expert_adapters_train_in_both_trainers(tmp_path):
 
     from jaxformer.train.config import config_from_dict
     from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     model = {"name": "lm", "vocab_size": 259, "max_len": 16, "d_model": 16, "num_heads": 2, "d_ff": 32,
              "num_layers": 1, "position": "rope", "norm": "rmsnorm", "ffn": "swiglu", "bias": False,
              "dropout": 0.0, "moe": {"num_experts": 4, "top_k": 2, "router": "softmax_topk", "d_expert": 8,

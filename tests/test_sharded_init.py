@@ -213,7 +213,7 @@ def test_init_from_restores_each_param_into_its_sharding(tmp_path, monkeypatch, 
 def test_torch_trainer_starts_from_the_jax_init(tmp_path):
     """The torch trainer's first weights are the JAX trainer's (initialised on a mesh),
     converted to torch layout. (Both schemes, key by key: tests/test_train.py.)"""
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     cfg = _cfg("xavier_uniform")
     jax_tr = JaxTrainer(_mesh_cfg(cfg, "data2_fsdp2_tensor2"), str(tmp_path / "jax"), progress=False)
     want = params_numpy(jax_tr.state)

@@ -19,7 +19,7 @@ from jaxformer.convert import load_torch_state_dict
 from jaxformer.models import build_model as jbuild
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
-from jaxformer.train.torch_trainer import TorchTrainer
+from jaxformer.train.torch.trainer import TorchTrainer
 from torch_ref.models import build_model as tbuild
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -255,7 +255,7 @@ def test_lr_schedules_align_step_for_step(schedule):
 def test_init_schemes_are_identical_across_frameworks(scheme):
     from jaxformer.convert import to_torch_state_dict
     from jaxformer.train.init import init_flax
-    from jaxformer.train.torch_init import init_torch
+    from jaxformer.train.torch.init import init_torch
     cfg = run_cfg("lm_llama_gqa")
     tmod, jmod = tbuild("lm", cfg.model, seed=1), jbuild("lm", cfg.model, seed=2)
     init_torch(tmod, scheme, 7)

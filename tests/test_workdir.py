@@ -158,7 +158,7 @@ def test_torch_trainer_writes_flax_model(tmp_path):
 
     from jaxformer.checkpoint_io import load_model
     from jaxformer.convert import to_torch_state_dict
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     cfg = tiny_run_config(steps=2, checkpoint_every=2, eval_every=2)
     t = TorchTrainer(cfg, str(tmp_path), progress=False)
     t.run()

@@ -69,7 +69,7 @@ def run(args) -> int:
     workdir = args.workdir or os.path.join("runs", os.path.splitext(os.path.basename(args.config))[0])
     kw = dict(resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress)
     if args.framework == "torch":
-        from jaxformer.train.torch_trainer import TorchTrainer
+        from jaxformer.train.torch.trainer import TorchTrainer
         trainer = TorchTrainer(cfg, workdir, **kw)
         _warn_no_eval(trainer, cfg)
         trainer.run()

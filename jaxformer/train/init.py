@@ -3,7 +3,7 @@ state created directly in its shardings.
 
 Every parameter is drawn with jax.random from the key fold_in(key(seed), crc32 of its torch
 key), in torch layout, then laid out for flax (one draw per layer of a scanned stack). So
-`init: xavier_uniform` gives the same bits in JAX and in torch (torch_init.py copies these
+`init: xavier_uniform` gives the same bits in JAX and in torch (torch/init.py copies these
 arrays), not just the same distribution, and scanned == unscanned. JAX's threefry is
 partitionable (`jax_threefry_partitionable`, on by default since JAX 0.5): element i of a draw
 depends only on the key and i, so inside a jitted init each device computes only its shard and

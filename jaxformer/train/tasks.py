@@ -1,5 +1,5 @@
 """What each model family trains on: how a batch feeds the model and how the loss is summed.
-Both frameworks use the same definitions (torch twin: jaxformer/train/torch_tasks.py).
+Both frameworks use the same definitions (torch twin: jaxformer/train/torch/tasks.py).
 
 Losses are returned as (sum, count) so that gradient accumulation, pmap and mesh sharding all
 divide by the *global* count: the loss of a step is the same however the batch is split.

@@ -34,7 +34,7 @@ def trajectory_check(patch=None) -> Outcome:
     from jaxformer.models import build_model as jbuild
     from jaxformer.train.config import config_from_dict
     from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
-    from jaxformer.train.torch_trainer import TorchTrainer
+    from jaxformer.train.torch.trainer import TorchTrainer
     from torch_ref.models import build_model as tbuild
 
     cfg = config_from_dict({"model": dict(MODEL), "data": dict(DATA), "train": dict(TRAIN)})

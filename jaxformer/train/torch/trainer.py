@@ -24,13 +24,15 @@ import torch
 from jaxformer import fileio
 from jaxformer.train import data as data_lib
 from jaxformer.train import init as init_lib
-from jaxformer.train import tasks, torch_init, torch_tasks
+from jaxformer.train import tasks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.data import pipeline
 from jaxformer.train.jax_trainer import model_config_for_training
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_torch_optimizer
+from jaxformer.train.torch import init as torch_init
+from jaxformer.train.torch import tasks as torch_tasks
 from torch_ref import lowering as torch_lowering
 
 
