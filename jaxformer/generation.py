@@ -341,8 +341,8 @@ def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_i
     as in lm_forward."""
     TRACES["seq2seq_decode_forward"] += 1
     with lowering.decoding(False, elementwise):
-        return nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache,
-                                                 cache_index=cache_index)
+        out = nnx.merge(graphdef, state).decode(tgt_ids, None, memory_mask, cache=cache, cache_index=cache_index)
+        return out.logits, out.cache
 
 
 def seq2seq_step(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=None):
@@ -367,12 +367,12 @@ def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_id
         memory_mask = jnp.repeat(memory_mask, gen.num_beams, axis=0)
     b = memory.shape[0]
     bos = jnp.full((b, 1), model.cfg.bos_id, jnp.int32)
-    logits, cache = model.decode(bos, None, memory_mask, cache=model.init_cache(memory, cache_len),
-                                 cache_index=0)
+    out = model.decode(bos, None, memory_mask, cache=model.init_cache(memory, cache_len), cache_index=0)
+    logits, cache = out.logits, out.cache
 
     def step(tok, i, cache):
-        logits, cache = model.decode(tok[:, None], None, memory_mask, cache=cache, cache_index=i + 1)
-        return logits[:, 0], cache
+        out = model.decode(tok[:, None], None, memory_mask, cache=cache, cache_index=i + 1)
+        return out.logits[:, 0], out.cache
 
     if gen.strategy == "beam":
         return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_ids, pad_id)

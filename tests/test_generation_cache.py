@@ -121,8 +121,9 @@ def test_seq2seq_cached_logits_equal_full_recompute(flavour, framework):
                 memory, mmask = t.encode(torch.as_tensor(SOURCES).long())
                 cache, tok = t.init_cache(memory, N + 1), torch.as_tensor(bos).long()
                 for i in range(N):
-                    logits, cache = t.decode(tok, None, mmask, cache=cache, cache_index=i)
-                    steps.append(logits[:, 0].numpy())
+                    out = t.decode(tok, None, mmask, cache=cache, cache_index=i)
+                    cache = out.cache
+                    steps.append(out.logits[:, 0].numpy())
                     tok = torch.as_tensor(steps[-1].argmax(-1))[:, None]
             forward = lambda tgt: t(torch.as_tensor(SOURCES).long(), torch.as_tensor(tgt).long()).detach().numpy()
         tokens = np.stack([s.argmax(-1) for s in steps], 1).astype(np.int32)

@@ -239,12 +239,12 @@ def _seq2seq_generate(model, src_ids, src_mask, generator, *, gen, cache_len, eo
         memory_mask = memory_mask.repeat_interleave(gen.num_beams, 0)
     b = memory.shape[0]
     bos = torch.full((b, 1), model.cfg.bos_id, dtype=torch.long)
-    logits, cache = model.decode(bos, None, memory_mask, cache=model.init_cache(memory, cache_len),
-                                 cache_index=0)
+    out = model.decode(bos, None, memory_mask, cache=model.init_cache(memory, cache_len), cache_index=0)
+    logits, cache = out.logits, out.cache
 
     def step(tok, i, cache):
-        logits, cache = model.decode(tok[:, None], None, memory_mask, cache=cache, cache_index=i + 1)
-        return logits[:, 0], cache
+        out = model.decode(tok[:, None], None, memory_mask, cache=cache, cache_index=i + 1)
+        return out.logits[:, 0], out.cache
 
     if gen.strategy == "beam":
         return beam_loop(step, _reorder_self, cache, logits[:, -1], gen, eos_ids, pad_id)

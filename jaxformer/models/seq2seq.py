@@ -16,7 +16,7 @@ from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder, Encoder
-from jaxformer.models.common import check_mask, check_tokens, compute_dtype, set_compute_dtype
+from jaxformer.models.common import LMOutput, check_mask, check_tokens, compute_dtype, set_compute_dtype
 
 
 class Seq2Seq(nnx.Module):
@@ -68,8 +68,9 @@ class Seq2Seq(nnx.Module):
     def decode(self, tgt_ids: jax.Array, memory: jax.Array | None, memory_mask: jax.Array, *,
                return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
                return_attention: bool = False):
-        """tgt_ids [B, T] -> logits [B, T, V_tgt] (and intermediates, and the new cache).
-        With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
+        """tgt_ids [B, T] -> logits [B, T, V_tgt]; with return_intermediates or a cache an
+        LMOutput (models/common.py: logits, the new cache, the intermediates; None where not
+        asked). With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
         check_tokens(tgt_ids, self.cfg.resolved_tgt_vocab, self.cfg.max_len if cache is None else None,
                      "target token id")
         b, t = tgt_ids.shape
@@ -83,7 +84,10 @@ class Seq2Seq(nnx.Module):
         if return_intermediates:
             out = (out[0], {"tgt_embeddings": y, **{f"decoder.{k}": v for k, v in out[1].items()}},
                    *out[2:])
-        return logits if len(out) == 1 else (logits, *out[1:])
+        if not return_intermediates and cache is None:
+            return logits
+        return LMOutput(logits, cache=out[-1] if cache is not None else None,
+                        intermediates=out[1] if return_intermediates else None)
 
     def __call__(self, src_ids: jax.Array, tgt_ids: jax.Array, src_mask: jax.Array | None = None, *,
                  return_intermediates: bool = False, return_attention: bool = False):
@@ -94,9 +98,8 @@ class Seq2Seq(nnx.Module):
             return self.decode(tgt_ids, memory, memory_mask)
         memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True,
                                                      return_attention=return_attention)
-        logits, dec_inter = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True,
-                                        return_attention=return_attention)
-        return logits, {**enc_inter, **dec_inter}
+        out = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True, return_attention=return_attention)
+        return out.logits, {**enc_inter, **out.intermediates}
 
     def logits(self, h: jax.Array) -> jax.Array:
         """h [B, T, D] -> [B, T, V_tgt] float32, via the tied target embedding or lm_head."""
