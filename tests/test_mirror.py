@@ -17,6 +17,7 @@ NO_TWIN = {
     "layers/linear.py": "nnx.Linear with logical axes and reduced-precision kernels; torch uses nn.Linear",
     "layers/kernels/moe_parallel.py": "expert parallelism over a mesh; torch_ref runs on one device",
     "layers/kernels/partitioning.py": "Flax partitioning metadata; torch has none",
+    "layers/special.py": "tanh to torch's float32 accuracy; torch_ref uses torch's own kernel (numerics §44)",
 }
 # (file, class) present in one tree only, and why
 ONE_SIDED = {

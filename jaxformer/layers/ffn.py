@@ -5,17 +5,20 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from jaxformer.layers import special
 from jaxformer.layers.linear import Linear
 
 GATED = ("swiglu", "geglu", "geglu_tanh")
 
 
 def gelu_exact(x: jax.Array) -> jax.Array:
+    """x/2 erfc(-x / sqrt 2): nearer float64 than torch's erf form (docs/numerics.md §44)."""
     return jax.nn.gelu(x, approximate=False)
 
 
 def gelu_tanh(x: jax.Array) -> jax.Array:
-    return jax.nn.gelu(x, approximate=True)
+    """GELU's tanh form with tanh to torch's accuracy (parity forces it: docs/numerics.md §44)."""
+    return special.gelu_tanh(x)
 
 
 def activation(kind: str):

@@ -9,13 +9,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxformer.layers import special
+
 
 def soft_cap(scores: jax.Array, cap: float | None) -> tuple[jax.Array, jax.Array | None]:
     """cap * tanh(scores / cap), before bias and mask, and the tanh (its derivative is
     1 - tanh^2, which blockwise's backward uses); (scores, None) without a cap."""
     if cap is None:
         return scores, None
-    tanh = jnp.tanh(scores / cap)
+    tanh = special.tanh(scores / cap)  # not jnp.tanh: 4.6 ulp on XLA:CPU (docs/numerics.md §44)
     return tanh * cap, tanh
 
 

@@ -14,6 +14,7 @@ from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.ffn import activation
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import make_norm
+from jaxformer.layers.special import tanh
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Encoder
 from jaxformer.models.common import check_int_input, check_mask, check_tokens, set_compute_dtype
@@ -62,7 +63,7 @@ class Classifier(nnx.Module):
             w = valid.astype(h.dtype)[:, :, None]  # [B, T, 1]
             pooled = jnp.sum(h * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B, D]
         if self.pooler is not None:
-            act = jnp.tanh if self.cfg.pooler_act == "tanh" else activation(self.cfg.pooler_act)
+            act = tanh if self.cfg.pooler_act == "tanh" else activation(self.cfg.pooler_act)
             pooled = act(self.pooler(pooled))  # [B, D]
             if self.pooler_norm is not None:
                 pooled = self.pooler_norm(pooled)

@@ -3,12 +3,12 @@ encoder layers and a final norm. Twin: torch_ref/models/encoder.py."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import TransformerConfig
 from jaxformer.layers.attention import make_padding_mask
 from jaxformer.layers.linear import Linear
+from jaxformer.layers.special import tanh
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Encoder
 from jaxformer.models.common import check_int_input, check_mask, check_tokens
@@ -39,7 +39,7 @@ class TextEncoder(nnx.Module):
         out = self.encoder(x, mask=mask, return_intermediates=return_intermediates,
                            return_attention=return_attention)
         h, inter = out if return_intermediates else (out, None)  # [B, T, D]
-        result = h if self.pooler is None else (h, jnp.tanh(self.pooler(h[:, 0])))  # pooled [B, D]
+        result = h if self.pooler is None else (h, tanh(self.pooler(h[:, 0])))  # pooled [B, D]
         if return_intermediates:
             return result, {"embeddings": x, **inter}
         return result

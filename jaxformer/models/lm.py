@@ -17,6 +17,7 @@ from jaxformer.layers.attention import AttentionMask, combine_masks, make_paddin
 from jaxformer.layers.kernels import ring
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
+from jaxformer.layers.special import tanh
 from jaxformer.layers.text_embedding import TextEmbedding
 from jaxformer.layers.transformer import Decoder
 from jaxformer.models.common import (
@@ -126,7 +127,7 @@ class LM(nnx.Module):
         out = self.embed.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
         out = out.astype(jnp.float32)
         cap = self.cfg.final_logit_softcap
-        return out if cap is None else jnp.tanh(out / cap) * cap
+        return out if cap is None else tanh(out / cap) * cap  # torch's accuracy (docs/numerics.md §44)
 
     def init_cache(self, batch: int, length: int) -> list | dict:
         """An empty KV cache of `length` slots per layer, in the compute dtype (stacked

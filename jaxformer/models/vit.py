@@ -21,6 +21,7 @@ from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
 from jaxformer.layers.positional import LearnedPositionalEmbedding, default_positions, resize_bicubic
+from jaxformer.layers.special import tanh
 from jaxformer.layers.transformer import Encoder
 from jaxformer.models.common import check_values
 
@@ -131,7 +132,7 @@ class ViT(nnx.Module):
         else:  # cls_mean
             pooled = jnp.concatenate([h[:, 0], jnp.mean(h[:, n_cls:], axis=1)], axis=-1)  # [B, 2D]
         if self.pooler is not None:  # HF ViTModel's pooler: tanh of a dense layer
-            logits = jnp.tanh(self.pooler(pooled))  # [B, D]
+            logits = tanh(self.pooler(pooled))  # [B, D]
         else:
             logits = self.classifier(pooled) if self.classifier is not None else pooled  # [B, num_classes]
         if not return_intermediates:
