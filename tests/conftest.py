@@ -2,12 +2,14 @@
 import os
 
 # 8 host devices, and XLA:CPU's LLVM codegen at optimisation level 0 with its older elemental
-# emitter for loop fusions (not the MLIR fusion emitters): each test compiles many small programs
-# that run once on tiny shapes, where code generation is most of the compile time. Both change
-# fp32 results by a few ulps (other machine code for the same HLO), no farther from float64 than
-# the defaults are (docs/numerics.md §39, §43); a flag the caller set wins.
+# emitter for loop fusions (not the MLIR fusion emitters), in one LLVM module per program (no
+# parallel codegen split: the suite's two workers already use both cores): each test compiles
+# many small programs that run once on tiny shapes, where code generation is most of the
+# compile time. Each changes fp32 results by a few ulps (other machine code for the same HLO), no
+# farther from float64 than the defaults are (docs/numerics.md §39, §43); a flag the caller set
+# wins.
 _FLAGS = {"--xla_force_host_platform_device_count": "8", "--xla_backend_optimization_level": "0",
-          "--xla_cpu_use_fusion_emitters": "false"}
+          "--xla_cpu_use_fusion_emitters": "false", "--xla_cpu_parallel_codegen_split_count": "1"}
 _set = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_set] + [f"{k}={v}" for k, v in _FLAGS.items() if k not in _set]).strip()
 # One torch (OpenMP/MKL) thread per test process: the suite runs one xdist worker per core, and
