@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer import convert
+from jaxformer import convert, lowering
 from jaxformer.models import build_model
 from jaxformer.train import lora
 
@@ -218,10 +218,30 @@ def _jit(fn, shardings):
     return jax.jit(fn) if shardings is None else jax.jit(fn, out_shardings=shardings)
 
 
+# The unsharded init programs of this process's recent models, by what they are traced from:
+# another trainer of the same model (a resume, a test's second run) neither traces nor compiles
+# them again. Sharded ones (their shardings are trees) are built per call.
+_PROGRAMS: dict[tuple, object] = {}
+_PROGRAMS_KEPT = 8
+
+
+def _program(kind: str, name: str, model_cfg, seed: int, lora_cfg, shardings, fn):
+    """_jit(fn, shardings), reused for the same (kind, model, seed, LoRA, lowering) when unsharded."""
+    if shardings is not None:
+        return _jit(fn, shardings)
+    key = (kind, name, repr(model_cfg), seed, repr(lora_cfg), lowering.active())
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = jax.jit(fn)
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    return _PROGRAMS[key]
+
+
 def create_rest(name: str, model_cfg, seed: int, sharding=None, lora_cfg=None):
     """The model's non-parameter state (dropout RNG streams), jitted into `sharding` (a tree);
     the constructor's parameter draws are dead code there and never computed."""
-    return _jit(lambda: lora.split(_build(name, model_cfg, seed, lora_cfg))[-1], sharding)()
+    return _program("rest", name, model_cfg, seed, lora_cfg, sharding,
+                    lambda: lora.split(_build(name, model_cfg, seed, lora_cfg))[-1])()
 
 
 def create_params(name: str, model_cfg, scheme: str, seed: int, abstract_params, shardings=None):
@@ -229,25 +249,30 @@ def create_params(name: str, model_cfg, scheme: str, seed: int, abstract_params,
     (None: the default device): named schemes draw per leaf (init_params); `default` runs the
     constructors under jit."""
     if scheme == "default":
-        return _jit(lambda: _split(name, model_cfg, seed)[1], shardings)()
+        return _program("params", name, model_cfg, seed, None, shardings, lambda: _split(name, model_cfg, seed)[1])()
     arrays = init_params(abstract_model(name, model_cfg, seed), scheme, seed, shardings)
     return nnx.from_flat_state([(p, v.replace(arrays[tuple(p)]))
                                 for p, v in nnx.to_flat_state(abstract_params)])
 
 
+def _zeros():
+    return jnp.zeros((), jnp.int32)
+
+
 def zero_step(sharding=None):
     """The step counter 0 in `sharding` (made by a jitted program: valid across processes)."""
-    return _jit(lambda: jnp.zeros((), jnp.int32), sharding)()
+    return _program("step", "", None, 0, None, sharding, _zeros)()
 
 
 def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=None, params=None,
-                 lora_cfg=None, base_shardings=None, rest=None) -> dict:
+                 lora_cfg=None, base_shardings=None, rest=None, abstract_params=None) -> dict:
     """The train state {params, opt_state, rest, step} created directly in `shardings` (a tree
     like abstract_state's; None: the default device). No host ever holds a whole tensor of a
     sharded leaf, and the values do not depend on the shardings. `params` given (init_from,
     already placed): the state starts from them. `lora_cfg` (train.lora): `params` (or the
     init) is the base, in `base_shardings`, and adapt_state turns it into the LoRA state. `rest`
-    given (init_from's saved buffers, placed): the state's rest."""
+    given (init_from's saved buffers, placed): the state's rest. `abstract_params`: the
+    abstract state's params when the caller has them (else built here)."""
     if lora_cfg is not None:
         if params is None:
             base = nnx.split(abstract_model(name, model_cfg, seed), nnx.Param, ...)[1]
@@ -255,8 +280,9 @@ def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=Non
         return adapt_state(name, model_cfg, seed, tx, lora_cfg, params, shardings, rest)
     sh = shardings or {"params": None, "opt_state": None, "rest": None, "step": None}
     if params is None:
-        abstract = abstract_state(name, model_cfg, seed, tx)
-        params = create_params(name, model_cfg, scheme, seed, abstract["params"], sh["params"])
+        if abstract_params is None:
+            abstract_params = abstract_state(name, model_cfg, seed, tx)["params"]
+        params = create_params(name, model_cfg, scheme, seed, abstract_params, sh["params"])
     return {"params": params, "opt_state": _jit(tx.init, sh["opt_state"])(params),
             "rest": create_rest(name, model_cfg, seed, sh["rest"]) if rest is None else rest,
             "step": zero_step(sh["step"])}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import time
@@ -41,6 +42,21 @@ from jaxformer.train.optim import make_optax
 from jaxformer.train.steps import StepFns  # noqa: F401 (cli/eval.py and the benches import it from here)
 
 DATA_AXIS = "data"  # pmap's device axis: the one the steps' psum reduces over
+# The jitted steps of this process's recent one-device trainers, by the config they are traced
+# from: another trainer of that config (a resume, a test's second run) reuses them, so it
+# neither traces nor compiles its steps again. Mesh and pmap trainers, and trainers given a
+# model, build their own. The train fields below steer only the host loop, never the steps.
+_STEPS: dict[str, tuple] = {}
+_STEPS_KEPT = 4
+_LOOP_FIELDS = ("eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "async_checkpoint",
+                "log_every", "on_nonfinite", "sample_tokens", "sample_temperature", "sample_top_p")
+
+
+def _steps_key(cfg: RunConfig) -> str:
+    """The whole config but the host-loop fields, as sorted JSON."""
+    raw = cfg.to_dict()
+    raw["train"] = {k: v for k, v in raw["train"].items() if k not in _LOOP_FIELDS}
+    return json.dumps(raw, sort_keys=True, default=str)
 
 
 def model_config_for_training(cfg: RunConfig):
@@ -146,7 +162,12 @@ class JaxTrainer:
         self.model = model
         _, params, _, _ = lora_lib.split(self.model)  # what trains: the adapters under train.lora
         from jaxformer.convert import scan_prefixes
-        self.tx, self.schedule = make_optax(tc, params, scan_prefixes(self.model))
+        key = _steps_key(cfg) if not given and cfg.parallel.mode == "none" else None
+        cached = _STEPS.get(key)  # (StepFns, jitted train step, jitted eval step) of this config
+        if cached is not None:
+            self.model.train()  # as StepFns leaves the model it splits
+        self.tx, self.schedule = (cached[0].tx, cached[0].schedule) if cached else \
+            make_optax(tc, params, scan_prefixes(self.model))
         self.abstract_state = init_lib.abstract_state_of(self.model, self.tx)
         init_lib.check_fits(self.abstract_state, "the train state (parameters and optimiser state)")
         self.mode = cfg.parallel.mode
@@ -159,8 +180,8 @@ class JaxTrainer:
                                  f"{tc.grad_accum_steps} x {self.devices} devices = "
                                  f"{tc.grad_accum_steps * self.devices}: use a multiple of "
                                  f"{tc.grad_accum_steps * self.devices}")
-        self.fns = StepFns(cfg, self.model, self.tx, self.schedule,
-                           axis_name=DATA_AXIS if self.mode == "pmap" else None)
+        self.fns = cached[0] if cached else StepFns(cfg, self.model, self.tx, self.schedule,
+                                                    axis_name=DATA_AXIS if self.mode == "pmap" else None)
         self.shardings = None
         if self.mode == "mesh":
             self._setup_mesh()
@@ -171,7 +192,11 @@ class JaxTrainer:
         self.batches = None  # the train iterator, while run() runs
         self.data_state: dict | None = None  # the checkpoint's pipeline state, on resume
         self.state = self._initial_state(given, resume)
-        self.train_step, self.eval_step = self._wrap_steps()
+        self.train_step, self.eval_step = cached[1:] if cached else self._wrap_steps()
+        if key is not None and cached is None:
+            _STEPS[key] = (self.fns, self.train_step, self.eval_step)
+            while len(_STEPS) > _STEPS_KEPT:
+                _STEPS.pop(next(iter(_STEPS)))
         self.start_step = 0
         self.skipped_steps = 0
         self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
@@ -261,7 +286,8 @@ class JaxTrainer:
             return {**target, "rest": init_lib.create_rest(name, mcfg, tc.seed, mesh_sh["rest"], tc.lora),
                     "step": init_lib.zero_step(mesh_sh["step"])}
         if not tc.init_from and tc.lora is None:
-            return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings)
+            return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings,
+                                         abstract_params=self.abstract_state["params"])
         # the params init_from loads: the whole model's, or under train.lora the base's
         abstract_params, params_sh = self.abstract_state["params"], (self.shardings or {}).get("params")
         if tc.lora is not None:
