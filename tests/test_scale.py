@@ -14,13 +14,12 @@ import yaml
 from helpers import host_devices_env
 
 from jaxformer.train.config import config_from_dict, load_config
-from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
+from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps, params_numpy
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_train import FAMILIES, ROOT, run_cfg  # noqa: E402
 
-MESHES = {"data8": dict(data=8), "fsdp8": dict(data=1, fsdp=8), "fsdp4_tensor2": dict(data=1, fsdp=4, tensor=2),
-          "data2_fsdp2_tensor2": dict(data=2, fsdp=2, tensor=2)}
+MESHES = {"data8": dict(data=8), "fsdp8": dict(data=1, fsdp=8), "data2_fsdp2_tensor2": dict(data=2, fsdp=2, tensor=2)}
 SCALE_FAMILIES = ["lm_gpt2", "lm_llama_gqa"] + (["vit"] if "vit" in FAMILIES else [])
 
 
@@ -50,7 +49,7 @@ def single_device_losses(single_device_runs):
 # Every mesh on the GQA LM (the family with the most sharding rules); the other families on the
 # mesh that uses all three axes at once (each one-axis mesh is a special case of its rules).
 # FSDP alone and all three axes on the LLaMA flavour, the three-axis mesh on the other
-# families, data alone on GPT-2 (FSDP x tensor: test_checkpoint_restores_under_other_meshes)
+# families, data alone on GPT-2 (the three-axis run's checkpoint: test_checkpoint_restores_under_other_meshes)
 MESH_CASES = [("lm_llama_gqa", m) for m in ("fsdp8", "data2_fsdp2_tensor2")] + \
     [(f, "data2_fsdp2_tensor2") for f in SCALE_FAMILIES if f != "lm_llama_gqa"] + [("lm_gpt2", "data8")]
 
@@ -64,14 +63,26 @@ def fsdp8_trainer(tmp_path_factory):
     tr.close()
 
 
+@pytest.fixture(scope="module")
+def gqa_three_axis_run(tmp_path_factory):
+    """The GQA LM's 5-step run on the data x fsdp x tensor mesh -> (trainer, per-step losses,
+    workdir): its mesh case, and the step-5 checkpoint (step == steps) that
+    test_checkpoint_restores_under_other_meshes restores under other meshes (one compiled
+    mesh program for both)."""
+    wd = str(tmp_path_factory.mktemp("gqa_three_axis"))
+    tr = JaxTrainer(_cfg("lm_llama_gqa", MESHES["data2_fsdp2_tensor2"]), wd, progress=False)
+    return tr, [r["loss"] for r in tr.run()], wd
+
+
 @pytest.mark.parametrize("family,mesh", MESH_CASES)
 def test_mesh_matches_single_device(family, mesh, single_device_losses, tmp_path, request):
     assert jax.device_count() == 8
-    if (family, mesh) == ("lm_llama_gqa", "fsdp8"):
-        tr = request.getfixturevalue("fsdp8_trainer")
+    if (family, mesh) == ("lm_llama_gqa", "data2_fsdp2_tensor2"):
+        tr, losses, _ = request.getfixturevalue("gqa_three_axis_run")
     else:
-        tr = JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
-    losses = [r["loss"] for r in tr.run()]
+        tr = request.getfixturevalue("fsdp8_trainer") if (family, mesh) == ("lm_llama_gqa", "fsdp8") else \
+            JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
+        losses = [r["loss"] for r in tr.run()]
     diffs = [abs(a - b) for a, b in zip(losses, single_device_losses[family])]
     print(f"{family} {mesh}: max per-step loss diff {max(diffs):.1e}, memory {tr.memory_report()}")
     assert len(losses) == 5 and max(diffs) <= 1e-5
@@ -107,14 +118,18 @@ def test_fsdp8_shards_params_and_optimizer(fsdp8_trainer):
     assert m["opt_bytes_per_device"] <= m["opt_bytes_total"] / 8 + 2 * small + 64
 
 
-def test_checkpoint_restores_under_other_meshes(tmp_path):
-    cfg = _cfg("lm_llama_gqa", MESHES["fsdp4_tensor2"], checkpoint_every=5)
-    saved = JaxTrainer(cfg, str(tmp_path), progress=False)
-    saved.run()
+def test_checkpoint_restores_under_other_meshes(gqa_three_axis_run, tmp_path):
+    """The step-5 checkpoint of the GQA LM sharded over data x fsdp x tensor restores under
+    data alone and on one device to the saved params, bit for bit."""
+    import shutil
+    saved, _, saved_wd = gqa_three_axis_run
+    assert checkpoint_steps(os.path.join(saved_wd, "checkpoints")) == [5]
     ref = params_numpy(saved.state)
+    wd = str(tmp_path / "w")
+    shutil.copytree(saved_wd, wd)  # the resumes below write in their workdir
     for mesh in (MESHES["data8"], None):
         c = _cfg("lm_llama_gqa", mesh, steps=10)  # resuming needs steps left to train
-        tr = JaxTrainer(c, str(tmp_path), resume=True, progress=False)
+        tr = JaxTrainer(c, wd, resume=True, progress=False)
         assert tr.start_step == 5
         got = params_numpy(tr.state)
         assert all(np.array_equal(got[k], ref[k]) for k in ref)
