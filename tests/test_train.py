@@ -147,8 +147,10 @@ def _checkpoint_steps(workdir) -> list[int]:
 def resume_setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
     # inverse_sqrt: the lr does not depend on train.steps, so a run given more steps follows
-    # this 12-step trajectory step for step (the killed run below relies on it)
-    cfg = run_cfg("lm_gpt2", steps=12, checkpoint_every=4, eval_every=4, dropout=0.1, schedule="inverse_sqrt")
+    # this 12-step trajectory step for step (the killed run below relies on it); no end-of-run
+    # sample (its decode programs are compiled and checked by tests/test_export.py's run)
+    cfg = run_cfg("lm_gpt2", steps=12, checkpoint_every=4, eval_every=4, dropout=0.1, schedule="inverse_sqrt",
+                  sample_tokens=0)
     path = d / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     full = d / "full"

@@ -185,8 +185,10 @@ def test_full_disk_at_a_checkpoint_leaves_nothing_partial(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(tiny_run_config(steps=2).to_dict()))
     wd = tmp_path / "w"
-    # without the suite's compilation cache: its entries would hit the same file-size limit
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    # the suite's compilation cache read only (the programs this file's runs compiled are read,
+    # not compiled again): a minimum compile time no program reaches, as its new entries would
+    # hit the same file-size limit
+    env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1e9"}
     r = subprocess.run([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir", str(wd),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=600,
                        env=env)
