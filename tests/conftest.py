@@ -47,3 +47,18 @@ def compilation_cache(tmp_path_factory):
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     yield
+
+
+@pytest.fixture
+def whole_replica_saves():
+    """orbax's jax.Array handler without replica-parallel saving while the test runs: the
+    checkpoint is the same, but each device's replica of a small replicated array is no longer
+    cut into its own slice, a jitted program per (shape, device) (~160 of them on a 2 x 2 x 2
+    mesh; test_lora_train and test_moe_train use it). Tests that restore what they saved on a mesh
+    keep orbax's default."""
+    import jax
+    from orbax.checkpoint import type_handlers as th
+    default = th.get_type_handler(jax.Array)
+    th.register_type_handler(jax.Array, th.ArrayHandler(use_replica_parallel=False), override=True)
+    yield
+    th.register_type_handler(jax.Array, default, override=True)

@@ -169,20 +169,6 @@ def test_reduced_base_trains_and_stays_bit_identical(base_dtype, reduced_runs, f
 
 
 # ----------------------------------------------------------------------------- parallel modes
-@pytest.fixture
-def whole_replica_saves():
-    """orbax's jax.Array handler without replica-parallel saving while the test runs: the
-    checkpoint is the same, but each device's replica of a small replicated array is no longer
-    cut into its own slice, a jitted program per (shape, device) (~160 of them on a 2 x 2 x 2
-    mesh; tests/test_moe_train.py uses it too). Tests that restore what they saved on a mesh
-    keep orbax's default."""
-    from orbax.checkpoint import type_handlers as th
-    default = th.get_type_handler(jax.Array)
-    th.register_type_handler(jax.Array, th.ArrayHandler(use_replica_parallel=False), override=True)
-    yield
-    th.register_type_handler(jax.Array, default, override=True)
-
-
 @pytest.mark.usefixtures("whole_replica_saves")  # its checkpoints are never restored
 def test_pmap_and_mesh_match_one_device(int8_run, tmp_path):
     """The int8-base LoRA run on one device, pmapped over 8 and on a (data 2, fsdp 2, tensor 2)

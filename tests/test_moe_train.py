@@ -16,7 +16,6 @@ from jaxformer.train.optim import make_optax
 from jaxformer.train.torch.trainer import TorchTrainer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_lora_train import whole_replica_saves  # noqa: E402, F401 (a fixture)
 from test_train import FAMILIES, TRAIN, _pair  # noqa: E402
 
 MOE = {"num_experts": 4, "top_k": 2, "router": "softmax_topk", "d_expert": 32, "dense_layers": [0],
