@@ -119,12 +119,15 @@ ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
 def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None):
     """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic). A draft
     attempt (real values propagated) runs only where a plain one of the same dynamism failed for
-    a reason it can fix (`_draft_helps`): a data-dependent value, an op without a fake kernel."""
+    a reason it can fix (`_draft_helps`): a data-dependent value, an op without a fake kernel.
+    An attempt without call signatures runs only where the one with them may have failed
+    because of them (`_signatures_may_fail`)."""
     paths = tuple(n for n, _ in module.named_modules() if n)
     first = deepest = None
     helps = {True: False, False: False}  # dynamic -> a plain attempt failed for a draft-fixable reason
+    same = set()  # (draft, dynamic) whose attempt with call signatures failed as it would without
     for draft, dynamic, keep in ATTEMPTS:
-        if draft and not helps[dynamic]:
+        if (draft and not helps[dynamic]) or (not keep and (draft, dynamic) in same):
             continue
         try:
             program = _export(module, kwargs, dynamic=dynamic, preserve=paths if keep else (), draft=draft,
@@ -133,6 +136,8 @@ def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None):
             first = first or e  # why the free dims did not export
             deepest = e if draft and dynamic and deepest is None else deepest  # past value checks
             helps[dynamic] = helps[dynamic] or (not draft and _draft_helps(e))
+            if keep and not _signatures_may_fail(e, module):
+                same.add((draft, dynamic))
             continue
         if draft:
             notes.append("data-dependent Python control flow resolved at the traced inputs "
@@ -154,6 +159,26 @@ def _draft_helps(e: BaseException) -> bool:
     text = f"{type(e).__name__}: {e}".lower()
     return any(k in text for k in ("datadependent", "data-dependent", "data dependent", "unbacked", "fake impl",
                                    "fake kernel", "meta kernel"))
+
+
+def _signatures_may_fail(e: BaseException, model) -> bool:
+    """Whether an export that kept the submodules' call signatures may have failed because of
+    them. Keeping them adds a forward pre- and post-hook to each submodule (torch/_export/
+    wrappers.py) whose `_export_tracepoint` op records the call's inputs and outputs and hands
+    the same tensor objects on (its fake kernel returns its arguments). A failure raised inside
+    the forward of one of the model's modules (in the traceback) and outside those hooks
+    therefore happens the same way without them: the same Python on the same tensors. Any other
+    failure (in a hook, in torch's processing after the trace) may be theirs."""
+    import os
+    import traceback
+
+    from torch._export import wrappers
+    hooks = os.path.splitext(wrappers.__file__)[0]
+    frames = traceback.extract_tb(e.__traceback__)
+    if any(os.path.splitext(f.filename)[0] == hooks for f in frames):
+        return True
+    modules = {type(m): m for m in model.modules()}.values()  # one per class: _holds reads the class
+    return not any(_holds(m, f) for f in frames for m in modules)
 
 
 def failing_op(e: BaseException) -> str | None:
