@@ -68,6 +68,10 @@ def _recompute(forward, ids, mask, tokens, k):
     return forward(seq, m)[:, p + k - 1]
 
 
+# a seq2seq model's encoder as one compiled program (eager, every op of it compiles separately)
+_encode = nnx.jit(lambda model, src: model.encode(src))
+
+
 # GPT-NeoX's layout (docs/numerics.md §35): the first 6 of 12 dims of each head rotated, the
 # parallel residual; JAX scans its stacked layers (scan_layers), torch loops over them
 CACHE_LMS = {**LMS, "gpt_neox_partial_rotary_parallel_scanned": LMConfig.tiny(
@@ -108,7 +112,7 @@ def test_seq2seq_cached_logits_equal_full_recompute(flavour, framework):
         steps = []
         if framework == "jax":
             graphdef, state = nnx.split(j)
-            memory, mmask = j.encode(jnp.asarray(SOURCES))
+            memory, mmask = _encode(j, jnp.asarray(SOURCES))
             cache, tok = j.init_cache(memory, N + 1), bos
             for i in range(N):
                 logits, cache = jgen.seq2seq_step(graphdef, state, jnp.asarray(tok), mmask, cache, i, elementwise)
@@ -223,7 +227,7 @@ def test_scanned_stack_decodes_like_the_unrolled_one():
     cfg = S2S["separate_untied_pre"]
     t, j = pair("seq2seq", cfg)
     s = _scanned_twin("seq2seq", cfg, t)
-    memory, mmask = j.encode(jnp.asarray(SOURCES))
+    memory, mmask = _encode(j, jnp.asarray(SOURCES))
     logits, tokens = {}, {}
     for name, model in (("unrolled", j), ("scanned", s)):
         graphdef, state = nnx.split(model)

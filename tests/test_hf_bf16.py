@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
 import yaml
+from flax import nnx
 from helpers import randomize
 
 from jaxformer import hf
@@ -42,10 +44,15 @@ def _leaves(model):
 IDS = np.array([[3, 17, 5, 90, 41, 8], [11, 2, 60, 7, 7, 30]])
 
 
+# one jitted forward for the file (a model of a structure seen before reuses its compilation),
+# not one compile per eager op
+_forward = nnx.jit(lambda model, ids: model(ids))
+
+
 def _logits_match(model, ref) -> float:
     with torch.no_grad():
         want = ref(torch.tensor(IDS)).logits.numpy()
-    got = np.asarray(model(IDS))
+    got = np.asarray(_forward(model, jnp.asarray(IDS)))
     diff = float(np.abs(got - want).max())
     assert diff <= 1e-5 * max(1.0, float(np.abs(want).max())), diff
     return diff

@@ -6,6 +6,7 @@ over every registered model are in tests/test_convert.py."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -42,7 +43,17 @@ def _text_model_yamls():
 def run_both(t, j, *args, **kw):
     with torch.no_grad():
         to = t(*[torch.as_tensor(a) for a in args], **kw)
-    return to, j(*[jnp.asarray(a) for a in args], **kw)
+    return to, jitted(j, *args, **kw)
+
+
+def jitted(model, *args, return_intermediates: bool = False):
+    """The JAX model's forward on numpy inputs as one compiled program (a model of a structure
+    and shapes seen before reuses it), not op by op: the same function of the same weights."""
+    return _forward(model, *[jnp.asarray(a) for a in args], inter=return_intermediates)
+
+
+_forward = nnx.jit(lambda m, *xs, inter: m(*xs, return_intermediates=True) if inter else m(*xs),
+                   static_argnames="inter")
 
 
 def _intermediates(out) -> dict:
@@ -61,6 +72,13 @@ MODELS = {
     "lm_gpt2": ("lm", LMConfig.tiny("gpt2")),
     "lm_llama": ("lm", LMConfig.tiny("llama")),
 }
+
+
+@functools.cache
+def shared_pair(key):
+    """converted_pair of MODELS[key], built once for the tests that only read it (the bad-input
+    ones: every call raises before computing)."""
+    return converted_pair(*MODELS[key])
 
 
 def model_inputs(name, rng, t=6):
@@ -102,7 +120,7 @@ def test_yaml_model_section_loads_and_builds_in_both(fname):
     args = (ids, ids) if name == "seq2seq" else (ids,)
     with torch.no_grad():
         to = t(*[torch.as_tensor(a) for a in args])
-    jo = nnx.jit(lambda m, *xs: m(*xs))(j, *[jnp.asarray(a) for a in args])  # one compile, not op by op
+    jo = jitted(j, *args)
     assert np.abs(np.asarray(jo) - to.numpy()).max() < 1e-4  # d_model 128: a smoke check only
 
 
@@ -145,8 +163,8 @@ def test_lm_left_padded_row_equals_unpadded_row(flavour):
     short = rand_ids(rng, 1, 4)
     padded = np.concatenate([np.zeros((1, 3), np.int32), short], axis=1)
     mask = np.array([[0, 0, 0, 1, 1, 1, 1]], np.int32)
-    for model, to_np in ((j, np.asarray), (t, lambda x: x.detach().numpy())):
-        conv = jnp.asarray if model is j else torch.as_tensor
+    for model, to_np in ((lambda *xs: jitted(j, *xs), np.asarray), (t, lambda x: x.detach().numpy())):
+        conv = np.asarray if model is not t else torch.as_tensor
         alone = to_np(model(conv(short)))
         padded_out = to_np(model(conv(padded), conv(mask)))
         assert np.abs(padded_out[:, 3:] - alone).max() <= 1e-5
@@ -158,11 +176,12 @@ def test_classifier_ignores_padding(pooling):
     t, j = converted_pair("classifier", ClassifierConfig.tiny(pooling=pooling, norm_position="pre"))
     ids = rand_ids(np.random.RandomState(3), 1, 5)
     padded = np.concatenate([ids, np.zeros((1, 3), np.int32)], axis=1)  # pad_id 0 at the end
-    for model, conv, to_np in ((j, jnp.asarray, np.asarray), (t, torch.as_tensor, lambda x: x.detach().numpy())):
+    jax_model = lambda *xs: jitted(j, *xs)  # noqa: E731
+    for model, conv, to_np in ((jax_model, np.asarray, np.asarray), (t, torch.as_tensor, lambda x: x.detach().numpy())):
         assert np.abs(to_np(model(conv(padded))) - to_np(model(conv(ids)))).max() <= 1e-5
     # and the pad mask matters: treating the pads as tokens changes the answer
     ones = np.ones_like(padded)
-    assert np.abs(np.asarray(j(jnp.asarray(padded), jnp.asarray(ones))) - np.asarray(j(jnp.asarray(ids)))).max() > 1e-4
+    assert np.abs(np.asarray(jax_model(padded, ones)) - np.asarray(jax_model(ids))).max() > 1e-4
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -170,7 +189,7 @@ def test_classifier_ignores_padding(pooling):
 @pytest.mark.parametrize("bad", [-1, V])
 def test_out_of_range_ids_raise_in_both(key, bad):
     name, cfg = MODELS[key]
-    t, j = converted_pair(name, cfg)
+    t, j = shared_pair(key)
     args = list(model_inputs(name, np.random.RandomState(4)))
     for i in range(len(args)):  # every id input: source and target for seq2seq
         bad_args = [a.copy() for a in args]
@@ -184,7 +203,7 @@ def test_out_of_range_ids_raise_in_both(key, bad):
 @pytest.mark.parametrize("key", sorted(MODELS))
 def test_sequence_over_max_len_raises_in_both(key):
     name, cfg = MODELS[key]
-    t, j = converted_pair(name, cfg)
+    t, j = shared_pair(key)
     args = model_inputs(name, np.random.RandomState(5), t=cfg.max_len + 1)
     with pytest.raises(ValueError, match="exceeds max_len"):
         j(*[jnp.asarray(a) for a in args])
