@@ -69,9 +69,9 @@ class QuantizedWeight:
         return data.astype(jnp.float32)
 
     def dequantized(self) -> jax.Array:
-        """float32 [..., out, in]: the weight this copy stands for."""
-        w = self.values()
-        return w if self.scale is None else w * self.scale[..., None]
+        """float32 [..., out, in]: the weight this copy stands for (one jitted program per
+        shape where called eagerly, as at export, not a compiled program per op)."""
+        return _dequantized(self)
 
     def lookup(self, ids: jax.Array) -> jax.Array:
         """Rows of a table [V, D] at ids [...] -> float32 [..., D] (a tied embedding's lookup)."""
@@ -80,6 +80,17 @@ class QuantizedWeight:
         return w.dequantized()
 
 
+@jax.jit
+def _dequantized(w: QuantizedWeight) -> jax.Array:
+    values = w.values()  # exact; then one rounding of q * scale, as eagerly
+    return values if w.scale is None else values * w.scale[..., None]
+
+
+# quantize_int8 and to_bf16 are jitted (inlined where a caller traces them): called eagerly on a
+# model's kernels (layers/lora.py quantize_base, loading a reduced-precision run), each op would
+# otherwise be its own compiled program per shape. Same values: every op rounds once, exactly
+# as eagerly, and the barriers keep the divisions divisions (docs/numerics.md §24).
+@jax.jit
 def quantize_int8(w: jax.Array) -> QuantizedWeight:
     """w [..., out, in] float -> int8 QuantizedWeight, symmetric, one scale per output row."""
     w = w.astype(jnp.float32)
@@ -96,6 +107,7 @@ def _materialized(x: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(x)
 
 
+@jax.jit
 def to_bf16(w: jax.Array) -> QuantizedWeight:
     """w [..., out, in] float -> bf16 QuantizedWeight (round to nearest even)."""
     return QuantizedWeight(jax.lax.bitcast_convert_type(w.astype(jnp.bfloat16), jnp.uint16))
