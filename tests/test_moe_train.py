@@ -139,9 +139,22 @@ def _mesh_losses(cfg, tmp_path):
 
 @pytest.fixture(scope="module")
 def moe_single_device(tmp_path_factory):
+    """The one-device run's 4 train-step losses: the trainer's batches and jitted step, without
+    run()'s eval, checkpoint and exports (the losses do not depend on them; the parallel runs
+    below do all three)."""
     cfg = moe_cfg(steps=4, batch_size=16, grad_accum_steps=1, init="normal_0.02", eval_every=4,
                   checkpoint_every=4)
-    return _mesh_losses(cfg, tmp_path_factory.mktemp("single"))[0]
+    tr = JaxTrainer(cfg, str(tmp_path_factory.mktemp("single")), progress=False)
+    batches, state, losses = tr._train_iterator(), tr.state, []
+    try:
+        for _ in range(cfg.train.steps):
+            batch, _ = next(batches)
+            state, out = tr.train_step(state, batch)
+            losses.append(float(out["loss"]))
+    finally:
+        batches.close()
+        tr.close()
+    return losses
 
 
 # One micro-batch per step: pmap's accumulation groups rows device-major ([D, A, B/(A D)]), so
