@@ -52,10 +52,17 @@ _LOOP_FIELDS = ("eval_every", "eval_batches", "checkpoint_every", "keep_checkpoi
                 "log_every", "on_nonfinite", "sample_tokens", "sample_temperature", "sample_top_p")
 
 
+# lr schedules that never read train.steps (optim.lr_multiplier): under them a run's steps are
+# the same program whatever its length, so a longer resume shares a shorter run's steps
+_STEP_FREE_SCHEDULES = ("constant", "inverse_sqrt")
+
+
 def _steps_key(cfg: RunConfig) -> str:
-    """The whole config but the host-loop fields, as sorted JSON."""
+    """The whole config but the host-loop fields (and train.steps under a schedule that does
+    not read it), as sorted JSON."""
     raw = cfg.to_dict()
-    raw["train"] = {k: v for k, v in raw["train"].items() if k not in _LOOP_FIELDS}
+    skip = _LOOP_FIELDS + (("steps",) if cfg.train.schedule in _STEP_FREE_SCHEDULES else ())
+    raw["train"] = {k: v for k, v in raw["train"].items() if k not in skip}
     return json.dumps(raw, sort_keys=True, default=str)
 
 
