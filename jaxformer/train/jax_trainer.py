@@ -342,7 +342,15 @@ class JaxTrainer:
         from jax.sharding import Mesh, NamedSharding, PartitionSpec
         mesh = Mesh(np.array(jax.local_devices()[: self.devices]), (DATA_AXIS,))
         per_device = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-        return jax.tree.map(lambda x: jax.device_put(jnp.broadcast_to(x, (self.devices,) + x.shape), per_device), tree)
+
+        def put(x):
+            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) or x.weak_type:
+                return jax.device_put(jnp.broadcast_to(x, (self.devices,) + x.shape), per_device)
+            # broadcast on the host and transferred: device_put of a device array into another
+            # sharding, and the broadcast, would each be a compiled program per leaf shape
+            host = np.asarray(x)
+            return jax.device_put(np.broadcast_to(host, (self.devices,) + host.shape), per_device)
+        return jax.tree.map(put, tree)
 
     def _unreplicate(self, tree):
         """pmap: the first device's copy (all are equal after the psum); other modes: the tree
