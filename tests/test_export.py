@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 import yaml
+from helpers import jit_call
 
 import jaxformer
 from jaxformer import checkpoint_io, cli, convert
@@ -138,7 +139,7 @@ def test_hf_finetune_exports_the_finetuned_weights(tmp_path, monkeypatch):
     # (b) transformers on the export == jaxformer on the run's final weights
     model, cfg = jaxformer.load(run)
     ids = np.random.default_rng(0).integers(3, 259, size=(2, 12)).astype(np.int32)
-    ours = np.asarray(model(ids))
+    ours = np.asarray(jit_call(model, ids))  # one compiled forward, not hundreds of eager ops
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         theirs = hf(torch.as_tensor(ids, dtype=torch.long)).logits.numpy()

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 from helpers import converted_pair
 
 from jaxformer.config import ConfigError
@@ -43,6 +44,15 @@ def _per_document(logits, tokens, seg):
     return [float(nll[b][keep[b] & (seg[b, 1:] == s)].sum()) for b in range(len(tokens)) for s in np.unique(seg[b])]
 
 
+# the JAX model's forward and loss as compiled programs (op by op, each is hundreds of tiny ones)
+_forward = nnx.jit(lambda m, x, s: m(x, segment_ids=s))
+_forward_loss = nnx.jit(lambda m, batch: tasks.forward_loss("lm", m, batch, 0.0))
+
+
+def _jax_logits(jmod, x, s=None) -> np.ndarray:
+    return np.asarray(_forward(jmod, jnp.asarray(x), None if s is None else jnp.asarray(s)))
+
+
 @pytest.mark.parametrize("flavour", sorted(FLAVOURS))
 def test_packed_row_gives_each_document_its_own_loss(flavour):
     cfg = FLAVOURS[flavour]
@@ -55,11 +65,11 @@ def test_packed_row_gives_each_document_its_own_loss(flavour):
     alone = np.zeros((len(docs), max(len(d) for d in docs) - 1), np.int32)
     for i, d in enumerate(docs):
         alone[i, :len(d) - 1] = d[:-1]
-    jl = np.asarray(jmod(jnp.asarray(x), segment_ids=jnp.asarray(s)))
+    jl = _jax_logits(jmod, x, s)
     with torch.no_grad():
         tl = tmod(torch.from_numpy(x), segment_ids=torch.from_numpy(s)).numpy()
         alone_t = [r[:len(d) - 1] for r, d in zip(tmod(torch.from_numpy(alone)).numpy(), docs)]
-    alone_j = [r[:len(d) - 1] for r, d in zip(np.asarray(jmod(jnp.asarray(alone))), docs)]
+    alone_j = [r[:len(d) - 1] for r, d in zip(_jax_logits(jmod, alone), docs)]
     # the same logits as each document alone, in each tree, and JAX == torch
     spans = [(b, o, o + len(d) - 1) for b, r in enumerate([docs[:3], docs[3:]])
              for o, d in zip(np.cumsum([0] + [len(d) for d in r]), r)]
@@ -70,14 +80,14 @@ def test_packed_row_gives_each_document_its_own_loss(flavour):
     print(f"{flavour}: packed vs alone max |dlogit| {worst}, jax vs torch {np.abs(jl - tl).max():.2e}")
     assert max(worst.values()) <= 1e-5 and np.abs(jl - tl).max() <= 1e-5
     # concat (no segment ids): the second document sees the first, and its logits move
-    leak = np.asarray(jmod(jnp.asarray(x)))
+    leak = _jax_logits(jmod, x)
     assert np.abs(leak[0, 5:11] - alone_j[1][:6]).max() > 1e-3
     # the loss: per document, and the trainers' sums (targets across a boundary dropped)
     packed_docs = _per_document(jl, tokens, seg)
     alone_docs = [float(_nll(np.asarray(a, np.float64), d[1:]).sum()) for a, d in zip(alone_j, docs)]
     np.testing.assert_allclose(packed_docs, alone_docs, rtol=1e-5)
     batch = {"tokens": tokens, "segment_ids": seg}
-    j_loss, j_count, _ = tasks.forward_loss("lm", jmod, {k: jnp.asarray(v) for k, v in batch.items()}, 0.0)
+    j_loss, j_count, _ = _forward_loss(jmod, {k: jnp.asarray(v) for k, v in batch.items()})
     with torch.no_grad():
         t_loss, t_count, _ = torch_tasks.forward_loss("lm", tmod, {k: torch.from_numpy(v) for k, v in batch.items()}, 0.0)
     assert float(j_count) == float(t_count) == sum(len(d) - 1 for d in docs) == 25  # 28 targets, 3 crossings
