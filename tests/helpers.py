@@ -74,6 +74,20 @@ def host_devices_env(n: int) -> dict:
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
     return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}".strip(),
             "JAX_PLATFORMS": "cpu"}
+
+
+def cli_env(**extra) -> dict:
+    """os.environ for a `jaxformer` CLI subprocess, with this process's JAX matmul precision
+    (tests/conftest.py sets 'highest' through jax.config, which a child does not inherit): the
+    child traces the same programs as this process's runs, so it reads them from the suite's
+    compilation cache instead of compiling others, and computes what they compute."""
+    import os
+
+    import jax
+    precision = jax.config.jax_default_matmul_precision
+    return {**os.environ, **({"JAX_DEFAULT_MATMUL_PRECISION": str(precision)} if precision else {}), **extra}
+
+
 def hf_encoder_outputs(model, ids, mask) -> list:
     """An HF encoder's fp32 outputs: [last_hidden_state (and pooler_output)] or [logits]."""
     import torch

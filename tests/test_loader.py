@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import yaml
+from helpers import cli_env
 
 from jaxformer.config import ConfigError
 from jaxformer.train import data as data_lib
@@ -169,7 +170,7 @@ def killed(data_dir, tmp_path_factory):
     with open(d / "log", "w") as log:  # 100000 steps: still running whenever the kill lands
         proc = subprocess.Popen([sys.executable, "-m", "jaxformer", "train", "--config", str(cfg_path),
                                  "--workdir", wd, "--no-progress", "--set", "train.steps=100000"],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=cli_env())
     try:
         deadline = time.monotonic() + 300  # generous: start-up and compiles on a loaded machine
         while not _checkpoint_steps(wd):

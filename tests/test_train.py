@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import cli_env
 
 from jaxformer.config import ConfigError
 from jaxformer.convert import load_torch_state_dict
@@ -166,7 +167,7 @@ def test_resume_after_sigkill_is_exact(resume_setup):
     # 100000 steps: the run is still going whenever the kill lands, however fast the machine
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "jaxformer", *_train_args(path, wd, "--set", "train.steps=100000")],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=cli_env())
     try:
         deadline = time.monotonic() + 300  # a generous bound for start-up and compiles on a loaded machine
         # kill once step 6 is logged and the step-4 checkpoint is complete: between checkpoints

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
+from helpers import cli_env
 from workdir_helpers import TINY_RUN, tiny_run_config
 
 from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps
@@ -133,7 +134,7 @@ def test_sigterm_saves_and_exits_75(tmp_path):
     wd = tmp_path / "w"
     proc = subprocess.Popen([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir",
                              str(wd), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
     try:
         deadline = time.monotonic() + 300  # generous: start-up and compiles on a loaded machine
         while not (wd / "metrics.jsonl").exists() or len((wd / "metrics.jsonl").read_text().splitlines()) < 2:
