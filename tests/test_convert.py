@@ -101,7 +101,7 @@ def test_lossy_downcast_is_reported():
 
 
 def test_failed_model_build_with_wrong_config_reports_shapes():
-    t, _ = _pair()
+    t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
     j = jbuild("encoder", TransformerConfig(**{**to_dict(CFG), "d_ff": 48}), seed=0)
     with pytest.raises(ConversionError) as e:
         load_torch_state_dict(j, t.state_dict())
@@ -120,7 +120,7 @@ def _config_yaml(path):
 
 
 def test_file_round_trip_is_exact(tmp_path):
-    t, _ = _pair()
+    t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
     src, mid, back = tmp_path / "t.safetensors", tmp_path / "f.safetensors", tmp_path / "b.safetensors"
     _write_torch_file(src, t.state_dict())
     convert_file(str(src), str(mid), to="flax", name="encoder", cfg=CFG)
@@ -139,7 +139,7 @@ def test_torch_file_input_and_overwrite(tmp_path):
     weights in safetensors; an existing output is replaced only with overwrite=True, and the
     input never is."""
     from safetensors.numpy import load_file
-    t, _ = _pair()
+    t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
     st, pt = tmp_path / "t.safetensors", tmp_path / "t.pt"
     _write_torch_file(st, t.state_dict())
     torch.save({"state_dict": t.state_dict(), "step": torch.tensor(3)}, pt)
@@ -174,7 +174,7 @@ def _cli_here(capsys, *args):
 
 
 def test_cli_failed_conversion_writes_nothing(tmp_path, capsys):
-    t, _ = _pair()
+    t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
     sd = dict(t.state_dict())
     del sd["encoder.final_norm.bias"]
     src, dst = tmp_path / "bad.safetensors", tmp_path / "out.safetensors"
@@ -187,7 +187,7 @@ def test_cli_failed_conversion_writes_nothing(tmp_path, capsys):
 
 
 def test_cli_round_trip_and_truncated_file(tmp_path, capsys):
-    t, _ = _pair()
+    t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
     src, mid = tmp_path / "t.safetensors", tmp_path / "f.safetensors"
     _write_torch_file(src, t.state_dict())
     r = _cli(str(src), str(mid), "--to", "flax", "--config", _config_yaml(tmp_path / "c.yaml"))

@@ -62,7 +62,8 @@ def twin(make: Callable[[], Any], seed: int):
     torch's weights into every parameter and saved buffer, so the initial values are never
     drawn (eagerly, each new parameter shape cost a compile: most of a case's build time). The
     RNG streams (dropout's, which parity's eval mode never draws from) get keys from the seed
-    and their module path. A module holding other state that the load would not fill is built
+    and their module path (a scanned stack's, one per layer split from that key: building
+    such a model eagerly instead cost seconds of initialiser compiles). A module holding other state that the load would not fill is built
     by make() as it is. Until the load (jaxformer.convert.load_torch_state_dict, which the
     harness, tests/test_convert.py and the report run) its parameters are abstract."""
     import zlib
@@ -82,6 +83,8 @@ def twin(make: Callable[[], Any], seed: int):
         shape, dtype = var.get_value().shape, var.get_value().dtype
         if isinstance(var, nnx.RngKey):
             key = jax.random.fold_in(root, zlib.crc32(repr(path).encode()) & 0x7FFFFFFF)
+            if shape and key.dtype == dtype:  # a scanned stack's stream: one key per layer
+                key = jax.random.split(key, shape)
             if (key.shape, key.dtype) != (shape, dtype):
                 return make()
             var.set_value(key)

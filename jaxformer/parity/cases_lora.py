@@ -22,7 +22,7 @@ import numpy as np
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.models import TINY_SIZES, LMConfig
 from jaxformer.config.moe import MoEConfig
-from jaxformer.parity.cases import case, normal
+from jaxformer.parity.cases import case, normal, twin
 from jaxformer.parity.cases_models import realistic_embeddings, token_ids
 
 B, T, IN, OUT = 2, 5, 24, 40
@@ -151,9 +151,12 @@ def _lm_pair(lm_cfg: LMConfig, cfg: LoRAConfig):
         wrapped = {f"{p}.{leaf}" for p in tl.lora_modules(t) for leaf in ("weight", "bias")}
         for n, p in t.named_parameters():
             p.requires_grad_(n not in wrapped)
-        j = jbuild("lm", lm_cfg, seed=seed)
-        jl.apply_lora(j, cfg, nnx.Rngs(seed))
-        return t, j
+
+        def make():
+            j = jbuild("lm", lm_cfg, seed=seed)
+            jl.apply_lora(j, cfg, nnx.Rngs(seed))
+            return j
+        return t, twin(make, seed)  # built abstractly: the harness converts every weight, adapters too
     return build
 
 
