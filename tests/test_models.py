@@ -169,6 +169,9 @@ def test_lm_left_padded_row_equals_unpadded_row(flavour):
         padded_out = to_np(model(conv(padded), conv(mask)))
         assert np.abs(padded_out[:, 3:] - alone).max() <= 1e-5
         assert np.isfinite(padded_out).all()
+    for model, conv in ((j, jnp.asarray), (t, torch.as_tensor)):  # a concrete mask's values are checked
+        with pytest.raises(ValueError, match="attention_mask"):
+            model(conv(padded), conv(mask * 2))
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
