@@ -171,6 +171,29 @@ def test_torch_trainer_writes_flax_model(tmp_path):
     assert TINY_RUN["model"]["d_model"] == 32
 
 
+@pytest.mark.parametrize("message", [
+    # tensorstore's messages for one EFBIG by the write that hit the limit (the first two
+    # captured under RLIMIT_FSIZE at 120 and 1000 bytes); the third has the opening of one the
+    # full-disk test below printed once under load (its middle was cut off in the log) and an
+    # OS error given by its code alone: the old pattern, which wanted "Failed to write ...:
+    # <words> [os_error_code=...]", let such a message through as a page of paths
+    'OUT_OF_RANGE: Error opening "zarr" driver: Error writing "a.b/.zarray" in OCDBT database at local file '
+    '"/w/": Failed writing: "/w/d/51d3.__lock": Failed to write 182 bytes to file 3: File too large '
+    "[os_error_code='27'] [tensorstore_spec='{\"create\":true}']",
+    'OUT_OF_RANGE: Error writing "a.b/0.0" in OCDBT database at local file "/w/": Failed writing: '
+    "\"/w/d/d2ca.__lock\": Failed to write 609 bytes to file 4: File too large [os_error_code='27']",
+    'OUT_OF_RANGE: Error opening "zarr" driver: Error writing "rest.decoder.layers.1.x" in OCDBT database '
+    "at local file \"/w/ocdbt.process_0/\": Failed writing: \"/w/d/0.__lock\" [os_error_code='27']",
+])
+def test_a_failed_checkpoint_write_is_named_by_its_os_error(message):
+    from jaxformer.train.checkpoint import _concise
+    err = _concise(ValueError(message), "checkpoint step 2 in /w")
+    assert isinstance(err, OSError) and err.errno == 27
+    assert str(err) == "cannot write checkpoint step 2 in /w: File too large (nothing partial is kept)"
+    other = ValueError("NOT_FOUND: no such key")  # no OS error: passed on as it is
+    assert _concise(other, "checkpoint step 2 in /w") is other
+
+
 def test_full_disk_at_a_checkpoint_leaves_nothing_partial(tmp_path):
     """Files over 48 KiB fail with EFBIG (RLIMIT_FSIZE, SIGXFSZ ignored), as on a full disk: the
     config and metrics fit, the step-2 checkpoint does not. Exit 2, the error's line names the

@@ -35,16 +35,21 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be restored or saved (the CLI reports it in one line)."""
 
 
-_OS_ERROR = re.compile(r"Failed to write .*?: ([^\[]+?) \[os_error_code='(\d+)'\]")
+# the innermost OS error of a tensorstore status: "...: File too large [os_error_code='27']".
+# The words before it vary with the step that failed ("Failed to write 2 bytes to file 3",
+# "Failed writing", "Error opening \"zarr\" driver: Error writing ..."), so only the code is read.
+_OS_ERROR = re.compile(r"\[os_error_code='?(\d+)'?\]")
 
 
 def _concise(e: BaseException, what: str) -> BaseException:
     """tensorstore reports a failed write (full disk, file too large, read-only) as a ValueError
-    whose message is a page of paths; turn it into an OSError that says what and why."""
-    m = _OS_ERROR.search(str(e))
-    if m:
-        err = OSError(f"cannot write {what}: {os.strerror(int(m.group(2)))} (nothing partial is kept)")
-        err.errno = int(m.group(2))
+    whose message is a page of paths; turn it into an OSError that says what and why (read from
+    the OS error code, the last one in the message where there are several)."""
+    codes = _OS_ERROR.findall(str(e))
+    if codes:
+        code = int(codes[-1])
+        err = OSError(f"cannot write {what}: {os.strerror(code)} (nothing partial is kept)")
+        err.errno = code
         return err
     return e
 
