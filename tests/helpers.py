@@ -3,6 +3,8 @@ parity_tests/ each have a conftest.py, so `from conftest import ...` would find 
 imported last."""
 from __future__ import annotations
 
+import functools
+
 
 def converted_pair(name: str, cfg, seed: int = 0):
     """torch_ref model `name` and its jaxformer twin holding the same (converted) weights, both
@@ -101,9 +103,15 @@ def hf_encoder_outputs(model, ids, mask) -> list:
 
 def jit_call(model, *args):
     """model(*args) as one XLA compilation (op by op, a tiny encoder's forward takes seconds of
-    CPU time on a loaded machine)."""
+    CPU time on a loaded machine). One jit for every call: a model structure and input shapes
+    seen before in the process reuse their compilation."""
+    return _call()(model, *args)
+
+
+@functools.cache
+def _call():
     from flax import nnx
-    return nnx.jit(lambda m, *a: m(*a))(model, *args)
+    return nnx.jit(lambda m, *a: m(*a))
 
 
 def check_hf_encoder(tag: str, hf_model, path: str, ids, mask, auto, out_dir: str):
