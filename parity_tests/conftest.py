@@ -15,14 +15,21 @@ __import__("torch").set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
-    """The suite's shared JAX compilation cache (tests/conftest.py says why and where)."""
+    """The suite's JAX compilation cache for CLI subprocesses (tests/conftest.py says why and
+    where)."""
     root = tmp_path_factory.getbasetemp()
     path = str((root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "jax-cache")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = path
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     yield
+
+
+def pytest_collection_finish(session):
+    """The garbage collector tuned for a test process (tests/conftest.py says why)."""
+    import gc
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
 
 
 @pytest.fixture(autouse=True)
