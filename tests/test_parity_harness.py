@@ -94,6 +94,37 @@ def test_key_bias_trains_under_rope():  # docs/numerics.md §15: the cut would f
             assert float(np.abs(flat[n]).max()) == pytest.approx(v, rel=1e-4), n
 
 
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_twin_builds_abstractly_unless_a_stream_key_is_of_another_kind(impl):
+    """parity.cases.twin fills a dropout stream with a key of jax's default kind (threefry) drawn
+    from the seed and the stream's path, and leaves the weights abstract for the load. A stream
+    holding another kind of key (rbg here) would not fit that key, so twin builds the module as
+    make() does, concretely, with make()'s own key."""
+    import jax
+    from flax import nnx
+
+    from jaxformer.parity.cases import twin
+
+    class Net(nnx.Module):
+        def __init__(self):
+            rngs = nnx.Rngs(params=0, dropout=jax.random.key(1, impl=impl))
+            self.linear = nnx.Linear(3, 2, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    built, eager = twin(Net, 7), Net()
+    keys = [v for _, v in nnx.to_flat_state(nnx.state(built, nnx.RngKey))]
+    assert keys and all(jax.random.key_impl(k.get_value()) == impl for k in keys)
+    kernel = built.linear.kernel.get_value()
+    if impl == "rbg":
+        np.testing.assert_array_equal(np.asarray(kernel), np.asarray(eager.linear.kernel.get_value()))
+        for k, e in zip(keys, [v for _, v in nnx.to_flat_state(nnx.state(eager, nnx.RngKey))]):
+            np.testing.assert_array_equal(jax.random.key_data(k.get_value()), jax.random.key_data(e.get_value()))
+    else:
+        assert isinstance(kernel, jax.ShapeDtypeStruct)  # abstract until the load
+        assert not np.array_equal(jax.random.key_data(keys[0].get_value()),
+                                  jax.random.key_data(jax.random.key(1)))  # the seed's key, not make()'s
+
+
 # ------------------------------------------------------------ shared formulas, independent references
 def test_clip_formula_matches_torch_clip_grad_norm():  # docs/numerics.md §11
     import jax.numpy as jnp
