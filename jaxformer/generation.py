@@ -179,7 +179,10 @@ def lm_forward(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=
 
 def lm_step(graphdef, state, ids, slot_mask, cache, cache_index, elementwise=None):
     """lm_forward jitted and compiled as generate is, cache donated: the caller's loop (tests,
-    debugging) compiles prefill once and the one-token step once, whatever the number of steps."""
+    debugging) compiles prefill once and the one-token step once, whatever the number of steps.
+    elementwise None is resolved here as lowering.decoding resolves it, so a caller passing the
+    backend's form explicitly shares the compilation."""
+    elementwise = lowering.on_cpu() if elementwise is None else elementwise
     return lowering.decode_jit(lm_forward, static_argnums=(0,), static_argnames=_STEP_STATIC, donate_argnums=(4,))(
         graphdef, state, ids, slot_mask, cache, cache_index, elementwise=elementwise)
 
@@ -346,7 +349,8 @@ def seq2seq_decode_forward(graphdef, state, tgt_ids, memory_mask, cache, cache_i
 
 
 def seq2seq_step(graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=None):
-    """seq2seq_decode_forward jitted as lm_step is."""
+    """seq2seq_decode_forward jitted as lm_step is (elementwise None resolved as there)."""
+    elementwise = lowering.on_cpu() if elementwise is None else elementwise
     return lowering.decode_jit(seq2seq_decode_forward, static_argnums=(0,), static_argnames=_STEP_STATIC,
                                donate_argnums=(4,))(
         graphdef, state, tgt_ids, memory_mask, cache, cache_index, elementwise=elementwise)

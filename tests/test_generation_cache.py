@@ -194,10 +194,12 @@ def test_whole_generate_loop_compiles_once():
 # ----------------------------------------------------------------------------- scanned stacks
 def _scanned_twin(name, cfg, torch_model):
     """The model with model.scan_layers: true on the same weights (convert stacks the
-    torch `layers.{i}` keys into [L, ...] leaves)."""
+    torch `layers.{i}` keys into [L, ...] leaves), built abstractly before the load (as
+    generation_helpers.pair: no eager initializers of the stacked shapes)."""
     from jaxformer import convert
     from jaxformer.models import build_model
-    model = build_model(name, dataclasses.replace(cfg, scan_layers=True))
+    from jaxformer.parity.cases import twin
+    model = twin(lambda: build_model(name, dataclasses.replace(cfg, scan_layers=True)), 0)
     convert.load_torch_state_dict(model, torch_model.state_dict())
     model.eval()
     return model
@@ -209,7 +211,10 @@ def test_scanned_stack_decodes_like_the_unrolled_one():
     by step, and the same beam search ids through generate's whole program, in its decode
     layout (on CPU the [out, in] kernel copies of the stacked [L, in, out] kernels), as the
     unrolled stack on the same weights, for lm and seq2seq."""
-    n = 8
+    # N steps in a cache of the cached-vs-recompute tests' length: the unrolled model's prefill
+    # and step programs are theirs (one compile per process); the beam search's 8 tokens are
+    # test_decode_layout's program
+    n = N
     t, j = pair("lm", LMS["llama_gqa"])
     s = _scanned_twin("lm", LMS["llama_gqa"], t)
     assert s.init_cache(2, 5)["self"]["k"].shape == (2, 2, 2, 5, 8)  # [L, B, G, S, K]
@@ -220,7 +225,7 @@ def test_scanned_stack_decodes_like_the_unrolled_one():
     print(f"[scanned decode] lm llama_gqa: max |logit diff| scanned vs unrolled over {n} steps {diff:.3e}")
     assert diff <= 1e-5
     np.testing.assert_array_equal(tokens_j, tokens_s)
-    beam = GenerationConfig(max_new_tokens=n, strategy="beam", num_beams=3)  # generate's whole program
+    beam = GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=3)  # generate's whole program
     a, b = jgen.lm_generate(j, ids, mask, beam), jgen.lm_generate(s, ids, mask, beam)
     np.testing.assert_allclose(b[1], a[1], rtol=1e-6)
     np.testing.assert_array_equal(a[0], b[0])
@@ -231,7 +236,7 @@ def test_scanned_stack_decodes_like_the_unrolled_one():
     logits, tokens = {}, {}
     for name, model in (("unrolled", j), ("scanned", s)):
         graphdef, state = nnx.split(model)
-        cache, tok, steps = model.init_cache(memory, n), np.full((len(SOURCES), 1), cfg.bos_id, np.int32), []
+        cache, tok, steps = model.init_cache(memory, n + 1), np.full((len(SOURCES), 1), cfg.bos_id, np.int32), []
         for i in range(n):
             out, cache = jgen.seq2seq_step(graphdef, state, jnp.asarray(tok), mmask, cache, i)
             steps.append(np.asarray(out[:, 0]))

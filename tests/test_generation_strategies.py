@@ -44,7 +44,9 @@ def test_seq2seq_greedy_and_beam_match_across_frameworks(flavour):
 def test_lm_beam_matches_across_frameworks():
     t, j = pair("lm", LMS["llama_gqa"])
     ids, mask = jgen.pad_prompts(PROMPTS, 0)
-    gen = GenerationConfig(max_new_tokens=10, strategy="beam", num_beams=3)
+    # 8 tokens: generate's program for this model and prompt batch is then test_decode_layout's
+    # and test_generation_cache's (one compile per process, not one per test)
+    gen = GenerationConfig(max_new_tokens=8, strategy="beam", num_beams=3)
     (ja, js), (ta, ts) = jgen.lm_generate(j, ids, mask, gen), tgen.lm_generate(t, ids, mask, gen)
     np.testing.assert_array_equal(ja, ta)
     assert np.abs(js - ts).max() <= 1e-5
@@ -55,7 +57,7 @@ def test_left_padded_rows_generate_like_unpadded(framework):
     t, j = pair("lm", LMS["gpt2"])
     g = jgen if framework == "jax" else tgen
     model = j if framework == "jax" else t
-    gen = GenerationConfig(max_new_tokens=12, stop_at_eos=False)
+    gen = GenerationConfig(max_new_tokens=N, stop_at_eos=False)  # the batch: the greedy test's program
     batch = g.lm_generate(model, *g.pad_prompts(PROMPTS, 0), gen)
     for row, prompt in zip(batch, PROMPTS):
         np.testing.assert_array_equal(row, g.lm_generate(model, np.array([prompt]), None, gen)[0])
@@ -66,9 +68,10 @@ def test_generation_stops_at_eos_and_pads(framework):
     t, j = pair("lm", LMS["llama_gqa"])
     g, model = (jgen, j) if framework == "jax" else (tgen, t)
     ids, mask = g.pad_prompts(PROMPTS, 0)
-    free = g.lm_generate(model, ids, mask, GenerationConfig(max_new_tokens=16, stop_at_eos=False))
+    # N tokens: `free` is test_lm_greedy_tokens_match_across_frameworks's program
+    free = g.lm_generate(model, ids, mask, GenerationConfig(max_new_tokens=N, stop_at_eos=False))
     eos = int(free[0, 5])  # make row 0's 6th token the EOS
-    out = g.lm_generate(model, ids, mask, GenerationConfig(max_new_tokens=16, eos_id=eos))
+    out = g.lm_generate(model, ids, mask, GenerationConfig(max_new_tokens=N, eos_id=eos))
     for r in range(len(PROMPTS)):
         hits = np.flatnonzero(free[r] == eos)
         if len(hits) == 0:
@@ -131,11 +134,12 @@ def test_sampling_reproducible_and_top_k_1_is_greedy(framework):
     t, j = pair("lm", LMS["gpt2"])
     g, model = (jgen, j) if framework == "jax" else (tgen, t)
     ids, mask = g.pad_prompts(PROMPTS, 0)
-    sample = GenerationConfig(max_new_tokens=16, strategy="sample", temperature=5.0, stop_at_eos=False, seed=1)
+    # N tokens: the greedy reference is test_lm_greedy_tokens_match_across_frameworks's program
+    sample = GenerationConfig(max_new_tokens=N, strategy="sample", temperature=5.0, stop_at_eos=False, seed=1)
     a, b = g.lm_generate(model, ids, mask, sample), g.lm_generate(model, ids, mask, sample)
     np.testing.assert_array_equal(a, b)
     assert (a != g.lm_generate(model, ids, mask, dataclasses.replace(sample, seed=2))).any()
-    greedy = g.lm_generate(model, ids, mask, GenerationConfig(max_new_tokens=16, stop_at_eos=False))
+    greedy = g.lm_generate(model, ids, mask, GenerationConfig(max_new_tokens=N, stop_at_eos=False))
     np.testing.assert_array_equal(g.lm_generate(model, ids, mask, dataclasses.replace(sample, top_k=1)), greedy)
 
 
