@@ -211,8 +211,10 @@ def test_full_disk_at_a_checkpoint_leaves_nothing_partial(tmp_path):
     wd = tmp_path / "w"
     # the suite's compilation cache read only (the programs this file's runs compiled are read,
     # not compiled again): a minimum compile time no program reaches, as its new entries would
-    # hit the same file-size limit
-    env = {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1e9"}
+    # hit the same file-size limit; cli_env's matmul precision, as the other CLI children's
+    # (test_sigterm_saves_and_exits_75's tiny run traces this run's train step), or every
+    # program is another one and compiles again
+    env = cli_env(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1e9")
     r = subprocess.run([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir", str(wd),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=600,
                        env=env)
