@@ -1,6 +1,7 @@
 """Scale-out on 8 host CPU devices: mesh sharding (data, FSDP, tensor) and pmap against a single
 device, FSDP memory, checkpoints across mesh shapes, two real processes through
 jax.distributed, scan over layers and remat."""
+import contextlib
 import json
 import os
 import socket
@@ -32,18 +33,23 @@ def _cfg(family, mesh=None, **train):
 
 @pytest.fixture(scope="module")
 def single_device_runs(tmp_path_factory):
-    """{family: (per-step records, workdir)} of the one-device reference runs, computed once for
-    the mesh and pmap cases and the two-process test (which also loads the GPT-2 run's model)."""
-    out = {}
-    for fam in SCALE_FAMILIES:
-        wd = tmp_path_factory.mktemp(fam)
-        out[fam] = (JaxTrainer(_cfg(fam), str(wd), progress=False).run(), wd)
-    return out
+    """{"lm_gpt2": (per-step records, workdir)} of the one-device GPT-2 run, computed once for
+    the mesh and pmap cases and the two-process test (which also compares its eval loss and
+    loads its model)."""
+    wd = tmp_path_factory.mktemp("lm_gpt2")
+    return {"lm_gpt2": (JaxTrainer(_cfg("lm_gpt2"), str(wd), progress=False).run(), wd)}
 
 
 @pytest.fixture(scope="module")
-def single_device_losses(single_device_runs):
-    return {fam: [r["loss"] for r in history] for fam, (history, _) in single_device_runs.items()}
+def single_device_losses(single_device_runs, tmp_path_factory):
+    """{family: per-step losses} on one device: GPT-2's run; the other families' trainer's own
+    train step (_step_losses: the losses run() logs, without the eval, checkpoint and model
+    export that only the GPT-2 run's readers need)."""
+    out = {fam: [r["loss"] for r in history] for fam, (history, _) in single_device_runs.items()}
+    for fam in SCALE_FAMILIES:
+        if fam not in out:
+            out[fam] = _step_losses(JaxTrainer(_cfg(fam), str(tmp_path_factory.mktemp(fam)), progress=False))
+    return out
 
 
 # Every mesh on the GQA LM (the family with the most sharding rules); the other families on the
@@ -79,10 +85,11 @@ def test_mesh_matches_single_device(family, mesh, single_device_losses, tmp_path
     assert jax.device_count() == 8
     if (family, mesh) == ("lm_llama_gqa", "data2_fsdp2_tensor2"):
         tr, losses, _ = request.getfixturevalue("gqa_three_axis_run")
-    else:
+    else:  # the trainer's own mesh train step (run()'s eval, checkpoint and export on a mesh:
+        # gqa_three_axis_run's run() and the two-process test; the losses are what is compared)
         tr = request.getfixturevalue("fsdp8_trainer") if (family, mesh) == ("lm_llama_gqa", "fsdp8") else \
             JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
-        losses = [r["loss"] for r in tr.run()]
+        losses = _step_losses(tr)
     diffs = [abs(a - b) for a, b in zip(losses, single_device_losses[family])]
     print(f"{family} {mesh}: max per-step loss diff {max(diffs):.1e}, memory {tr.memory_report()}")
     assert len(losses) == 5 and max(diffs) <= 1e-5
@@ -151,7 +158,9 @@ def test_two_processes_match_single_process(single_device_runs, tmp_path):
     losses and the eval loss within 1e-5 (the reductions differ, the batches do not); each
     process saves its own pipeline state in the checkpoint, which restores in a single process;
     process 0 writes the run's model from the gathered params."""
-    cfg = _cfg("lm_gpt2", {"data": -1}, checkpoint_every=5)
+    # no end-of-run sample: process 0 would compile and run its decode programs, which no
+    # assertion reads (tests/test_export.py's CLI run checks the sample)
+    cfg = _cfg("lm_gpt2", {"data": -1}, checkpoint_every=5, sample_tokens=0)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg.to_dict()))
     env = host_devices_env(2)
@@ -201,14 +210,16 @@ TRAIN_SMALL = {"steps": 5, "batch_size": 8, "grad_accum_steps": 2, "lr": 3e-3, "
 
 def _step_losses(tr) -> list[float]:
     """The trainer's own compiled train step over its train.steps batches (batch_at's order, the
-    order run() reads), without run()'s eval, checkpoint and model export, which the scan and
-    remat settings do not change: -> per-step losses; tr.state is the final state."""
+    order run() reads; on the trainer's mesh, if any), without run()'s eval, checkpoint and
+    model export, which the scan, remat and mesh settings do not change: -> per-step losses;
+    tr.state is the final state."""
     from jaxformer.train import data as data_lib
     tc, state, losses = tr.cfg.train, tr.state, []
-    for step in range(tc.steps):
-        batch = tr._train_batch(data_lib.batch_at(tr.train_data, step, tc.batch_size, tc.seed))
-        state, out = tr.train_step(state, batch)
-        losses.append(float(out["loss"]))
+    with jax.set_mesh(tr.mesh) if tr.mesh is not None else contextlib.nullcontext():  # as run()
+        for step in range(tc.steps):
+            batch = tr._train_batch(data_lib.batch_at(tr.train_data, step, tc.batch_size, tc.seed))
+            state, out = tr.train_step(state, batch)
+            losses.append(float(out["loss"]))
     tr.state = state
     tr.close()
     return losses
