@@ -42,9 +42,10 @@ def test_kept_decode_weights_follow_the_model_weights():
     new kernel arrays (a training step, a weight load) are transposed again, so generation
     never runs stale weights; release_decode_weights and the model's death free them."""
     import gc
-    _, j = pair("lm", dataclasses.replace(LMS["gpt2"], num_layers=2))
+    # the model (its own instance) and gen of the layout test above: its programs, compiled once
+    _, j = pair("lm", LMS["gpt2"])
     ids, mask = jgen.pad_prompts(PROMPTS, 0)
-    gen = GenerationConfig(max_new_tokens=8, stop_at_eos=False)
+    gen = GenerationConfig(max_new_tokens=N, stop_at_eos=False)
     layout = DecodeLayout("transposed")
     first = jgen.decode_kernels(j, layout)
     assert jgen.decode_kernels(j, layout) is first  # reused, not transposed again
