@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
+from test_moe_train import _step_losses
 from test_train import _pair, run_cfg
 
 from jaxformer.config import ConfigError, LoRAConfig
@@ -113,14 +114,18 @@ def reduced_runs(tmp_path_factory):
 
     def get(base_dtype):
         if base_dtype not in runs:
-            # the int8 run's step-2 checkpoint is resumed below; the bf16 run's are never read,
-            # so it evaluates and saves at its last step alone (each save writes an orbax
-            # checkpoint and model exports; the losses do not depend on them)
+            # the int8 run's step-2 checkpoint is resumed below; the bf16 run's eval and saves
+            # are never read, so torch evaluates and saves at its last step alone and JAX runs
+            # the train steps alone (each save writes a checkpoint and model exports; the
+            # losses do not depend on them)
             cfg = reduced_cfg(base_dtype, **({} if base_dtype == "int8" else {"eval_every": 4, "checkpoint_every": 4}))
             root = tmp_path_factory.mktemp(f"{base_dtype}_run")
             jt = JaxTrainer(cfg, str(root / "jax"), progress=False)
             j_before = (_host(jt.state["frozen"]), _host(jt.state["params"]))
-            j_losses = [r["loss"] for r in jt.run()]
+            if base_dtype == "int8":
+                j_losses = [r["loss"] for r in jt.run()]
+            else:  # nothing reads the bf16 run's eval or saves: its train steps alone
+                j_losses, jt.state = _step_losses(jt)
             tt = TorchTrainer(cfg, str(root / "torch"), progress=False)
             t_before = _torch_frozen(tt.module)
             t_losses = [r["loss"] for r in tt.run()]

@@ -32,6 +32,21 @@ def moe_cfg(moe=MOE, parallel=None, **train):
     return config_from_dict(d)
 
 
+def _step_losses(tr) -> tuple[list[float], dict]:
+    """The one-device trainer's train-step losses and final state: its batches and jitted step,
+    without run()'s eval, checkpoint and exports; the trainer is closed after."""
+    batches, state, losses = tr._train_iterator(), tr.state, []
+    try:
+        for _ in range(tr.cfg.train.steps):
+            batch, _ = next(batches)
+            state, out = tr.train_step(state, batch)
+            losses.append(float(out["loss"]))
+    finally:
+        batches.close()
+        tr.close()
+    return losses, state
+
+
 def _score_biases(rest) -> np.ndarray:
     from jaxformer.train.sharding import _key_of
     leaves = jax.tree_util.tree_flatten_with_path(rest)[0]
@@ -107,7 +122,10 @@ def bias_runs(tmp_path_factory):
         tmod, jmod = _pair(cfg)
         jt = JaxTrainer(cfg, str(root / "jax"), model=jmod, progress=False)
         start = _score_biases(jt.state["rest"])
-        jt.run()
+        if rate:
+            jt.run()
+        else:  # read for its score_bias alone: the train steps, without run()'s eval, checkpoint
+            _, jt.state = _step_losses(jt)  # and exports (the rate > 0 run does all three)
         tt = TorchTrainer(cfg, str(root / "torch"), module=tmod, progress=False)
         tt.run()
         out[rate] = (start, jt, tt, root)
@@ -144,17 +162,7 @@ def moe_single_device(tmp_path_factory):
     below do all three)."""
     cfg = moe_cfg(steps=4, batch_size=16, grad_accum_steps=1, init="normal_0.02", eval_every=4,
                   checkpoint_every=4)
-    tr = JaxTrainer(cfg, str(tmp_path_factory.mktemp("single")), progress=False)
-    batches, state, losses = tr._train_iterator(), tr.state, []
-    try:
-        for _ in range(cfg.train.steps):
-            batch, _ = next(batches)
-            state, out = tr.train_step(state, batch)
-            losses.append(float(out["loss"]))
-    finally:
-        batches.close()
-        tr.close()
-    return losses
+    return _step_losses(JaxTrainer(cfg, str(tmp_path_factory.mktemp("single")), progress=False))[0]
 
 
 # One micro-batch per step: pmap's accumulation groups rows device-major ([D, A, B/(A D)]), so
