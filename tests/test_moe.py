@@ -16,6 +16,7 @@ from jaxformer.config.models import LMConfig
 from jaxformer.config.moe import MoEConfig
 from jaxformer.layers import moe as jmoe
 from jaxformer.models import build_model as jbuild
+from jaxformer.parity.cases import twin
 from torch_ref.layers import moe as tmoe
 from torch_ref.models import build_model as tbuild
 
@@ -159,14 +160,16 @@ def _lm(**kw) -> LMConfig:
 
 def test_scanned_moe_stack_equals_the_loop_with_aux():
     cfg = _lm(moe=dict(router="sigmoid_grouped", num_experts=8, n_group=2, topk_group=1, score_bias=True))
-    loop = jbuild("lm", cfg, seed=0)
+    # both built abstractly (twin: torch's weights and score_bias fill every leaf below, the RNG
+    # streams get keys): a concrete build of the scanned stack cost seconds of initialiser compiles
+    loop = twin(lambda: jbuild("lm", cfg, seed=0), 0)
     tm = tbuild("lm", cfg, seed=0)
     with torch.no_grad():
         for layer in tm.decoder.layers:
             layer.ffn.router.score_bias.copy_(torch.linspace(-0.1, 0.1, 8))
     sd = tm.state_dict()
     convert.load_torch_state_dict(loop, sd)
-    scan = jbuild("lm", dataclasses.replace(cfg, scan_layers=True), seed=1)
+    scan = twin(lambda: jbuild("lm", dataclasses.replace(cfg, scan_layers=True), seed=1), 1)
     convert.load_torch_state_dict(scan, sd)
     ids = jnp.asarray(np.random.RandomState(0).randint(1, 64, (2, 7)))
     run = nnx.jit(lambda m, i: m(i, return_aux=True))
