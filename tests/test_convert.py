@@ -1,4 +1,5 @@
 """The converter: matching key sets, bit-exact round trips, and every kind of bad input."""
+import collections
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from jaxformer.convert import (
     write_safetensors,
 )
 from jaxformer.models import build_model as jbuild
+from jaxformer.parity.cases import twin
 from jaxformer.parity.registry import CASES, load_all
 from torch_ref import models as tmodels
 from torch_ref.models import build_model as tbuild
@@ -43,6 +45,28 @@ def test_every_registered_model_is_mirrored_and_has_parity_cases():
     assert buildable <= covered, f"no parity case builds {sorted(buildable - covered)}"
 
 
+def _config_of(name):
+    b = CASES[name].build
+    return repr((b.model, b.cfg)) if getattr(b, "model", None) else None
+
+
+_SHARED = {k for k, n in collections.Counter(map(_config_of, CASES)).items() if k and n > 1}
+_BUILT = {}
+
+
+def _build(name):
+    """CASES[name].build(0); the cases that build the same registered model config (they differ
+    in their inputs only: lm_gpt2, lm_gpt2_left_padding, ...) share one build per process. The
+    key set and the round trip depend on the model alone, and a reload of the same state dict
+    rewrites the same values."""
+    key = _config_of(name)
+    if key not in _SHARED:
+        return CASES[name].build(0)
+    if key not in _BUILT:
+        _BUILT[key] = CASES[name].build(0)
+    return _BUILT[key]
+
+
 # every case, chosen without building it: building all of them at collection time (to keep
 # only the modules with weights) cost each xdist worker minutes before its first test
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -50,7 +74,7 @@ def test_same_key_set_and_exact_round_trip(name):
     """Both trees name the same weights, and they round-trip bit-exactly; a function case or a
     module without weights has none on either side."""
     from flax import nnx
-    t, j = CASES[name].build(0)
+    t, j = _build(name)
     sd = CASES[name].torch_state(t) if isinstance(t, torch.nn.Module) else {}
     prefixes = scan_prefixes(j) if isinstance(j, nnx.Module) else ()  # a scanned stack: one torch key per layer
     flax_keys = ({k for p, v in param_leaves(j).items() for k in torch_keys_for(p, tuple(v.shape), prefixes)}
@@ -67,7 +91,9 @@ def test_same_key_set_and_exact_round_trip(name):
 
 
 def _pair():
-    return tbuild("encoder", CFG, seed=0), jbuild("encoder", CFG, seed=0)
+    """The encoder in both trees; the flax one abstract (parity.cases.twin): the tests load
+    torch weights into it, so its own weights are never drawn (eagerly, a compile per shape)."""
+    return tbuild("encoder", CFG, seed=0), twin(lambda: jbuild("encoder", CFG, seed=0), 0)
 
 
 def test_all_problems_reported_in_one_error():
@@ -102,7 +128,7 @@ def test_lossy_downcast_is_reported():
 
 def test_failed_model_build_with_wrong_config_reports_shapes():
     t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
-    j = jbuild("encoder", TransformerConfig(**{**to_dict(CFG), "d_ff": 48}), seed=0)
+    j = twin(lambda: jbuild("encoder", TransformerConfig(**{**to_dict(CFG), "d_ff": 48}), seed=0), 0)
     with pytest.raises(ConversionError) as e:
         load_torch_state_dict(j, t.state_dict())
     # up_proj.weight, up_proj.bias and down_proj.weight of each layer, nothing else
