@@ -17,6 +17,7 @@ from jaxformer.layers import lora as jl
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.models import build_model as jbuild
+from jaxformer.parity.cases import twin
 from jaxformer.parity.cases_lora import fill_adapters
 from jaxformer.parity.cases_models import realistic_embeddings
 from jaxformer.parity.results import GRAD_TOL, OUT_TOL
@@ -30,8 +31,14 @@ IDS = np.random.RandomState(0).randint(1, 64, (2, 7)).astype(np.int32)
 def pair(lm_cfg=LLAMA, cfg=LoRAConfig(r=4, alpha=8)):
     """Both trees' LoRA'd LMs with the same weights (adapters non-zero), in eval mode."""
     t = tbuild("lm", lm_cfg, seed=0)
-    j = jbuild("lm", lm_cfg, seed=0)
-    t_paths, j_paths = tl.apply_lora(t, cfg, seed=0), jl.apply_lora(j, cfg, nnx.Rngs(0))
+    j_paths = []
+
+    def make():  # built abstractly (parity.cases.twin): the load below fills every leaf
+        j = jbuild("lm", lm_cfg, seed=0)
+        j_paths[:] = jl.apply_lora(j, cfg, nnx.Rngs(0))
+        return j
+    j = twin(make, 0)
+    t_paths = tl.apply_lora(t, cfg, seed=0)
     assert t_paths == j_paths
     fill_adapters(t)
     convert.load_torch_state_dict(j, t.state_dict())

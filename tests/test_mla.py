@@ -189,8 +189,11 @@ def test_scanned_stack_with_int8_weights_decodes_with_the_latent_cache():
     """A scanned stack's stacked latent cache [num_layers, B, 1, L, C], and int8 decode weights
     (the absorbed step dequantizes kv_b_proj): the same greedy ids as torch's int8 decoding."""
     from jaxformer.models import build_model
+    from jaxformer.parity.cases import twin
     t, _ = pair("lm", MLA_LM)
-    js = build_model("lm", dataclasses.replace(MLA_LM, scan_layers=True))
+    # built abstractly (parity.cases.twin): the load fills every leaf, and a concrete scanned
+    # stack cost its initialisers' compiles
+    js = twin(lambda: build_model("lm", dataclasses.replace(MLA_LM, scan_layers=True)), 0)
     convert.load_torch_state_dict(js, t.state_dict())
     js.eval()
     assert js.init_cache(3, 8)["self"]["latent"].shape == (MLA_LM.num_layers, 3, 1, 8, MLA_INTERLEAVED.kv_lora_rank)
