@@ -184,9 +184,11 @@ def _loaded(result: PortResult, torch_module, seed: int = 0):
     from flax import nnx
 
     from jaxformer import convert
+    from jaxformer.parity.cases import cheap_tracer_sharding
     cls = load_source(result.source, result.class_name)
     make = lambda: cls(rngs=nnx.Rngs(seed))  # noqa: E731
-    model = nnx.eval_shape(make)
+    with cheap_tracer_sharding():  # the abstract build and the RNG program's trace
+        model = nnx.eval_shape(make)
     loaded = set(convert.param_leaves(model)) | {tuple(p) for p, _ in nnx.to_flat_state(nnx.state(model, _is_constant))}
     rest = [(tuple(p), v) for p, v in nnx.to_flat_state(nnx.state(model)) if tuple(p) not in loaded]
     if rest:
@@ -195,7 +197,9 @@ def _loaded(result: PortResult, torch_module, seed: int = 0):
         def values():
             state = dict((tuple(p), v) for p, v in nnx.to_flat_state(nnx.state(make())))
             return [state[p].get_value() for p in paths]
-        compiled = jax.jit(values).lower().compile(_ONE_SHOT if jax.default_backend() == "cpu" else None)
+        with cheap_tracer_sharding():
+            lowered = jax.jit(values).lower()
+        compiled = lowered.compile(_ONE_SHOT if jax.default_backend() == "cpu" else None)
         for (_, var), value in zip(rest, compiled()):
             var.set_value(value)
     model = load_torch_weights(model, torch_module)

@@ -61,11 +61,12 @@ def _dynamic_shapes(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: bool = False,
-            twins_: Mapping | None = None, entries: dict | None = None):
+            twins_: Mapping | None = None, entries: dict | None = None, stack_traces: bool = True):
     """torch.export.export, or draft_export's trace, which resolves data-dependent Python control
     flow (an id-range check, a loop over the experts a router picked) at the traced values.
     `twins_` (layers="jaxformer") are traced as one opaque op each (jaxformer/port/twins.py),
-    their calls registered in `entries`."""
+    their calls registered in `entries`. stack_traces=False: the nodes carry no
+    meta["stack_trace"] (torch.fx records one per node, a tenth of an export's time)."""
     import torch
 
     from jaxformer.port import twins
@@ -78,11 +79,24 @@ def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: 
     # shapes, and making its entries cost more than they saved (corpus ports: 78 s -> 66 s CPU,
     # every written file the same)
     with (twins.opaque(twins_, {} if entries is None else entries, real=draft) if twins_ else contextlib.nullcontext(),
-          torch._dynamo.config.patch(fake_tensor_cache_enabled=False)):
+          torch._dynamo.config.patch(fake_tensor_cache_enabled=False),
+          contextlib.nullcontext() if stack_traces else _no_stack_traces()):
         if not draft:
             return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
                                        preserve_module_call_signature=preserve)
         return _draft_export(module, kwargs, shapes, preserve)
+
+
+@contextlib.contextmanager
+def _no_stack_traces():
+    """torch.fx's tracers record no stack trace on the nodes they make, inside."""
+    from torch.fx import config
+    saved = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = saved
 
 
 def _draft_export(module, kwargs, shapes, preserve: tuple[str, ...]):
@@ -314,8 +328,10 @@ def trace(module, inputs: Mapping[str, Any], layers: str = "flax") -> Traced:
         try:
             if train is None:
                 module.train()
+                # the train graph is read for its ops and their arguments only (emit.py's
+                # _align, train_rate): no source lines, so no stack traces to record
                 train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft, twins_=twins_,
-                                entries=entries)
+                                entries=entries, stack_traces=False)
         except Exception as e:
             notes.append(f"train mode not ported: its graph does not export ({type(e).__name__}: "
                          f"{_first_line(e)}); dropout stays off")
