@@ -1,7 +1,7 @@
 """The models and inputs the generation tests share (tests/test_generation_*.py,
 tests/test_decode_layout.py): small LM and seq2seq flavours, prompts of different lengths,
-right-padded sources; `pair` (helpers.converted_pair, the JAX model built abstractly) gives a
-torch model and its JAX twin on the same weights.
+right-padded sources; `pair` (helpers.converted_pair) gives a torch model and its JAX twin on
+the same weights.
 
 A plain module, imported by name: tests/ and parity_tests/ each have a conftest.py, and with
 both on the command line (the default testpaths) `from conftest import ...` finds the one
@@ -13,11 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from helpers import converted_pair
 
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
 from jaxformer.parity import setup_precision
 
 setup_precision()
+pair = converted_pair
 N = 32  # new tokens
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [12, 13, 14, 15]]  # different lengths
 LMS = {
@@ -33,23 +35,6 @@ S2S = {
                                          num_decoder_layers=3, norm_position="pre"),
 }
 SOURCES = np.array([[5, 6, 7, 8, 9, 0, 0], [10, 11, 12, 13, 14, 15, 16], [17, 18, 0, 0, 0, 0, 0]], np.int32)
-
-
-def pair(name: str, cfg, seed: int = 0):
-    """helpers.converted_pair with the JAX model built abstractly (jaxformer.parity.cases.twin)
-    before the load writes every parameter: the same params and buffers, bit for bit, without
-    the eager initializers (one compile per new parameter shape, ~0.3 s per new config). Only
-    the dropout RNG keys differ (eval mode never draws them)."""
-    from jaxformer import convert
-    from jaxformer.models import build_model as jbuild
-    from jaxformer.parity.cases import twin
-    from jaxformer.parity.cases_models import realistic_embeddings
-    from torch_ref.models import build_model as tbuild
-    t = realistic_embeddings(tbuild(name, cfg, seed=seed).eval())
-    j = twin(lambda: jbuild(name, cfg, seed=seed), seed)
-    convert.load_torch_state_dict(j, t.state_dict())
-    j.eval()
-    return t, j
 
 
 def jitted(model):

@@ -10,13 +10,17 @@ def converted_pair(name: str, cfg, seed: int = 0):
     """torch_ref model `name` and its jaxformer twin holding the same (converted) weights, both
     in eval mode. Token embeddings are rescaled to N(0, 1/D) first (realistic_embeddings in
     jaxformer/parity/cases_models.py; docs/numerics.md §17: with the constructor's N(0, 1) tied
-    tables, logits reach |x| ~ 100, where float32's spacing alone exceeds the 1e-5 tolerances)."""
+    tables, logits reach |x| ~ 100, where float32's spacing alone exceeds the 1e-5 tolerances).
+    The JAX model is built abstractly (jaxformer.parity.cases.twin) and torch's weights fill
+    every parameter and buffer: drawing them eagerly first cost a compile per new parameter
+    shape. Only the dropout RNG keys differ from an eager build, and eval mode never draws them."""
     from jaxformer import convert
     from jaxformer.models import build_model as jbuild
+    from jaxformer.parity.cases import twin
     from jaxformer.parity.cases_models import realistic_embeddings
     from torch_ref.models import build_model as tbuild
     t = realistic_embeddings(tbuild(name, cfg, seed=seed).eval())
-    j = jbuild(name, cfg, seed=seed)
+    j = twin(lambda: jbuild(name, cfg, seed=seed), seed)
     convert.load_torch_state_dict(j, t.state_dict())
     j.eval()
     return t, j

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from generation_helpers import pair as converted_pair
+from helpers import converted_pair
 from hf_helpers import built
 from hf_rows import row
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 from flax import nnx
+from helpers import converted_pair
 
 from jaxformer import convert
 from jaxformer.config import model_config_from_dict
@@ -26,22 +27,6 @@ from jaxformer.parity import first_divergence, setup_precision
 setup_precision()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V = TINY_SIZES["vocab_size"]
-
-
-def converted_pair(name: str, cfg, seed: int = 0):
-    """helpers.converted_pair with the flax twin built abstractly (jaxformer.parity.cases.twin):
-    every parameter is overwritten by torch's weights, so drawing them eagerly (a compile per
-    new parameter shape: most of a build's time) is not needed; eval mode, so the RNG streams'
-    keys are never drawn from. Same weights, same forwards; tests/test_pictures.py uses it too."""
-    from jaxformer.models import build_model as jbuild
-    from jaxformer.parity.cases import twin
-    from jaxformer.parity.cases_models import realistic_embeddings
-    from torch_ref.models import build_model as tbuild
-    t = realistic_embeddings(tbuild(name, cfg, seed=seed).eval())
-    j = twin(lambda: jbuild(name, cfg, seed=seed), seed)
-    convert.load_torch_state_dict(j, t.state_dict())
-    j.eval()
-    return t, j
 
 
 def _text_model_yamls():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from test_models import converted_pair
+from helpers import converted_pair
 
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
 from jaxformer.config.vision import SwinConfig, TimeSeriesConfig, ViTConfig
