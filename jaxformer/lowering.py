@@ -32,6 +32,8 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     (the trainer's logical-axis rules "batch" and "heads"), for the kernels that run per
     device under jax.shard_map (a Pallas kernel is one custom call XLA cannot partition).
 
+`cheap_tracer_sharding()` makes model builds under a trace cheaper (an unread error message).
+
 `recording_kernels()` collects which attention kernel each traced call ran, and why a kernel
 was passed over (`note_kernel`), for reports such as `jaxformer compile`'s attention_kernel.
 
@@ -56,6 +58,7 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +145,32 @@ def decoding(transposed_kernels: bool, elementwise_attention: bool | None = None
     attention form, None = elementwise on the CPU backend."""
     return tracing(transposed_kernels=transposed_kernels,
                    elementwise_attention=on_cpu() if elementwise_attention is None else elementwise_attention)
+
+
+# ----------------------------------------------------------------------------- traced model builds
+@contextlib.contextmanager
+def cheap_tracer_sharding() -> Iterator[None]:
+    """Inside, reading `.sharding` off a jit tracer raises a bare AttributeError. nnx's
+    Variable.set_value compares `getattr(value, "sharding", None)` on every update, so each
+    RngStream draw while a module is built under a trace (nnx.eval_shape, or a jitted init
+    program) asks a tracer; JAX's AttributeError then pretty-prints the jaxpr equations behind
+    the tracer for its message, which getattr discards: a third of an abstract model build's
+    time, and of a parity case's. Values and traced programs are the same; only that unread
+    message is not written. jaxformer.models.build_model and train/lora.py's adapt enter it;
+    it nests, and a concrete build never reads a tracer."""
+    from jax._src.interpreters import partial_eval as pe
+    cls = pe.DynamicJaxprTracer
+    if "sharding" in vars(cls):  # entered already (or a JAX whose tracer defines its own)
+        yield
+        return
+
+    def sharding(self):
+        raise AttributeError("sharding")
+    cls.sharding = property(sharding)
+    try:
+        yield
+    finally:
+        del cls.sharding
 
 
 # ----------------------------------------------------------------------------- fused attention

@@ -6,6 +6,7 @@ import importlib
 
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.config import model_module
 
 
@@ -16,7 +17,8 @@ def model_class(name: str) -> type:
 
 
 def build_model(name: str, cfg, *, seed: int = 0):
-    return model_class(name)(cfg, rngs=nnx.Rngs(seed))
+    with lowering.cheap_tracer_sharding():  # cheaper under a trace (abstract and jitted builds)
+        return model_class(name)(cfg, rngs=nnx.Rngs(seed))
 
 
 def abstract_model(name: str, cfg):

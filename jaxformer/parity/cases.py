@@ -5,11 +5,10 @@ registry (registry.py) imports the case modules; they import only this module.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import inspect
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -58,29 +57,6 @@ def _resolve(root: str, dotted: str):
     return getattr(importlib.import_module(f"{root}.{module}"), name)
 
 
-@contextlib.contextmanager
-def cheap_tracer_sharding() -> Iterator[None]:
-    """Inside, reading `.sharding` off a jit tracer raises a bare AttributeError. nnx's
-    Variable.set_value compares `getattr(value, "sharding", None)` on every update, so each
-    RngStream draw while a module is built abstractly (nnx.eval_shape, or traced under jit)
-    asks a tracer; JAX's AttributeError then pretty-prints the jaxpr equations behind the
-    tracer for its message, which getattr discards (a third of a parity case's build). Values
-    and traced programs are the same; only that unread message is not written."""
-    from jax._src.interpreters import partial_eval as pe
-    cls = pe.DynamicJaxprTracer
-    if "sharding" in vars(cls):  # a JAX whose tracer defines its own: leave it
-        yield
-        return
-
-    def sharding(self):
-        raise AttributeError("sharding")
-    cls.sharding = property(sharding)
-    try:
-        yield
-    finally:
-        del cls.sharding
-
-
 def twin(make: Callable[[], Any], seed: int):
     """The flax module make() builds, built abstractly (nnx.eval_shape): run_case's harness loads
     torch's weights into every parameter and saved buffer, so the initial values are never
@@ -97,6 +73,7 @@ def twin(make: Callable[[], Any], seed: int):
     from flax import nnx
 
     from jaxformer import convert
+    from jaxformer.lowering import cheap_tracer_sharding
     with cheap_tracer_sharding():
         model = nnx.eval_shape(make)
     loaded = set(convert.param_leaves(model))

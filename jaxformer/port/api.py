@@ -184,7 +184,7 @@ def _loaded(result: PortResult, torch_module, seed: int = 0):
     from flax import nnx
 
     from jaxformer import convert
-    from jaxformer.parity.cases import cheap_tracer_sharding
+    from jaxformer.lowering import cheap_tracer_sharding
     cls = load_source(result.source, result.class_name)
     make = lambda: cls(rngs=nnx.Rngs(seed))  # noqa: E731
     with cheap_tracer_sharding():  # the abstract build and the RNG program's trace

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import lowering
 from jaxformer.layers import lora as lora_lib
 from jaxformer.layers.kernels import quant
 
@@ -26,7 +27,8 @@ def adapt(model: nnx.Module, lcfg, seed: int) -> nnx.Module:
     drawn from `seed`, and store their base in lcfg.base_dtype; in place (concrete, abstract or
     traced model) -> the model. A model that already has adapters is returned as it is."""
     if not lora_lib.has_adapters(model):
-        lora_lib.apply_lora(model, lcfg.adapter(), nnx.Rngs(seed))
+        with lowering.cheap_tracer_sharding():  # the adapters' draws, often under a trace
+            lora_lib.apply_lora(model, lcfg.adapter(), nnx.Rngs(seed))
         if lcfg.base_dtype != "fp32":
             lora_lib.quantize_base(model, lcfg.base_dtype)
     return model
