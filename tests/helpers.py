@@ -94,6 +94,28 @@ def cli_env(**extra) -> dict:
     return {**os.environ, **({"JAX_DEFAULT_MATMUL_PRECISION": str(precision)} if precision else {}), **extra}
 
 
+def step_losses(tr) -> list[float]:
+    """A one-device or mesh JaxTrainer's train.steps compiled train steps over its own batches
+    (_train_iterator: run()'s order and placement), on its mesh as run() enters it, without
+    run()'s eval, checkpoints and exports -> per-step losses (the ones run() logs). tr.state is
+    the final state, and the trainer is closed."""
+    import contextlib
+
+    import jax
+    batches, state, losses = tr._train_iterator(), tr.state, []
+    try:
+        with jax.set_mesh(tr.mesh) if tr.mesh is not None else contextlib.nullcontext():
+            for _ in range(tr.cfg.train.steps):
+                batch, _ = next(batches)
+                state, out = tr.train_step(state, batch)
+                losses.append(float(out["loss"]))
+    finally:
+        batches.close()
+        tr.close()
+    tr.state = state
+    return losses
+
+
 def hf_encoder_outputs(model, ids, mask) -> list:
     """An HF encoder's fp32 outputs: [last_hidden_state (and pooler_output)] or [logits]."""
     import torch

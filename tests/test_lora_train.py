@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from flax import nnx
-from test_moe_train import _step_losses
+from helpers import step_losses
 from test_train import _pair, run_cfg
 
 from jaxformer.config import ConfigError, LoRAConfig
@@ -125,7 +125,7 @@ def reduced_runs(tmp_path_factory):
             if base_dtype == "int8":
                 j_losses = [r["loss"] for r in jt.run()]
             else:  # nothing reads the bf16 run's eval or saves: its train steps alone
-                j_losses, jt.state = _step_losses(jt)
+                j_losses = step_losses(jt)
             tt = TorchTrainer(cfg, str(root / "torch"), progress=False)
             t_before = _torch_frozen(tt.module)
             t_losses = [r["loss"] for r in tt.run()]

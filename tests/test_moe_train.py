@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import step_losses
 
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, StepFns, build_jax_model, init_state, shape_batch
@@ -30,21 +31,6 @@ def moe_cfg(moe=MOE, parallel=None, **train):
     if parallel:
         d["parallel"] = parallel
     return config_from_dict(d)
-
-
-def _step_losses(tr) -> tuple[list[float], dict]:
-    """The one-device trainer's train-step losses and final state: its batches and jitted step,
-    without run()'s eval, checkpoint and exports; the trainer is closed after."""
-    batches, state, losses = tr._train_iterator(), tr.state, []
-    try:
-        for _ in range(tr.cfg.train.steps):
-            batch, _ = next(batches)
-            state, out = tr.train_step(state, batch)
-            losses.append(float(out["loss"]))
-    finally:
-        batches.close()
-        tr.close()
-    return losses, state
 
 
 def _score_biases(rest) -> np.ndarray:
@@ -125,7 +111,7 @@ def bias_runs(tmp_path_factory):
         if rate:
             jt.run()
         else:  # read for its score_bias alone: the train steps, without run()'s eval, checkpoint
-            _, jt.state = _step_losses(jt)  # and exports (the rate > 0 run does all three)
+            step_losses(jt)  # and exports (the rate > 0 run does all three)
         tt = TorchTrainer(cfg, str(root / "torch"), module=tmod, progress=False)
         tt.run()
         out[rate] = (start, jt, tt, root)
@@ -162,7 +148,7 @@ def moe_single_device(tmp_path_factory):
     below do all three)."""
     cfg = moe_cfg(steps=4, batch_size=16, grad_accum_steps=1, init="normal_0.02", eval_every=4,
                   checkpoint_every=4)
-    return _step_losses(JaxTrainer(cfg, str(tmp_path_factory.mktemp("single")), progress=False))[0]
+    return step_losses(JaxTrainer(cfg, str(tmp_path_factory.mktemp("single")), progress=False))
 
 
 # One micro-batch per step: pmap's accumulation groups rows device-major ([D, A, B/(A D)]), so

@@ -1,7 +1,6 @@
 """Scale-out on 8 host CPU devices: mesh sharding (data, FSDP, tensor) and pmap against a single
 device, FSDP memory, checkpoints across mesh shapes, two real processes through
 jax.distributed, scan over layers and remat."""
-import contextlib
 import json
 import os
 import socket
@@ -12,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 import yaml
-from helpers import host_devices_env
+from helpers import host_devices_env, step_losses
 
 from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps, params_numpy
@@ -43,12 +42,12 @@ def single_device_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single_device_losses(single_device_runs, tmp_path_factory):
     """{family: per-step losses} on one device: GPT-2's run; the other families' trainer's own
-    train step (_step_losses: the losses run() logs, without the eval, checkpoint and model
+    train step (helpers.step_losses: the losses run() logs, without the eval, checkpoint and model
     export that only the GPT-2 run's readers need)."""
     out = {fam: [r["loss"] for r in history] for fam, (history, _) in single_device_runs.items()}
     for fam in SCALE_FAMILIES:
         if fam not in out:
-            out[fam] = _step_losses(JaxTrainer(_cfg(fam), str(tmp_path_factory.mktemp(fam)), progress=False))
+            out[fam] = step_losses(JaxTrainer(_cfg(fam), str(tmp_path_factory.mktemp(fam)), progress=False))
     return out
 
 
@@ -89,7 +88,7 @@ def test_mesh_matches_single_device(family, mesh, single_device_losses, tmp_path
         # gqa_three_axis_run's run() and the two-process test; the losses are what is compared)
         tr = request.getfixturevalue("fsdp8_trainer") if (family, mesh) == ("lm_llama_gqa", "fsdp8") else \
             JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
-        losses = _step_losses(tr)
+        losses = step_losses(tr)
     diffs = [abs(a - b) for a, b in zip(losses, single_device_losses[family])]
     print(f"{family} {mesh}: max per-step loss diff {max(diffs):.1e}, memory {tr.memory_report()}")
     assert len(losses) == 5 and max(diffs) <= 1e-5
@@ -208,23 +207,6 @@ TRAIN_SMALL = {"steps": 5, "batch_size": 8, "grad_accum_steps": 2, "lr": 3e-3, "
                "dropout": 0.0}
 
 
-def _step_losses(tr) -> list[float]:
-    """The trainer's own compiled train step over its train.steps batches (batch_at's order, the
-    order run() reads; on the trainer's mesh, if any), without run()'s eval, checkpoint and
-    model export, which the scan, remat and mesh settings do not change: -> per-step losses;
-    tr.state is the final state."""
-    from jaxformer.train import data as data_lib
-    tc, state, losses = tr.cfg.train, tr.state, []
-    with jax.set_mesh(tr.mesh) if tr.mesh is not None else contextlib.nullcontext():  # as run()
-        for step in range(tc.steps):
-            batch = tr._train_batch(data_lib.batch_at(tr.train_data, step, tc.batch_size, tc.seed))
-            state, out = tr.train_step(state, batch)
-            losses.append(float(out["loss"]))
-    tr.state = state
-    tr.close()
-    return losses
-
-
 # the decoder-only stack (every variant, GQA + RoPE) and the encoder + cross-attention decoder
 # stacks of seq2seq: between them every scanned stack kind (vit's encoder is seq2seq's)
 @pytest.mark.parametrize("family", ["lm_llama_gqa", "seq2seq"])
@@ -238,7 +220,7 @@ def test_scan_matches_unrolled_and_remat(family, tmp_path):
         variants.append(("loop_remat", False, True))
     for tag, scan, remat in variants:
         tr = JaxTrainer(_scan_cfg(family, scan, remat), str(tmp_path / tag), progress=False)
-        runs[tag] = (_step_losses(tr), params_numpy(tr.state, scan_prefixes(tr.model)))
+        runs[tag] = (step_losses(tr), params_numpy(tr.state, scan_prefixes(tr.model)))
         if scan:
             assert scan_prefixes(tr.model), "the scanned model must report its stacked prefix"
     base_losses, base_params = runs["loop"]
