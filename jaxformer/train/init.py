@@ -225,13 +225,14 @@ _PROGRAMS: dict[tuple, object] = {}
 _PROGRAMS_KEPT = 8
 
 
-def _program(kind: str, name: str, model_cfg, seed: int, lora_cfg, shardings, fn):
-    """_jit(fn, shardings), reused for the same (kind, model, seed, LoRA, lowering) when unsharded."""
+def _program(kind: str, name: str, model_cfg, seed: int, lora_cfg, shardings, fn, jit=jax.jit):
+    """_jit(fn, shardings), reused for the same (kind, model, seed, LoRA, lowering) when
+    unsharded; `jit` makes the unsharded program (jax.jit, or a partial of it with options)."""
     if shardings is not None:
         return _jit(fn, shardings)
     key = (kind, name, repr(model_cfg), seed, repr(lora_cfg), lowering.active())
     if key not in _PROGRAMS:
-        _PROGRAMS[key] = jax.jit(fn)
+        _PROGRAMS[key] = jit(fn)
         while len(_PROGRAMS) > _PROGRAMS_KEPT:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
     return _PROGRAMS[key]
@@ -292,15 +293,17 @@ def adapt_state(name: str, model_cfg, seed: int, tx, lora_cfg, base_params, shar
     """A LoRA run's train state from the base params (placed, e.g. sharded): one jitted program
     wraps the targets (train/lora.py adapt: the adapters drawn, the base reduced to
     lora_cfg.base_dtype) and writes adapters, frozen base and RNG streams straight into
-    `shardings`. The base params are donated (an fp32 base is passed through, not copied)."""
+    `shardings`. The base params are donated (an fp32 base is passed through, not copied).
+    Unsharded, the program is reused like the other init programs (_program)."""
     sh = shardings or {"params": None, "frozen": None, "opt_state": None, "rest": None, "step": None}
-    graphdef = nnx.split(abstract_model(name, model_cfg, seed), nnx.Param, ...)[0]
 
     def f(base, rest):
+        graphdef = nnx.split(abstract_model(name, model_cfg, seed), nnx.Param, ...)[0]  # at trace time only
         _, params, frozen, rest = lora.split(lora.adapt(nnx.merge(graphdef, base, rest), lora_cfg, seed))
         return params, frozen, rest
     out = None if shardings is None else (sh["params"], sh["frozen"], sh["rest"])
-    jitted = jax.jit(f, donate_argnums=0) if out is None else jax.jit(f, donate_argnums=0, out_shardings=out)
+    jitted = jax.jit(f, donate_argnums=0, out_shardings=out) if out is not None else \
+        _program("adapt", name, model_cfg, seed, lora_cfg, None, f, functools.partial(jax.jit, donate_argnums=0))
     params, frozen, rest = jitted(base_params, create_rest(name, model_cfg, seed) if rest is None else rest)
     return {"params": params, "frozen": frozen, "opt_state": _jit(tx.init, sh["opt_state"])(params),
             "rest": rest, "step": zero_step(sh["step"])}
