@@ -18,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import yaml
+from helpers import cli_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +53,11 @@ def snapshot(root: str, rel: str) -> dict:
 def run_row(row: Row, tmp: str, capsys) -> tuple[int, str]:
     argv = [a.replace("{tmp}", tmp) for a in row.argv]
     if row.subprocess:
-        env = {**os.environ, **(row.env or {})}
-        if row.preexec is not None:  # a file-size limit would also hit the suite's compilation cache
-            env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        env = cli_env(**(row.env or {}))
+        if row.preexec is not None:  # a file-size limit would also hit the suite's compilation
+            # cache's new entries: read only (a minimum compile time no program reaches), its
+            # programs, which the other CLI children wrote, are still read
+            env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "1e9"
         r = subprocess.run([sys.executable, "-m", "jaxformer", *argv], cwd=tmp, env=env,
                            capture_output=True, text=True, timeout=600, preexec_fn=row.preexec)
         return r.returncode, r.stderr
@@ -105,6 +109,13 @@ def _locked(tmp: str) -> None:
     _HELD.append(fd)
 
 
+def _child(tmp: str) -> None:
+    """The suite's CLI child run (workdir_helpers.child_run_dict), for a row run as a process."""
+    from workdir_helpers import child_run_dict
+    with open(os.path.join(tmp, "cfg.yaml"), "w") as f:
+        yaml.safe_dump(child_run_dict(), f)
+
+
 def _tiny_files() -> None:
     """No file over 512 bytes can be written (EFBIG, as on a full disk): the run's first write,
     config.yaml, fails. (A checkpoint-time full disk: tests/test_workdir.py.)"""
@@ -143,7 +154,7 @@ TRAIN_ROWS = [
         "not a directory", setup=_tiny),
     Row("train_nonfinite_loss", [*TRAIN, "--set", "train.lr=1e30", "--set", "train.checkpoint_every=100"],
         "non-finite loss", setup=_tiny, absent=("w/checkpoints/4", "w/model")),
-    Row("train_full_disk", TRAIN, "file too large", setup=_tiny, subprocess=True, preexec=_tiny_files,
+    Row("train_full_disk", TRAIN, "file too large", setup=_child, subprocess=True, preexec=_tiny_files,
         absent=("w/config.yaml", "w/checkpoints")),
 ]
 

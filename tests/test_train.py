@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from helpers import cli_env
+from workdir_helpers import child_run_dict, writing_compilation_cache
 
 from jaxformer.config import ConfigError
 from jaxformer.convert import load_torch_state_dict
@@ -151,15 +152,15 @@ def _checkpoint_steps(workdir) -> list[int]:
 @pytest.fixture(scope="module")
 def resume_setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
-    # inverse_sqrt: the lr does not depend on train.steps, so a run given more steps follows
-    # this 12-step trajectory step for step (the killed run below relies on it); no end-of-run
-    # sample (its decode programs are compiled and checked by tests/test_export.py's run)
-    cfg = run_cfg("lm_gpt2", steps=12, checkpoint_every=4, eval_every=4, dropout=0.1, schedule="inverse_sqrt",
-                  sample_tokens=0)
+    # the suite's CLI child run (workdir_helpers.child_run_dict: dropout 0.1, the other children's
+    # programs); inverse_sqrt: the lr does not depend on train.steps, so a run given more steps
+    # follows this 12-step trajectory step for step (the killed run below relies on it); no
+    # end-of-run sample (its decode programs are compiled and checked by tests/test_export.py's run)
     path = d / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    path.write_text(yaml.safe_dump(child_run_dict(steps=12, checkpoint_every=4, eval_every=4, sample_tokens=0)))
     full = d / "full"
-    _train_in_process(str(path), str(full))
+    with writing_compilation_cache():  # for the killed run's child, which trains the same run
+        _train_in_process(str(path), str(full))
     return d, str(path), _losses(full)
 
 

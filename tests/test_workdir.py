@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers import cli_env
-from workdir_helpers import TINY_RUN, tiny_run_config
+from workdir_helpers import TINY_RUN, child_run_dict, tiny_run_config
 
 from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps
 from jaxformer.train.logging_utils import read_metrics
@@ -129,8 +129,8 @@ def test_sigterm_saves_and_exits_75(tmp_path):
     """SIGTERM mid-run: a checkpoint (training state and model/last) at the step it stopped
     at, exit code 75, one line on stderr."""
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(tiny_run_config(steps=100000, checkpoint_every=100000,
-                                                   eval_every=100000).to_dict()))
+    # the suite's CLI child run: the programs of the other children (workdir_helpers.child_run_dict)
+    path.write_text(yaml.safe_dump(child_run_dict(steps=100000, checkpoint_every=100000, eval_every=100000)))
     wd = tmp_path / "w"
     proc = subprocess.Popen([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir",
                              str(wd), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
@@ -207,13 +207,13 @@ def test_full_disk_at_a_checkpoint_leaves_nothing_partial(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (48 * 1024, 48 * 1024))
 
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(tiny_run_config(steps=2).to_dict()))
+    path.write_text(yaml.safe_dump(child_run_dict(steps=2)))
     wd = tmp_path / "w"
     # the suite's compilation cache read only (the programs this file's runs compiled are read,
     # not compiled again): a minimum compile time no program reaches, as its new entries would
-    # hit the same file-size limit; cli_env's matmul precision, as the other CLI children's
-    # (test_sigterm_saves_and_exits_75's tiny run traces this run's train step), or every
-    # program is another one and compiles again
+    # hit the same file-size limit; the suite's CLI child run (workdir_helpers.child_run_dict)
+    # and cli_env's matmul precision, as the other CLI children's, or every program is another
+    # one and compiles again
     env = cli_env(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="1e9")
     r = subprocess.run([sys.executable, "-m", "jaxformer", "train", "--config", str(path), "--workdir", str(wd),
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True, preexec_fn=limit, timeout=600,

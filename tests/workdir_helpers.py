@@ -2,6 +2,9 @@
 imported by name: d_model 32, 2 layers, batch 4, byte-level LM on 16-byte windows."""
 from __future__ import annotations
 
+import contextlib
+import os
+
 import yaml
 
 TINY_RUN = {
@@ -29,3 +32,42 @@ def write_tiny_config(path: str, **train) -> str:
     with open(path, "w") as f:
         yaml.safe_dump(tiny_run_dict(**train), f)
     return path
+
+
+def child_run_dict(**train) -> dict:
+    """The run of every `jaxformer train` child process of the suite (tests/test_train.py's
+    SIGKILL, tests/test_workdir.py's SIGTERM and full-disk runs, tests/test_bad_input.py's
+    train_full_disk): one model, schedule and batch, so whichever child comes later reads the
+    first one's init, train and eval programs from the suite's compilation cache
+    (tests/conftest.py) instead of compiling its own. The tiny run with dropout 0.1: the SIGKILL
+    resume checks that the dropout RNG streams resume exactly."""
+    run = tiny_run_dict(**train)
+    return {**run, "model": {**run["model"], "dropout": 0.1}}
+
+
+def child_run_config(**train):
+    from jaxformer.train.config import config_from_dict
+    return config_from_dict(child_run_dict(**train))
+
+
+@contextlib.contextmanager
+def writing_compilation_cache():
+    """Inside, this process also writes what it compiles to the suite's compilation cache
+    (tests/conftest.py; the test processes otherwise leave it to the CLI children), for a CLI
+    child run next that compiles the same programs: it reads them instead. Restored on exit."""
+    import jax
+    from jax._src import compilation_cache
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not path or jax.config.jax_compilation_cache_dir:
+        yield
+        return
+    before = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
+        compilation_cache.reset_cache()
