@@ -73,13 +73,12 @@ def check_hf_logits(tag: str, ref, ours, mask) -> float:
 
 
 def host_devices_env(n: int) -> dict:
-    """os.environ for a child process that sees n CPU devices, with the suite's other XLA flags
-    (tests/conftest.py) kept."""
+    """cli_env() for a child process that sees n CPU devices, with the suite's other XLA flags
+    (tests/conftest.py) and its JAX matmul precision kept."""
     import os
     import re
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-    return {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={n}".strip(),
-            "JAX_PLATFORMS": "cpu"}
+    return cli_env(XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={n}".strip(), JAX_PLATFORMS="cpu")
 
 
 def cli_env(**extra) -> dict:
@@ -94,21 +93,24 @@ def cli_env(**extra) -> dict:
     return {**os.environ, **({"JAX_DEFAULT_MATMUL_PRECISION": str(precision)} if precision else {}), **extra}
 
 
-def step_losses(tr) -> list[float]:
-    """A one-device or mesh JaxTrainer's train.steps compiled train steps over its own batches
-    (_train_iterator: run()'s order and placement), on its mesh as run() enters it, without
-    run()'s eval, checkpoints and exports -> per-step losses (the ones run() logs). tr.state is
-    the final state, and the trainer is closed."""
+def step_losses(tr, steps: int | None = None, at_end=None) -> list[float]:
+    """A one-device or mesh JaxTrainer's first `steps` (default train.steps) compiled train steps
+    over its own batches (_train_iterator: run()'s order and placement), on its mesh as run()
+    enters it, without run()'s eval, checkpoints and exports -> per-step losses (the ones run()
+    logs). at_end(state, batch), if given, is called on the mesh after the last step (e.g. to
+    lower the step). tr.state is the final state, and the trainer is closed."""
     import contextlib
 
     import jax
     batches, state, losses = tr._train_iterator(), tr.state, []
     try:
         with jax.set_mesh(tr.mesh) if tr.mesh is not None else contextlib.nullcontext():
-            for _ in range(tr.cfg.train.steps):
+            for _ in range(tr.cfg.train.steps if steps is None else steps):
                 batch, _ = next(batches)
                 state, out = tr.train_step(state, batch)
                 losses.append(float(out["loss"]))
+            if at_end is not None:
+                at_end(state, batch)
     finally:
         batches.close()
         tr.close()

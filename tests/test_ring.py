@@ -4,7 +4,6 @@ and gradients, on data 2 x context 4 and context 4 x tensor 2 meshes of the 8 ho
 context 4 x data 2 mesh against one device (RoPE, GQA, a sliding-window layer, packed
 documents) and the collectives of its train step; the config checks of parallel.mesh.context
 and train.attention."""
-import contextlib
 import re
 
 import jax
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from helpers import step_losses
 
 from jaxformer import lowering
 from jaxformer.config import ConfigError
@@ -156,23 +156,16 @@ def _tokens_dir(path):
 
 
 def _losses(cfg, workdir, steps: int, text: bool = True):
-    """The trainer's first `steps` train-step losses (its mesh, shardings, batches and jitted
-    step; no eval or checkpoint), and the compiled text of its train step (None unless `text`:
-    the one-device runs' text is never read, and getting it lowers and compiles again)."""
+    """The trainer's first `steps` train-step losses (helpers.step_losses: its mesh, shardings,
+    batches and jitted step; no eval or checkpoint), and the compiled text of its train step
+    (None unless `text`: the one-device runs' text is never read, and getting it lowers and
+    compiles again)."""
     from jaxformer.train.jax_trainer import JaxTrainer
     tr = JaxTrainer(cfg, workdir, progress=False)
-    batches, state, losses = tr._train_iterator(), tr.state, []
-    try:
-        with jax.set_mesh(tr.mesh) if tr.mesh is not None else contextlib.nullcontext():
-            for _ in range(steps):
-                batch, _ = next(batches)
-                state, out = tr.train_step(state, batch)
-                losses.append(float(out["loss"]))
-            text = tr.train_step.lower(state, batch).compile().as_text() if text else None
-    finally:
-        batches.close()
-        tr.close()
-    return losses, text, tr
+    compiled = []
+    losses = step_losses(tr, steps, (lambda state, batch: compiled.append(
+        tr.train_step.lower(state, batch).compile().as_text())) if text else None)
+    return losses, (compiled[0] if text else None), tr
 
 
 def test_context_parallel_matches_single_device(tmp_path):
