@@ -37,7 +37,8 @@ import pytest  # noqa: E402
 def compilation_cache(tmp_path_factory):
     """One JAX persistent compilation cache for the CLI subprocesses the tests start (through the
     environment), which run the same small configs many times. The test processes themselves do
-    not use it: at this suite's sizes writing an entry costs about what compiling it did, and few
+    not use it (except where a test's own run compiles what its child runs next:
+    tests/workdir_helpers.writing_compilation_cache): at this suite's sizes writing an entry costs about what compiling it did, and few
     programs repeat across the two workers (measured over the whole suite on a Zen 5: 4416 entries
     written in 34.8 s, 679 hits saving 16.6 s of compiles for 3.7 s of reads, a net cost of
     21.9 s CPU). It lives in this run's pytest temp folder (pytest keeps the last three), so it
