@@ -273,3 +273,25 @@ def test_bf16_forward_matches_torch_autocast(key, capsys):
     assert kl <= 1e-3
     # the bf16 runs really computed in bf16 (so this test could fail): both moved off fp32
     assert np.abs(jo - jo32).max() > 1e-3 and np.abs(to - to32).max() > 1e-3
+
+
+def test_cast_params_stores_a_concrete_model_in_the_asked_dtype():
+    """models.cast_params on a built (concrete) model: every float Param is stored as bfloat16,
+    each value rounded as astype rounds it, and the other state (RNG keys and counts) is left
+    alone; an unknown dtype is refused. (jaxformer.load and the HF import cast abstract models:
+    tests/test_hf_bf16.py, tests/test_export.py.)"""
+    from jaxformer.models import build_model, cast_params
+
+    def flat(filt):
+        return {p: np.asarray(jax.random.key_data(v.get_value()) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key)
+                              else v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, filt))}
+    model = build_model("lm", LMConfig(vocab_size=V, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=8))
+    params, rest = flat(nnx.Param), flat(nnx.Not(nnx.Param))
+    cast_params(model, "bfloat16")
+    cast = flat(nnx.Param)
+    assert cast.keys() == params.keys() and {x.dtype for x in cast.values()} == {np.dtype(jnp.bfloat16)}
+    assert all(np.array_equal(params[p].astype(jnp.bfloat16), cast[p]) for p in params)
+    after = flat(nnx.Not(nnx.Param))
+    assert after.keys() == rest.keys() and all(np.array_equal(rest[p], after[p]) for p in rest)
+    with pytest.raises(ValueError, match="param dtype 'float16'"):
+        cast_params(model, "float16")
