@@ -45,11 +45,6 @@ def child_run_dict(**train) -> dict:
     return {**run, "model": {**run["model"], "dropout": 0.1}}
 
 
-def child_run_config(**train):
-    from jaxformer.train.config import config_from_dict
-    return config_from_dict(child_run_dict(**train))
-
-
 @contextlib.contextmanager
 def writing_compilation_cache():
     """Inside, this process also writes what it compiles to the suite's compilation cache
