@@ -28,6 +28,9 @@ MODELS: dict[str, tuple[str, str | None]] = {
     "vit": ("vision:ViTConfig", "vit:ViT"),
     "swin": ("vision:SwinConfig", "swin:SwinTransformer"),
     "timeseries": ("vision:TimeSeriesConfig", "timeseries:TCNTransformer"),
+    # any Flax NNX module (a file `jaxformer port` wrote, or your own class): `model: {module:
+    # FILE.py:CLASS, ...}` (config/module.py); built by jaxformer.models.build_model, not a registry class
+    "module": ("module:ModuleConfig", None),
 }
 
 
@@ -60,8 +63,10 @@ def model_module(name: str) -> tuple[str, str]:
 def model_config_from_dict(data: Mapping[str, Any]) -> tuple[str, Any]:
     """{'name': 'lm', ...fields} -> ('lm', LMConfig(...))."""
     data = dict(data)
+    if "name" not in data and "module" in data:  # model: {module: FILE.py:CLASS, ...}
+        data["name"] = "module"
     if "name" not in data:
-        raise ConfigError("model.name: missing; it selects the model")
+        raise ConfigError("model.name: missing; it selects the model (or model.module: FILE.py:CLASS, any NNX module)")
     name = data.pop("name")
     return name, from_dict(model_config_class(name), data, prefix="model.")
 

@@ -8,6 +8,7 @@ from flax import nnx
 
 from jaxformer import lowering
 from jaxformer.config import model_module
+from jaxformer.config.module import MODULE
 
 
 def model_class(name: str) -> type:
@@ -17,7 +18,11 @@ def model_class(name: str) -> type:
 
 
 def build_model(name: str, cfg, *, seed: int = 0):
+    """The model `name` (a registry name, or "module": any NNX module, models/module.py)."""
     with lowering.cheap_tracer_sharding():  # cheaper under a trace (abstract and jitted builds)
+        if name == MODULE:
+            from jaxformer.models.module import build_module
+            return build_module(cfg, rngs=nnx.Rngs(seed))
         return model_class(name)(cfg, rngs=nnx.Rngs(seed))
 
 

@@ -15,6 +15,7 @@ import yaml
 from jaxformer.config import ConfigError, from_dict, model_config_from_dict, to_dict
 from jaxformer.config.base import check, check_choice, check_positive, check_prob
 from jaxformer.config.lora import _PEFT_OFF, LoRAConfig
+from jaxformer.config.module import MODULE, TASK_FAMILY, TASKS, absolute_spec
 from jaxformer.fileio import yaml_load
 
 SCHEDULES = ("warmup_cosine", "constant", "inverse_sqrt")
@@ -199,14 +200,23 @@ class RunConfig:
     data: Any  # the dataset module's own frozen Config dataclass
     train: TrainConfig
     parallel: ParallelConfig
+    task: str | None = None  # a model.module's task (config/module.py TASKS); None for registry models
+
+    @property
+    def family(self) -> str:
+        """The registered family whose batches, loss and metrics the run shares
+        (jaxformer/train/tasks.py): the model's name, or a model.module's task's family."""
+        return TASK_FAMILY[self.task] if self.model_name == MODULE else self.model_name
 
     def to_dict(self) -> dict:
-        return {"model": {"name": self.model_name, **to_dict(self.model)},
-                "data": {"name": self.data_name, **to_dict(self.data)},
-                "train": to_dict(self.train), "parallel": to_dict(self.parallel)}
+        out = {"model": {"name": self.model_name, **to_dict(self.model)},
+               "data": {"name": self.data_name, **to_dict(self.data)},
+               "train": to_dict(self.train), "parallel": to_dict(self.parallel)}
+        return out if self.task is None else {"task": self.task, **out}
 
 
 SECTIONS = ("model", "data", "train", "parallel")
+TOP_LEVEL = SECTIONS + ("task",)  # task: a scalar beside the sections
 
 
 def apply_override(raw: dict, assignment: str) -> None:
@@ -215,6 +225,9 @@ def apply_override(raw: dict, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: expected key=value")
     key, value = assignment.split("=", 1)
     parts = key.strip().split(".")
+    if parts == ["task"]:
+        raw["task"] = value.strip()
+        return
     if parts[0] not in SECTIONS or len(parts) < 2:
         raise ConfigError(f"--set {key}: unknown key; it must start with one of {SECTIONS}")
     node = raw
@@ -229,9 +242,9 @@ def apply_override(raw: dict, assignment: str) -> None:
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
-    unknown = sorted(set(raw) - set(SECTIONS))
+    unknown = sorted(set(raw) - set(TOP_LEVEL))
     if unknown:
-        raise ConfigError(f"unknown top-level key(s) {unknown}; valid: {list(SECTIONS)}")
+        raise ConfigError(f"unknown top-level key(s) {unknown}; valid: {list(TOP_LEVEL)}")
     if "model" not in raw:
         raise ConfigError("model: missing section")
     for key in SECTIONS:  # a section written as a list, a number or (model) null: one error naming it
@@ -251,15 +264,34 @@ def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
                                     for k in refused))
     train = from_dict(TrainConfig, train_raw, prefix="train.")
     parallel = from_dict(ParallelConfig, raw.get("parallel") or {}, prefix="parallel.")
-    cfg = RunConfig(name, model, data_name, data, train, parallel)
+    cfg = RunConfig(name, model, data_name, data, train, parallel, _task(raw, name))
     check_sections(cfg)
     return cfg
+
+
+def _task(raw: Mapping[str, Any], name: str) -> str | None:
+    """The top-level `task:`: required for a model.module (what it learns), refused otherwise
+    (a registered model's task is its name's)."""
+    task = raw.get("task")
+    if name != MODULE:
+        if task is not None:
+            raise ConfigError(f"task: applies to a model given by model.module; model.name {name} "
+                              "trains as its own family")
+        return None
+    if task is None:
+        raise ConfigError(f"task: missing; a model given by model.module needs one of {list(TASKS)} "
+                          "(what it learns, and how a batch becomes its call)")
+    if task not in TASKS:
+        raise ConfigError(f"task: must be one of {list(TASKS)}, got {task!r}")
+    return task
 
 
 BYTE_VOCAB = 259  # the embedded text datasets' byte-level ids (train/data/tokenizer.py)
 DATA_FOR_MODEL = {"lm": ("stdlib_docs", "tokens"), "classifier": ("text_source",), "seq2seq": ("dates",),
                   "vit": ("digits", "image_folder"), "swin": ("digits", "image_folder"),
                   "timeseries": ("series",)}
+DATA_FOR_TASK = {"causal_lm": ("stdlib_docs", "tokens"), "classification": ("text_source", "digits", "image_folder"),
+                 "seq2seq": ("dates",)}
 
 
 def check_sections(cfg: RunConfig) -> None:
@@ -273,6 +305,11 @@ def check_sections(cfg: RunConfig) -> None:
         if not ok:
             problems.append(msg)
 
+    if cfg.model_name == MODULE:
+        problems += _module_problems(cfg)
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return
     fits = DATA_FOR_MODEL.get(cfg.model_name)
     need(fits is None or cfg.data_name in fits,
          f"data.name={cfg.data_name} does not fit model.name={cfg.model_name} (use {fits})")
@@ -332,6 +369,67 @@ def check_sections(cfg: RunConfig) -> None:
              f"that is a multiple of {t.grad_accum_steps * shards}")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def _module_problems(cfg: RunConfig) -> list[str]:
+    """A model given by model.module (config/module.py): its data fits its task, and the train
+    settings that act on jaxformer's own layers are refused by name (the module has none of them).
+    What fits only the module itself (its call, its logits' shape) is checked when it is built
+    (jaxformer/train/tasks.py check_call)."""
+    m, d, t, p = cfg.model, cfg.data, cfg.train, cfg.parallel
+    out = []
+    fits = DATA_FOR_TASK[cfg.task]
+    if cfg.data_name not in fits:
+        out.append(f"data.name={cfg.data_name} does not fit task={cfg.task} (use {fits})")
+    if getattr(d, "packing", None) == "segments":
+        out.append("data.packing: segments needs a model that takes segment ids; a model.module is called with "
+                   "the token ids alone: set data.packing: concat")
+    why = "acts on jaxformer's own layers, which a model.module does not have"
+    for bad, what in ((t.remat, f"train.remat: {why}"), (t.attention != "plain", f"train.attention={t.attention}: {why}"),
+                      (t.lora is not None, f"train.lora: {why}"), (t.init != "default",
+                       f"train.init={t.init}: the named schemes know jaxformer's leaf names; a model.module starts "
+                       "from its own constructor's init (default)"),
+                      (p.mesh.context > 1, f"parallel.mesh.context={p.mesh.context}: ring attention {why}")):
+        if bad:
+            out.append(what)
+    known = set(LOGICAL_AXIS_RULES)
+    for pattern, axes in m.axes.items():
+        bad = sorted({a for a in axes or () if a is not None and a not in known})
+        if bad:
+            out.append(f"model.axes: {pattern!r}: unknown logical axis {', '.join(map(repr, bad))}; known: {sorted(known)}")
+    if p.mode == "pmap" and p.num_devices:
+        n = p.num_devices
+        if t.batch_size % (t.grad_accum_steps * n):
+            out.append(f"train.batch_size={t.batch_size} is not divisible by grad_accum_steps={t.grad_accum_steps} x "
+                       f"parallel.num_devices={n}")
+    if p.mode == "mesh" and p.mesh.data > 0 and p.mesh.fsdp > 0:
+        shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert
+        if t.micro_batch % shards:
+            out.append(f"train.batch_size / grad_accum_steps = {t.micro_batch} is not divisible by parallel.mesh "
+                       f"data x fsdp x expert = {shards}")
+    return out
+
+
+def data_vocab(cfg: RunConfig) -> int | None:
+    """How many token ids the data's targets take (None: the data has no token targets)."""
+    if cfg.data_name in ("stdlib_docs", "text_source", "dates"):
+        return BYTE_VOCAB
+    if cfg.data_name == "tokens":
+        from jaxformer.train.data.tokens_data import open_dir
+        return open_dir(cfg.data).vocab_size
+    return None
+
+
+def data_classes(cfg: RunConfig) -> int | None:
+    """How many classes a classification dataset has (None: not a classification dataset)."""
+    if cfg.data_name == "text_source":
+        return 3
+    if cfg.data_name == "digits":
+        return 10
+    if cfg.data_name == "image_folder":
+        from jaxformer.train.data import image_folder
+        return image_folder.num_classes(cfg.data)
+    return None
 
 
 def _context_problems(cfg: RunConfig) -> list[str]:
@@ -420,6 +518,11 @@ def load_raw(path: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
         raise ConfigError(f"{path}: expected a mapping at the top level")
     for o in overrides:
         apply_override(raw, o)
+    model = raw.get("model")
+    if isinstance(model, dict):  # a model.module's FILE.py paths are relative to the YAML's folder
+        for key in ("module", "torch"):
+            if key in model:
+                model[key] = absolute_spec(model[key], os.path.dirname(os.path.abspath(path)))
     return raw
 
 
@@ -429,6 +532,8 @@ def explain_config(raw: Mapping[str, Any]) -> list[str]:
     from jaxformer.config import model_config_class
     from jaxformer.config.rules import explain
     model = raw.get("model")
+    if isinstance(model, Mapping) and "name" not in model and "module" in model:
+        model = {"name": MODULE, **model}
     if not isinstance(model, Mapping) or "name" not in model:
         return ["model.name: missing; it selects the model"]
     model = dict(model)

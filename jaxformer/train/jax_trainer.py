@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
+from jaxformer.config.module import MODULE
 from jaxformer.train import data as data_lib
 from jaxformer.train import init as init_lib
 from jaxformer.train import lora as lora_lib
@@ -95,6 +96,12 @@ def build_jax_model(cfg: RunConfig):
         lora_lib.adapt(model, tc.lora, tc.seed)
     set_remat(model, tc.remat_policy if tc.remat else None)
     return model
+
+
+def unannotated_params(cfg: RunConfig) -> str:
+    """What the mesh does with a parameter without logical axes (train/sharding.py): an error for
+    our own models, replicated for a model.module's."""
+    return "replicate" if cfg.model_name == MODULE else "error"
 
 
 def set_remat(model, policy: str | None) -> None:
@@ -167,6 +174,8 @@ class JaxTrainer:
         elif tc.lora is not None:  # a caller's model: adapters added unless it has them
             lora_lib.adapt(model, tc.lora, tc.seed)
         self.model = model
+        if cfg.model_name == MODULE:  # its call and logits against the task, on one train batch's shapes
+            tasks.check_call(cfg, model, pipeline.read_rows(self.train_data, np.arange(min(2, len(self.train_data)))))
         _, params, _, _ = lora_lib.split(self.model)  # what trains: the adapters under train.lora
         from jaxformer.convert import scan_prefixes
         key = _steps_key(cfg) if not given and cfg.parallel.mode == "none" else None
@@ -269,7 +278,7 @@ class JaxTrainer:
             raise ValueError(f"train.batch_size / grad_accum_steps = {tc.micro_batch} is not divisible by "
                              f"{' x '.join(batch_axes) or 'one'} = {shards}: use a batch_size that is a "
                              f"multiple of {tc.grad_accum_steps * shards}")
-        self.shardings = sharding.state_shardings(self.abstract_state, self.mesh, rules)
+        self.shardings = sharding.state_shardings(self.abstract_state, self.mesh, rules, unannotated_params(self.cfg))
         self.batch_sharding = sharding.batch_sharding(self.mesh, axes=batch_axes)
         self.eval_sharding = sharding.batch_sharding(self.mesh, accum_axis=False, axes=batch_axes)
 
@@ -373,7 +382,7 @@ class JaxTrainer:
     def _place(self, host_batch: dict):
         """The pipeline's device stage (a grain thread, while the previous step runs): this
         process's host rows -> (the train step's batch on the devices, items in the global batch)."""
-        items = tasks.tokens_in(self.cfg.model_name, host_batch) * self.readers[1]
+        items = tasks.tokens_in(self.cfg.family, host_batch) * self.readers[1]
         batch = self._train_batch(host_batch)
         if self.mesh is None and not self.devices:
             batch = jax.device_put(batch)
@@ -395,7 +404,7 @@ class JaxTrainer:
             sums = self._unreplicate(self.eval_step(params, rest, self._eval_batch(batch), frozen))
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
-        return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
+        return tasks.eval_metrics(self.cfg.family, totals) if totals else {}
 
     # ------------------------------------------------------------------ loop
     def _fetch(self, outs: list) -> list[dict]:
@@ -477,7 +486,7 @@ class JaxTrainer:
     def run(self) -> list[dict]:
         tc = self.cfg.train
         state = self._replicate(self.state)
-        unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
+        unit = "tok" if self.cfg.family in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
         pending: list = []  # device metrics of the steps not fetched yet

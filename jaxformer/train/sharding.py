@@ -25,7 +25,10 @@ and ragged_all_to_all elsewhere (jaxformer/lowering.py). The maths equals one de
 Every parameter carries *logical* axes from its definition (flax NNX partitioning metadata,
 jaxformer/layers/kernels/partitioning.py), and one table maps logical axes to mesh axes
 (jaxformer/train/config.py LOGICAL_AXIS_RULES, overridden by `parallel.axis_rules`). A
-parameter without logical axes is an error here, never silently replicated.
+parameter of ours without logical axes is an error here, never silently replicated. A model
+given by model.module (jaxformer/models/module.py) is any NNX module: its parameters that carry
+logical axes (a port's, or `model.axes`) are sharded by the same table, and the others are
+replicated (`unannotated="replicate"`).
 
 A dim whose size does not divide by its mesh axes stays replicated (e.g. a 259-byte vocab), and
 a mesh axis already used by an earlier dim of the same array is not used again. flax's own
@@ -105,14 +108,16 @@ def _is_var(x) -> bool:
     return isinstance(x, nnx.Variable)
 
 
-def param_shardings(params, mesh: Mesh, rules: dict | None = None):
+def param_shardings(params, mesh: Mesh, rules: dict | None = None, unannotated: str = "error"):
     """NamedSharding per param (the same tree of nnx.Variables, concrete or abstract), from each
     param's logical axes. Raises ValueError naming every param without (or with mismatched)
-    logical axes."""
+    logical axes; with unannotated="replicate", a param without any is replicated."""
     problems = []
 
     def f(path, var):
         axes = logical_axes(var)
+        if axes is None and unannotated == "replicate":
+            return var.replace(NamedSharding(mesh, P()))
         if axes is None or len(axes) != len(var.shape):
             problems.append(f"{_key_of(path)} {tuple(var.shape)}: " +
                             ("no logical axes" if axes is None else f"logical axes {axes}"))
@@ -130,11 +135,11 @@ def param_shardings(params, mesh: Mesh, rules: dict | None = None):
     return out
 
 
-def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None):
+def state_shardings(state: dict, mesh: Mesh, rules: dict | None = None, unannotated: str = "error"):
     """Shardings for the whole train state (concrete or abstract): params (and a LoRA run's
-    frozen base) by their logical axes; optimiser leaves that mirror a param (Adam's mu/nu: their path ends with the param's
+    frozen base) by their logical axes (`unannotated`: param_shardings'); optimiser leaves that mirror a param (Adam's mu/nu: their path ends with the param's
     path) like that param; everything else (counts, RNG, step) replicated."""
-    p_sh = param_shardings(state["params"], mesh, rules)
+    p_sh = param_shardings(state["params"], mesh, rules, unannotated)
     by_key = {}
     for path, sh in jax.tree_util.tree_flatten_with_path(p_sh)[0]:
         by_key[_key_of(path)] = sh

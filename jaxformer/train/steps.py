@@ -68,7 +68,7 @@ class StepFns:
         model = lora.merge(graphdef, params, frozen, rest)
         kw = {"axis_name": self.axis_name} if self.axis_name else {}  # pmap: MoE aux over all devices
         with self.tracing():
-            loss, count, metrics = tasks.forward_loss(self.cfg.model_name, model, batch,
+            loss, count, metrics = tasks.forward_loss(self.cfg.family, model, batch,
                                                       self.cfg.train.label_smoothing, self.pad_id, **kw)
         if train:  # the objective adds the MoE aux losses; eval reports the task's loss alone
             loss = tasks.objective(loss, metrics, self.moe)
@@ -95,7 +95,7 @@ class StepFns:
             g_sum, l_sum, c_sum, m_sum, rest = terms(state["rest"], jax.tree.map(lambda x: x[0], batch))
         else:
             zeros = jax.tree.map(jnp.zeros_like, params)
-            m0 = tasks.metric_zeros(self.cfg.model_name, self.cfg.model)
+            m0 = tasks.metric_zeros(self.cfg.family, self.cfg.model)
             init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), m0, state["rest"])
             (g_sum, l_sum, c_sum, m_sum, rest), _ = jax.lax.scan(micro, init, batch)
         g_sum, l_sum, c_sum, m_sum = self._psum((g_sum, l_sum, c_sum, m_sum))

@@ -102,27 +102,44 @@ def lm_weights(batch: dict, tokens):
     return target_weights(tokens, batch.get("loss_mask"), batch.get("segment_ids"))
 
 
+def logits_of(out):
+    """The logits of a model's output: the output itself, or its `logits` (an LMOutput, a
+    Hugging Face ModelOutput, a dict), or the first item of a tuple."""
+    if isinstance(out, dict):
+        return out["logits"] if "logits" in out else next(iter(out.values()))
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def model_input(batch: dict):
+    """A classification batch's input: token ids (text) or images."""
+    return batch["ids"] if "ids" in batch else batch["images"]
+
+
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0,
                  axis_name: str | None = None):
     """-> (loss_sum, count, {metric_sum}) for one (micro-)batch. An MoE LM adds moe_terms to
-    the metrics (`objective` turns them into the training loss)."""
+    the metrics (`objective` turns them into the training loss). `name`: the run's family
+    (RunConfig.family: the model's name, or a model.module's task's family)."""
     if name in CLASSIFICATION:
-        x = batch["ids"] if name == "classifier" else batch["images"]
-        logits = model(x)  # [B, C]
+        logits = logits_of(model(model_input(batch)))  # [B, C]
         w = jnp.ones(logits.shape[:1], jnp.float32)
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, jnp.sum(w), {"correct": correct}
     if name == "lm":
-        tokens, moe, seg = batch["tokens"], moe_of(model.cfg), batch.get("segment_ids")
+        tokens, moe, seg = batch["tokens"], moe_of(getattr(model, "cfg", None)), batch.get("segment_ids")
         kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
         out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
-        logits = out.logits if moe else out  # [B, T, V]
+        logits = logits_of(out)  # [B, T, V]
         w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out.aux, moe, jnp.sum(w), axis_name) if moe else {}
         return loss, jnp.sum(w), {"correct": correct, **extra}
     if name == "seq2seq":
-        logits = model(batch["src"], batch["tgt_in"])  # [B, T, V]
+        logits = logits_of(model(batch["src"], batch["tgt_in"]))  # [B, T, V]
         w = (batch["tgt_out"] != pad_id).astype(jnp.float32)
         loss, correct = cross_entropy_sum(logits, batch["tgt_out"], w, label_smoothing)
         return loss, jnp.sum(w), {"correct": correct}
@@ -166,6 +183,74 @@ def tokens_in(name: str, batch: dict) -> int:
         return int(batch["tokens"][:, 1:].size)
     if name == "seq2seq":
         return int(batch["src"].size + batch["tgt_in"].size)
-    if name == "classifier":
+    if name == "classifier" and "ids" in batch:
         return int(batch["ids"].size)
     return int(len(next(iter(batch.values()))))
+
+
+# ----------------------------------------------------------------------------- model.module
+# what each task calls a model.module with (config/module.py TASK_FAMILY): its positional arguments
+CALLS = {"causal_lm": ("token ids [B, T]",), "classification": ("token ids [B, T] or images [B, H, W, C]",),
+         "seq2seq": ("source ids [B, S]", "target ids [B, T] (teacher forcing)")}
+
+
+def check_call(cfg, model, batch: dict) -> None:
+    """A model.module against its task, before anything runs: its __call__ takes the task's
+    positional arguments (CALLS; any others need defaults), and, traced abstractly on `batch`
+    (one train batch, [B, ...] ShapeDtypeStructs or arrays), it returns logits of the shape the
+    loss needs, over enough classes for the data's targets (JAX would clamp an id past them).
+    A ConfigError of one line says what does not fit."""
+    import inspect
+
+    from flax import nnx
+
+    from jaxformer.config import ConfigError
+    from jaxformer.train.config import data_classes, data_vocab
+    task, spec = cfg.task, cfg.model.module
+    head = f"model.module {spec} does not fit task {task}"
+    args = CALLS[task]
+    try:
+        params = list(inspect.signature(type(model).__call__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = None
+    if params is not None:
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        takes_more = any(p.kind == p.VAR_POSITIONAL for p in params)
+        if len(required) > len(args) or (len(positional) < len(args) and not takes_more):
+            sig = ", ".join(p.name for p in params)
+            raise ConfigError(f"{head}: it is called as model({', '.join(args)}), but its __call__({sig}) "
+                              + (f"needs {len(required)} arguments" if len(required) > len(args)
+                                 else f"takes {len(positional)} positional argument(s)"))
+    family = cfg.family
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+    graphdef, state = nnx.split(model)
+
+    def call(state, batch):
+        m = nnx.merge(graphdef, state)
+        if family == "lm":
+            return logits_of(m(batch["tokens"][:, :-1]))
+        if family == "seq2seq":
+            return logits_of(m(batch["src"], batch["tgt_in"]))
+        return logits_of(m(model_input(batch)))
+    try:
+        out = jax.eval_shape(call, state, batch)
+    except Exception as e:  # noqa: BLE001 - the user's module failed on the task's inputs: one line
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
+        raise ConfigError(f"{head}: its call on this data's batch ({shapes}) failed: {type(e).__name__}: {first}"[:600]) \
+            from None
+    if not hasattr(out, "shape"):
+        raise ConfigError(f"{head}: it returned {type(out).__name__}, not logits (an array, or an output with .logits)")
+    if family == "lm":
+        want, n, what = batch["tokens"].shape[:1] + (batch["tokens"].shape[1] - 1,), data_vocab(cfg), "token ids"
+    elif family == "seq2seq":
+        want, n, what = batch["tgt_out"].shape, data_vocab(cfg), "target ids"
+    else:
+        want, n, what = batch["labels"].shape, data_classes(cfg), "classes"
+    if tuple(out.shape[:-1]) != tuple(want) or not jnp.issubdtype(out.dtype, jnp.floating):
+        raise ConfigError(f"{head}: it returned {out.dtype} {tuple(out.shape)}; the task needs float logits "
+                          f"[{', '.join(map(str, want))}, N]")
+    if n is not None and out.shape[-1] < n:
+        raise ConfigError(f"{head}: its logits have {out.shape[-1]} entries, fewer than the {n} {what} of "
+                          f"data {cfg.data_name}")

@@ -7,6 +7,7 @@ import importlib
 import torch
 
 from jaxformer.config import model_module
+from jaxformer.config.module import MODULE
 
 
 def model_class(name: str) -> type:
@@ -17,4 +18,7 @@ def model_class(name: str) -> type:
 
 def build_model(name: str, cfg, *, seed: int = 0):
     torch.manual_seed(seed)
+    if name == MODULE:  # any torch module, from model.torch's factory (models/module.py)
+        from torch_ref.models.module import build_module
+        return build_module(cfg)
     return model_class(name)(cfg)

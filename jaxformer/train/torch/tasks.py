@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from jaxformer.train.tasks import CLASSIFICATION, EXPERT_LOAD, moe_of, objective  # noqa: F401 (objective: the twin's)
+from jaxformer.train.tasks import (  # noqa: F401 (objective: the twin's)
+    CLASSIFICATION,
+    EXPERT_LOAD,
+    logits_of,
+    model_input,
+    moe_of,
+    objective,
+)
 from torch_ref.layers.loss import cross_entropy_sum, target_weights
 
 
@@ -33,22 +40,21 @@ def lm_weights(batch: dict, tokens):
 
 def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: int = 0):
     if name in CLASSIFICATION:
-        x = batch["ids"] if name == "classifier" else batch["images"]
-        logits = model(x)  # [B, C]
+        logits = logits_of(model(model_input(batch)))  # [B, C]
         w = torch.ones(logits.shape[:1])
         loss, correct = cross_entropy_sum(logits, batch["labels"], w, label_smoothing)
         return loss, w.sum(), {"correct": correct}
     if name == "lm":
-        tokens, moe, seg = batch["tokens"], moe_of(model.cfg), batch.get("segment_ids")
+        tokens, moe, seg = batch["tokens"], moe_of(getattr(model, "cfg", None)), batch.get("segment_ids")
         kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
         out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
-        logits = out.logits if moe else out  # [B, T, V]
+        logits = logits_of(out)  # [B, T, V]
         w = lm_weights(batch, tokens)  # [B, T]
         loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out.aux, moe, w.sum()) if moe else {}
         return loss, w.sum(), {"correct": correct, **extra}
     if name == "seq2seq":
-        logits = model(batch["src"], batch["tgt_in"])  # [B, T, V]
+        logits = logits_of(model(batch["src"], batch["tgt_in"]))  # [B, T, V]
         w = (batch["tgt_out"] != pad_id).float()
         loss, correct = cross_entropy_sum(logits, batch["tgt_out"], w, label_smoothing)
         return loss, w.sum(), {"correct": correct}

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from jaxformer import fileio
+from jaxformer.config.module import MODULE
 from jaxformer.train import data as data_lib
 from jaxformer.train import init as init_lib
 from jaxformer.train import tasks
@@ -49,9 +50,19 @@ def check_fits_torch(cfg: RunConfig) -> None:
     init_lib.check_bytes(need, "the train state (parameters, gradients and optimiser state)", host=True)
 
 
-def build_torch_model(cfg: RunConfig):
+def build_torch_model(cfg: RunConfig, batch: dict | None = None):
+    """The torch module the run trains. A model.module's comes from its factory (model.torch)
+    and starts from the JAX trainer's init (the same arrays, loaded under the torch module's own
+    keys), after its NNX module is checked against the task on `batch` (one train batch)."""
     from torch_ref.models import build_model
     module = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
+    if cfg.model_name == MODULE:
+        from jaxformer import module_weights
+        from jaxformer.train.jax_trainer import build_jax_model
+        start = build_jax_model(cfg)
+        if batch is not None:
+            tasks.check_call(cfg, start, batch)
+        return module_weights.load_into_torch(start, module)
     if cfg.train.init_from:  # fine-tune: the checkpoint's params and saved buffers (MoE score_bias)
         from jaxformer.checkpoint_io import load_model
         from jaxformer.convert import to_torch_state_dict
@@ -90,6 +101,18 @@ def export_state_dict(module) -> dict:
     return out
 
 
+def _unshared(state_dict) -> dict:
+    """A state_dict safetensors can write: a tensor held under several keys (a tied weight, as a
+    model.module's torch module may tie its head to its embedding) copied for each further key."""
+    seen, out = set(), {}
+    for k, v in state_dict.items():
+        v = v.detach().contiguous()
+        ptr = (v.data_ptr(), tuple(v.shape))
+        out[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    return out
+
+
 def _to_torch(batch: dict) -> dict:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
 
@@ -119,7 +142,8 @@ class TorchTrainer:
             self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
             if module is None:
                 check_fits_torch(cfg)
-            self.module = module if module is not None else build_torch_model(cfg)
+            self.module = module if module is not None else build_torch_model(
+                cfg, pipeline.read_rows(self.train_data, np.arange(min(2, len(self.train_data)))))
             adapt_torch(self.module, tc.lora, tc.seed)  # a caller's module gets adapters too
             self.opt, self.sched = make_torch_optimizer(tc, self.module)
             self.start_step = 0
@@ -150,8 +174,7 @@ class TorchTrainer:
         from safetensors.torch import save_file
         d = os.path.join(self.ckpt_dir, f"step_{step}")
         with fileio.atomic_dir(d, overwrite=True) as tmp:  # a re-run over an old workdir replaces that step
-            save_file({k: v.detach().contiguous() for k, v in self.module.state_dict().items()},
-                      os.path.join(tmp, "model.safetensors"))
+            save_file(_unshared(self.module.state_dict()), os.path.join(tmp, "model.safetensors"))
             torch.save({"step": step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                         "rng": torch.get_rng_state(), "skipped_steps": self.skipped_steps,
                         "data": json.dumps(self.batches.get_state()), "tokenizer": json.dumps(self.tokenizer)},
@@ -166,6 +189,13 @@ class TorchTrainer:
         from jaxformer.convert import load_torch_state_dict
         from jaxformer.models import build_model
         model = build_model(self.cfg.model_name, self.cfg.model, seed=0)
+        if self.cfg.model_name == MODULE:  # its own state_dict keys, tied weights and buffers
+            from jaxformer import module_weights
+            module_weights.load_from_torch(model, self.module)
+            d = os.path.join(self.workdir, "model", kind)
+            save_model(model, MODULE, self.cfg.model, d, tokenizer=self.tokenizer, tokenizer_file=self.tokenizer_file)
+            workdir_lib.write_info(os.path.join(d, "metrics.json"), info)
+            return
         lora = self.cfg.train.lora
         if lora is not None:  # the JAX twin's adapters, filled from the module's below
             from flax import nnx
@@ -217,7 +247,7 @@ class TorchTrainer:
         for a in range(tc.grad_accum_steps):
             mb = _to_torch({k: v[a * micro:(a + 1) * micro] for k, v in batch.items()})
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast), self.computing():
-                loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, mb,
+                loss, count, metrics = torch_tasks.forward_loss(self.cfg.family, self.module, mb,
                                                                 tc.label_smoothing, self.pad_id)
             loss = torch_tasks.objective(loss, metrics, self.moe)  # + MoE aux losses (tasks.py)
             loss.float().backward()
@@ -253,12 +283,12 @@ class TorchTrainer:
         totals: dict[str, float] = {}
         for batch in pipeline.eval_batches(self.eval_data, self.cfg.train.batch_size, self.cfg.train.eval_batches):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast), self.computing():
-                loss, count, metrics = torch_tasks.forward_loss(self.cfg.model_name, self.module, _to_torch(batch),
+                loss, count, metrics = torch_tasks.forward_loss(self.cfg.family, self.module, _to_torch(batch),
                                                                 self.cfg.train.label_smoothing, self.pad_id)
             metrics = {k: v for k, v in metrics.items() if not k.startswith("moe_")}  # eval: the LM loss alone
             for k, v in {"loss": loss, "count": count, **metrics}.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
-        return tasks.eval_metrics(self.cfg.model_name, totals) if totals else {}
+        return tasks.eval_metrics(self.cfg.family, totals) if totals else {}
 
     def _record(self, step: int, out: dict) -> dict:
         """One step's metrics record; stops the run on a non-finite step unless on_nonfinite=skip."""
@@ -281,7 +311,7 @@ class TorchTrainer:
         """The loop; metrics lines are written every train.log_every steps (and at eval and
         checkpoint steps). Torch computes eagerly, so log_every only batches the file writes."""
         tc = self.cfg.train
-        unit = "tok" if self.cfg.model_name in tasks.TOKEN_MODELS + ("classifier",) else "samples"
+        unit = "tok" if self.cfg.family in tasks.TOKEN_MODELS + ("classifier",) else "samples"
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
         self._pending: list[dict] = []
@@ -306,7 +336,7 @@ class TorchTrainer:
                         bar.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.last_eval.items()))
                     self.history.append(record)
                     self._pending.append(record)
-                    bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.model_name, batch))
+                    bar.update(record["loss"], record["lr"], tasks.tokens_in(self.cfg.family, batch))
                     if is_eval or is_ckpt or step % tc.log_every == 0:
                         self.metrics.write_many(self._pending)
                         self._pending = []
