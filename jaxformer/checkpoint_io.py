@@ -367,10 +367,14 @@ def path_kind(path: str) -> str:
                      "config.yaml or config.json")
 
 
-def model_name(model) -> str:
-    """The registry name (jaxformer.config.MODELS) of a built model's class."""
+def model_name(model, cfg=None) -> str:
+    """The registry name (jaxformer.config.MODELS) of a built model's class; "module" for a
+    model.module (any NNX module; known by its config `cfg`, jaxformer/config/module.py)."""
     from jaxformer.config import MODELS
+    from jaxformer.config.module import MODULE, ModuleConfig
     from jaxformer.models import model_class
+    if isinstance(cfg, ModuleConfig):
+        return MODULE
     for name, (_, target) in MODELS.items():
         if target is not None and type(model) is model_class(name):
             return name

@@ -60,7 +60,8 @@ def text_report(r: dict) -> str:
              f"collectives over the interconnect {_ms(r['roofline']['collective_s'])} -> {r['roofline']['bound_by']}-bound, "
              f"MFU {_pct(r['roofline_mfu'])}",
              f"  model FLOPs/step {r['model_flops_per_step']:.3e} ("
-             + ("6N per token + attention" if r["step"] == "train" else "2N per token") + "), program FLOPs/chip "
+             + ("2N per token" if r["step"] != "train" else "6N per token" if r.get("model") == "module"
+                else "6N per token + attention") + "), program FLOPs/chip "
              f"{r['program_flops_per_chip']:.3e} (remat and all)",
              "collectives per step: " + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})"
                                                    for k, v in r["collectives"].items() if v["count"]) or "none"),

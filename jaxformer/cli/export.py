@@ -6,7 +6,12 @@ as a product others can use.
 --to flax   OUT/ is a jaxformer model checkpoint (model.yaml + orbax params/, flax layout):
             what `generate --weights`, `train.init_from` and `jaxformer.load` read
 --to torch  OUT is one .safetensors file of the torch_ref state dict, with jaxformer metadata
-            (format pt, model name and config), so `jaxformer convert` reads it back
+            (format pt, model name and config), so `jaxformer convert` reads it back; or a .pt
+            file, the same state dict saved with torch.save (a plain state_dict). A model given
+            by model.module (any NNX module, a port's) is written under its torch module's own
+            state_dict keys (model.torch's factory builds it: tied weights under each of their
+            names, its buffers), so the user's class loads it with load_state_dict(strict=True);
+            without model.torch, under the NNX module's paths with convert's leaf names
 --to hf     OUT/ is a Hugging Face dir (config.json + model.safetensors) for transformers'
             AutoModel*.from_pretrained (jaxformer.hf.save_pretrained)
 --to peft   OUT/ is the weights' LoRA adapter alone as a PEFT adapter dir (adapter_config.json +
@@ -27,11 +32,13 @@ from __future__ import annotations
 import os
 import tempfile
 
+from jaxformer.config.module import MODULE
+
 
 def add_arguments(p) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR",
                    help="a training run dir (or a model checkpoint dir or a Hugging Face dir)")
-    p.add_argument("out", metavar="OUT", help="output: a directory (flax, hf) or a .safetensors file (torch)")
+    p.add_argument("out", metavar="OUT", help="output: a directory (flax, hf) or a .safetensors / .pt file (torch)")
     p.add_argument("--to", required=True, choices=["flax", "torch", "hf", "peft"], help="what to write")
     p.add_argument("--merge", action="store_true",
                    help="fold LoRA adapters into the base weights (--to flax|torch|hf)")
@@ -58,8 +65,8 @@ def run(args) -> int:
     import jaxformer
     from jaxformer import checkpoint_io
     out = check_destination(args.run_dir, args.out, args.overwrite)
-    if args.to == "torch" and not out.endswith(".safetensors"):
-        raise ValueError(f"--to torch writes one .safetensors file; OUT {args.out} has another suffix")
+    if args.to == "torch" and not out.endswith((".safetensors", ".pt")):
+        raise ValueError(f"--to torch writes one .safetensors or .pt file; OUT {args.out} has another suffix")
     if args.to == "peft" and args.merge:
         raise ValueError("--merge folds the adapter into the base: it applies to --to flax|torch|hf, "
                          "not --to peft (which writes the adapter alone)")
@@ -67,7 +74,10 @@ def run(args) -> int:
         raise ValueError("--base-model applies to --to peft only")
     step = checkpoint_io.parse_step(args.step)
     model, cfg = jaxformer.load(args.run_dir, step=step)
-    name = checkpoint_io.model_name(model)
+    name = checkpoint_io.model_name(model, cfg)
+    if name == MODULE and args.to not in ("flax", "torch"):
+        raise ValueError(f"--to {args.to} writes jaxformer's own families; {args.run_dir} holds a model.module "
+                         f"({cfg.module}): export it --to torch (its torch module's keys) or --to flax")
     lora = checkpoint_io.lora_config(args.run_dir, step) if checkpoint_io.path_kind(args.run_dir) != "hf" else None
     merged = _merge_or_refuse(model, lora, args)
     tok = _tokenizer(args.run_dir, step)
@@ -86,10 +96,9 @@ def run(args) -> int:
                                      lora=None if merged else lora)
         what = "model checkpoint (model.yaml + params/)"
     elif args.to == "torch":
-        from jaxformer import convert
-        tensors = convert.flax_to_torch_arrays(model)
-        convert.write_safetensors(out, tensors, {"format": "pt", **convert.model_metadata(name, cfg)})
-        what = f"torch_ref state dict ({len(tensors)} tensors, safetensors)"
+        tensors, what = _torch_tensors(model, name, cfg)
+        _write_torch(out, tensors, name, cfg)
+        what = f"{what} ({len(tensors)} tensors, {'safetensors' if out.endswith('.safetensors') else 'torch.save'})"
     else:
         from jaxformer.hf import save_pretrained
         from jaxformer.train.data.tokenizer import hf_tokenizer_files
@@ -104,6 +113,37 @@ def run(args) -> int:
         copied = tok.content is not None or (args.to == "hf" and tok.kind == "bytes")
         print(f"  tokenizer: {tok.spec} ({tok.kind}" + (", tokenizer.json)" if copied else ", no file to copy)"))
     return 0
+
+
+def _torch_tensors(model, name: str, cfg) -> tuple[dict, str]:
+    """({torch key: array or tensor}, what they are): the torch_ref state dict of our families;
+    a model.module's under its torch module's own keys (model.torch's factory), or, without
+    one, under the NNX module's paths (jaxformer.module_weights)."""
+    from jaxformer import convert, module_weights
+    if name != MODULE:
+        return convert.flax_to_torch_arrays(model), "torch_ref state dict"
+    if cfg.torch is None:
+        return module_weights.flax_arrays(model), (f"{cfg.module} weights under its parameter paths (no "
+                                                   "model.torch to give the torch module's own keys)")
+    from torch_ref.models import build_model
+    module = build_model(MODULE, cfg)
+    return module_weights.torch_state_dict(model, module), f"state dict of {cfg.torch}()'s module"
+
+
+def _write_torch(out: str, tensors: dict, name: str, cfg) -> None:
+    """OUT.safetensors (numpy copies, jaxformer's metadata) or OUT.pt (torch.save of the state
+    dict; a tied weight stays one tensor under its names), written atomically."""
+    from jaxformer import convert
+    if out.endswith(".safetensors"):
+        convert.write_safetensors(out, {k: convert.to_numpy(v) for k, v in tensors.items()},
+                                  {"format": "pt", **convert.model_metadata(name, cfg)})
+        return
+    import torch
+
+    from jaxformer.fileio import atomic_file
+    state = {k: v if isinstance(v, torch.Tensor) else convert.to_torch(v) for k, v in tensors.items()}
+    with atomic_file(out) as tmp:
+        torch.save(state, tmp)
 
 
 def _merge_or_refuse(model, lora, args) -> list[str]:

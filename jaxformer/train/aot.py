@@ -39,7 +39,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer import lowering
 from jaxformer.config import ConfigError
-from jaxformer.train import costs, sharding
+from jaxformer.config.module import MODULE
+from jaxformer.train import costs, sharding, tasks
 from jaxformer.train import init as init_lib
 from jaxformer.train import lora as lora_lib
 from jaxformer.train.config import RunConfig, check_sections
@@ -238,15 +239,18 @@ def _leaf_report(tree, top: int = 3) -> list[tuple[str, int]]:
 def _abstract_train(cfg: RunConfig, mesh):
     """(StepFns, the abstract state carrying its shardings, the shardings, the axis rules)."""
     from jaxformer.convert import scan_prefixes
-    from jaxformer.train.jax_trainer import model_config_for_training, set_remat
+    from jaxformer.train.jax_trainer import model_config_for_training, set_remat, unannotated_params
     tc = cfg.train
     model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed, tc.lora)
     set_remat(model, tc.remat_policy if tc.remat else None)
+    if cfg.model_name == MODULE:  # its call and logits against the task (one line when they do not fit)
+        tasks.check_call(cfg, model, {k: jax.ShapeDtypeStruct((2,) + v.shape[2:], v.dtype)
+                                      for k, v in batch_specs(cfg, mesh, cfg.parallel.logical_axis_rules()).items()})
     _, params, _, _ = lora_lib.split(model)
     tx, schedule = make_optax(tc, params, scan_prefixes(model))
     abstract = init_lib.abstract_state_of(model, tx)
     rules = cfg.parallel.logical_axis_rules()
-    shardings = sharding.state_shardings(abstract, mesh, rules)
+    shardings = sharding.state_shardings(abstract, mesh, rules, unannotated_params(cfg))
     state = init_lib.with_shardings(abstract, shardings)
     fns = StepFns(cfg, model, tx, schedule)
     return fns, state, shardings, rules
@@ -256,8 +260,13 @@ def batch_specs(cfg: RunConfig, mesh, rules, packed: bool = False) -> dict:
     """The train step's batch as ShapeDtypeStructs [A, micro, T + 1] in the trainer's batch
     sharding; packed: with the segment ids a packed tokens dataset carries (data.packing)."""
     tc = cfg.train
-    shape = (tc.grad_accum_steps, tc.micro_batch, cfg.data.seq_len + 1)
     sh = sharding.batch_sharding(mesh, axes=rules["batch"])
+    if cfg.family != "lm":  # a model.module of another task: the shapes of one of its data's examples
+        from jaxformer.train import data as data_lib
+        example = data_lib.load_sources(cfg.data_name, cfg.data, tc.seed)[0][0]
+        return {k: jax.ShapeDtypeStruct((tc.grad_accum_steps, tc.micro_batch) + np.shape(v), np.asarray(v).dtype,
+                                        sharding=sh) for k, v in example.items()}
+    shape = (tc.grad_accum_steps, tc.micro_batch, cfg.data.seq_len + 1)
     out = {"tokens": jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sh)}
     if packed:
         out["segment_ids"] = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sh)
@@ -465,10 +474,14 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
                    prompt_len: int | None = None, cache_len: int | None = None) -> dict:
     """Compile `cfg`'s train step (or its decode programs) for `topology` and report it (the
     fields of `jaxformer compile --json`)."""
-    if cfg.model_name != "lm":
-        raise ConfigError(f"jaxformer compile takes lm configs (LMs and MoE LMs); model.name is {cfg.model_name!r}")
+    if cfg.model_name not in ("lm", MODULE):
+        raise ConfigError(f"jaxformer compile takes lm configs (LMs and MoE LMs) and model.module configs; "
+                          f"model.name is {cfg.model_name!r}")
     if step not in ("train", "decode"):
         raise ValueError(f"--step must be train or decode, got {step!r}")
+    if step == "decode" and cfg.model_name == MODULE:
+        raise ConfigError("--step decode compiles jaxformer's KV-cache programs (lm configs); a model.module "
+                          "compiles its train step (--step train)")
     cfg = as_mesh_run(cfg)
     chip = chip_of(topology)
     devices = devices_for(topology)
@@ -482,7 +495,7 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
                          f"{shards * (cfg.train.grad_accum_steps if step == 'train' else 1)} (--set train.batch_size=N)")
     if step == "train":
         check_sections(cfg)
-    head = {"topology": topology, "chips": len(devices), "device_kind": devices[0].device_kind,
+    head = {"model": cfg.model_name, "topology": topology, "chips": len(devices), "device_kind": devices[0].device_kind,
             "mesh": {k: int(v) for k, v in mesh.shape.items()}, "step": step}
     if step == "train":
         prog, facts = compile_train(cfg, mesh, packed)

@@ -288,7 +288,14 @@ def model_facts(cfg: RunConfig, params) -> dict:
             active += n
     tc = cfg.train
     return {"param_count": int(total), "active_params": int(active),
-            "tokens_per_step": tc.batch_size * cfg.data.seq_len}
+            "tokens_per_step": tc.batch_size * _items_per_example(cfg)}
+
+
+def _items_per_example(cfg: RunConfig) -> int:
+    """Tokens per example the model trains on (an image or a series counts one)."""
+    if cfg.family == "seq2seq":
+        return getattr(cfg.data, "tgt_len", 1)
+    return getattr(cfg.data, "seq_len", 1)
 
 
 def attention_flops(cfg: RunConfig, batch: int, t: int) -> float:
@@ -296,6 +303,8 @@ def attention_flops(cfg: RunConfig, batch: int, t: int) -> float:
     heads head_dim per layer forward (two matmuls), x3 for forward + backward, halved under a
     causal mask; a sliding-window layer attends to at most `window` keys."""
     m = cfg.model
+    if not hasattr(m, "num_heads"):  # a model.module: its attention's shapes are its own, not counted
+        return 0.0
     head_dim = getattr(m, "head_dim", None) or m.d_model // m.num_heads
     total = 0.0
     local = m.local_layers() if hasattr(m, "local_layers") else [False] * m.num_layers
@@ -308,7 +317,8 @@ def attention_flops(cfg: RunConfig, batch: int, t: int) -> float:
 def model_flops_per_step(cfg: RunConfig, facts: dict) -> float:
     """6 x active params x tokens (forward 2, backward 4) plus attention_flops."""
     tc = cfg.train
-    return 6.0 * facts["active_params"] * facts["tokens_per_step"] + attention_flops(cfg, tc.batch_size, cfg.data.seq_len)
+    return 6.0 * facts["active_params"] * facts["tokens_per_step"] + attention_flops(cfg, tc.batch_size,
+                                                                                   _items_per_example(cfg))
 
 
 def splash_flops(cfg: RunConfig, kernels: list) -> float:
