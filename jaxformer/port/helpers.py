@@ -1,5 +1,7 @@
 """Functions a written file defines when its graph uses the torch op they stand for: torch's
-functional layers, written once, readable, with torch's numerics (docs/numerics.md §42)."""
+functional layers, written once, readable, with torch's numerics (docs/numerics.md §42).
+The spatial ones (interpolation, pooling, norms, transposed convolutions) are in helpers_nn.py."""
+from jaxformer.port.helpers_nn import HELPERS_NN
 
 HELPERS = {
     "scaled_dot_product_attention": '''def scaled_dot_product_attention(q, k, v, mask=None, *, causal=False, scale=None, grouped=False, dropout=None):
@@ -41,8 +43,10 @@ HELPERS = {
     y = x * jax.lax.rsqrt(jnp.square(x).mean(axis=dims, keepdims=True) + eps)
     return y if weight is None else y * weight''',
     "conv": '''def conv(x, weight, bias, *, stride, padding, dilation, groups):
-    """torch's conv1d / conv2d: x [B, C, *spatial], weight [O, C // groups, *kernel]."""
-    y = jax.lax.conv_general_dilated(x, weight, stride, [(p, p) for p in padding],
+    """torch's conv1d / conv2d / conv3d: x [B, C, *spatial], weight [O, C // groups, *kernel];
+    a padding entry is both sides' or a (left, right) pair (padding='same' with an odd total)."""
+    pairs = [p if isinstance(p, tuple) else (p, p) for p in padding]
+    y = jax.lax.conv_general_dilated(x, weight, stride, pairs,
                                      rhs_dilation=dilation, feature_group_count=groups)
     return y if bias is None else y + bias.reshape((1, -1) + (1,) * (y.ndim - 2))''',
     "torch_masks": '''def torch_masks(key_padding_mask=None, attn_mask=None, *, num_heads=None, sdpa_causal=False, prefix="",
@@ -86,3 +90,4 @@ HELPERS = {
     out, weights = outputs
     return (out.swapaxes(0, 1) if seq_first else out), (weights.mean(axis=1) if average else weights)''',
 }
+HELPERS.update(HELPERS_NN)

@@ -120,10 +120,14 @@ def _pad(c, a):
     pairs = [(0, 0)] * ndim
     for i in range(len(pad) // 2):
         pairs[ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
-    if any(p < 0 for pair in pairs for p in pair):
-        raise Unsupported("negative padding")
     value = a.get("value") or 0.0
-    return f"jnp.pad({c.r(a['self'])}, {c.r(tuple(pairs))}, constant_values={c.r(value)})"
+    if all(isinstance(p, int) and p >= 0 for pair in pairs for p in pair):
+        return f"jnp.pad({c.r(a['self'])}, {c.r(tuple(pairs))}, constant_values={c.r(value)})"
+    # an amount computed from a size (torchvision's Swin pads to a multiple of its window), or a
+    # negative one (torch crops there): lax.pad takes both
+    x = c.r(a["self"])
+    config = ", ".join(f"({c.r(lo)}, {c.r(hi)}, 0)" for lo, hi in pairs)
+    return f"jax.lax.pad({x}, jnp.asarray({c.r(value)}, {x}.dtype), [{config}])"
 
 
 def _flatten(c, a):
@@ -332,17 +336,6 @@ def _dropout(c, a):
     return f"{module}({c.r(a['input'])})" if module else c.r(a["input"])
 
 
-def _conv(ndim: int):
-    def emit(c, a):
-        c.helper("conv")
-        pad = a.get("padding")
-        if isinstance(pad, str):
-            raise Unsupported(f"functional conv with padding={pad!r}")
-        return (f"conv({c.r(a['input'])}, {c.r(a['weight'])}, {c.r(a.get('bias'))}, stride={c.r(tuple(a['stride']))}, "
-                f"padding={c.r(tuple(pad))}, dilation={c.r(tuple(a['dilation']))}, groups={a['groups']})")
-    return emit
-
-
 # ----------------------------------------------------------------------------- complex numbers
 def _view_as_complex(c, a):
     x = c.r(a["self"])
@@ -481,9 +474,17 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     # layers written op by op
     "aten.embedding": _embedding, "aten.scaled_dot_product_attention": _sdpa,
     "aten.layer_norm": _layer_norm, "aten.rms_norm": _rms_norm, "aten.dropout": _dropout,
-    "aten.conv1d": _conv(1), "aten.conv2d": _conv(2),
     "aten.view_as_complex": _view_as_complex, "aten.view_as_real": _view_as_real, "aten.polar": _polar,
 }
+
+
+def _register() -> None:
+    """The entries kept in their own modules (spatial layers, scatter forms, the rest)."""
+    from jaxformer.port import ops_nn
+    TABLE.update(ops_nn.TABLE)
+
+
+_register()
 
 
 def is_identity(name: str) -> bool:
