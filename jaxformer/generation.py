@@ -435,3 +435,33 @@ def _eos(gen: GenerationConfig, cfg) -> tuple[int, ...]:
 def generate(model, *args, gen: GenerationConfig = GenerationConfig(), layout: DecodeLayout | str = "auto", **kw):
     """lm_generate or seq2seq_generate, by the model's type."""
     return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, layout=layout, **kw)
+
+
+# ----------------------------------------------------------------------------- any causal LM
+def module_generate(model, ids, gen: GenerationConfig = GenerationConfig(), eos: tuple[int, ...] = (),
+                    pad_id: int = 0):
+    """Greedy or sampled decoding without a KV cache, for any causal LM whose call is
+    model(ids [B, T]) -> logits [B, T, V] (or an output holding them), such as a model.module:
+    every step runs the model on the whole [B, P + N] buffer (the positions not yet written are
+    pad_id, which a causal model's earlier positions never see), so one program serves every
+    step. ids [B, P]: prompts of one length (the call takes no mask). -> tokens [B, N] numpy."""
+    from jaxformer.config.module import logits_of
+    ids = inputs.as_host_array(ids, "prompt token id")
+    if gen.strategy == "beam":
+        raise ValueError("beam search needs a KV-cache model (an lm); a model.module decodes greedy or sampled")
+    b, p = ids.shape
+    graphdef, state = nnx.split(model)
+
+    def run(state, ids, key):
+        m = nnx.merge(graphdef, state)
+        buf = jnp.full((b, p + gen.max_new_tokens), pad_id, jnp.int32).at[:, :p].set(ids)
+
+        def logits_at(buf, i):
+            out = logits_of(m(buf))  # [B, P + N, V]
+            return jax.lax.dynamic_index_in_dim(out, i, axis=1, keepdims=False)
+
+        def step(tok, i, buf):
+            buf = jax.lax.dynamic_update_slice(buf, tok[:, None], (jnp.int32(0), p + i))
+            return logits_at(buf, p + i), buf
+        return decode_loop(step, buf, logits_at(buf, p - 1), key, gen, eos, pad_id)
+    return np.asarray(jax.jit(run)(state, jnp.asarray(ids, jnp.int32), jax.random.key(gen.seed)))

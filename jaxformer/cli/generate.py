@@ -30,6 +30,8 @@ from __future__ import annotations
 import json
 import os
 
+from jaxformer.config.module import MODULE
+
 
 def add_arguments(p) -> None:
     p.add_argument("--weights", required=True,
@@ -124,9 +126,14 @@ def _load_model_dir(directory: str, name, cfg, framework: str, step=None):
     model, dir_cfg = jaxformer.load(directory, step=step)
     from jaxformer.layers.lora import merge_lora
     merge_lora(model)  # LoRA adapters (a train.lora run) folded into the base: a plain model to decode
-    dir_name = checkpoint_io.model_name(model)
+    dir_name = checkpoint_io.model_name(model, dir_cfg)
     if cfg is not None and (name, cfg) != (dir_name, dir_cfg):
         raise GenerateError(f"--config describes {name!r} {cfg}, but {directory} holds {dir_name!r} {dir_cfg}")
+    if dir_name == MODULE:  # any causal LM module: decoded without a cache (generation.module_generate)
+        if framework == "torch":
+            raise GenerateError(f"{directory} holds a model.module ({dir_cfg.module}): it generates with "
+                                "--framework jax")
+        return dir_name, dir_cfg, model
     if dir_name not in ("lm", "seq2seq"):
         raise GenerateError(f"generate needs an `lm` or `seq2seq` model, got {dir_name!r}")
     if framework == "torch":
@@ -186,6 +193,8 @@ def run(args) -> int:
         from jaxformer.train.data.tokenizer import load_tokenizer
         tok = load_tokenizer(args.tokenizer)
     name, cfg, model = load_model(args.weights, args.config, args.framework, args.step)
+    if name == MODULE:
+        return _module_run(args, model, cfg, gen, prompts, tok)
     if not args.ids:
         tok = tok or _own_tokenizer(args, cfg)
         prompts = [tok.encode(p).tolist() or ([tok.bos_id] if tok.bos_id is not None else [])
@@ -220,6 +229,36 @@ def run(args) -> int:
         print(json.dumps({"model": name, "framework": args.framework, "weights_dtype": gen.weights_dtype,
                           "tokens": rows, **({"texts": texts} if texts is not None else {}),
                           **({"scores": [float(s) for s in scores]} if scores is not None else {})}))
+    elif texts is not None:
+        print("\n\n".join(texts))
+    else:
+        for row in rows:
+            print(" ".join(str(t) for t in row))
+    return 0
+
+
+def _module_run(args, model, cfg, gen, prompts, tok) -> int:
+    """generate for a model.module (a causal LM: model(ids) -> logits [B, T, V]), without a KV
+    cache; prompts of one length (its call takes no mask)."""
+    import numpy as np
+
+    from jaxformer.generation import module_generate
+    if not args.ids:
+        tok = tok or _own_tokenizer(args, cfg)
+        prompts = [tok.encode(p).tolist() for p in args.prompt]
+    if any(len(p) == 0 for p in prompts) or len({len(p) for p in prompts}) != 1:
+        raise GenerateError("a model.module takes prompts of one length (at least one token; its call has no "
+                            f"padding mask), got lengths {[len(p) for p in prompts]}")
+    eos = tuple(gen.eos_id) if isinstance(gen.eos_id, (tuple, list)) else (() if gen.eos_id is None else (gen.eos_id,))
+    try:
+        tokens = module_generate(model, np.asarray(prompts, np.int32), gen, eos if gen.stop_at_eos else ())
+    except (TypeError, IndexError, ValueError) as e:
+        raise GenerateError(f"model.module {cfg.module} does not decode as a causal LM (model(ids [B, T]) -> "
+                            f"logits [B, T, V]) at length {len(prompts[0]) + gen.max_new_tokens}: {str(e).splitlines()[0]}") from None
+    rows = [_trim(row, eos if gen.stop_at_eos else ()) for row in tokens]
+    texts = [_text(tok, p, r) for p, r in zip(prompts, rows)] if tok is not None else None
+    if args.json:
+        print(json.dumps({"model": MODULE, "framework": "jax", "tokens": rows, **({"texts": texts} if texts else {})}))
     elif texts is not None:
         print("\n\n".join(texts))
     else:

@@ -80,6 +80,18 @@ class ModuleConfig:
                   f"must be a probability in [0, 1), got {self.dropout!r}")
 
 
+def logits_of(out):
+    """The logits of a model's output, in either framework: the output itself, or its `logits`
+    (an LMOutput, a Hugging Face ModelOutput, a dict), or the first item of a tuple."""
+    if isinstance(out, dict):
+        return out["logits"] if "logits" in out else next(iter(out.values()))
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
 def absolute_spec(spec: str, folder: str) -> str:
     """FILE.py:NAME with FILE made absolute against `folder` (package specs as they are)."""
     if not isinstance(spec, str) or not is_file_spec(spec):

@@ -37,6 +37,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxformer.config.module import logits_of
 from jaxformer.layers.loss import cross_entropy_sum, target_weights
 
 CLASSIFICATION = ("classifier", "vit", "swin")
@@ -100,18 +101,6 @@ def lm_weights(batch: dict, tokens):
     target positions (else ones), and with segment_ids none across a document boundary and
     none in padding (segment 0)."""
     return target_weights(tokens, batch.get("loss_mask"), batch.get("segment_ids"))
-
-
-def logits_of(out):
-    """The logits of a model's output: the output itself, or its `logits` (an LMOutput, a
-    Hugging Face ModelOutput, a dict), or the first item of a tuple."""
-    if isinstance(out, dict):
-        return out["logits"] if "logits" in out else next(iter(out.values()))
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, (tuple, list)):
-        return out[0]
-    return out
 
 
 def model_input(batch: dict):
