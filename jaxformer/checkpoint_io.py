@@ -517,6 +517,23 @@ def _dequantize_lora_bases(model) -> None:
             m.kernel.set_value(jnp.swapaxes(k.dequantized(), -1, -2))
 
 
+def _saved_in_rest(rest, keys: set[str]):
+    """The subtree of a checkpoint's `rest` metadata holding the saved arrays at `keys` (dotted
+    paths; their `value` leaves) as zeros to restore into, or None."""
+    if not isinstance(rest, dict):
+        return None
+
+    def walk(node, prefix):
+        if not isinstance(node, dict):
+            return None
+        if "value" in node and prefix in keys and hasattr(node["value"], "shape"):
+            return {"value": np.zeros(node["value"].shape, node["value"].dtype)}
+        out = {k: sub for k, v in node.items()
+               if (sub := walk(v, f"{prefix}.{k}" if prefix else str(k))) is not None}
+        return out or None
+    return walk(rest, "")
+
+
 def _restore_train_params(model, state_dir: str) -> None:
     """Copy the params of an orbax train state (the "state" item of a JAX run's checkpoint
     step) into `model`, strictly: an orbax partial restore reads only the params subtree, as
@@ -533,6 +550,9 @@ def _restore_train_params(model, state_dir: str) -> None:
         # a LoRA run's base is the `frozen` subtree beside its adapters (jaxformer/train/lora.py)
         target = {part: jax.tree.map(lambda m: np.zeros(m.shape, m.dtype), tree[part])
                   for part in ("params", "frozen") if part in tree}
+        saved = _saved_in_rest(tree.get("rest"), {flax_key(p) for p in param_leaves(model)})
+        if saved:  # a model.module's buffers (a port's Buffer variables) sit in the state's `rest`
+            target["rest"] = saved
         restored = ckptr.restore(where, args=ocp.args.PyTreeRestore(
             item=target, restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target),
             partial_restore=True))
