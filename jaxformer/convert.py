@@ -167,21 +167,25 @@ def _tied(state_dict: Mapping[str, Any], used: set[str]) -> set[str]:
 
 
 # ----------------------------------------------------------------------------- model state
+PORTED_SAVED = ("Buffer", "Frozen")  # the Variable classes a ported file declares for saved state
+
+
 def _ported_buffer(path, value) -> bool:
-    """A torch buffer in a file `jaxformer port` wrote: it imports only jax, flax and numpy, so
-    it declares its own `Buffer(nnx.Variable)` class."""
+    """A torch buffer or frozen parameter (requires_grad=False) in a file `jaxformer port` wrote:
+    it imports only jax, flax and numpy, so it declares its own `Buffer(nnx.Variable)` and
+    `Frozen(nnx.Variable)` classes."""
     from flax import nnx
-    return isinstance(value, nnx.Variable) and type(value).__name__ == "Buffer"
+    return isinstance(value, nnx.Variable) and type(value).__name__ in PORTED_SAVED
 
 
 def param_leaves(model) -> dict[tuple, Any]:
     """Flattened nnx.Param leaves of `model` (concrete or abstract), and its saved untrained
     arrays (layers/moe.py Buffer, torch buffers such as the router's score_bias, a ported
-    file's buffers): path tuple -> Variable."""
+    file's buffers, frozen parameters and BatchNorm statistics): path tuple -> Variable."""
     from flax import nnx
 
     from jaxformer.layers.moe import SAVED
-    flat = nnx.to_flat_state(nnx.state(model, nnx.Any(SAVED, _ported_buffer)))
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Any(SAVED, _ported_buffer, nnx.BatchStat)))
     return {tuple(path): var for path, var in flat}
 
 

@@ -37,7 +37,17 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from jaxformer.parity.locate import first_parting
-from jaxformer.parity.results import GRAD_TOL, OUT_TOL, LeafDiff, ParityError, ParityReport, Tolerance, _compare, judge
+from jaxformer.parity.results import (
+    GRAD_TOL,
+    OUT_TOL,
+    TWIN64_TOL,
+    LeafDiff,
+    ParityError,
+    ParityReport,
+    Tolerance,
+    _compare,
+    judge,
+)
 from jaxformer.parity.trees import flatten, is_float
 
 
@@ -219,7 +229,7 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
                  out_tol: Tolerance = OUT_TOL, grad_tol: Tolerance = GRAD_TOL, convert: bool = True,
                  grads: bool = True, case: str = "custom", seed: int = 0, name_map=None,
                  reference: bool = False, state_map=None, referee: bool = True,
-                 locate: bool = True) -> ParityReport:
+                 locate: bool = True, twin64: Callable | None = None) -> ParityReport:
     """Run both modules on the same inputs and compare outputs and gradients (see module doc).
 
     Args:
@@ -239,9 +249,13 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
             checks pay for the rerun; each judged leaf carries `LeafDiff.referee`.
         locate: on a failure, run both trees once more recording every submodule's output and
             name the first that parts (`report.parting`; jaxformer/parity/locate.py).
+        twin64: a callable returning the flax module as a float64 twin (its weights torch's in
+            float64), called inside `jax.enable_x64`. Where both fp32 answers of a leaf are past
+            tolerance of float64 (ill-conditioned), the referee runs the twin and excuses the
+            leaf when it gives torch's float64 answer (results.TWIN64_TOL; docs/numerics.md §44).
     """
     opts = _Options(out_tol, grad_tol, convert, grads, case, seed, name_mapper(name_map), reference, state_map,
-                    referee, locate)
+                    referee, locate, twin64)
     with parity_precision():
         return _check(torch_module, flax_module, inputs, opts)
 
@@ -278,12 +292,14 @@ class _Options:
     state_map: Callable | None
     referee: bool
     locate: bool
+    twin64: Callable | None = None
 
 
 def _check(torch_module, flax_module, inputs, o: _Options) -> ParityReport:
     """The phases: set both modules up, run torch, run JAX, compare, referee, locate."""
     import torch
     problems: list[str] = []
+    notes: list[str] = []
     inp = _Inputs.of(inputs)
     is_torch_mod = isinstance(torch_module, torch.nn.Module)
     is_flax_mod = _is_nnx_module(flax_module)
@@ -295,12 +311,18 @@ def _check(torch_module, flax_module, inputs, o: _Options) -> ParityReport:
     j_grad, grad_leaves = {}, {}
     if g_all is not None:
         j_grad = _jax_grads(flax_module, is_flax_mod, inp, g_all)
+        held = _held_frozen(torch_module, flax_module, j_grad, o) if is_torch_mod and is_flax_mod else []
+        if held:  # frozen on both sides: no gradient to compare (a frozen Param still must give 0)
+            t_grad = {k: v for k, v in t_grad.items() if k not in held}
+            notes.append(f"frozen parameters held as non-trainable state by the flax module, gradient not compared: "
+                         f"{', '.join(sorted(held.values()))}")
         if set(j_grad) != set(t_grad):
             problems.append(f"gradient keys differ: only jax {sorted(set(j_grad) - set(t_grad))}, "
                             f"only torch {sorted(set(t_grad) - set(j_grad))}")
         grad_leaves = _compare_leaves(j_grad, t_grad, o.grad_tol, "grad", problems)
-    spread, notes = _referee(torch_module, inp, o, (outputs, j_out, t_out, o.out_tol),
-                             (grad_leaves, j_grad, t_grad, o.grad_tol))
+    spread, referee_notes = _referee(torch_module, inp, o, float_outs, (outputs, j_out, t_out, o.out_tol),
+                                     (grad_leaves, j_grad, t_grad, o.grad_tol))
+    notes += referee_notes
     ok = not problems and all(d.ok for d in (*outputs.values(), *grad_leaves.values()))
     parting = None
     if not ok and o.locate and is_torch_mod and is_flax_mod:  # where outputs part first
@@ -309,6 +331,26 @@ def _check(torch_module, flax_module, inputs, o: _Options) -> ParityReport:
         except Exception as e:  # the trees could not run eagerly with recording: say so, keep the verdict
             notes.append(f"could not locate where outputs part: {type(e).__name__}: {e}")
     return ParityReport(o.case, ok, outputs, grad_leaves, problems, o.out_tol, o.grad_tol, spread, parting, notes)
+
+
+def _held_frozen(torch_module, flax_module, j_grad: Mapping, o: _Options) -> dict[str, str]:
+    """{gradient key: torch name} of the torch parameters with requires_grad=False that the flax
+    module holds as state outside nnx.Param (a ported file's `Frozen`): trained by neither side,
+    so their gradient is not compared. A frozen parameter the flax side holds as an nnx.Param
+    (LoRA's base under stop_gradient) is still compared: its gradient must be 0."""
+    from flax import nnx
+
+    from jaxformer import convert as conv
+    frozen = [n for n, p in torch_module.named_parameters() if not p.requires_grad]
+    if not frozen:
+        return {}
+    saved = {conv.torch_key(p) for p, v in conv.param_leaves(flax_module).items() if not isinstance(v, nnx.Param)}
+    out = {}
+    for name in frozen:
+        key = next(iter(_map_state({name: None}, o.rename, o.state_map)), None)
+        if key is not None and key not in j_grad and key in saved:
+            out[key] = name
+    return out
 
 
 def _set_up(torch_module, flax_module, is_torch_mod: bool, is_flax_mod: bool, o: _Options) -> None:
@@ -418,7 +460,7 @@ def _compare_leaves(j: dict, t: dict, tol: Tolerance, kind: str, problems: list[
     return leaves
 
 
-def _referee(torch_module, inp: _Inputs, o: _Options, *sides) -> tuple[dict[str, float], list[str]]:
+def _referee(torch_module, inp: _Inputs, o: _Options, float_outs: list, *sides) -> tuple[dict[str, float], list[str]]:
     """The float64 referee (docs/numerics.md §32), run only where a float leaf failed (or for
     `reference`): judges each failing leaf in place. sides: (leaves, jax, torch, tol) for the
     outputs and the gradients. -> (spread, notes)."""
@@ -446,7 +488,46 @@ def _referee(torch_module, inp: _Inputs, o: _Options, *sides) -> tuple[dict[str,
             f64 = (r_out if leaves is outputs else r_grad).get(k)
             if f64 is not None and np.shape(f64) == j[k].shape:
                 leaves[k] = dataclasses.replace(leaves[k], referee=judge(j[k], t[k], f64, tol))
+        judged = [(leaves, k) for leaves, _, _, k, _ in failing if leaves[k].referee is not None
+                  and not leaves[k].referee.excused]
+        if o.twin64 is not None and any(leaves[k].referee.ill_conditioned for leaves, k in judged):
+            # measured on every leaf still failing (it says whether the two compute the same
+            # function); it excuses only the ill-conditioned ones (results.Referee.excused)
+            _twin64(o, inp, float_outs, judged, outputs, r_out, r_grad, notes)
     return spread, notes
+
+
+def _twin64(o: _Options, inp: _Inputs, float_outs: list, ill: list, outputs: dict, r_out: dict, r_grad: dict,
+            notes: list[str]) -> None:
+    """The float64 twin's measurement of the leaves in `ill`, in place: the flax module rerun in
+    float64 (o.twin64) against torch's float64 answer (results.TWIN64_TOL)."""
+    import jax
+    f64 = lambda a: a.astype(np.float64) if is_float(a) else a  # noqa: E731
+    inp64 = _Inputs(tuple(f64(a) for a in inp.args), {k: None if v is None else f64(v) for k, v in inp.kwargs.items()},
+                    inp.float_pos, inp.float_kw)
+    try:
+        with jax.enable_x64(True):
+            twin = o.twin64()
+            t_out = {k: r_out[k] for k in float_outs if k in r_out}
+            j_out, g_all = _jax_side(twin, True, inp64, t_out, float_outs if o.grads else [], o.seed)
+            j_grad = _jax_grads(twin, True, inp64, g_all) if g_all is not None else {}
+    except Exception as e:  # the twin cannot run: the leaves stay failed, and the report says why
+        notes.append(f"float64 twin unavailable: {type(e).__name__}: {_first_line(e)}")
+        return
+    for leaves, k in ill:
+        ref, mine = (r_out, j_out) if leaves is outputs else (r_grad, j_grad)
+        if k not in mine or np.shape(mine[k]) != np.shape(ref[k]):
+            continue
+        ref64 = np.asarray(ref[k], np.float64)
+        err = float(np.abs(np.asarray(mine[k], np.float64) - ref64).max(initial=0))
+        leaf = leaves[k]
+        leaves[k] = dataclasses.replace(leaf, referee=dataclasses.replace(
+            leaf.referee, twin_err=err, twin_tol=TWIN64_TOL.bound(float(np.abs(ref64).max(initial=0)))))
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else type(e).__name__
 
 
 def assert_parity(torch_module, flax_module, inputs, **kw) -> ParityReport:

@@ -79,12 +79,13 @@ def _flax_calls(flax_module) -> Iterator[tuple[dict[str, list], dict[str, list]]
             if id(self) not in paths or id(self) in active:  # super().__call__: record once
                 return original(self, *a, **k)
             active.add(id(self))
-            inputs.setdefault(paths[id(self)], []).append(_snapshot(_as_inputs(a, k)))
+            layout = _channels_first if isinstance(self, (nnx.Conv, nnx.ConvTranspose)) else None
+            inputs.setdefault(paths[id(self)], []).append(_snapshot(_as_inputs(a, k), layout))
             try:
                 out = original(self, *a, **k)
             finally:
                 active.discard(id(self))
-            outputs.setdefault(paths[id(self)], []).append(_snapshot(out))
+            outputs.setdefault(paths[id(self)], []).append(_snapshot(out, layout))
             return out
         return call
 
@@ -135,9 +136,10 @@ def _as_inputs(args, kwargs) -> dict:
     return {**{str(i): a for i, a in enumerate(args)}, **{f"{k}=": v for k, v in kwargs.items()}}
 
 
-def _snapshot(tree) -> dict[str, np.ndarray]:
+def _snapshot(tree, layout: Callable | None = None) -> dict[str, np.ndarray]:
     """{leaf: a numpy copy} of the arrays in a call's inputs or output, taken when the call
-    happens: a dict passed down to collect results (MoE's aux) fills up later."""
+    happens: a dict passed down to collect results (MoE's aux) fills up later. `layout` turns a
+    flax array into torch's layout (_channels_first), so that torch's value is what it meets."""
     out = {}
     for k, v in flatten(tree).items():
         if hasattr(v, "detach"):
@@ -147,7 +149,16 @@ def _snapshot(tree) -> dict[str, np.ndarray]:
                 out[k] = np.array(v)
             except Exception:  # a tracer (a layer inside a scan over stacked layers): not comparable
                 continue
+            if layout is not None:
+                out[k] = layout(out[k])
     return out
+
+
+def _channels_first(a: np.ndarray) -> np.ndarray:
+    """A flax conv's [B, *spatial, C] value as torch's conv holds it, [B, C, *spatial]: compared
+    in the layout torch's module sees, never by shape alone (a [B, L, C] value with L == C has
+    torch's shape and other contents)."""
+    return np.moveaxis(a, -1, 1) if a.ndim >= 3 else a
 
 
 def first_parting(torch_module, flax_module, args: tuple, kwargs: dict, tol, rename=lambda k: k

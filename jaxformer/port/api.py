@@ -51,9 +51,9 @@ def port_source(torch_module, inputs: Mapping[str, Any], *, class_name: str | No
     return port(torch_module, inputs, class_name=class_name, layers=layers).source
 
 
-def load_source(source: str, class_name: str):
+def load_source(source: str, class_name: str, label: str = "jaxformer port"):
     """The class `class_name` defined by `source` (kept in linecache, so tracebacks show it)."""
-    filename = f"<jaxformer port: {class_name}>"
+    filename = f"<{label}: {class_name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace: dict[str, Any] = {"__name__": f"jaxformer_port_{class_name}"}
     exec(compile(source, filename, "exec"), namespace)
@@ -149,11 +149,37 @@ def _torch_attr(module, key: str):
     return obj
 
 
-def check(torch_module, flax_module, inputs: Mapping[str, Any], *, case: str = "port"):
-    """check_parity of the port against torch: outputs and every parameter's gradient."""
+def check(torch_module, flax_module, inputs: Mapping[str, Any], *, case: str = "port",
+          result: PortResult | None = None):
+    """check_parity of the port against torch: outputs and every parameter's gradient, a leaf
+    past tolerance judged by the float64 referee and, given the port's `result`, by its float64
+    twin where both fp32 answers are off float64 (docs/numerics.md §44)."""
     from jaxformer.parity.harness import check_parity
+    twin = None if result is None else (lambda: twin64(result, torch_module))
     return check_parity(torch_module, flax_module, dict(inputs), case=case,
-                        state_map=state_map(torch_module, flax_module))
+                        state_map=state_map(torch_module, flax_module), twin64=twin)
+
+
+def twin64(result: PortResult, torch_module):
+    """The port's float64 twin, for the referee: the written file with its float32 made float64,
+    built with every float leaf in float64 and torch's weights loaded in float64 (a copy of the
+    torch module, `.double()`), in eval mode. Call inside `jax.enable_x64`."""
+    import copy
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    source = result.source.replace("jnp.float32", "jnp.float64")
+    model = load_source(source, result.class_name, "jaxformer port, float64 twin")(rngs=nnx.Rngs(0))
+    wide = lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    nnx.update(model, jax.tree.map(wide, nnx.state(model)))
+    for _, layer in nnx.iter_modules(model):  # flax layers compute in their `dtype` (nnx.Embed's is float32)
+        for attr in ("dtype", "param_dtype"):
+            if getattr(layer, attr, None) == jnp.float32:
+                setattr(layer, attr, jnp.float64)
+    load_torch_weights(model, copy.deepcopy(torch_module).double())
+    model.eval()
+    return model
 
 
 def from_torch(torch_module, inputs: Mapping[str, Any], *, check: bool = False, class_name: str | None = None,
@@ -164,7 +190,7 @@ def from_torch(torch_module, inputs: Mapping[str, Any], *, check: bool = False, 
     result = port(torch_module, inputs, class_name=class_name, layers=layers)
     model = _loaded(result, torch_module)
     if check:
-        _checked(torch_module, model, inputs, result.class_name)
+        _checked(torch_module, model, inputs, result.class_name, result)
     model.train() if torch_module.training else model.eval()
     return model
 
@@ -208,10 +234,10 @@ def _loaded(result: PortResult, torch_module, seed: int = 0):
     return model
 
 
-def _checked(torch_module, model, inputs, case: str):
+def _checked(torch_module, model, inputs, case: str, result: PortResult | None = None):
     from jaxformer.parity.harness import ParityError
     was_training = torch_module.training
-    report = globals()["check"](torch_module, model, inputs, case=case)
+    report = globals()["check"](torch_module, model, inputs, case=case, result=result)
     torch_module.train(was_training)
     print(report.row())
     if not report.ok:

@@ -10,8 +10,8 @@ import math
 import re
 from typing import Any
 
-from jaxformer.port import layers, ops
-from jaxformer.port.graph import SKIPPED, Call, op_name, where
+from jaxformer.port import layers, ops, symbolic
+from jaxformer.port.graph import SKIPPED, Call, op_name
 from jaxformer.port.source import assigned_names, identifier, line_for, module_file
 from jaxformer.port.trace import PortError
 
@@ -206,9 +206,11 @@ class Body:
         return f"({', '.join(d if d is not None else '-1' for d in dims)}{',' if len(dims) == 1 else ''})"
 
     def dim(self, sym, passed: bool = True) -> str:
-        """A symbolic size as an expression over live locals' shapes; with `passed`, a size no
+        """A symbolic size as an expression over live locals' shapes (jaxformer/port/symbolic.py
+        writes torch's sympy functions: `max(0, 1 - x.shape[1])`); with `passed`, a size no
         live value carries becomes a parameter of the function, else it is Unsupported."""
-        text = str(sym.node.expr) if hasattr(sym, "node") else str(sym)
+        expr = sym.node.expr if hasattr(sym, "node") else None
+        text = str(expr) if expr is not None else str(sym)
         if not SYMBOL.search(text):
             return text
         exact = self._shape_of_expr(text)
@@ -219,13 +221,14 @@ class Body:
             found = self._shape_of_expr(s)
             if found is None and not passed:
                 raise ops.Unsupported(f"no live value carries the size {s}")
-            if found is None:
-                found = self._dim_param(s)
-            parts[s] = found
-        out = SYMBOL.sub(lambda m: parts[m.group(0)], text)
-        if re.search(r"[A-Za-z_]\w*\(", re.sub(r"\w+\.shape\[-?\d+\]", "", out)):
-            raise ops.Unsupported(f"symbolic size {text} has no Python form")
-        return out if re.fullmatch(r"[\w.\[\]]+", out) else f"({out})"
+            parts[s] = found if found is not None else self._dim_param(s)
+        if expr is None:  # a bare symbol's name (a submodule's size argument)
+            return parts[text] if text in parts else SYMBOL.sub(lambda m: parts[m.group(0)], text)
+        try:
+            out = symbolic.python_source(expr, parts.__getitem__)
+        except symbolic.NoPythonForm as e:
+            raise ops.Unsupported(f"symbolic size {text} has no Python form ({e})") from None
+        return out
 
     def _shape_of_expr(self, text: str) -> str | None:
         for name, node in self.holder.items():
@@ -303,17 +306,17 @@ class Body:
         name = op_name(node)
         if name in INLINE_SYM or name in SKIPPED:
             return
-        if not node.users:
+        if not node.users:  # dead: nothing reads it, and (functional graph) it writes nothing
             return
         if name == "operator.getitem":
             return self._getitem(node)
-        if name.endswith("_") and name.startswith("aten.") and not name.endswith("__"):
-            name = self._in_place(node, name)
         self.out = node
         below = self._below(node)
         src = self.source(node, below)
+        if name == "aten.clone" and self.port.train_rate(node, 0.0):
+            name = "dropout"  # a functional graph's eval dropout, which torch's train graph draws
         try:
-            expr = ops.translate(self, node, name)
+            expr = f"{self.dropout(0.0)}({self.r(node.args[0])})" if name == "dropout" else ops.translate(self, node, name)
         except ops.Unsupported as e:
             raise PortError(f"cannot port aten op {name} ({e}) {where_line(node, self.call.path, src)}") from None
         if ops.is_identity(name) or (node.args and expr == self.r(node.args[0])):
@@ -346,15 +349,6 @@ class Body:
         if isinstance(reader, Call):
             return self.source(next(reader.nodes()), [reader.module]) == src
         return self.source(user, self._below(user)) == src
-
-    def _in_place(self, node, name: str) -> str:
-        """An in-place op on a value nothing reads afterwards is its out-of-place twin."""
-        first = node.args[0]
-        later = [u for u in first.users if u is not node and self.pos.get(u, math.inf) > self.pos[node]]
-        if later or first.op == "placeholder":
-            raise PortError(f"cannot port in-place aten op {name}: it overwrites a tensor read later "
-                            f"{where(node, self.call.path)}")
-        return name[:-1]
 
     def _unpack(self, node, expr: str, src) -> None:
         items = [u for u in node.users if op_name(u) == "operator.getitem"]

@@ -20,6 +20,9 @@ from jaxformer.port.trace import PortError, Traced
 RENAMED_LEAVES = {"scale": "weight", "embedding": "weight"}  # flax leaf names jaxformer.convert renames
 BUFFER_CLASS = '''class Buffer(nnx.Variable):
     """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
+FROZEN_CLASS = '''class Frozen(nnx.Variable):
+    """A torch parameter with requires_grad=False: loaded and saved as a parameter, never trained
+    (not an nnx.Param, so no optimiser or gradient sees it)."""'''
 CONSTANT_CLASS = '''class Constant(nnx.Variable):
     """A torch tensor outside the state_dict (a non-persistent buffer): never saved or trained."""'''
 
@@ -34,17 +37,20 @@ class Port:
         self.first_call: dict[str, graph.Call] = {}
         for call in self.root.calls():
             self.first_call.setdefault(call.path, call)
-        self.train_nodes = _align(self.program, traced.train_program)
+        self.train_nodes = _align(self.program, traced.train_program,
+                                  {p for p, m in model.named_modules() if layers.modes_itself(m)})
         self.arg_names = _argument_names(self.program, model)
         self.class_name = class_name or identifier(type(model).__name__, "Model")
         self.helpers: set[str] = set()
+        self.layer_classes: set[str] = set()  # layers.CLASSES the file defines (BatchNorm)
+        self.batch_stats: set[str] = set()  # paths of layers that compute train mode themselves
         self.classes: list[tuple[str, str]] = []  # (name, text), dependencies first
         self.class_of: dict[str, str] = {}  # module path -> class name
         self.takes_rngs: dict[str, bool] = {}  # class name -> whether its constructor takes rngs
         self.orders: dict[str, list[int]] = {}  # module path -> argument order (first-use indices)
         self._abstract: dict[str, dict] = {}  # twin path -> its abstract param leaves
         self.dim_args: dict[str, list[str]] = {}  # module path -> symbolic sizes it takes
-        self.variables: set[str] = set()  # "Buffer" / "Constant" when the file declares them
+        self.variables: set[str] = set()  # "Buffer" / "Frozen" / "Constant" when the file declares them
         self.renames: dict[str, str] = {}  # torch key -> converter key (a custom 'scale' leaf)
         self.twins = traced.twins  # path -> twins.Twin (layers="jaxformer")
         # the file's names for jaxformer's classes: local name -> (module, name); the top-level
@@ -56,6 +62,7 @@ class Port:
 
     # ------------------------------------------------------------------ classes
     def source(self) -> str:
+        self._check_twin_ties()
         self.module_class("")
         return _format(self._file())
 
@@ -71,7 +78,7 @@ class Port:
             self.dim_args[path] = list(body.dim_params)
         init = self._init_lines(path, module, body)
         base = self.class_name if not path else identifier(type(module).__name__, "Module")
-        if base in ("Buffer", *HELPERS):
+        if base in ("Buffer", "Frozen", "Constant", *HELPERS, *layers.CLASSES):
             base += "Module"
         text = _class_text(init, body, root=not path)
         name = next((n for n, t in self.classes if t == text and (n == base or re.fullmatch(base + r"\d+", n))), None)
@@ -94,7 +101,6 @@ class Port:
         lines += self._own_weights(path, module)
         for attr, p in (body.dropouts if body else []):
             lines.append(f"self.{attr} = nnx.Dropout({p!r}, rngs=rngs)")
-        lines += self._ties(path)
         return lines
 
     def _attr(self, path: str, name: str) -> str:
@@ -111,8 +117,13 @@ class Port:
             return self._container(path, module)
         if layers.parameterless_builtin(module):
             return None
-        if layers.known(module):
-            return None if self._tied_away(path) else layers.constructor(module)
+        if self.flax_layer(path):
+            if self._tied_away(path):
+                return None
+            self.layer_classes.update({layers.file_class(module)} - {None})
+            if layers.modes_itself(module):
+                self.batch_stats.add(path)
+            return layers.constructor(module)
         if path not in self.first_call and not _has_state(module):
             return None
         name = self.module_class(path)
@@ -137,8 +148,10 @@ class Port:
         for leaf, p in module._parameters.items():
             w = self.by_fqn.get(_join(path, leaf))
             if p is None or w is None:
-                continue  # None, or a tied alias: shared by the common parent (_ties)
-            lines.append(f"self.{self._param_attr(path, leaf, module)} = nnx.Param({values.init_expr(p)})")
+                continue  # None, or a tied weight under its second name: passed in (flax_layer)
+            kind = "nnx.Param" if p.requires_grad else "Frozen"  # requires_grad=False: state, never trained
+            self.variables.update({kind} - {"nnx.Param"})
+            lines.append(f"self.{self._param_attr(path, leaf, module)} = {kind}({values.init_expr(p)})")
         for leaf, b in list(module._buffers.items()) + self._constants(path):
             w = self.by_fqn.get(_join(path, leaf))
             if b is None or w is None:
@@ -172,46 +185,52 @@ class Port:
             self.renames[_join(path, leaf)] = _join(path, "weight")
         return name
 
+    def flax_layer(self, path: str) -> bool:
+        """The module at `path` is written as a flax layer (jaxformer/port/layers.py): a torch.nn
+        module the port knows that holds each of its parameters itself, all trainable. One that reads a weight
+        another module holds (a tied weight under its second name: a BERT-style MLM head with a
+        bias, an Embedding sharing a table) is written op by op instead, the weight passed in
+        from the module that holds it, so a shared weight is held once and used by each; except
+        a bias-free Linear tied to an Embedding (GPT-2's head), the Embed's `attend`."""
+        module = self.model.get_submodule(path)
+        if not layers.known(module):
+            return False
+        own = {leaf: p for leaf, p in module._parameters.items() if p is not None}
+        if not all(p.requires_grad for p in own.values()):
+            return False  # a frozen parameter is written as a Frozen variable, op by op
+        return self._tied_away(path) or all(self._first_name(p) in (None, _join(path, leaf)) for leaf, p in own.items())
+
     def _tied_away(self, path: str) -> bool:
-        """A Linear whose weight is an Embedding's (GPT-2's tied head): written as the
+        """A bias-free Linear whose weight is a flax Embed's (GPT-2's tied head): written as the
         embedding's `attend`, with no module of its own."""
         import torch
         module = self.model.get_submodule(path)
-        if not isinstance(module, torch.nn.Linear):
+        if type(module) is not torch.nn.Linear or module.bias is not None:
             return False
         first = self._first_name(module.weight)
-        if first == _join(path, "weight"):
+        if first is None or first == _join(path, "weight"):
             return False
         owner = self.model.get_submodule(first.rpartition(".")[0])
-        if not isinstance(owner, torch.nn.Embedding) or module.bias is not None:
-            raise PortError(f"cannot port the tied weight `{_join(path, 'weight')}` (= `{first}`): only a "
-                            "bias-free Linear tied to an Embedding (written as Embed.attend) is supported")
-        return True
+        return type(owner) is torch.nn.Embedding and layers.known(owner)
 
-    def _first_name(self, tensor) -> str:
-        return next(w.fqn for w in self.weights.values() if w.value is tensor)
+    def _own_tied(self, node, path: str) -> bool:
+        """`node` is a weight that the module at `path` holds under a second name (tied)."""
+        w = self.weights.get(node.name)
+        return w is not None and any(a.rpartition(".")[0] == path for a in w.aliases)
 
-    def _ties(self, path: str) -> list[str]:
-        """`self.b.weight = self.a.weight` for tied parameters whose common parent is `path`."""
-        import torch
-        lines = []
+    def _first_name(self, tensor) -> str | None:
+        """The name the graph reads `tensor` under (a tied weight's first name), None if unread."""
+        return next((w.fqn for w in self.weights.values() if w.value is tensor), None)
+
+    def _check_twin_ties(self) -> None:
+        """A weight tied across the boundary of a module written as its jaxformer twin (which
+        holds its weights under its own names) is refused; one tied inside a twin is its own."""
         for w in self.weights.values():
             for alias in w.aliases:
                 inside = {self._twin_of(w.fqn), self._twin_of(alias)}
-                if inside != {None}:
-                    if len(inside) == 1:
-                        continue  # tied inside one twin: its own business
+                if len(inside) > 1:
                     raise PortError(f"cannot port the tied weight `{alias}` (= `{w.fqn}`): it is tied across "
                                     "a module written as its jaxformer twin")
-                alias_owner = alias.rpartition(".")[0]
-                if isinstance(self.model.get_submodule(alias_owner), torch.nn.Linear) and self._tied_away(alias_owner):
-                    continue
-                if _common_parent(w.fqn, alias) != path:
-                    continue
-                if layers.known(self.model.get_submodule(w.fqn.rpartition(".")[0])):
-                    raise PortError(f"cannot port the tied weight `{alias}` (= `{w.fqn}`) of a flax layer")
-                lines.append(f"{attr_path(relative(alias, path))} = {attr_path(relative(w.fqn, path))}")
-        return lines
 
     # ------------------------------------------------------------------ what bodies ask
     def weight_ref(self, weight: graph.Weight, base: str) -> str:
@@ -224,7 +243,7 @@ class Port:
         if self._twin_of(weight.fqn) is not None:
             return self._twin_weight(weight.fqn, base)
         module = self.model.get_submodule(owner)
-        if layers.known(module):
+        if self.flax_layer(owner):
             flax_leaf, layout = layers.leaf(module, leaf)
             return layout.format(f"{attr_path(rel)}.{flax_leaf}[...]")
         return f"{attr_path(rel)}.{identifier(leaf)}[...]"
@@ -263,7 +282,7 @@ class Port:
             return 0.0
         from jaxformer.port.ops import bind
         a = bind(t)
-        if graph.op_name(t) == "aten.dropout":
+        if graph.op_name(t) in ("aten.dropout", "aten.native_dropout"):
             return float(a["p"]) if a["train"] else 0.0
         return float(a.get("dropout_p") or 0.0)
 
@@ -318,10 +337,9 @@ class Port:
     def call_expr(self, body: Body, call: graph.Call) -> str:
         """The expression that calls submodule `call` from `body`'s module."""
         rel = relative(call.path, body.call.path)
-        module = call.module
         if call.path in self.twins:
             return self._twin_call(body, call, rel)
-        if layers.known(module):
+        if self.flax_layer(call.path):
             return self._known_call(body, call, rel)
         self.module_class(call.path, body)
         args = [body.arg(n) for n in self.ordered_inputs(call)]
@@ -344,11 +362,16 @@ class Port:
     def _known_call(self, body: Body, call: graph.Call, rel: str) -> str:
         core = [n for n in call.nodes() if graph.op_name(n) not in graph.SKIPPED]
         want = layers.CORE_OPS[type(call.module).__name__]
-        tensors = [n for n in call.inputs if n.name not in self.weights]
+        if want == "aten.dropout" and [graph.op_name(n) for n in core] == ["aten.clone"]:
+            want = "aten.clone"  # a functional graph's eval dropout (trace.functional)
+        # the value it is called on: the forward's data, or a buffer or weight of another module
+        # (CLIP's `position_embedding(self.position_ids)`, DeBERTa's norm of a position table)
+        tensors = [n for n in call.inputs if not self._own_tied(n, call.path)]
         if len(core) != 1 or graph.op_name(core[0]) != want or len(tensors) != 1:
             ops_seen = ", ".join(graph.op_name(n) for n in core)
+            inputs = f"{len(tensors)} inputs" if len(tensors) != 1 else "1 input"
             raise PortError(f"cannot port the call of `{call.path}` ({type(call.module).__name__}): "
-                            f"expected one {want}, the graph has {ops_seen or 'nothing'} "
+                            f"expected one {want} on one input, the graph has {ops_seen or 'nothing'} on {inputs} "
                             f"{graph.where(core[0] if core else tensors[0], call.path)}")
         x = body.arg(tensors[0])
         if type(call.module).__name__ == "Dropout" and call.module.p > 0:
@@ -364,14 +387,28 @@ class Port:
         return expr
 
     def root_outputs(self, body: Body) -> str:
-        specs = [s for s in self.program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+        """The top-level return: forward's outputs in torch's structure. A buffer that forward
+        writes (a functional graph's BUFFER_MUTATION output) is written back into its
+        Variable first, so the next call sees it as torch's next call does; a write into an
+        input (USER_INPUT_MUTATION) has no JAX counterpart (arrays are immutable) and is noted
+        in the header; any other kind of output is refused."""
         nodes = {n.name: n for n in self.program.graph.nodes}
         leaves = []
-        for s in specs:
-            name = getattr(s.arg, "name", None)
-            leaves.append(body.r(nodes[name]) if name in nodes else repr(getattr(s.arg, "value", None)))
-        if any(s.kind.name != "USER_OUTPUT" for s in self.program.graph_signature.output_specs):
-            raise PortError(f"cannot port {type(self.model).__name__}: its forward updates a buffer in place")
+        for s in self.program.graph_signature.output_specs:
+            kind, name = s.kind.name, getattr(s.arg, "name", None)
+            if kind == "USER_OUTPUT":
+                leaves.append(body.r(nodes[name]) if name in nodes else repr(getattr(s.arg, "value", None)))
+            elif kind == "BUFFER_MUTATION":
+                owner, _, leaf = s.target.rpartition(".")
+                body.lines.append(f"{attr_path(owner)}.{identifier(leaf)}[...] = {body.arg(nodes[name])}")
+                self.traced.notes.append(f"forward updates the buffer `{s.target}` in place: the port writes its new value "
+                                  "into the Variable")
+            elif kind == "USER_INPUT_MUTATION":
+                self.traced.notes.append(f"forward writes into its input `{s.target}` in place: the port returns the same "
+                                  "outputs and leaves its input unchanged (JAX arrays are immutable)")
+            else:
+                raise PortError(f"cannot port {type(self.model).__name__}: its forward updates "
+                                f"{s.target or 'a value'} in place ({kind.lower().replace('_', ' ')})")
         return _render_tree(self.program.call_spec.out_spec, iter(leaves))
 
     # ------------------------------------------------------------------ the file
@@ -386,9 +423,10 @@ class Port:
                 by_module.setdefault(where[0], []).append(where[1] if where[1] == local else f"{where[1]} as {local}")
         imports += "".join(f"\nfrom {m} import {', '.join(sorted(names))}" for m, names in sorted(by_module.items()))
         parts = [self._header(), imports]
-        parts += [text for kind, text in (("Buffer", BUFFER_CLASS), ("Constant", CONSTANT_CLASS))
+        parts += [text for kind, text in (("Buffer", BUFFER_CLASS), ("Frozen", FROZEN_CLASS), ("Constant", CONSTANT_CLASS))
                   if kind in self.variables]
         parts += [HELPERS[h] for h in sorted(self.helpers)]
+        parts += [layers.CLASSES[c] for c in sorted(self.layer_classes)]
         parts += [text.replace("__CLASS__", name) for name, text in self.classes]
         return "\n\n\n".join(parts) + "\n"
 
@@ -418,7 +456,16 @@ class Port:
 
     def _train_line(self) -> str:
         """What train mode does, said only where it differs from eval mode: the dropouts the
-        file writes (rate above 0), or that torch's train-mode graph was not ported."""
+        file writes (rate above 0), or that torch's train-mode graph was not ported; and the
+        BatchNorm layers, whose class computes train mode itself."""
+        line = self._dropout_line()
+        if self.batch_stats:
+            stats = _listed([f"`{p}`" for p in sorted(self.batch_stats)])
+            line += ("\n" if line else "") + (f"Train mode of BatchNorm (model.train()): batch statistics, the running "
+                                              f"ones updated as torch does, in {stats}.")
+        return line
+
+    def _dropout_line(self) -> str:
         if self.traced.train_program is None:
             return "Train mode: not ported (its graph does not export); the file computes eval mode."
         if self.train_nodes is None:
@@ -455,16 +502,6 @@ class _Sym:
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
-
-
-def _common_parent(a: str, b: str) -> str:
-    pa, pb = a.split(".")[:-1], b.split(".")[:-1]
-    common = []
-    for x, y in zip(pa, pb):
-        if x != y:
-            break
-        common.append(x)
-    return ".".join(common)
 
 
 def _has_state(module) -> bool:
@@ -505,17 +542,35 @@ def _argument_names(program, model) -> dict[str, str]:
     return out
 
 
-def _align(eval_program, train_program) -> dict | None:
-    """{eval node: train node}, op by op, when the two graphs run the same ops; else None."""
+def _align(eval_program, train_program, own_modes: set[str] = frozenset()) -> dict | None:
+    """{eval node: train node}, op by op, when the two graphs run the same ops; else None. The
+    ops of the modules in `own_modes` (paths of layers whose class computes both modes itself,
+    a BatchNorm) are left out on both sides: their train-mode ops are theirs."""
     if train_program is None:
         return None
 
+    def inside(n) -> bool:
+        chain = [v[0] for v in (n.meta.get("nn_module_stack") or {}).values()]
+        return any(p in own_modes for p in chain)
+
     def ops_of(p):
-        return [n for n in p.graph.nodes if n.op == "call_function" and graph.op_name(n) not in graph.SKIPPED]
+        return [n for n in p.graph.nodes if n.op == "call_function" and graph.op_name(n) not in graph.SKIPPED
+                and not inside(n)]
     e, t = ops_of(eval_program), ops_of(train_program)
-    if [graph.op_name(n) for n in e] != [graph.op_name(n) for n in t]:
-        return None
-    return dict(zip(e, t))
+    out, j = {}, 0
+    for node in e:  # op by op; in a functional graph (trace.functional) eval's dropout is a clone
+        if j >= len(t):
+            return None
+        name, other = graph.op_name(node), graph.op_name(t[j])
+        if name == other:
+            out[node], j = t[j], j + 1
+        elif name == "aten.clone" and other == "aten.native_dropout":
+            out[node], j = t[j], j + 1
+            while j < len(t) and graph.op_name(t[j]) == "operator.getitem" and t[j].args[0] is out[node]:
+                j += 1  # the drawn output and its mask
+        else:
+            return None
+    return out if j == len(t) else None
 
 
 def _render_tree(spec, leaves) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterator
 
-from jaxformer.port.source import frames
+from jaxformer.port.source import frames, user_frames
 
 SKIPPED = {"aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
            "aten._assert_async", "aten.sym_constrain_range"}  # runtime checks with no value
@@ -57,9 +57,9 @@ def op_name(node) -> str:
 
 
 def source_line(node) -> tuple[str, int, str] | None:
-    """(file name, line number, code) of the torch source line an op came from (its innermost
-    stack frame), or None when the trace kept none."""
-    found = frames(node)
+    """(file name, line number, code) of the source line an op came from: its innermost stack
+    frame outside torch's own package (source.user_frames), or None when the trace kept none."""
+    found = user_frames(frames(node))
     if not found:
         return None
     path, line, _, code = found[-1]

@@ -47,6 +47,13 @@ def _conv(m) -> str | None:
             f"feature_group_count={m.groups}, use_bias={m.bias is not None}, rngs=rngs)")
 
 
+def _batch_norm(m) -> str | None:
+    if m.momentum is not None and not isinstance(m.momentum, float):
+        return None
+    return (f"BatchNorm({m.num_features}, eps={m.eps!r}, momentum={m.momentum!r}, affine={m.affine}, "
+            f"track_running_stats={m.track_running_stats}, rngs=rngs)")
+
+
 def _channels_last_call(attr: str, x: str, ndim: int) -> str:
     """A torch conv on [B, C, *spatial] through flax's channels-last conv."""
     last = ndim - 1
@@ -70,7 +77,11 @@ KNOWN: dict[str, tuple[Callable[[Any], str | None], Callable[[str, str, Any], st
     "Conv2d": (_conv, lambda a, x, m: _channels_last_call(a, x, 4),
                {"weight": ("kernel", "{}.transpose(3, 2, 0, 1)"), "bias": ("bias", "{}")}),
 }
-CORE_OPS = {"Linear": "aten.linear", "NonDynamicallyQuantizableLinear": "aten.linear", "Embedding": "aten.embedding",
+for _name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
+    KNOWN[_name] = (_batch_norm, lambda a, x, m: f"{a}({x})",
+                    {k: (k, "{}") for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")})
+CORE_OPS = {"BatchNorm1d": "aten.batch_norm", "BatchNorm2d": "aten.batch_norm", "BatchNorm3d": "aten.batch_norm",
+            "Linear": "aten.linear", "NonDynamicallyQuantizableLinear": "aten.linear", "Embedding": "aten.embedding",
             "LayerNorm": "aten.layer_norm", "RMSNorm": "aten.rms_norm", "Dropout": "aten.dropout",
             "Conv1d": "aten.conv1d", "Conv2d": "aten.conv2d"}
 
@@ -109,3 +120,66 @@ def parameterless_builtin(module) -> bool:
 def container(module) -> bool:
     import torch
     return isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))
+
+
+# Classes a written file defines when it holds such a layer (flax has none with torch's numerics)
+CLASSES = {
+    "BatchNorm": '''class BatchNorm(nnx.Module):
+    """torch.nn.BatchNorm1d / 2d / 3d on [B, C, *spatial] (the channel axis 1, as torch's).
+
+    Eval mode (model.eval()) normalises with the running statistics. Train mode (model.train())
+    normalises with the batch's (biased variance) and updates the running ones as torch does:
+    (1 - momentum) * running + momentum * batch, with the batch variance unbiased (n / (n - 1));
+    momentum None is the cumulative average (1 / num_batches_tracked). Without running
+    statistics (track_running_stats=False) both modes use the batch's. flax's nnx.BatchNorm
+    differs: it keeps the biased variance and its momentum weighs the old value."""
+
+    def __init__(self, num_features, *, eps, momentum, affine, track_running_stats, rngs):
+        self.eps, self.momentum = eps, momentum
+        self.use_running_average = False  # torch modules start in train mode
+        if affine:
+            self.weight = nnx.Param(jnp.ones((num_features,)))
+            self.bias = nnx.Param(jnp.zeros((num_features,)))
+        else:
+            self.weight = self.bias = None
+        if track_running_stats:
+            self.running_mean = nnx.BatchStat(jnp.zeros((num_features,)))
+            self.running_var = nnx.BatchStat(jnp.ones((num_features,)))
+            self.num_batches_tracked = nnx.BatchStat(jnp.zeros((), jnp.int32))
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def __call__(self, x):
+        axes = (0,) + tuple(range(2, x.ndim))
+        channel = (1, -1) + (1,) * (x.ndim - 2)  # [C] -> broadcast over [B, C, *spatial]
+        if self.use_running_average and self.running_mean is not None:
+            mean, var = self.running_mean[...], self.running_var[...]
+        else:
+            mean = x.mean(axis=axes)
+            var = jnp.square(x - mean.reshape(channel)).mean(axis=axes)
+            if self.running_mean is not None:
+                n = x.size // x.shape[1]
+                count = self.num_batches_tracked[...] + 1
+                self.num_batches_tracked[...] = count
+                m = 1.0 / count if self.momentum is None else self.momentum
+                batch_mean, batch_var = jax.lax.stop_gradient(mean), jax.lax.stop_gradient(var) * n / (n - 1)
+                self.running_mean[...] = (1 - m) * self.running_mean[...] + m * batch_mean
+                self.running_var[...] = (1 - m) * self.running_var[...] + m * batch_var
+        y = (x - mean.reshape(channel)) * jax.lax.rsqrt(var.reshape(channel) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight[...].reshape(channel) + self.bias[...].reshape(channel)
+        return y''',
+}
+
+
+def file_class(module) -> str | None:
+    """The name of the class in CLASSES that a known module's constructor uses, if any."""
+    text = constructor(module)
+    name = text.split("(", 1)[0]
+    return name if name in CLASSES else None
+
+
+def modes_itself(module) -> bool:
+    """A known module whose written class computes train and eval mode itself (BatchNorm's
+    batch statistics): its train-mode ops are not lined up with the eval graph's."""
+    return known(module) and file_class(module) is not None

@@ -21,10 +21,64 @@ PORT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def frames(node) -> list[tuple[str, int, str, str]]:
-    """[(file, line, function, code)] outermost first; the port's own frames (a jaxformer twin
-    traced as one op, jaxformer/port/twins.py) left out."""
-    return [(f, int(n), fn, code.strip()) for f, n, fn, code in FRAME.findall(node.meta.get("stack_trace") or "")
-            if not f.startswith(PORT_DIR)]
+    """[(file, line, function, code)] outermost first, `code` the whole statement (a call written
+    over several lines, joined into one); the port's own frames (a jaxformer twin traced as one
+    op, jaxformer/port/twins.py) left out."""
+    return [(f, int(n), fn, statement(f, int(n)) or code.strip())
+            for f, n, fn, code in FRAME.findall(node.meta.get("stack_trace") or "") if not f.startswith(PORT_DIR)]
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dir() -> str:
+    import torch
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def user_frames(found: list) -> list:
+    """The frames outside torch's own package (the model's code, transformers' included), or
+    all of them when every frame is torch's: a refusal names the user's line, not nn.functional's."""
+    mine = [f for f in found if not os.path.abspath(f[0]).startswith(_torch_dir())]
+    return mine or found
+
+
+STATEMENT_CHARS = 160  # a longer statement is shown cut, with "..."
+
+
+@functools.lru_cache(maxsize=8192)
+def statement(path: str, line: int) -> str | None:
+    """The source of the innermost simple statement holding `line` of file `path`, on one line
+    (a compound statement's header line alone), or None when the file cannot be read or parsed."""
+    spans = _statements(path)
+    if spans is None:
+        return None
+    best = None
+    for first, last, text in spans:
+        if first <= line <= last and (best is None or last - first < best[1] - best[0]):
+            best = (first, last, text)
+    if best is None:
+        return None
+    text = " ".join(best[2].split())
+    text = re.sub(r"([(\[{]) ", r"\1", re.sub(r" ([)\]}])", r"\1", text))
+    return text if len(text) <= STATEMENT_CHARS else text[:STATEMENT_CHARS - 3].rstrip() + "..."
+
+
+@functools.lru_cache(maxsize=64)
+def _statements(path: str) -> list[tuple[int, int, str]] | None:
+    """(first line, last line, source) of every simple statement of the file at `path`."""
+    import linecache
+    lines = linecache.getlines(path)
+    if not lines:
+        return None
+    source = "".join(lines)
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.end_lineno is not None:
+            out.append((node.lineno, node.end_lineno, ast.get_source_segment(source, node) or ""))
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,7 +114,7 @@ def line_for(node, below: list, own_file: str | None) -> tuple[str, int, str] | 
     if cut < len(fs) and own_file is not None:  # a submodule call: the module's own line
         mine = [f for f in kept if f[0] == own_file]
         kept = mine or kept
-    f = kept[-1]
+    f = user_frames(kept)[-1]  # the line that called nn.functional, not its inside
     return f[0].rsplit("/", 1)[-1], f[1], f[3]
 
 

@@ -79,12 +79,28 @@ def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: 
     # shapes, and making its entries cost more than they saved (corpus ports: 78 s -> 66 s CPU,
     # every written file the same)
     with (twins.opaque(twins_, {} if entries is None else entries, real=draft) if twins_ else contextlib.nullcontext(),
-          torch._dynamo.config.patch(fake_tensor_cache_enabled=False),
+          torch._dynamo.config.patch(fake_tensor_cache_enabled=False), _quiet(),
           contextlib.nullcontext() if stack_traces else _no_stack_traces()):
         if not draft:
             return torch.export.export(module, (), kwargs, strict=False, dynamic_shapes=shapes,
                                        preserve_module_call_signature=preserve)
         return _draft_export(module, kwargs, shapes, preserve)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch.export's warnings (a dim specialised) and the partial graph it prints to stderr on a
+    failed attempt off while the port tries its exports: what matters reaches the header's notes
+    or the refusal."""
+    import io
+    import logging
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
 
 
 @contextlib.contextmanager
@@ -330,17 +346,43 @@ def trace(module, inputs: Mapping[str, Any], layers: str = "flax") -> Traced:
                 module.train()
                 # the train graph is read for its ops and their arguments only (emit.py's
                 # _align, train_rate): no source lines, so no stack traces to record
-                train = _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft, twins_=twins_,
-                                entries=entries, stack_traces=False)
+                train = _export_train(module, kwargs, dynamic, draft, twins_, entries)
         except Exception as e:
             notes.append(f"train mode not ported: its graph does not export ({type(e).__name__}: "
                          f"{_first_line(e)}); dropout stays off")
     finally:
         module.train(was_training)
-    inline_no_grad(program)
+    with twins.registered(entries):
+        written = functional(program)
     if train is not None and train is not program:
-        inline_no_grad(train)
+        try:  # the same form as the eval graph, for _align
+            with twins.registered(entries):
+                train = functional(train) if written is not program else train
+            inline_no_grad(train)
+        except Exception as e:
+            notes.append(f"train mode not ported: its graph does not export ({type(e).__name__}: "
+                         f"{_first_line(e)}); dropout stays off")
+            train = None
+    elif train is program:
+        train = written
+    program = written
+    inline_no_grad(program)
     return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes, twins_, entries)
+
+
+def _export_train(module, kwargs, dynamic: bool, draft: bool, twins_, entries):
+    """The train-mode graph, read for its ops and their arguments only (emit.py's _align,
+    train_rate): no source lines, so no stack traces to record. Where the plain export meets a
+    value that train mode reads (BatchNorm's cumulative average reads its batch count), the
+    draft trace, which reads it, is tried too."""
+    try:
+        return _export(module, kwargs, dynamic=dynamic, preserve=(), draft=draft, twins_=twins_,
+                       entries=entries, stack_traces=False)
+    except Exception as e:
+        if draft or not _draft_helps(e):
+            raise
+    return _export(module, kwargs, dynamic=dynamic, preserve=(), draft=True, twins_=twins_, entries=entries,
+                   stack_traces=False)
 
 
 def mode_blind(module) -> bool:
@@ -392,6 +434,53 @@ def _training_reads(reads: list[str]):
         yield True
     finally:
         del torch.nn.Module.training
+
+
+# ops that write their running statistics in place in training form, though their schema says not
+_STAT_UPDATES = {"aten::batch_norm": ("training", "running_mean"), "aten::instance_norm": ("use_input_stats", "running_mean")}
+
+
+def mutating(node) -> bool:
+    """An op node that writes into one of its arguments: its aten schema says so (`copy_`,
+    `index_put_`, `add_` on a view, an `out=` overload), or it is a norm in training form given
+    running statistics, which it updates in place."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return False
+    if schema.is_mutable:
+        return True
+    flag = _STAT_UPDATES.get(schema.name)
+    if flag is None:
+        return False
+    from jaxformer.port.ops import bind
+    args = bind(node)
+    return bool(args.get(flag[0])) and args.get(flag[1]) is not None
+
+
+def functional(program):
+    """`program` with every in-place op and every write through a view made functional, the
+    same computation: `buf[:, 1] = x` becomes `buf = select_scatter(buf, x, 1, 1)`, a write
+    into a view of `y` a scatter into `y` that every later read of `y` sees (torch's own
+    functionalization, `run_decompositions` with an empty table, which decomposes nothing
+    else). A graph without such an op is returned as it is. Writes that outlive the call (into
+    a buffer, an input) become outputs of the functional graph (`Port.root_outputs`)."""
+    def writes(p):
+        return [n for m in p.graph_module.modules() if hasattr(m, "graph") for n in m.graph.nodes if mutating(n)]
+    if not writes(program):
+        return program
+    # the submodules' kept call signatures name graph nodes that functionalization renames (and
+    # torch's verifier then refuses the program): they go, and the written functions take their
+    # argument names from the calling code instead (emit.Port.input_names)
+    for entry in program.module_call_graph:
+        if entry.fqn:
+            entry.signature = None
+    program = program.run_decompositions({})
+    left = writes(program)
+    if left:  # never dropped silently: a write nothing reads is still a write
+        from jaxformer.port.graph import op_name, where
+        raise PortError(f"cannot port in-place aten op {op_name(left[0])}: torch's functionalization left it in "
+                        f"the graph {where(left[0], '')}")
+    return program
 
 
 def inline_no_grad(program) -> None:

@@ -437,6 +437,18 @@ def opaque(twins: dict[str, Twin], entries: dict[int, Entry], real: bool = False
             _REGISTRY.pop(key, None)
 
 
+@contextlib.contextmanager
+def registered(entries: dict[int, "Entry"]):
+    """The twin op calls of an exported graph (`entries`, filled by `opaque`) registered again
+    while the graph is retraced (trace.functional: the op's fake kernel reads its entry)."""
+    _REGISTRY.update(entries)
+    try:
+        yield
+    finally:
+        for key in entries:
+            _REGISTRY.pop(key, None)
+
+
 def same(value, default) -> bool:
     """`value` is `default` (the same object, or an equal value of the same type)."""
     return value is default or (type(value) is type(default) and value == default)
