@@ -409,6 +409,71 @@ PEFT_ROWS = [
 ]
 
 
+
+# ---------------------------------------------------------------- a model.module (any NNX module)
+_NET = """from flax import nnx
+
+
+class Net(nnx.Module):
+    def __init__(self, vocab=259, *, rngs):
+        self.embed = nnx.Embed(vocab, 8, rngs=rngs)
+        self.head = nnx.Linear(8, vocab, rngs=rngs)
+
+    def __call__(self, ids):
+        return self.head(self.embed(ids))
+
+
+class NeedsTargets(Net):
+    def __call__(self, ids, targets):
+        return self.head(self.embed(ids))
+
+
+def not_a_class():
+    return None
+"""
+
+
+def _module_run(module: str = "net.py:Net", task: str | None = "causal_lm", **model):
+    """A YAML training the module `module` of net.py (_NET) on stdlib_docs."""
+    def setup(tmp: str) -> None:
+        _put(tmp, "net.py", _NET)
+        raw = {"model": {"module": module, **model}, "data": {"name": "stdlib_docs", "seq_len": 8},
+               "train": {"steps": 2, "batch_size": 2}}
+        if task:
+            raw["task"] = task
+        _put(tmp, "cfg.yaml", yaml.safe_dump(raw))
+    return setup
+
+
+MODULE_ARGV = ["train", "--config", "{tmp}/cfg.yaml", "--workdir", "{tmp}/w"]
+MODULE_ROWS = [
+    Row("module_missing_file", MODULE_ARGV, "nowhere.py:Net: no such file",
+        setup=_module_run("nowhere.py:Net"), absent=("w",)),
+    Row("module_missing_class", MODULE_ARGV, "defines no 'Gone'", setup=_module_run("net.py:Gone"), absent=("w",)),
+    Row("module_not_a_module_class", MODULE_ARGV, "not a flax.nnx.Module class",
+        setup=_module_run("net.py:not_a_class"), absent=("w",)),
+    Row("module_unknown_package", MODULE_ARGV, "no module 'no_such_pkg'",
+        setup=_module_run("no_such_pkg.models:Net"), absent=("w",)),
+    Row("module_without_task", MODULE_ARGV, "task: missing", setup=_module_run(task=None), absent=("w",)),
+    Row("module_call_does_not_fit_task", MODULE_ARGV, "does not fit task causal_lm: it is called as model(token ids",
+        setup=_module_run("net.py:NeedsTargets"), absent=("w",)),
+    Row("module_logits_miss_the_vocab", MODULE_ARGV, "its logits have 64 entries, fewer than the 259 token ids",
+        setup=_module_run(kwargs={"vocab": 64}), absent=("w",)),
+    Row("module_bad_kwargs", MODULE_ARGV, "model.kwargs: Net(vocab=259, *, rngs) cannot take",
+        setup=_module_run(kwargs={"width": 3}), absent=("w",)),
+    Row("module_axes_name_no_parameter", MODULE_ARGV, "model.axes: 'lm_head' names no parameter of Net",
+        setup=_module_run(axes={"lm_head": ["embed", "vocab"]}), absent=("w",)),
+    Row("module_axes_wrong_rank", MODULE_ARGV, "gives ['embed'] to head.kernel, a 2-D parameter",
+        setup=_module_run(axes={"head.kernel": ["embed"]}), absent=("w",)),
+    Row("module_axes_unknown_logical_axis", MODULE_ARGV, "unknown logical axis 'width'",
+        setup=_module_run(axes={"head.kernel": ["width", None]}), absent=("w",)),
+    Row("module_torch_without_factory", [*MODULE_ARGV, "--framework", "torch"], "model.torch: not set",
+        setup=_module_run(), absent=("w",)),
+    Row("compile_module_axes_name_no_parameter", ["compile", "--config", "{tmp}/cfg.yaml", "--topology", "v5e:2x2",
+                                                  "--set", "train.batch_size=4"],
+        "names no parameter of Net", setup=_module_run(axes={"lm_head": ["embed", "vocab"]})),
+]
+
 ROWS: list[Row] = [
     # ---------------------------------------------------------------- plot and parity report
     Row("plot_dir_without_metrics", ["plot", "{tmp}/empty", "--out", "{tmp}/keep.png"], "no metrics.jsonl",
@@ -416,6 +481,7 @@ ROWS: list[Row] = [
     Row("plot_missing_dir", ["plot", "{tmp}/nowhere"], "no metrics.jsonl", absent=("nowhere",)),
     # ---------------------------------------------------------------- config and workdir (train)
     *TRAIN_ROWS,
+    *MODULE_ROWS,
     *DATA_ROWS,
     # ---------------------------------------------------------------- export, load, generate
     Row("export_not_a_run", ["export", "{tmp}/notes", "--to", "flax", "{tmp}/out"],

@@ -31,10 +31,12 @@ def module_class(cfg: ModuleConfig) -> type:
 def build_module(cfg: ModuleConfig, *, rngs: nnx.Rngs) -> nnx.Module:
     """CLASS(**cfg.kwargs, rngs=rngs), with cfg.dropout and cfg.axes applied."""
     cls = module_class(cfg)
+    init = inspect.signature(cls.__init__)
     try:
-        inspect.signature(cls).bind(**cfg.kwargs, rngs=rngs)
+        init.bind(None, **cfg.kwargs, rngs=rngs)
     except TypeError as e:
-        raise ConfigError(f"model.kwargs: {cls.__name__}{inspect.signature(cls)} cannot take "
+        shown = str(init.replace(parameters=list(init.parameters.values())[1:]))  # without self
+        raise ConfigError(f"model.kwargs: {cls.__name__}{shown} cannot take "
                           f"{sorted(cfg.kwargs) + ['rngs']}: {e}") from None
     model = cls(**cfg.kwargs, rngs=rngs)
     if cfg.dropout is not None:

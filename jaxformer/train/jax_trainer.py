@@ -98,6 +98,17 @@ def build_jax_model(cfg: RunConfig):
     return model
 
 
+def check_module(cfg: RunConfig) -> None:
+    """A model.module against its task, before a run touches its workdir: built abstractly (a
+    bad class, kwargs or axes override is a ConfigError there) and its call traced on two train
+    examples (tasks.check_call). Other models: nothing to do."""
+    if cfg.model_name != MODULE:
+        return
+    train, _ = data_lib.load_sources(cfg.data_name, cfg.data, cfg.train.seed)
+    model = init_lib.abstract_model(MODULE, model_config_for_training(cfg), cfg.train.seed)
+    tasks.check_call(cfg, model, pipeline.read_rows(train, np.arange(min(2, len(train)))))
+
+
 def unannotated_params(cfg: RunConfig) -> str:
     """What the mesh does with a parameter without logical axes (train/sharding.py): an error for
     our own models, replicated for a model.module's."""
@@ -139,6 +150,8 @@ class JaxTrainer:
         self.cfg, self.workdir = cfg, workdir
         self.quiet = quiet
         self.primary = jax.process_index() == 0
+        if model is None:
+            check_module(cfg)  # before the workdir is touched
         ckpt_dir = os.path.join(workdir, "checkpoints")
         steps = checkpoint_steps(ckpt_dir)
         self.lock, self.config_changes = workdir_lib.open_workdir(
@@ -174,7 +187,7 @@ class JaxTrainer:
         elif tc.lora is not None:  # a caller's model: adapters added unless it has them
             lora_lib.adapt(model, tc.lora, tc.seed)
         self.model = model
-        if cfg.model_name == MODULE:  # its call and logits against the task, on one train batch's shapes
+        if given and cfg.model_name == MODULE:  # a caller's module: its call and logits against the task
             tasks.check_call(cfg, model, pipeline.read_rows(self.train_data, np.arange(min(2, len(self.train_data)))))
         _, params, _, _ = lora_lib.split(self.model)  # what trains: the adapters under train.lora
         from jaxformer.convert import scan_prefixes

@@ -50,19 +50,16 @@ def check_fits_torch(cfg: RunConfig) -> None:
     init_lib.check_bytes(need, "the train state (parameters, gradients and optimiser state)", host=True)
 
 
-def build_torch_model(cfg: RunConfig, batch: dict | None = None):
+def build_torch_model(cfg: RunConfig):
     """The torch module the run trains. A model.module's comes from its factory (model.torch)
     and starts from the JAX trainer's init (the same arrays, loaded under the torch module's own
-    keys), after its NNX module is checked against the task on `batch` (one train batch)."""
+    keys)."""
     from torch_ref.models import build_model
     module = build_model(cfg.model_name, model_config_for_training(cfg), seed=cfg.train.seed)
     if cfg.model_name == MODULE:
         from jaxformer import module_weights
         from jaxformer.train.jax_trainer import build_jax_model
-        start = build_jax_model(cfg)
-        if batch is not None:
-            tasks.check_call(cfg, start, batch)
-        return module_weights.load_into_torch(start, module)
+        return module_weights.load_into_torch(build_jax_model(cfg), module)
     if cfg.train.init_from:  # fine-tune: the checkpoint's params and saved buffers (MoE score_bias)
         from jaxformer.checkpoint_io import load_model
         from jaxformer.convert import to_torch_state_dict
@@ -128,6 +125,12 @@ class TorchTrainer:
     def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, module=None):
         self.cfg, self.workdir = cfg, workdir
+        if module is None:  # a model.module's NNX twin against the task, before the workdir is touched
+            from jaxformer.train.jax_trainer import check_module
+            check_module(cfg)
+            if cfg.model_name == MODULE:
+                from torch_ref.models import build_model
+                build_model(MODULE, cfg.model)  # model.torch's factory: a missing one fails here
         self.ckpt_dir = os.path.join(workdir, "torch_checkpoints")
         self.lock, self.config_changes = workdir_lib.open_workdir(workdir, cfg, resume=resume, overwrite=overwrite,
                                              has_checkpoint=bool(torch_checkpoint_steps(self.ckpt_dir)))
@@ -142,8 +145,7 @@ class TorchTrainer:
             self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
             if module is None:
                 check_fits_torch(cfg)
-            self.module = module if module is not None else build_torch_model(
-                cfg, pipeline.read_rows(self.train_data, np.arange(min(2, len(self.train_data)))))
+            self.module = module if module is not None else build_torch_model(cfg)
             adapt_torch(self.module, tc.lora, tc.seed)  # a caller's module gets adapters too
             self.opt, self.sched = make_torch_optimizer(tc, self.module)
             self.start_step = 0
