@@ -1,7 +1,10 @@
 """Functions a written file defines when its graph uses the torch op they stand for: torch's
 functional layers, written once, readable, with torch's numerics (docs/numerics.md §42).
-The spatial ones (interpolation, pooling, norms, transposed convolutions) are in helpers_nn.py."""
+The spatial ones (interpolation, pooling, norms, transposed convolutions) are in helpers_nn.py,
+reductions, distances, losses and patches in helpers_math.py, scatter forms in helpers_scatter.py."""
+from jaxformer.port.helpers_math import HELPERS_MATH
 from jaxformer.port.helpers_nn import HELPERS_NN
+from jaxformer.port.helpers_scatter import HELPERS_SCATTER
 
 HELPERS = {
     "scaled_dot_product_attention": '''def scaled_dot_product_attention(q, k, v, mask=None, *, causal=False, scale=None, grouped=False, dropout=None):
@@ -91,3 +94,5 @@ HELPERS = {
     return (out.swapaxes(0, 1) if seq_first else out), (weights.mean(axis=1) if average else weights)''',
 }
 HELPERS.update(HELPERS_NN)
+HELPERS.update(HELPERS_MATH)
+HELPERS.update(HELPERS_SCATTER)

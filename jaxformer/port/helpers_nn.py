@@ -118,10 +118,10 @@ HELPERS_NN = {
     spatial = x.shape[x.ndim - n:]
     out_size = [pool_size(*v, ceil_mode) for v in zip(spatial, kernel, stride, padding, dilation)]
     low = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    if not indices:
+    if not indices and all(d == 1 for d in dilation):  # JAX's max window has no dilated gradient
         pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - size - p, 0))
                 for p, o, s, d, k, size in zip(padding, out_size, stride, dilation, kernel, spatial)]
-        return jax.lax.reduce_window(x, jnp.asarray(low, x.dtype), jax.lax.max, (1,) * (x.ndim - n) + tuple(kernel),
+        return jax.lax.reduce_window(x, low, jax.lax.max, (1,) * (x.ndim - n) + tuple(kernel),
                                      (1,) * (x.ndim - n) + tuple(stride), [(0, 0)] * (x.ndim - n) + pads,
                                      window_dilation=(1,) * (x.ndim - n) + tuple(dilation))
     # windows gathered explicitly: out [..., o1, ..., on, k1 * ... * kn]
@@ -137,6 +137,8 @@ HELPERS_NN = {
     flat = np.ravel_multi_index(clipped, spatial).astype(np.int32)
     best = jnp.argmax(windows, axis=-1)[..., None]
     values = jnp.take_along_axis(windows, best, axis=-1)[..., 0]
+    if not indices:
+        return values
     return values, jnp.take_along_axis(jnp.broadcast_to(flat, windows.shape), best, axis=-1)[..., 0]''',
     "torch_avg_pool": '''def torch_avg_pool(x, kernel, stride, padding, *, ceil_mode=False, count_include_pad=True, divisor=None):
     """torch's avg_pool1d/2d/3d over x's trailing len(kernel) axes: each window's sum (zero
@@ -147,7 +149,7 @@ HELPERS_NN = {
     spatial = x.shape[x.ndim - n:]
     out_size = [pool_size(*v, 1, ceil_mode) for v in zip(spatial, kernel, stride, padding)]
     pads = [(p, max((o - 1) * s + k - size - p, 0)) for p, o, s, k, size in zip(padding, out_size, stride, kernel, spatial)]
-    total = jax.lax.reduce_window(x, jnp.asarray(0, x.dtype), jax.lax.add, (1,) * (x.ndim - n) + tuple(kernel),
+    total = jax.lax.reduce_window(x, x.dtype.type(0), jax.lax.add, (1,) * (x.ndim - n) + tuple(kernel),
                                   (1,) * (x.ndim - n) + tuple(stride), [(0, 0)] * (x.ndim - n) + pads)
     if divisor is not None:
         return total / divisor

@@ -200,14 +200,6 @@ def _reduce(method: str):
     return emit
 
 
-def _var(fn: str):
-    def emit(c, a):
-        correction = a.get("correction")
-        ddof = 1 if correction is None else correction
-        return f"jnp.{fn}({c.r(a['self'])}, axis={_axes(c, a.get('dim'))}, ddof={c.r(ddof)}{_keep(a)})"
-    return emit
-
-
 def _max_dim(method: str, arg: str):
     def emit(c, a):
         x, dim = c.r(a["self"]), a["dim"]
@@ -233,11 +225,6 @@ def _arg_reduce(method: str):
     return emit
 
 
-def _norm(c, a):
-    ord_ = a.get("ord", 2)
-    return f"jnp.linalg.norm({c.r(a['self'])}, ord={c.r(ord_)}, axis={_axes(c, a.get('dim'))}{_keep(a)})"
-
-
 def _where(c, a):
     return f"jnp.where({c.r(a['condition'])}, {c.r(a['self'])}, {c.r(a['other'])})"
 
@@ -249,12 +236,6 @@ def _masked_fill(c, a):
 def _linear(c, a):
     out = f"{c.paren(c.r(a['input']))} @ {c.paren(c.r(a['weight']))}.T"
     return out + (f" + {c.r(a['bias'])}" if a.get("bias") is not None else "")
-
-
-def _addmm(c, a):
-    if a.get("beta", 1) != 1 or a.get("alpha", 1) != 1:
-        raise Unsupported("addmm with beta or alpha other than 1")
-    return f"{c.r(a['self'])} + {c.paren(c.r(a['mat1']))} @ {c.paren(c.r(a['mat2']))}"
 
 
 def _einsum(c, a):
@@ -422,7 +403,7 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.matmul": lambda c, a: f"{c.paren(c.r(a['self']))} @ {c.paren(c.r(a['other']))}",
     "aten.bmm": lambda c, a: f"{c.paren(c.r(a['self']))} @ {c.paren(c.r(a['mat2']))}",
     "aten.mm": lambda c, a: f"{c.paren(c.r(a['self']))} @ {c.paren(c.r(a['mat2']))}",
-    "aten.addmm": _addmm, "aten.linear": _linear, "aten.einsum": _einsum,
+    "aten.linear": _linear, "aten.einsum": _einsum,
     "aten.outer": lambda c, a: f"jnp.outer({c.r(a['self'])}, {c.r(a['vec2'])})",
     "aten.rsqrt": _unary("jax.lax.rsqrt"), "aten.sqrt": _unary("jnp.sqrt"), "aten.exp": _unary("jnp.exp"),
     "aten.log": _unary("jnp.log"), "aten.log1p": _unary("jnp.log1p"), "aten.expm1": _unary("jnp.expm1"),
@@ -447,11 +428,10 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.mean": _reduce("mean"), "aten.sum": _reduce("sum"), "aten.prod": _reduce("prod"),
     "aten.amax": _reduce("max"), "aten.amin": _reduce("min"),
     "aten.any": _reduce("any"), "aten.all": _reduce("all"),
-    "aten.var": _var("var"), "aten.std": _var("std"),
     "aten.max": lambda c, a: _extreme(c, a, "max"), "aten.min": lambda c, a: _extreme(c, a, "min"),
     "aten.argmax": _arg_reduce("argmax"), "aten.argmin": _arg_reduce("argmin"),
     "aten.cumsum": lambda c, a: _dtype_cast(c, f"jnp.cumsum({c.r(a['self'])}, axis={a['dim']})", a.get("dtype")),
-    "aten.linalg_vector_norm": _norm, "aten.topk": _topk, "aten.diff": _diff,
+    "aten.topk": _topk, "aten.diff": _diff,
     "aten.sort": lambda c, a: _sort(c, a), "aten.argsort": lambda c, a: _argsort(c, a),
     # comparisons and logic
     "aten.eq": _binary("=="), "aten.ne": _binary("!="), "aten.lt": _binary("<"), "aten.le": _binary("<="),
@@ -480,8 +460,9 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
 
 def _register() -> None:
     """The entries kept in their own modules (spatial layers, scatter forms, the rest)."""
-    from jaxformer.port import ops_nn
-    TABLE.update(ops_nn.TABLE)
+    from jaxformer.port import ops_math, ops_nn, ops_reduce, ops_scatter
+    for part in (ops_math, ops_nn, ops_reduce, ops_scatter):
+        TABLE.update(part.TABLE)
 
 
 _register()

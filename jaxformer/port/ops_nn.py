@@ -224,6 +224,7 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.group_norm": _group_norm, "aten.native_group_norm": _native_group_norm,
     "aten.batch_norm": _batch_norm, "aten._native_batch_norm_legit_no_training": _native_batch_norm,
     "aten._native_batch_norm_legit": _native_batch_norm, "aten.native_batch_norm": _native_batch_norm,
+    "aten._native_batch_norm_legit_functional": _native_batch_norm,
     "aten.instance_norm": _instance_norm,
     # convolutions
     "aten.conv1d": _conv(1), "aten.conv2d": _conv(2), "aten.conv3d": _conv(3),
