@@ -169,7 +169,9 @@ def test_export_loads_strictly_into_the_torch_module(run, tmp_path, capsys):
         with torch.no_grad():
             theirs = _logits(module(torch.from_numpy(ids))).numpy()
         diff = float(np.abs(ours - theirs).max())
-        print(f"{run.factory} {suffix}: max |jax - torch| logits {diff:.2e}")
+        with capsys.disabled():
+            print(f"{run.factory} {suffix}: max |jax - torch| logits {diff:.2e} (max |torch| "
+                  f"{float(np.abs(theirs).max()):.2f})")
         assert diff <= OUT_ATOL + OUT_RTOL * float(np.abs(theirs).max())
         assert all(torch.equal(state[k], live[k]) for k in state)
     assert "state dict of" in capsys.readouterr().out
