@@ -1,5 +1,5 @@
 """Helpers for reductions, norms, distances, losses and window / patch ops, with torch's
-formulas (jaxformer/port/helpers.py; docs/numerics.md §45)."""
+formulas (jaxformer/port/helpers.py; docs/numerics.md §46)."""
 
 HELPERS_MATH = {
     "torch_vector_norm": '''def torch_vector_norm(x, ord=2, axis=None, keepdims=False):

@@ -2,12 +2,12 @@
 convolutions), written into a ported file when its graph uses them (jaxformer/port/helpers.py).
 
 Index and weight tables are computed from static shapes with numpy in float32, as torch's CPU
-kernels compute them (docs/numerics.md §45)."""
+kernels compute them (docs/numerics.md §46)."""
 
 HELPERS_NN = {
     "resize_taps": '''def resize_taps(n_in, n_out, scale, mode, align_corners, axes=1):
     """Source indices and weights [n_out, taps] of one axis of torch's F.interpolate, computed in
-    float32 as torch's CPU kernels do (docs/numerics.md §45). `scale`: the scale factor the op
+    float32 as torch's CPU kernels do (docs/numerics.md §46). `scale`: the scale factor the op
     was given (torch then maps with 1/scale, not n_in/n_out), or None. `axes`: how many axes the
     op resizes (2-D nearest copies or doubles without the scale when n_out is n_in or 2 n_in)."""
     import numpy as np
@@ -51,7 +51,7 @@ HELPERS_NN = {
     "resize_taps_aa": '''def resize_taps_aa(n_in, n_out, scale, mode, align_corners, axes=2):
     """Indices and weights [n_out, taps] of one axis of torch's antialiased interpolation
     (antialias=True: a triangle or a cubic (A = -0.5) filter stretched by the downscale factor,
-    each row normalised to sum 1), as torch's CPU kernel computes them (docs/numerics.md §45)."""
+    each row normalised to sum 1), as torch's CPU kernel computes them (docs/numerics.md §46)."""
     import numpy as np
     f32 = np.float32
     if align_corners:

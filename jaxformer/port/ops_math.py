@@ -1,7 +1,7 @@
 """Table entries for elementwise maths, activations, torch.special, the add* family
 (baddbmm, addmm, addcmul, lerp, ...), creation ops, dropout's other forms and the ops refused
 by name (randomness, data-dependent shapes). Each formula is the one torch's CPU kernel
-computes (docs/numerics.md §45)."""
+computes (docs/numerics.md §46)."""
 from __future__ import annotations
 
 from typing import Any, Callable

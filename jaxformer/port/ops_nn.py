@@ -1,7 +1,7 @@
 """Table entries for torch's spatial layers as functional ops: interpolation (F.interpolate),
 pooling, group / instance / batch norm with given statistics, 3-D, transposed and
 'same'-padded convolutions. Each writes a call of a helper (jaxformer/port/helpers_nn.py) that
-computes torch's index and weight tables from static shapes (docs/numerics.md §45)."""
+computes torch's index and weight tables from static shapes (docs/numerics.md §46)."""
 from __future__ import annotations
 
 from typing import Any, Callable
