@@ -111,9 +111,11 @@ def _print_row(row: dict) -> None:
         extra += f" (float64: jax {r['jax_err']:.1e} off, torch {r['torch_err']:.1e}: {r['side']} off)"
     if not row["ok"] and row.get("first_parting"):
         extra += f"; outputs part first at {row['first_parting']}"
-    excused = sum(r["side"] == "torch" for r in judged.values())
+    excused = sum(r.get("excused", r["side"] == "torch") for r in judged.values())
+    twin = sum(r.get("excused", False) and r["side"] == "both" for r in judged.values())
     if excused:
-        extra += f"  (float64 referee excused {excused} {'leaves' if excused > 1 else 'leaf'} past tol against torch)"
+        extra += (f"  (float64 referee excused {excused} {'leaves' if excused > 1 else 'leaf'} past tol against torch"
+                  + (f", {twin} by the float64 twin (docs/numerics.md §45)" if twin else "") + ")")
     print(f"{row['case']:48s} {_fmt(row['max_abs_out']):>10s} {_fmt(row['tol_out']):>9s} "
           f"{_fmt(row['max_abs_grad']):>10s} {_fmt(row['tol_grad']):>9s} "
           f"{'-' if ratio is None else f'{ratio:.3g}':>7s}  {'ok' if row['ok'] else 'FAIL'}{extra}", flush=True)

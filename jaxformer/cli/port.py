@@ -1,14 +1,17 @@
 """`jaxformer port`: write a torch module as readable Flax NNX source, optionally proven.
 
-    jaxformer port mypkg.models:make --out my_model.py [--class-name Net] [--layers jaxformer] [--check] [--json]
+    jaxformer port mypkg.models:make --out my_model.py [--class-name Net] [--layers jaxformer] [--no-check] [--json]
 
 FACTORY takes no arguments and returns (torch module, inputs): inputs is a dict of numpy arrays
 keyed by forward's argument names. MODULE is imported with the working directory on the path
 (as `python -m` has it). The module is traced at those inputs (batch and sequence dims stay
-free where the graph allows) and written to --out. With --check the port is loaded with the
-torch weights and the parity harness compares outputs and every parameter's gradient; it
-prints the row, and on a failure exits 1 with the report (where the two first part) and
-writes no file. A module with an op the port cannot translate is refused in one line naming
+free where the graph allows) and written to --out. Before it is written the port is loaded with
+the torch weights and the parity harness compares outputs and every parameter's gradient (a
+leaf past tolerance judged against float64, docs/numerics.md §32, §45); it prints the row, and
+on a failure exits 1 with the report (where the two first part) and writes no file. --no-check
+skips that comparison; every file, checked or not, is first shown to build and run at the
+traced sizes and at other sizes of each free dimension, with torch's output shapes
+(jaxformer/port/verify.py). A module with an op the port cannot translate is refused in one line naming
 the aten op, the torch module path and the source line (exit 2); where torch.export itself
 fails, the op it was tracing (or that no op was: a Python-level failure). The file is written
 atomically: a failed command leaves no file.
@@ -40,8 +43,13 @@ def add_arguments(p) -> None:
                         "layers, the rest op by op); jaxformer: also write nn.MultiheadAttention, "
                         "nn.Transformer{Encoder,Decoder}[Layer] and torch_ref's modules as jaxformer's classes "
                         "(the file imports jaxformer; a module whose twin cannot stand in is written op by op)")
-    p.add_argument("--check", action="store_true",
-                   help="prove the port with the parity harness before writing it (outputs and gradients)")
+    check = p.add_mutually_exclusive_group()
+    check.add_argument("--check", dest="check", action="store_true", default=True,
+                       help="prove the port with the parity harness before writing it (outputs and gradients; "
+                            "the default)")
+    check.add_argument("--no-check", dest="check", action="store_false",
+                       help="write without the parity check (the file is still shown to run at the traced and "
+                            "the free sizes with torch's output shapes)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -68,8 +76,8 @@ def run(args) -> int:
     result = api.port(torch_module, inputs, class_name=args.class_name, layers=args.layers)
     row = None
     if args.check:
-        model = api.load_torch_weights(result.build(), torch_module)
-        report = api.check(torch_module, model, inputs, case=args.factory)
+        model = api._loaded(result, torch_module)
+        report = api.check(torch_module, model, inputs, case=args.factory, result=result)
         row = report.row()
         if not report.ok:
             if args.json:

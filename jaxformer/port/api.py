@@ -12,11 +12,11 @@ modules renamed as jaxformer.interop names them."""
 from __future__ import annotations
 
 import dataclasses
-import linecache
 from typing import Any, Mapping
 
 from jaxformer.port.emit import RENAMED_LEAVES, Port
 from jaxformer.port.trace import PortError, trace
+from jaxformer.port.verify import load_source, verify
 
 
 @dataclasses.dataclass
@@ -42,22 +42,15 @@ def port(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = No
         raise PortError(f"class name {class_name!r} is not a Python identifier")
     traced = trace(torch_module, inputs, layers)
     writer = Port(traced, torch_module, class_name)
-    return PortResult(writer.source(), writer.class_name, list(traced.notes))
+    source = writer.source()
+    verify(source, writer.class_name, traced)  # it runs at the traced and the free sizes, with torch's shapes
+    return PortResult(source, writer.class_name, list(traced.notes))
 
 
 def port_source(torch_module, inputs: Mapping[str, Any], *, class_name: str | None = None,
                 layers: str = "flax") -> str:
     """The NNX source of `torch_module`, traced at `inputs` (see `port`)."""
     return port(torch_module, inputs, class_name=class_name, layers=layers).source
-
-
-def load_source(source: str, class_name: str, label: str = "jaxformer port"):
-    """The class `class_name` defined by `source` (kept in linecache, so tracebacks show it)."""
-    filename = f"<{label}: {class_name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {"__name__": f"jaxformer_port_{class_name}"}
-    exec(compile(source, filename, "exec"), namespace)
-    return namespace[class_name]
 
 
 def converter_state(torch_state: Mapping[str, Any], flax_module, torch_module=None) -> dict[str, Any]:

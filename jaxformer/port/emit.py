@@ -20,6 +20,30 @@ from jaxformer.port.trace import PortError, Traced
 RENAMED_LEAVES = {"scale": "weight", "embedding": "weight"}  # flax leaf names jaxformer.convert renames
 BUFFER_CLASS = '''class Buffer(nnx.Variable):
     """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
+MODEL_OUTPUT = '''@jax.tree_util.register_pytree_with_keys_class
+class ModelOutput(dict):
+    """transformers' ModelOutput as the port returns it: the outputs torch's forward gave, in its
+    order, read by name (out["logits"]), as attributes (out.logits) or by position (out[0]), and a
+    JAX pytree (each subclass registered too), so jit and grad pass it through."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, key):
+        return tuple(self.values())[key] if isinstance(key, (int, slice)) else super().__getitem__(key)
+
+    def to_tuple(self):
+        return tuple(self.values())
+
+    def tree_flatten_with_keys(self):
+        return [(jax.tree_util.DictKey(k), v) for k, v in self.items()], tuple(self)
+
+    @classmethod
+    def tree_unflatten(cls, keys, values):
+        return cls(zip(keys, values))'''
 FROZEN_CLASS = '''class Frozen(nnx.Variable):
     """A torch parameter with requires_grad=False: loaded and saved as a parameter, never trained
     (not an nnx.Param, so no optimiser or gradient sees it)."""'''
@@ -44,6 +68,7 @@ class Port:
         self.helpers: set[str] = set()
         self.layer_classes: set[str] = set()  # layers.CLASSES the file defines (BatchNorm)
         self.batch_stats: set[str] = set()  # paths of layers that compute train mode themselves
+        self.output_classes: dict = {}  # transformers ModelOutput type -> the file's class name
         self.classes: list[tuple[str, str]] = []  # (name, text), dependencies first
         self.class_of: dict[str, str] = {}  # module path -> class name
         self.takes_rngs: dict[str, bool] = {}  # class name -> whether its constructor takes rngs
@@ -409,7 +434,21 @@ class Port:
             else:
                 raise PortError(f"cannot port {type(self.model).__name__}: its forward updates "
                                 f"{s.target or 'a value'} in place ({kind.lower().replace('_', ' ')})")
-        return _render_tree(self.program.call_spec.out_spec, iter(leaves))
+        return _render_tree(self.program.call_spec.out_spec, iter(leaves), self._output_class)
+
+    def _output_class(self, cls) -> str | None:
+        """The file's class for a transformers ModelOutput type forward returns (declared once,
+        a subclass of the file's ModelOutput: helpers.MODEL_OUTPUT), or None for other types."""
+        if not _model_output(cls):
+            return None
+        if cls not in self.output_classes:
+            taken = {n for n, _ in self.classes} | {n for n, w in self.imports.items() if w} | set(
+                self.output_classes.values()) | {"ModelOutput", "Buffer", "Frozen", "Constant", *layers.CLASSES}
+            name, k = identifier(cls.__name__, "Output"), 2
+            while name in taken:
+                name, k = f"{identifier(cls.__name__, 'Output')}{k}", k + 1
+            self.output_classes[cls] = name
+        return self.output_classes[cls]
 
     # ------------------------------------------------------------------ the file
     def _file(self) -> str:
@@ -427,6 +466,11 @@ class Port:
                   if kind in self.variables]
         parts += [HELPERS[h] for h in sorted(self.helpers)]
         parts += [layers.CLASSES[c] for c in sorted(self.layer_classes)]
+        if self.output_classes:
+            parts.append(MODEL_OUTPUT)
+            parts += [f"@jax.tree_util.register_pytree_with_keys_class\nclass {name}(ModelOutput):\n"
+                      f'    """{cls.__module__}.{cls.__qualname__}: the outputs torch gave, by name."""'
+                      for cls, name in self.output_classes.items()]
         parts += [text.replace("__CLASS__", name) for name, text in self.classes]
         return "\n\n\n".join(parts) + "\n"
 
@@ -573,11 +617,12 @@ def _align(eval_program, train_program, own_modes: set[str] = frozenset()) -> di
     return out if j == len(t) else None
 
 
-def _render_tree(spec, leaves) -> str:
-    """Python source for forward's output structure (torch.utils._pytree TreeSpec)."""
+def _render_tree(spec, leaves, output_class=lambda t: None) -> str:
+    """Python source for forward's output structure (torch.utils._pytree TreeSpec); a mapping
+    type that `output_class` names (transformers' ModelOutput) as that class of the file."""
     if spec.is_leaf():
         return next(leaves)
-    kids = [_render_tree(c, leaves) for c in spec.children()]
+    kids = [_render_tree(c, leaves, output_class) for c in spec.children()]
     if spec.type is type(None):
         return "None"
     if spec.type in (tuple, list) or (isinstance(spec.type, type) and issubclass(spec.type, tuple)):
@@ -586,7 +631,15 @@ def _render_tree(spec, leaves) -> str:
     keys = spec.context if isinstance(spec.context, (list, tuple)) else None
     if keys is None or len(keys) != len(kids):
         raise PortError(f"cannot port an output of type {spec.type.__name__}")
-    return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, kids)) + "}"
+    mapping = "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, kids)) + "}"
+    name = output_class(spec.type)
+    return f"{name}({mapping})" if name else mapping
+
+
+def _model_output(cls) -> bool:
+    """A transformers ModelOutput class (an ordered dict of named outputs, read as attributes)."""
+    return isinstance(cls, type) and any(c.__name__ == "ModelOutput" and c.__module__.startswith("transformers.")
+                                         for c in cls.__mro__)
 
 
 def _describe(v) -> str:

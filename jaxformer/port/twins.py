@@ -228,7 +228,11 @@ def find(model, inputs: dict) -> tuple[dict[str, Twin], list[str]]:
         candidates[path] = Twin(path, module, cls, args, kwargs, interop)
     if not candidates:
         return {}, notes
-    _record(model, inputs, candidates)
+    try:
+        _record(model, inputs, candidates)
+    except Exception as e:  # the default port does not need this run: it writes them op by op
+        why = f"recording their calls failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return {}, notes + [f"{_listed_paths(candidates)} written op by op: {why}"]
     twins: dict[str, Twin] = {}
     for path, twin in candidates.items():
         if any(path.startswith(p + ".") for p in twins):
@@ -245,6 +249,11 @@ def find(model, inputs: dict) -> tuple[dict[str, Twin], list[str]]:
             notes.append(f"`{path}` ({type(twin.module).__name__}) written op by op: {why}")
     notes = [n for n in notes if not any(n.startswith(f"`{p}.") for p in twins)]
     return twins, notes
+
+
+def _listed_paths(candidates: dict[str, Twin]) -> str:
+    paths = [f"`{p}`" for p in candidates if not any(p.startswith(q + ".") for q in candidates)]
+    return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
 
 
 def _record(model, inputs: dict, candidates: dict[str, Twin]) -> None:
@@ -272,11 +281,16 @@ def _record(model, inputs: dict, candidates: dict[str, Twin]) -> None:
         handles.append(twin.module.register_forward_pre_hook(pre(twin), with_kwargs=True))
         handles.append(twin.module.register_forward_hook(post(twin), with_kwargs=True))
     was_training = model.training
+    fast = torch.backends.mha.get_fastpath_enabled()
     try:
         model.eval()
+        # torch.nn's fast path (nested tensors for a padding mask, fused kernels) is what the
+        # eager run takes and torch.export never does: the calls recorded are the export's
+        torch.backends.mha.set_fastpath_enabled(False)
         with torch.no_grad():
             model(**inputs)
     finally:
+        torch.backends.mha.set_fastpath_enabled(fast)
         model.train(was_training)
         for h in handles:
             h.remove()

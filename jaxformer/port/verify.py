@@ -1,0 +1,157 @@
+"""What every written file is shown to do before the port hands it out: it imports, builds, and
+runs at the traced sizes and at other sizes of every dimension its header calls free, with the
+output structure, shapes and dtypes torch's exported graph gives at those sizes.
+
+The runs are abstract (`jax.eval_shape`: traced, nothing computed), so they cost a trace each. The
+sizes: the traced ones, and each free dimension moved by one inside the range torch.export
+recorded for it (all at once); the shapes torch expects there are the exported graph's symbolic
+output shapes evaluated at those sizes. Numbers are the parity check's business (api.check)."""
+from __future__ import annotations
+
+import linecache
+from typing import Any
+
+from jaxformer.port.trace import PortError, Traced
+
+
+def load_source(source: str, class_name: str, label: str = "jaxformer port"):
+    """The class `class_name` defined by `source` (kept in linecache, so tracebacks show it)."""
+    filename = f"<{label}: {class_name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"__name__": f"jaxformer_port_{class_name}"}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace[class_name]
+
+
+def verify(source: str, class_name: str, traced: Traced) -> None:
+    """Raise PortError naming the sizes at which the written file does not run, or does not give
+    torch's output structure, shapes and dtypes."""
+    for sizes in _sizes(traced):
+        _run_at(source, class_name, traced, sizes)
+
+
+def _free(traced: Traced) -> dict[Any, tuple[str, int, int, int | None, int | None]]:
+    """{sympy symbol: (input name, axis, traced size, lowest, highest)} of the free dims."""
+    import torch
+    program = traced.eval_program
+    ranges = dict(program.range_constraints)
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    out = {}
+    for name in traced.input_names:
+        val = nodes[name].meta.get("val") if name in nodes else None
+        for axis, d in enumerate(getattr(val, "shape", ())):
+            if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol and d.node.expr not in out:
+                r = ranges.get(d.node.expr)
+                lo = _bound(getattr(r, "lower", None))
+                hi = _bound(getattr(r, "upper", None))
+                out[d.node.expr] = (name, axis, int(traced.values[name].shape[axis]), lo, hi)
+    return out
+
+
+def _placed(traced: Traced, sizes: dict) -> dict[tuple[str, int], int]:
+    """{(input name, axis): size} of every input dim whose exported size is a free symbol (one
+    symbol may size several inputs: a batch dim shared by ids and mask)."""
+    import torch
+    nodes = {n.name: n for n in traced.eval_program.graph.nodes if n.op == "placeholder"}
+    out = {}
+    for name in traced.input_names:
+        val = nodes[name].meta.get("val") if name in nodes else None
+        for axis, d in enumerate(getattr(val, "shape", ())):
+            if isinstance(d, torch.SymInt) and d.node.expr in sizes:
+                out[name, axis] = sizes[d.node.expr]
+    return out
+
+
+def _bound(x) -> int | None:
+    if x is None or not getattr(x, "is_finite", True):  # int_oo, or no range recorded
+        return None
+    try:
+        return int(x)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+
+
+def _sizes(traced: Traced) -> list[dict]:
+    """The traced sizes, and every free dim moved by one within its range (if any can move)."""
+    free = _free(traced)
+    traced_sizes = {s: hint for s, (_, _, hint, _, _) in free.items()}
+    moved = {}
+    for s, (_, _, hint, lo, hi) in free.items():
+        up, down = hint + 1, hint - 1
+        moved[s] = up if hi is None or up <= hi else (down if lo is None or down >= lo else hint)
+    return [traced_sizes] + ([moved] if moved != traced_sizes else [])
+
+
+def _describe(traced: Traced, sizes: dict) -> str:
+    free = _free(traced)
+    moved = [f"{free[s][0]}.shape[{free[s][1]}] = {v}" for s, v in sizes.items() if v != free[s][2]]
+    return ", ".join(moved) if moved else "the traced sizes"
+
+
+def _run_at(source: str, class_name: str, traced: Traced, sizes: dict) -> None:
+    import jax
+    import numpy as np
+    import torch
+    from flax import nnx
+    from torch.utils import _pytree as pytree
+
+    from jaxformer.parity.trees import flatten
+
+    placed = _placed(traced, sizes)
+    kwargs = {}
+    for name in traced.input_names:
+        value = traced.values[name]
+        if isinstance(value, torch.Tensor):
+            shape = tuple(placed.get((name, i), d) for i, d in enumerate(value.shape))
+            dtype = jax.numpy.asarray(np.zeros((), value.numpy().dtype)).dtype
+            kwargs[name] = jax.ShapeDtypeStruct(shape, dtype)
+        else:
+            kwargs[name] = value
+    cls = load_source(source, class_name)
+
+    def run(**tensors):
+        model = cls(rngs=nnx.Rngs(0))
+        model.eval()
+        return model(**{**kwargs, **tensors})
+    at = _describe(traced, sizes)
+    try:
+        got = jax.eval_shape(run, **{k: v for k, v in kwargs.items() if isinstance(v, jax.ShapeDtypeStruct)})
+    except Exception as e:  # the written file fails: a port bug, never handed out
+        raise PortError(f"the written file does not run at {at}: {type(e).__name__}: {_first_line(e)}") from None
+    got = {k: v for k, v in flatten(got).items() if hasattr(v, "shape")}
+    want = _torch_outputs(traced, sizes, pytree, flatten)
+    if set(got) != set(want):
+        raise PortError(f"the written file returns {sorted(got)} where torch returns {sorted(want)} (at {at})")
+    for k, (shape, dtype) in want.items():
+        g = got[k]
+        if tuple(g.shape) != shape or f"jnp.{np.dtype(g.dtype).name}".replace("bool", "bool_") != dtype:
+            raise PortError(f"the written file's output {k} is {np.dtype(g.dtype).name}{list(g.shape)} where torch's "
+                            f"is {dtype.removeprefix('jnp.')}{list(shape)} (at {at})")
+
+
+def _torch_outputs(traced: Traced, sizes: dict, pytree, flatten) -> dict[str, tuple[tuple, str]]:
+    """{output key: (shape, jnp dtype name)} of torch's exported graph at `sizes`."""
+    import torch
+
+    from jaxformer.port.body import dtype_name
+    program = traced.eval_program
+    nodes = {n.name: n for n in program.graph.nodes}
+    leaves = []
+    for spec in program.graph_signature.output_specs:
+        if spec.kind.name != "USER_OUTPUT":
+            continue
+        name = getattr(spec.arg, "name", None)
+        leaves.append(nodes[name].meta.get("val") if name in nodes else getattr(spec.arg, "value", None))
+    tree = pytree.tree_unflatten(leaves, program.call_spec.out_spec)
+    out = {}
+    for k, v in flatten(tree).items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        shape = tuple(int(d.node.expr.xreplace(sizes)) if isinstance(d, torch.SymInt) else int(d) for d in v.shape)
+        out[k] = (shape, dtype_name(v.dtype))
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:300]
