@@ -10,8 +10,9 @@ the models' Seq2SeqLMOutput objects (logits and the encoder's last hidden state)
     multiplying by sqrt(d_model), scale_embedding=True) shared by encoder and decoder and tied to
     lm_head, plus a `final_logits_bias` buffer.
   - mBART (MBartForConditionalGeneration): pre-LN layers with a final LayerNorm per stack.
-  - Marian (MarianMTModel): sinusoidal positions (a frozen-by-construction embedding table
-    written at init), scaled embeddings.
+  - Marian (MarianMTModel): sinusoidal positions (MarianSinusoidalPositionalEmbedding, an
+    nn.Embedding whose table is written at init, a trainable parameter), scaled embeddings,
+    encoder and decoder embed_tokens tied to `shared` and lm_head.
   - Pegasus (PegasusForConditionalGeneration): sinusoidal positions, pre-LN, final LayerNorms.
   - Blenderbot (BlenderbotForConditionalGeneration): pre-LN with learned positions, final LayerNorms.
 """
