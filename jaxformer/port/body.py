@@ -12,19 +12,20 @@ from typing import Any
 
 from jaxformer.port import layers, ops, symbolic
 from jaxformer.port.graph import SKIPPED, Call, op_name
+from jaxformer.port.helpers import HELPERS
 from jaxformer.port.source import assigned_names, identifier, line_for, module_file
 from jaxformer.port.trace import PortError
 
 RESERVED = {"self", "jnp", "jax", "nnx", "np", "rngs", "Buffer", "scaled_dot_product_attention",
             "layer_norm", "rms_norm", "conv", "torch_masks", "mha_outputs", "int", "float", "len", "range", "max", "min", "sum",
             "tuple", "list", "dict", "input", "type", "print", "slice", "abs", "all", "any", "pow",
-            "round", "iter", "map", "zip", "id", "hash", "format", "object", "bool", "str", "set"}
+            "round", "iter", "map", "zip", "id", "hash", "format", "object", "bool", "str", "set"} | set(HELPERS)
 SYMBOL = re.compile(r"\b[su]\d+\b")
 DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16",
           "int64": "jnp.int32", "int32": "jnp.int32", "int16": "jnp.int16", "int8": "jnp.int8", "uint8": "jnp.uint8",
           "bool": "jnp.bool_", "complex64": "jnp.complex64", "complex128": "jnp.complex128"}
 INLINE_SYM = {"aten.sym_size", "operator.mul", "operator.add", "operator.sub", "operator.floordiv",
-              "operator.mod", "operator.truediv", "operator.neg", "operator.pow", "torch.sym_float",
+              "operator.mod", "operator.truediv", "operator.neg", "operator.pow", "torch.sym_float", "math.trunc",
               "torch.sym_int", "torch.sym_max", "torch.sym_min", "torch.sym_sqrt", "aten.sym_numel",
               "aten.sym_stride", "operator.eq", "operator.ne", "operator.ge", "operator.gt",
               "operator.le", "operator.lt", "torch.sym_not", "math.ceil", "math.floor", "math.sqrt",

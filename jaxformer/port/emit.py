@@ -18,6 +18,8 @@ from jaxformer.port.source import identifier
 from jaxformer.port.trace import PortError, Traced
 
 RENAMED_LEAVES = {"scale": "weight", "embedding": "weight"}  # flax leaf names jaxformer.convert renames
+# names the file may define itself: a torch class of the same name is written as NameModule
+RESERVED_CLASSES = ("Buffer", "Frozen", "Constant", "ModelOutput", *HELPERS, *layers.CLASSES)
 BUFFER_CLASS = '''class Buffer(nnx.Variable):
     """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
 MODEL_OUTPUT = '''@jax.tree_util.register_pytree_with_keys_class
@@ -65,6 +67,8 @@ class Port:
                                   {p for p, m in model.named_modules() if layers.modes_itself(m)})
         self.arg_names = _argument_names(self.program, model)
         self.class_name = class_name or identifier(type(model).__name__, "Model")
+        if class_name is None and self.class_name in RESERVED_CLASSES:
+            self.class_name += "Module"
         self.helpers: set[str] = set()
         self.layer_classes: set[str] = set()  # layers.CLASSES the file defines (BatchNorm)
         self.batch_stats: set[str] = set()  # paths of layers that compute train mode themselves
@@ -103,7 +107,7 @@ class Port:
             self.dim_args[path] = list(body.dim_params)
         init = self._init_lines(path, module, body)
         base = self.class_name if not path else identifier(type(module).__name__, "Module")
-        if base in ("Buffer", "Frozen", "Constant", *HELPERS, *layers.CLASSES):
+        if path and base in RESERVED_CLASSES:
             base += "Module"
         text = _class_text(init, body, root=not path)
         name = next((n for n, t in self.classes if t == text and (n == base or re.fullmatch(base + r"\d+", n))), None)
@@ -443,7 +447,7 @@ class Port:
             return None
         if cls not in self.output_classes:
             taken = {n for n, _ in self.classes} | {n for n, w in self.imports.items() if w} | set(
-                self.output_classes.values()) | {"ModelOutput", "Buffer", "Frozen", "Constant", *layers.CLASSES}
+                self.output_classes.values()) | set(RESERVED_CLASSES) | {self.class_name}
             name, k = identifier(cls.__name__, "Output"), 2
             while name in taken:
                 name, k = f"{identifier(cls.__name__, 'Output')}{k}", k + 1
@@ -454,7 +458,7 @@ class Port:
     def _file(self) -> str:
         imports = "import jax\nimport jax.numpy as jnp\nfrom flax import nnx"
         body = [text for _, text in self.classes]
-        if any("np.frombuffer" in text for text in body):
+        if any(re.search(r"\bnp\.", text) for text in body + [HELPERS[h] for h in self.helpers]):
             imports = "import jax\nimport jax.numpy as jnp\nimport numpy as np\nfrom flax import nnx"
         by_module: dict[str, list[str]] = {}
         for local, where in self.imports.items():

@@ -11,42 +11,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-INT64_MAX = 2 ** 63 - 1
+from jaxformer.port import ops_math, ops_nn, ops_reduce, ops_scatter
+from jaxformer.port.ops_base import INT64_MAX, Unsupported, _axes, _dtype_cast, _keep, bind
 
-
-class Unsupported(Exception):
-    """Raised by a table entry for a case it cannot translate; the message says why."""
-
-
-def bind(node) -> dict[str, Any]:
-    """The op's arguments keyed by its schema names, defaults filled in."""
-    schema = node.target._schema
-    out: dict[str, Any] = {}
-    positional = [a for a in schema.arguments if not a.kwarg_only]
-    for i, arg in enumerate(schema.arguments):
-        if arg in positional and positional.index(arg) < len(node.args):
-            out[arg.name] = node.args[positional.index(arg)]
-        elif arg.name in node.kwargs:
-            out[arg.name] = node.kwargs[arg.name]
-        else:
-            out[arg.name] = arg.default_value if arg.has_default_value() else None
-    return out
-
-
-def _axes(c, dims) -> str:
-    if dims is None or dims == []:
-        return "None"
-    if isinstance(dims, (list, tuple)):
-        return c.r(tuple(dims)) if len(dims) > 1 else c.r(dims[0])
-    return c.r(dims)
-
-
-def _keep(a) -> str:
-    return ", keepdims=True" if a.get("keepdim") else ""
-
-
-def _dtype_cast(c, expr: str, dtype) -> str:
-    return expr if dtype is None else f"{expr}.astype({c.r(dtype)})"
+__all__ = ["INT64_MAX", "TABLE", "Unsupported", "bind", "float_repr", "is_identity", "translate"]
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -77,6 +45,8 @@ def _slice(c, a):
     start = a["start"] if a["start"] not in (0, None) else None
     end = None if a["end"] is None or (isinstance(a["end"], int) and a["end"] >= INT64_MAX // 2) else a["end"]
     step = a["step"] if a["step"] not in (1, None) else None
+    if start is None and end is None and step is None:
+        return c.r(x)  # the whole axis (functionalization's view of a base): the value itself
     part = f"{c.r(start) if start is not None else ''}:{c.r(end) if end is not None else ''}"
     part += f":{c.r(step)}" if step is not None else ""
     return f"{_indexable(c, x)}[{', '.join([':'] * dim + [part])}]"
@@ -458,14 +428,8 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
 }
 
 
-def _register() -> None:
-    """The entries kept in their own modules (spatial layers, scatter forms, the rest)."""
-    from jaxformer.port import ops_math, ops_nn, ops_reduce, ops_scatter
-    for part in (ops_math, ops_nn, ops_reduce, ops_scatter):
-        TABLE.update(part.TABLE)
-
-
-_register()
+for _part in (ops_math, ops_nn, ops_reduce, ops_scatter):  # the entries kept in their own modules
+    TABLE.update(_part.TABLE)
 
 
 def is_identity(name: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from jaxformer.port.ops import Unsupported
+from jaxformer.port.ops_base import Unsupported
 
 
 def _u(fn: str):
@@ -157,7 +157,7 @@ def _window(c, a):
 # ----------------------------------------------------------------------------- dropout forms
 def _train_rate(c) -> float:
     """The rate of the op being written in the aligned train-mode graph (0: it does not drop)."""
-    from jaxformer.port.ops import bind
+    from jaxformer.port.ops_base import bind
     t = c.port.train_nodes.get(c.out) if c.port.train_nodes else None
     if t is None:
         return 0.0

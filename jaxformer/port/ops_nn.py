@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from jaxformer.port.ops import Unsupported
+from jaxformer.port.ops_base import Unsupported
 
 
 def _n(v, n: int) -> tuple:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from jaxformer.port.ops import Unsupported, _axes, _dtype_cast, _keep
+from jaxformer.port.ops_base import Unsupported, _axes, _dtype_cast, _keep
 
 
 def _ddof(a) -> int:

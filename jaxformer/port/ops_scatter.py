@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from jaxformer.port.ops import INT64_MAX, Unsupported
+from jaxformer.port.ops_base import INT64_MAX, Unsupported
 
 
 def _at(c, dim: int, ndim: int, index: str) -> str:
@@ -26,7 +26,10 @@ def _slice_scatter(c, a):
     part = (c.r(start) if start not in (None, 0) else "") + ":"
     part += c.r(end) if end is not None and not (isinstance(end, int) and end >= INT64_MAX // 2) else ""
     part += f":{c.r(step)}" if step not in (None, 1) else ""
-    return f"{c.recv(x)}.at{_at(c, a['dim'], c.ndim(x), part)}.set({c.arg(a['src'])})"
+    src = a["src"]
+    if part == ":" and str(c.val(src).shape) == str(c.val(x).shape) and c.val(src).dtype == c.val(x).dtype:
+        return c.r(src)  # the whole of `x` replaced (functionalization's write through a full view)
+    return f"{c.recv(x)}.at{_at(c, a['dim'], c.ndim(x), part)}.set({c.arg(src)})"
 
 
 def _index_put(c, a):

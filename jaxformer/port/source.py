@@ -58,6 +58,7 @@ def statement(path: str, line: int) -> str | None:
     if best is None:
         return None
     text = " ".join(best[2].split())
+    text = re.sub(r",\s+([)\]}])", r"\1", text)  # a trailing comma before a closing bracket on its own line
     text = re.sub(r"([(\[{]) ", r"\1", re.sub(r" ([)\]}])", r"\1", text))
     return text if len(text) <= STATEMENT_CHARS else text[:STATEMENT_CHARS - 3].rstrip() + "..."
 

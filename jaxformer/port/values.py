@@ -24,6 +24,8 @@ def init_expr(p) -> str:
         return f"jnp.ones({shape_text(t)}{dtype})"
     if not t.numel() or bool((t == 0).all()):
         return f"jnp.zeros({shape_text(t)}{dtype})"
+    if t.numel() > 1 and bool((t == t.flatten()[0]).all()):  # a constant (a gain of 1.5)
+        return f"jnp.full({shape_text(t)}, {float(t.flatten()[0])!r}{dtype})"
     std = float(t.float().std()) if t.numel() > 1 else abs(float(t.float().flatten()[0]))
     return f"jax.random.normal(rngs.params(), {shape_text(t)}{dtype}) * {std:.2g}"
 
@@ -42,6 +44,8 @@ def buffer_expr(b, *, literal: bool) -> str:
         return f"jnp.tril(jnp.ones({shape}, {dtype}))"
     if t.dim() == 1 and bool((t == torch.arange(t.numel(), dtype=t.dtype)).all()):
         return f"jnp.arange({t.numel()}, dtype={dtype})"
+    if t.dim() > 1 and max(t.shape) == t.numel() and bool((t.flatten() == torch.arange(t.numel(), dtype=t.dtype)).all()):
+        return f"jnp.arange({t.numel()}, dtype={dtype}).reshape({shape})"  # position ids [1, N]
     if literal and t.numel() <= LITERAL_LIMIT:
         return f"jnp.array({t.flatten().tolist()!r}, {dtype}).reshape({shape})"
     return f"jnp.zeros({shape}, {dtype})"
