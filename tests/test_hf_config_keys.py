@@ -164,13 +164,19 @@ def test_each_family_exports_what_it_imports(fam, arch):
 
 
 def test_family_records_cover_the_registry():
+    """One registry (hf/families.py FAMILIES), read by import and export alike: every family
+    module's record is in it once, and exports every model it imports."""
+    import pkgutil
+
     from jaxformer import hf
     from jaxformer.hf.common import Family
-    from jaxformer.hf.families import EXPORT_TABLE, FAMILIES
-    records = [importlib.import_module(m).FAMILY for m in hf.FAMILY_MODULES]
-    assert all(isinstance(f, Family) for f in records)
-    assert set(records) == set(FAMILIES) and len(records) == len(FAMILIES)  # every family exports
-    assert sorted(f.name for f in records) == sorted(m.rsplit(".", 1)[-1] for m in hf.FAMILY_MODULES)
-    for f in records:  # the defaults cover each architecture
+    from jaxformer.hf.families import FAMILIES
+    modules = [importlib.import_module(f"jaxformer.hf.{m.name}") for m in pkgutil.iter_modules(hf.__path__)]
+    records = {m.__name__.rsplit(".", 1)[-1]: m.FAMILY for m in modules
+               if isinstance(getattr(m, "FAMILY", None), Family)}
+    assert set(records.values()) == set(FAMILIES) and len(set(FAMILIES)) == len(FAMILIES) == len(records)
+    assert all(f.name == name for name, f in records.items())
+    for f in FAMILIES:  # the defaults cover each architecture
         assert set(f.hf_defaults) == set(f.architectures) == set(f.model_types), f.name
-    assert EXPORT_TABLE[-1][2].name == "t5"
+        assert set(f.exports) == set(f.architectures.values()), f.name
+    assert FAMILIES[-1].name == "t5"

@@ -19,6 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxformer.config import ConfigError
 from jaxformer.hf import deepseek
+from jaxformer.hf.families import export_problems
 
 ARCH = "DeepseekV3ForCausalLM"
 QLORA, PLAIN = row("deepseek/qlora_yarn_e8_g4_dense0"), row("deepseek/plainq_e6_g3_shared2_tied")
@@ -45,7 +46,7 @@ def test_config_maps_and_round_trips():
     assert mla.rope_interleave and cfg.resolved_qkv_bias and cfg.resolved_out_bias and cfg.num_kv_heads is None
     s = cfg.rope_scaling
     assert (s.rope_type, s.factor, s.mscale, s.mscale_all_dim, s.original_max_len) == ("yarn", 4.0, 0.9, 1.3, 16)
-    assert deepseek.export_problems("lm", cfg) == []
+    assert export_problems(deepseek.FAMILY, "lm", cfg) == []
     assert deepseek.config_from_hf(deepseek.config_to_hf("lm", cfg), ARCH)[1] == cfg
     _, plain, _ = deepseek.config_from_hf(hf_config(q_lora_rank=None, first_k_dense_replace=5), ARCH)
     assert plain.mla.q_lora_rank is None and plain.moe.dense_layers == (0, 1)  # more than num_layers: all dense
@@ -101,9 +102,9 @@ def test_export_refuses_what_hf_cannot_express():
     for change, named in ((dict(dense_layers=(1,)), "dense_layers"), (dict(capacity_factor=1.0), "capacity_factor"),
                           (dict(score_bias=False), "score_bias"), (dict(d_shared=7), "shared experts")):
         bad = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, **change))
-        assert any(named in p for p in deepseek.export_problems("lm", bad)), change
+        assert any(named in p for p in export_problems(deepseek.FAMILY, "lm", bad)), change
     bad = dataclasses.replace(cfg, mla=dataclasses.replace(cfg.mla, latent_norm_eps=1e-5))
-    assert any("latent_norm_eps" in p for p in deepseek.export_problems("lm", bad))
+    assert any("latent_norm_eps" in p for p in export_problems(deepseek.FAMILY, "lm", bad))
 
 
 # ----------------------------------------------------------------------------- parity with transformers

@@ -27,6 +27,7 @@ from jaxformer.config.vision import ViTConfig
 from jaxformer.convert import ConversionError
 from jaxformer.hf import dinov2
 from jaxformer.hf.common import ACTIVATIONS
+from jaxformer.hf.families import export_problems
 from jaxformer.parity import setup_precision
 from tests.helpers import randomize
 from torch_ref.models import build_model as tbuild
@@ -154,7 +155,7 @@ def test_refusals_by_name():
     # export: what HF DINOv2 cannot hold is named
     ok = ViTConfig(image_size=8, patch_size=4, d_model=8, num_heads=2, d_ff=16, layer_scale=0.5,
                    pool="cls_mean", interpolate_positions=True)
-    assert dinov2.export_problems("vit", ok) == []
+    assert export_problems(dinov2.FAMILY, "vit", ok) == []
     for change, match in [(dict(dropout=0.1), "dropout=0.1"), (dict(d_ff=20), "d_ff=20"),
                           (dict(pool="mean"), "pool='mean'"), (dict(layer_scale=None), "layer_scale=None"),
                           (dict(num_classes=0), "pool='cls_mean'"), (dict(ffn="geglu"), "ffn='geglu'")]:

@@ -16,6 +16,7 @@ from safetensors.numpy import save_file
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
 from jaxformer.hf import mixtral, qwen_moe
+from jaxformer.hf.families import export_problems
 
 E, F, D = 5, 6, 8  # odd expert count, expert width, model width of the engine tests
 
@@ -64,7 +65,7 @@ def test_qwen_moe_config(arch):
         assert moe.num_shared_experts == 0 and cfg.qk_norm
     # export writes a config transformers reads back to the same model
     out = qwen_moe.config_to_hf("lm", cfg)
-    assert qwen_moe.export_problems("lm", cfg) == []
+    assert export_problems(qwen_moe.FAMILY, "lm", cfg) == []
     assert qwen_moe.config_from_hf(out, arch)[1] == cfg
 
 
@@ -102,7 +103,7 @@ def test_export_refuses_what_hf_cannot_express():
     for change, named in ((dict(norm_topk_prob=False), "norm_topk_prob"), (dict(capacity_factor=1.0), "capacity_factor"),
                           (dict(dense_layers=(0,)), "dense_layers"), (dict(router="topk_softmax"), "router")):
         bad = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, **change))
-        assert any(named in p for p in mixtral.export_problems("lm", bad)), change
+        assert any(named in p for p in export_problems(mixtral.FAMILY, "lm", bad)), change
 
 
 # ----------------------------------------------------------------------------- weights, no layer

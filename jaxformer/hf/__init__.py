@@ -37,7 +37,6 @@ so a failed conversion leaves nothing at OUT.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from typing import Any, Callable, Mapping
@@ -47,27 +46,14 @@ import numpy as np
 from jaxformer import fileio
 from jaxformer.config import ConfigError
 from jaxformer.convert import ConversionError
-from jaxformer.hf.common import Family, typed_for_hf
-from jaxformer.hf.families import exporter
-
-FAMILY_MODULES = ("jaxformer.hf.gpt2", "jaxformer.hf.llama", "jaxformer.hf.qwen", "jaxformer.hf.mistral",
-                  "jaxformer.hf.mixtral", "jaxformer.hf.qwen_moe", "jaxformer.hf.deepseek", "jaxformer.hf.gemma2",
-                  "jaxformer.hf.gemma3", "jaxformer.hf.bert", "jaxformer.hf.vision", "jaxformer.hf.dinov2",
-                  "jaxformer.hf.t5", "jaxformer.hf.gpt_oss", "jaxformer.hf.phi3", "jaxformer.hf.roberta",
-                  "jaxformer.hf.modernbert",
-                  # partial rotary and the parallel residual; post-sublayer norms and full-width
-                  # q/k norms (docs/numerics.md §35)
-                  "jaxformer.hf.gpt_neox", "jaxformer.hf.olmo2")
-
-
-def _families() -> list[Family]:
-    return [importlib.import_module(m).FAMILY for m in FAMILY_MODULES]
+from jaxformer.hf.common import typed_for_hf
+from jaxformer.hf.families import FAMILIES, exporter
 
 
 def supported_architectures() -> dict[str, str]:
     """HF architecture -> jaxformer model name."""
     out = {}
-    for fam in _families():
+    for fam in FAMILIES:
         out.update(fam.architectures)
     return out
 
@@ -80,7 +66,7 @@ def family_for_architecture(config: dict):
         raise ConfigError(f"config.json: architectures={archs!r}; expected a list of exactly one of "
                           f"{sorted(supported_architectures())}")
     arch = archs[0]
-    fam = next((f for f in _families() if arch in f.architectures), None)
+    fam = next((f for f in FAMILIES if arch in f.architectures), None)
     if fam is None:
         raise ConfigError(f"config.json: architecture {arch!r} is not supported; supported: "
                           f"{sorted(supported_architectures())}")

@@ -44,6 +44,7 @@ from jaxformer.hf.common import (
     rename_all,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Ignored, Need
 
 ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier",
                  "BertForMaskedLM": "encoder"}
@@ -147,35 +148,32 @@ def tensor_fn(name: str, cfg, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def encoder_problems(cfg, family: str, **want) -> list[str]:
-    """What of an encoder config a BERT-style HF encoder (BERT, RoBERTa: `family`) cannot write;
-    `want` adds the family's own required values to BERT's."""
-    want = dict(position="learned", norm="layernorm", norm_position="post", final_norm=False, bias=True,
-                norm_bias=True, scale_embedding=False, sliding_window=None, embed_norm=True, ffn_dropout=0.0,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, attn_qkv_bias=None, attn_out_bias=None,
-                ffn_bias=None, qk_norm=False, moe=None, mla=None, attn_sinks=False, **want)
-    out = [f"{k}={getattr(cfg, k)!r} ({family} needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
-    if cfg.ffn not in exportable_ffns():
-        out.append(f"ffn={cfg.ffn!r} ({family} activations: {exportable_ffns()})")
-    if cfg.type_vocab_size < 1:
-        out.append(f"type_vocab_size=0 ({family} always has token type embeddings)")
-    if cfg.resolved_kv_heads != cfg.num_heads or cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
-        out.append(f"grouped-query attention or a custom head_dim ({family} has neither)")
-    if cfg.embed_dropout != cfg.dropout:
-        out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} ({family} has one "
-                   "hidden_dropout_prob)")
-    return out
+def encoder(family: str) -> dict:
+    """What a BERT-style HF encoder (BERT, RoBERTa: `family`) exports of an encoder config and
+    requires of it: learned positions, Post-LN with biases, an embedding norm, token types, full
+    multi-head attention, one hidden dropout."""
+    return dict(
+        vocab_size=WRITES, d_model=WRITES, num_heads=WRITES, d_ff=WRITES, num_layers=WRITES, max_len=WRITES,
+        norm_eps=WRITES, dropout=WRITES, attn_dropout=WRITES, pad_id=WRITES, pooler=WRITES,
+        position="learned", norm="layernorm", norm_position="post", final_norm=False, bias=True, norm_bias=True,
+        scale_embedding=False, sliding_window=None, embed_norm=True, ffn_dropout=0.0, attn_logit_softcap=None,
+        query_pre_attn_scalar=None, attn_qkv_bias=None, attn_out_bias=None, ffn_bias=None, qk_norm=False,
+        moe=None, mla=None, attn_sinks=False,
+        layer_types=Ignored("without a sliding_window every layer attends fully"),
+        ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} ({family} activations: {exportable_ffns()})"),
+        type_vocab_size=Need(lambda c: c.type_vocab_size >= 1,
+                             f"type_vocab_size={{type_vocab_size}} ({family} always has token type embeddings)"),
+        num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
+                          f"num_kv_heads={{num_kv_heads}} ({family} has no grouped-query attention)"),
+        head_dim=Need(lambda c: c.resolved_head_dim * c.num_heads == c.d_model,
+                      f"head_dim={{head_dim}} ({family} needs d_model / num_heads)"),
+        embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, f"embed_dropout={{embed_dropout}} != "
+                           f"dropout={{dropout}} ({family} has one hidden_dropout_prob)"))
 
 
-def export_problems(name: str, cfg) -> list[str]:
-    out = encoder_problems(cfg, "BERT")
-    if name == "classifier":
-        if not cfg.pooler or cfg.pooling != "cls":
-            out.append(f"pooler={cfg.pooler}, pooling={cfg.pooling!r} (BertForSequenceClassification "
-                       "pools [CLS] through its pooler)")
-        if cfg.dtype != "float32":
-            out.append(f"dtype={cfg.dtype!r} (export float32 models)")
-    return out
+# The classification head: [CLS] through the pooler, float32 (export float32 models)
+CLASSIFIER = dict(num_classes=WRITES, classifier_dropout=WRITES, pooler=True, pooling="cls", dtype="float32")
+EXPORTS = {"encoder": encoder("BERT"), "classifier": dict(encoder("BERT"), **CLASSIFIER)}
 
 
 def config_to_hf(name: str, cfg) -> dict:
@@ -209,5 +207,5 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 
 
 FAMILY = Family(name="bert", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from jaxformer.config import ConfigError
@@ -54,21 +54,23 @@ GENERIC_NEUTRAL = {
 @dataclass(frozen=True, eq=False)  # one record per family: compared and hashed by identity
 class Family:
     """One Hugging Face family as jaxformer imports and exports it (each family module ends with
-    its FAMILY). hf/__init__.py picks the family of a config.json by `architectures`;
-    hf/families.py's `exporter` picks the family of one of our configs from its ordered table.
+    its FAMILY). hf/families.py's one ordered table FAMILIES holds every record: import picks
+    the family of a config.json by `architectures`, export the first family that claims a config.
 
     architectures: HF class -> our model name; model_types: HF class -> config.json model_type.
     config_from_hf(raw, arch, tensor_names) -> (name, config, notes): every option mapped,
         ignored for a stated reason, or a ConfigError naming it.
     tensor_fn(name, cfg, arch) -> HF tensor name -> (torch_ref key, layout) (the key rules).
-    export_problems(name, cfg) -> what of our config the family cannot write (the export check).
     config_to_hf(name, cfg) -> config.json; state_dict_to_hf(sd, name, cfg) -> HF tensors.
     hf_defaults: HF class -> its config class's defaults (what an absent config.json key means;
         the exported config.json keeps the keys that differ from them).
+    exports: our model name -> the fields of its config this family exports, declared one by
+        one (hf/exports.py: written, required values, checks, ignored for a reason); any other
+        field away from its default refuses the export by name.
+    claims(cfg) -> whether this family exports a config of its models that no family before it
+        in FAMILIES claimed (the feature that names the HF class: sliding window, MoE, ...).
     embed_keys: the input tables a tied lm_head copies (an untied HF head equal to one of them
         is tied, hf/__init__.py).
-    writes: the optional fields of our configs this family exports (families.OPTIONAL_FIELDS);
-        any other one set off its neutral value refuses the export by name.
     resolve_checkpoint(ckpt, name, cfg, notes) -> cfg: what only the weights say (T5's head).
     """
 
@@ -77,12 +79,12 @@ class Family:
     model_types: Mapping[str, str]
     config_from_hf: Callable
     tensor_fn: Callable
-    export_problems: Callable
     config_to_hf: Callable
     state_dict_to_hf: Callable
     hf_defaults: Mapping[str, Mapping[str, Any]]
+    exports: Mapping[str, Mapping[str, Any]]
+    claims: Callable[[Any], bool] = lambda cfg: True
     embed_keys: tuple[str, ...] = ()
-    writes: frozenset[str] = field(default_factory=frozenset)
     resolve_checkpoint: Callable | None = None
 
 

@@ -50,6 +50,7 @@ from jaxformer.config import ConfigError, MLAConfig
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mixtral
 from jaxformer.hf.common import Family, Options, Renamer, rename_all
+from jaxformer.hf.exports import WRITES, Ignored, Need, Sub
 
 ARCHITECTURES = {"DeepseekV3ForCausalLM": "lm"}
 MODEL_TYPE = "deepseek_v3"
@@ -184,28 +185,31 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    arch = "DeepseekV3ForCausalLM"
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
-                scale_embedding=False, dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0,
-                embed_norm=False, resolved_ffn_bias=False, attn_logit_softcap=None, query_pre_attn_scalar=None,
-                final_logit_softcap=None, resolved_out_bias=cfg.resolved_qkv_bias)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} ({arch} needs {v!r})"
-           for k, v in want.items() if getattr(cfg, k, v) != v]
-    if cfg.mla is None:
-        out.append(f"mla=None ({arch}'s attention is multi-head latent attention)")
-    elif cfg.mla.latent_norm_eps != 1e-6:
-        out.append(f"mla.latent_norm_eps={cfg.mla.latent_norm_eps} ({arch}'s latent norms use 1e-6)")
-    moe = cfg.moe
-    if moe is None:
-        return out + [f"moe=None ({arch} is a mixture of experts)"]
-    want = dict(router="sigmoid_grouped", score_bias=True, router_bias=False, expert_ffn="swiglu", expert_bias=False,
-                capacity_factor=None, shared_expert_gate=False, dense_layers=tuple(range(len(moe.dense_layers))))
-    out += [f"moe.{k}={getattr(moe, k)!r} ({arch} needs {v!r})" for k, v in want.items() if getattr(moe, k) != v]
-    if moe.num_shared_experts < 1 or moe.resolved_d_shared % moe.d_expert:
-        out.append(f"moe shared experts of width {moe.resolved_d_shared} ({arch} needs n_shared_experts >= 1 "
-                   f"experts of width d_expert={moe.d_expert})")
-    return out
+# LLaMA's with multi-head latent attention and DeepSeek's grouped sigmoid routing over the
+# routed experts, shared experts, the first layers dense
+MLA = dict(kv_lora_rank=WRITES, q_lora_rank=WRITES, qk_nope_head_dim=WRITES, qk_rope_head_dim=WRITES,
+           v_head_dim=WRITES, rope_interleave=WRITES, latent_norm_eps=1e-6)  # HF's latent norms: 1e-6
+TRAINING = "a training option (a loss or score_bias updates): no HF key, and the outputs do not depend on it"
+MOE = dict(num_experts=WRITES, top_k=WRITES, d_expert=WRITES, n_group=WRITES, topk_group=WRITES,
+           norm_topk_prob=WRITES, routed_scaling_factor=WRITES, d_shared=WRITES, router="sigmoid_grouped",
+           score_bias=True, router_bias=False, expert_ffn="swiglu", expert_bias=False, capacity_factor=None,
+           shared_expert_gate=False, aux_loss_coef=Ignored(TRAINING), z_loss_coef=Ignored(TRAINING),
+           bias_update_rate=Ignored(TRAINING),
+           dense_layers=Need(lambda m: m.dense_layers == tuple(range(len(m.dense_layers))),
+                             "dense_layers={dense_layers!r} (DeepseekV3ForCausalLM's dense layers are the first "
+                             "first_k_dense_replace)"),
+           num_shared_experts=Need(lambda m: m.num_shared_experts >= 1 and m.resolved_d_shared % m.d_expert == 0,
+                                   "num_shared_experts={num_shared_experts} of width {resolved_d_shared} "
+                                   "(DeepseekV3ForCausalLM needs n_shared_experts >= 1 shared experts of width "
+                                   "d_expert={d_expert})"))
+EXPORTS = {"lm": dict(
+    llama.DECODER, **llama.biases("ffn"),
+    mla=Sub(MLA, missing="DeepseekV3ForCausalLM's attention is multi-head latent attention"),
+    moe=Sub(MOE, missing="DeepseekV3ForCausalLM is a mixture of experts"))}
+
+
+def claims(c) -> bool:
+    return c.mla is not None
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -229,6 +233,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="deepseek", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
                 embed_keys=EMBED_KEYS)

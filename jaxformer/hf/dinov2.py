@@ -9,7 +9,7 @@ ViT (num_classes=0, pool="cls"): the model returns HF's pooler_output, and its
 "encoder.final_norm" intermediate is HF's last_hidden_state.
 
 Two entry points share one mapping, as in vision.py: the checkpoint-directory family API
-(config_from_hf on a config.json dict, tensor_fn, export_problems, config_to_hf,
+(config_from_hf on a config.json dict, tensor_fn, EXPORTS (the fields export writes), config_to_hf,
 state_dict_to_hf; files in the names save_pretrained writes, transformers 4.x names with the
 SwiGLU FFN's fused `weights_in`), and the in-memory API on transformers objects (5.x names).
 
@@ -67,6 +67,7 @@ from jaxformer.hf.common import (
     rename_all,
     square_size,
 )
+from jaxformer.hf.exports import WRITES, Ignored, Need
 from jaxformer.hf.vision import TANH_GELU
 
 ARCHITECTURES = {"Dinov2Model": "vit", "Dinov2ForImageClassification": "vit"}
@@ -273,27 +274,27 @@ def is_dinov2(cfg) -> bool:
     return cfg.head != "pooler" and (cfg.layer_scale is not None or cfg.pool == "cls_mean" or cfg.num_classes == 0)
 
 
-def export_problems(name: str, cfg) -> list[str]:
-    out = []
-    if cfg.ffn not in exportable_ffns() and cfg.ffn != "swiglu":
-        out.append(f"ffn={cfg.ffn!r} (HF DINOv2: {exportable_ffns()} or swiglu)")
-    want = dict(class_token=True, bias=True, dropout=0.0,
-                pool="cls_mean" if cfg.num_classes else "cls")
-    out += [f"{k}={getattr(cfg, k)!r} (HF DINOv2 needs {v!r}"
-            + (": Dinov2Model's output is the [CLS] vector" if k == "pool" and not cfg.num_classes else
-               ": Dinov2ForImageClassification reads [CLS] and the patch mean" if k == "pool" else
-               ": it has no dropout on sublayer outputs" if k == "dropout" else "") + ")"
-            for k, v in want.items() if getattr(cfg, k) != v]
-    if cfg.layer_scale is None:
-        out.append("layer_scale=None (HF DINOv2 always has LayerScale; export a plain ViT as "
-                   "ViTForImageClassification)")
-    if cfg.qkv_bias is True and not cfg.bias:
-        out.append("qkv_bias=True with bias=False")
-    if _mlp_ratio(cfg) is None:
-        out.append(f"d_ff={cfg.d_ff} is no HF DINOv2 FFN width for d_model={cfg.d_model} (transformers "
-                   "types mlp_ratio int: d_ff = d_model * mlp_ratio"
-                   + (", rounded to 2/3 and a multiple of 8 for SwiGLU)" if cfg.ffn == "swiglu" else ")"))
-    return out
+# Written: the sizes, LayerScale, the dropouts HF has, the head (Dinov2ForImageClassification's,
+# or none: Dinov2Model); required: [CLS], biases, a FFN width HF's int mlp_ratio gives, the
+# pooling each HF class reads
+EXPORTS = {"vit": dict(
+    d_model=WRITES, num_heads=WRITES, num_layers=WRITES, attn_dropout=WRITES, embed_dropout=WRITES,
+    norm_eps=WRITES, image_size=WRITES, patch_size=WRITES, num_channels=WRITES, num_classes=WRITES,
+    class_token=True, bias=True,
+    interpolate_positions=Ignored("HF DINOv2 resamples its position table at every image size"),
+    ffn=Need(lambda c: c.ffn in exportable_ffns() or c.ffn == "swiglu",
+             f"ffn={{ffn!r}} (HF DINOv2: {exportable_ffns()} or swiglu)"),
+    dropout=Need(lambda c: c.dropout == 0.0, "dropout={dropout} (HF DINOv2 needs 0.0: it has no dropout on "
+                 "sublayer outputs)"),
+    pool=Need(lambda c: c.pool == ("cls_mean" if c.num_classes else "cls"),
+              "pool={pool!r} (HF DINOv2: Dinov2ForImageClassification reads [CLS] and the patch mean, "
+              "pool='cls_mean'; Dinov2Model's output is the [CLS] vector, pool='cls')"),
+    layer_scale=Need(lambda c: c.layer_scale is not None, "layer_scale=None (HF DINOv2 always has LayerScale; "
+                     "export a plain ViT as ViTForImageClassification)"),
+    qkv_bias=Need(lambda c: not (c.qkv_bias is True and not c.bias), "qkv_bias=True with bias=False"),
+    d_ff=Need(lambda c: _mlp_ratio(c) is not None, "d_ff={d_ff} is no HF DINOv2 FFN width for d_model={d_model} "
+              "(transformers types mlp_ratio int: d_ff = d_model * mlp_ratio, rounded to 2/3 and a multiple of 8 "
+              "for SwiGLU)"))}
 
 
 def config_to_hf(name: str, cfg) -> dict:
@@ -322,5 +323,5 @@ __all__ = ["dinov2_config_from_hf", "dinov2_state_dict_from_hf", "dinov2_state_d
 
 
 FAMILY = Family(name="dinov2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=is_dinov2)

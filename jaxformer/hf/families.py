@@ -1,5 +1,8 @@
-"""Which Hugging Face family exports a jaxformer config: `exporter`. The import side picks the
-family from config.json's architectures (hf/__init__.py); export has only our config to go by.
+"""The one registry of Hugging Face families, FAMILIES, and which of them exports a jaxformer
+config: `exporter`. Import picks the family of a config.json by its architectures
+(hf/__init__.py); export has only our config to go by: the first family in FAMILIES whose
+models hold the config's and that claims it (Family.claims), then its declaration of the
+fields it writes checks every field (hf/exports.py).
 """
 from __future__ import annotations
 
@@ -25,74 +28,52 @@ from jaxformer.hf import (
     t5,
     vision,
 )
+from jaxformer.hf import exports as declared
 from jaxformer.hf.common import Family
 
-
-def _longrope(c) -> bool:
-    return c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope"
-
-
-def _qwen_moe(c) -> bool:  # Qwen's q/k norm, gated shared expert or qkv-only bias
-    return c.qk_norm or c.moe.shared_expert_gate or c.resolved_qkv_bias != c.resolved_out_bias
-
-
-def _gemma(c) -> bool:
-    return c.norm == "rmsnorm_offset" or c.norm_position == "sandwich"
-
-
-def _qwen(c) -> bool:
-    return c.position == "rope" and (c.qk_norm or c.resolved_qkv_bias != c.resolved_out_bias)
-
-
-LM, TEXT_ENCODERS = ("lm",), ("encoder", "classifier")
-# Which family exports a config: the first row whose model names hold the config's and whose
-# condition holds. Order matters: a row may assume the rows above it did not match.
-EXPORT_TABLE = (
-    (LM, _longrope, phi3.FAMILY),  # only Phi-3 has longrope
-    (LM, lambda c: c.attn_sinks, gpt_oss.FAMILY),  # only gpt-oss has attention sinks
-    (LM, lambda c: c.mla is not None, deepseek.FAMILY),  # multi-head latent attention
-    (LM, lambda c: c.moe is not None and _qwen_moe(c), qwen_moe.FAMILY),
-    (LM, lambda c: c.moe is not None, mixtral.FAMILY),
-    (LM, lambda c: _gemma(c) and (c.qk_norm or c.rope_local_base is not None), gemma3.FAMILY),  # q/k norms, 2 RoPEs
-    (LM, _gemma, gemma2.FAMILY),
-    (LM, lambda c: c.norm_position == "post_sublayer" or c.qk_norm_full, olmo2.FAMILY),
-    (LM, lambda c: c.position == "rope" and (c.norm == "layernorm" or c.parallel_residual), gpt_neox.FAMILY),
-    (LM, _qwen, qwen.FAMILY),
-    # residual dropout: Phi-3 is the LLaMA-style HF decoder that has it (resid_pdrop), and partial
-    # rotary (Phi-4-mini)
-    (LM, lambda c: c.position == "rope" and (c.dropout or c.rotary_dim is not None), phi3.FAMILY),
-    (LM, lambda c: c.position == "rope" and c.sliding_window is not None, mistral.FAMILY),
-    (LM, lambda c: c.position == "rope", llama.FAMILY),
-    (LM, lambda c: True, gpt2.FAMILY),
-    (TEXT_ENCODERS, lambda c: c.positions_from_padding, roberta.FAMILY),  # RoBERTa's offset positions
-    (TEXT_ENCODERS, lambda c: c.position == "rope", modernbert.FAMILY),
-    (TEXT_ENCODERS, lambda c: True, bert.FAMILY),
-    (("vit",), dinov2.is_dinov2, dinov2.FAMILY),  # LayerScale, the cls_mean head or no head
-    (("vit", "swin"), lambda c: True, vision.FAMILY),
-    (("seq2seq",), lambda c: True, t5.FAMILY),
+# Export order: a family claims a config only if no family above it did (its claim names the
+# feature of its HF class and may assume the ones above are absent: MoE before dense, Gemma's
+# norms before LLaMA's, a sliding window before none, DINOv2's LayerScale before plain ViT).
+FAMILIES: tuple[Family, ...] = (
+    gpt_oss.FAMILY,  # attention sinks
+    deepseek.FAMILY,  # multi-head latent attention
+    qwen_moe.FAMILY,  # MoE with Qwen's q/k norm, gated shared expert or qkv-only bias
+    mixtral.FAMILY,  # any other MoE
+    gemma3.FAMILY,  # Gemma's norms with q/k norms or two RoPEs
+    gemma2.FAMILY,  # Gemma's norms
+    olmo2.FAMILY,  # post-sublayer norms, full-width q/k norms
+    gpt_neox.FAMILY,  # RoPE with LayerNorm or the parallel block
+    qwen.FAMILY,  # q/k norms or qkv-only biases
+    phi3.FAMILY,  # longrope, residual dropout or partial rotary
+    mistral.FAMILY,  # a sliding window
+    llama.FAMILY,  # any other RoPE decoder
+    gpt2.FAMILY,  # learned positions
+    roberta.FAMILY,  # RoBERTa's offset positions
+    modernbert.FAMILY,  # a RoPE encoder
+    bert.FAMILY,
+    dinov2.FAMILY,  # LayerScale, the cls_mean head or no head
+    vision.FAMILY,  # ViT, Swin
+    t5.FAMILY,
 )
-# Options only some families write (Family.writes): field -> (neutral value, why the others
-# cannot). RoBERTa's positions, ModernBERT's first layer (docs/numerics.md §36), a local RoPE
-# (Gemma3 §33, ModernBERT), partial rotary and the parallel block (§35), a score scale (T5).
-OPTIONAL_FIELDS = {"positions_from_padding": (False, None), "first_attn_norm": (True, None),
-                   "rope_local_base": (None, None), "rope_local_scaling": (None, None), "rotary_dim": (None, None),
-                   "parallel_residual": (False, None), "qk_norm_full": (False, None),
-                   "attn_scale": (None, "the family scales scores by 1/sqrt(head_dim)")}
-FAMILIES = tuple(dict.fromkeys(f for _, _, f in EXPORT_TABLE))
+
+
+def export_problems(fam: Family, name: str, cfg) -> list[str]:
+    """What of `cfg` the family cannot write (its declaration, hf/exports.py), one line each."""
+    def uncovered(label: str, value) -> str:
+        writers = sorted(f.name for f in FAMILIES if f is not fam and label in f.exports.get(name, {})
+                         and declared.covers(f.exports[name], label, value))
+        return (f"{label}={value!r} ({fam.name} writes no such option"
+                + (f"; only {' and '.join(writers)} export it)" if writers else ")"))
+    return declared.problems(fam.exports[name], cfg, uncovered)
 
 
 def exporter(name: str, cfg) -> Family:
     """The family that exports this model, or ConversionError saying why none does."""
-    fam = next((f for names, when, f in EXPORT_TABLE if name in names and when(cfg)), None)
+    fam = next((f for f in FAMILIES if name in f.exports and f.claims(cfg)), None)
     if fam is None:
         raise ConversionError([f"model {name!r} has no Hugging Face export (supported: "
-                               f"{', '.join(dict.fromkeys(n for names, _, _ in EXPORT_TABLE for n in names))})"])
-    problems = list(fam.export_problems(name, cfg))
-    for key, (neutral, why) in OPTIONAL_FIELDS.items():
-        value = getattr(cfg, key, neutral)
-        if key not in fam.writes and value != neutral:
-            writers = " and ".join(sorted(f.name for f in FAMILIES if key in f.writes))
-            problems.append(f"{key}={value!r} ({why or f'only {writers} export it'})")
+                               f"{', '.join(dict.fromkeys(n for f in FAMILIES for n in f.exports))})"])
+    problems = export_problems(fam, name, cfg)
     if problems:
         raise ConversionError([f"{name} config has no {fam.name} HF equivalent: {p}" for p in problems])
     return fam

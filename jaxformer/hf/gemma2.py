@@ -44,6 +44,7 @@ from jaxformer.hf.common import (
     rope_to_hf,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Need
 
 ARCHITECTURES = {"Gemma2ForCausalLM": "lm"}
 MODEL_TYPE = "gemma2"
@@ -106,17 +107,19 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm_offset", norm_position="sandwich", final_norm=True,
-                scale_embedding=True, dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0,
-                embed_norm=False, qk_norm=False, resolved_ffn_bias=False, resolved_out_bias=cfg.resolved_qkv_bias)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (Gemma2ForCausalLM needs {v!r})"
-           for k, v in want.items() if getattr(cfg, k, v) != v]
-    if cfg.ffn not in ACTIVATIONS.values():
-        out.append(f"ffn={cfg.ffn!r} (Gemma2ForCausalLM gates with {sorted(ACTIVATIONS.values())})")
-    if cfg.query_pre_attn_scalar is None:
-        out.append("query_pre_attn_scalar=None (Gemma2ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))")
-    return out
+# LLaMA's with Gemma's (1 + w) sandwich norms, scaled embeddings, gated GELU, the score scalar,
+# soft caps and per-layer windows
+EXPORTS = {"lm": dict(
+    llama.DECODER, norm="rmsnorm_offset", norm_position="sandwich", scale_embedding=True, sliding_window=WRITES,
+    layer_types=WRITES, attn_logit_softcap=WRITES, final_logit_softcap=WRITES, **llama.biases("ffn"),
+    ffn=Need(lambda c: c.ffn in ACTIVATIONS.values(), f"ffn={{ffn!r}} (Gemma2ForCausalLM gates with "
+             f"{sorted(ACTIVATIONS.values())})"),
+    query_pre_attn_scalar=Need(lambda c: c.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
+                               "(Gemma2ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))"))}
+
+
+def claims(c) -> bool:
+    return c.norm == "rmsnorm_offset" or c.norm_position == "sandwich"
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -143,6 +146,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="gemma2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
                 embed_keys=EMBED_KEYS)

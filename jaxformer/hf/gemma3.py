@@ -45,6 +45,7 @@ from jaxformer.hf.common import (
     rope_to_hf,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Need
 
 ARCHITECTURES = {"Gemma3ForCausalLM": "lm"}
 MODEL_TYPE = "gemma3_text"
@@ -157,21 +158,19 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm_offset", norm_position="sandwich", final_norm=True,
-                scale_embedding=True, qk_norm=True, attn_logit_softcap=None, dropout=0.0, ffn_dropout=0.0,
-                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, resolved_ffn_bias=False,
-                resolved_out_bias=cfg.resolved_qkv_bias)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (Gemma3ForCausalLM needs {v!r})"
-           for k, v in want.items() if getattr(cfg, k, v) != v]
-    if cfg.ffn not in ACTIVATIONS.values():
-        out.append(f"ffn={cfg.ffn!r} (Gemma3ForCausalLM gates with {sorted(ACTIVATIONS.values())})")
-    if cfg.query_pre_attn_scalar is None:
-        out.append("query_pre_attn_scalar=None (Gemma3ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))")
-    if cfg.d_model % cfg.num_heads:
-        out.append(f"d_model={cfg.d_model} with num_heads={cfg.num_heads} (Gemma3TextConfig needs hidden_size "
-                   "divisible by num_attention_heads)")
-    return out
+# Gemma2's with q/k norms, no score soft cap, and the sliding layers' own RoPE
+EXPORTS = {"lm": dict(
+    gemma2.EXPORTS["lm"], qk_norm=True, attn_logit_softcap=None, rope_local_base=WRITES, rope_local_scaling=WRITES,
+    ffn=Need(lambda c: c.ffn in ACTIVATIONS.values(), f"ffn={{ffn!r}} (Gemma3ForCausalLM gates with "
+             f"{sorted(ACTIVATIONS.values())})"),
+    query_pre_attn_scalar=Need(lambda c: c.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
+                               "(Gemma3ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))"),
+    d_model=Need(lambda c: c.d_model % c.num_heads == 0, "d_model={d_model} with num_heads={num_heads} "
+                 "(Gemma3TextConfig needs hidden_size divisible by num_attention_heads)"))}
+
+
+def claims(c) -> bool:  # Gemma's norms with q/k norms or two RoPEs
+    return gemma2.claims(c) and (c.qk_norm or c.rope_local_base is not None)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -204,6 +203,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="gemma3", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                embed_keys=EMBED_KEYS, writes=frozenset({"rope_local_base", "rope_local_scaling"}))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
+                embed_keys=EMBED_KEYS)

@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
+from jaxformer.hf import llama
 from jaxformer.hf.common import (
     Family,
     MappingError,
@@ -39,6 +40,7 @@ from jaxformer.hf.common import (
     rename_all,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Ignored, Need
 
 ARCHITECTURES = {"GPT2LMHeadModel": "lm"}
 MODEL_TYPE = "gpt2"
@@ -118,22 +120,26 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    """Why this jaxformer model has no GPT2LMHeadModel equivalent ([] if it has one)."""
-    want = dict(position="learned", norm="layernorm", norm_position="pre", final_norm=True, bias=True,
-                norm_bias=True, scale_embedding=False, sliding_window=None, ffn_dropout=0.0,
-                type_vocab_size=0, embed_norm=False, resolved_qkv_bias=True, resolved_out_bias=True,
-                resolved_ffn_bias=True, qk_norm=False,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (GPT-2 needs {v!r})" for k, v in want.items()
-           if getattr(cfg, k, v) != v]
-    if cfg.ffn not in exportable_ffns():
-        out.append(f"ffn={cfg.ffn!r} (GPT-2 activations: {exportable_ffns()})")
-    if cfg.resolved_kv_heads != cfg.num_heads:
-        out.append(f"num_kv_heads={cfg.num_kv_heads} (GPT-2 has no grouped-query attention)")
-    if cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
-        out.append(f"head_dim={cfg.head_dim} (GPT-2 needs d_model / num_heads)")
-    return out
+# Written: the sizes, the activation, the dropouts; required: GPT-2's learned positions, Pre-LN
+# LayerNorm with biases, biases everywhere, full multi-head attention
+EXPORTS = {"lm": dict(
+    vocab_size=WRITES, d_model=WRITES, num_heads=WRITES, d_ff=WRITES, num_layers=WRITES, max_len=WRITES,
+    norm_eps=WRITES, dropout=WRITES, embed_dropout=WRITES, attn_dropout=WRITES, tie_embeddings=WRITES,
+    bos_id=WRITES, eos_id=WRITES, pad_id=WRITES,
+    position="learned", norm="layernorm", norm_position="pre", final_norm=True, bias=True, norm_bias=True,
+    scale_embedding=False, sliding_window=None, layer_types=Ignored("without a sliding_window every layer "
+                                                                    "attends fully"),
+    ffn_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False, attn_logit_softcap=None,
+    query_pre_attn_scalar=None, final_logit_softcap=None, **llama.biases("qkv", "out", "ffn", want=True),
+    ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} (GPT-2 activations: {exportable_ffns()})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
+                      "num_kv_heads={num_kv_heads} (GPT-2 has no grouped-query attention)"),
+    head_dim=Need(lambda c: c.resolved_head_dim * c.num_heads == c.d_model,
+                  "head_dim={head_dim} (GPT-2 needs d_model / num_heads)"))}
+
+
+def claims(c) -> bool:  # the LM the RoPE families above did not claim
+    return True
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -171,6 +177,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="gpt2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
                 embed_keys=EMBED_KEYS)

@@ -34,6 +34,7 @@ import numpy as np
 
 from jaxformer.config.models import LMConfig
 from jaxformer.convert import ConversionError
+from jaxformer.hf import llama
 from jaxformer.hf.common import (
     Family,
     MappingError,
@@ -50,6 +51,7 @@ from jaxformer.hf.common import (
     rope_to_hf,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Need
 
 ARCHITECTURES = {"GPTNeoXForCausalLM": "lm"}
 MODEL_TYPE = "gpt_neox"
@@ -146,27 +148,31 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    """Why this jaxformer model has no GPTNeoXForCausalLM equivalent ([] if it has one)."""
-    want = dict(position="rope", norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True,
-                scale_embedding=False, sliding_window=None, layer_types=None, ffn_dropout=0.0,
-                type_vocab_size=0, embed_norm=False, resolved_ffn_bias=True, qk_norm=False, qk_norm_full=False,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
-                embed_dropout=cfg.dropout, moe=None, mla=None, attn_sinks=False)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (GPT-NeoX needs {v!r})" for k, v in want.items()
-           if getattr(cfg, k, v) != v]
-    if cfg.ffn not in exportable_ffns():
-        out.append(f"ffn={cfg.ffn!r} (GPT-NeoX activations: {exportable_ffns()})")
-    if cfg.resolved_qkv_bias != cfg.resolved_out_bias:
-        out.append(f"attn_qkv_bias={cfg.resolved_qkv_bias} with attn_out_bias={cfg.resolved_out_bias} "
-                   "(GPT-NeoX's attention_bias covers query_key_value and dense)")
-    if cfg.resolved_kv_heads != cfg.num_heads:
-        out.append(f"num_kv_heads={cfg.num_kv_heads} (GPT-NeoX has no grouped-query attention)")
-    if cfg.resolved_head_dim * cfg.num_heads != cfg.d_model:
-        out.append(f"head_dim={cfg.head_dim} (GPT-NeoX needs d_model / num_heads)")
-    return out
+# Written: the sizes, the RoPE (partial: rotary_pct), the parallel block, the dropouts, the
+# attention biases; required: LayerNorm with biases, Pre-LN, MLP biases, full multi-head attention
+EXPORTS = {"lm": dict(
+    vocab_size=WRITES, d_model=WRITES, num_heads=WRITES, d_ff=WRITES, num_layers=WRITES, max_len=WRITES,
+    norm_eps=WRITES, rope_base=WRITES, rope_scaling=llama.ROPE_SCALING, rotary_dim=WRITES,
+    parallel_residual=WRITES, attn_dropout=WRITES, dropout=WRITES, tie_embeddings=WRITES, bos_id=WRITES,
+    eos_id=WRITES, pad_id=WRITES, bias=WRITES, attn_qkv_bias=WRITES,
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attn_qkv_bias={resolved_qkv_bias} "
+                       "with attn_out_bias={resolved_out_bias} (GPT-NeoX's attention_bias covers query_key_value "
+                       "and dense)"),
+    **llama.biases("ffn", want=True),
+    position="rope", norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, scale_embedding=False,
+    sliding_window=None, layer_types=None, ffn_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False,
+    qk_norm_full=False, attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
+    embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, "embed_dropout={embed_dropout} (GPT-NeoX needs "
+                       "dropout={dropout}: one hidden_dropout)"),
+    ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} (GPT-NeoX activations: {exportable_ffns()})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
+                      "num_kv_heads={num_kv_heads} (GPT-NeoX has no grouped-query attention)"),
+    head_dim=Need(lambda c: c.resolved_head_dim * c.num_heads == c.d_model,
+                  "head_dim={head_dim} (GPT-NeoX needs d_model / num_heads)"))}
 
 
+def claims(c) -> bool:
+    return c.position == "rope" and (c.norm == "layernorm" or c.parallel_residual)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -204,6 +210,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="gpt_neox", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                embed_keys=EMBED_KEYS, writes=frozenset({"rotary_dim", "parallel_residual"}))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
+                embed_keys=EMBED_KEYS)

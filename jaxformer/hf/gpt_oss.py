@@ -45,6 +45,7 @@ from jaxformer.hf.common import (
     rope_to_hf,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Ignored, Sub
 
 ARCHITECTURES = {"GptOssForCausalLM": "lm"}
 MODEL_TYPE = "gpt_oss"
@@ -144,23 +145,20 @@ def _layer(key: str, template: str) -> int | None:
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm", norm_position="pre", final_norm=True, scale_embedding=False,
-                dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None, attn_sinks=True,
-                mla=None, resolved_out_bias=cfg.resolved_qkv_bias)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (GptOssForCausalLM needs {v!r})"
-           for k, v in want.items() if getattr(cfg, k, v) != v]
-    m = cfg.moe
-    if m is None:
-        return [*out, "moe=None (GptOssForCausalLM's every FFN is a mixture of experts)"]
-    moe_want = dict(router="topk_softmax", router_bias=True, expert_ffn="swiglu_clamped", expert_bias=True,
-                    num_shared_experts=0, dense_layers=(), capacity_factor=None)
-    for k, v in moe_want.items():
-        got = tuple(getattr(m, k)) if isinstance(v, tuple) else getattr(m, k)
-        if got != v:
-            out.append(f"moe.{k}={got!r} (GptOssForCausalLM needs {v!r})")
-    return out
+# LLaMA's attention with sinks, per-layer windows, and only the routed experts (clamped SwiGLU
+# with biases; the dense FFN fields are unused)
+DENSE = Ignored("every layer's FFN is the mixture of experts (dense_layers=())")
+EXPORTS = {"lm": dict(
+    llama.DECODER, attn_sinks=True, sliding_window=WRITES, layer_types=WRITES, d_ff=DENSE, ffn=DENSE, ffn_bias=DENSE,
+    moe=Sub(dict(num_experts=WRITES, top_k=WRITES, d_expert=WRITES, swiglu_alpha=WRITES, swiglu_limit=WRITES,
+                 aux_loss_coef=WRITES, router="topk_softmax", router_bias=True, expert_ffn="swiglu_clamped",
+                 expert_bias=True, num_shared_experts=0, dense_layers=(), capacity_factor=None,
+                 z_loss_coef=Ignored("a training loss term (ST-MoE): no HF key, and the outputs do not depend on it")),
+            missing="GptOssForCausalLM's every FFN is a mixture of experts"))}
+
+
+def claims(c) -> bool:  # only gpt-oss has attention sinks
+    return c.attn_sinks
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -196,6 +194,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="gpt_oss", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
                 embed_keys=EMBED_KEYS)

@@ -39,6 +39,7 @@ from jaxformer.hf.common import (
     rope_to_hf,
     token_ids,
 )
+from jaxformer.hf.exports import WRITES, Ignored, Need
 
 ARCHITECTURES = {"LlamaForCausalLM": "lm"}
 MODEL_TYPE = "llama"
@@ -112,16 +113,32 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str, rules: Renamer = RULES, what:
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg, qk_norm: bool = False) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
-                scale_embedding=False, sliding_window=None, dropout=0.0, ffn_dropout=0.0,
-                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=qk_norm,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
-    out = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k, v) != v]
-    if cfg.resolved_qkv_bias != cfg.resolved_out_bias:
-        out.append(f"attn_qkv_bias={cfg.resolved_qkv_bias} with attn_out_bias={cfg.resolved_out_bias} "
-                   "(LLaMA's attention_bias covers all four projections)")
-    return out
+ROPE_SCALING = Need(lambda c: c.rope_scaling is None or c.rope_scaling.rope_type != "longrope",
+                    "rope_scaling={rope_scaling.rope_type!r} (only Phi-3 writes longrope)")
+SAME_ATTENTION_BIAS = Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias,
+                           "attn_qkv_bias={resolved_qkv_bias} with attn_out_bias={resolved_out_bias} (one "
+                           "attention_bias covers all four attention projections)")
+_BIAS_FIELDS = {"qkv": "attn_qkv_bias", "out": "attn_out_bias", "ffn": "ffn_bias"}
+
+
+def biases(*kinds: str, want: bool = False) -> dict:
+    """The declaration of a decoder whose biases of `kinds` ("qkv", "out", "ffn") are `want`."""
+    return {_BIAS_FIELDS[k]: Need(lambda c, k=k: getattr(c, f"resolved_{k}_bias") == want,
+                                  f"{k}_bias={{resolved_{k}_bias}} (needs {want})") for k in kinds}
+
+
+# What every LLaMA-style decoder (LLaMA, Mistral, Qwen, OLMo 2, Phi-3, the MoE ones) exports of
+# an lm (common_config_to_hf) and requires of it; each family changes what it writes otherwise
+DECODER = dict(
+    vocab_size=WRITES, d_model=WRITES, num_heads=WRITES, num_kv_heads=WRITES, head_dim=WRITES, d_ff=WRITES,
+    num_layers=WRITES, max_len=WRITES, norm_eps=WRITES, rope_base=WRITES, rope_scaling=ROPE_SCALING,
+    attn_dropout=WRITES, tie_embeddings=WRITES, bos_id=WRITES, eos_id=WRITES, pad_id=WRITES,
+    bias=WRITES,  # the default of the three below, which the family declares
+    attn_qkv_bias=WRITES, attn_out_bias=SAME_ATTENTION_BIAS, ffn_bias=WRITES,
+    position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True, scale_embedding=False,
+    dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False,
+    sliding_window=None, layer_types=Ignored("without a sliding_window every layer attends fully"),
+    attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
 
 
 def common_config_to_hf(cfg: LMConfig) -> dict:
@@ -146,6 +163,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="llama", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                embed_keys=EMBED_KEYS)
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports={"lm": DECODER},
+                claims=lambda c: c.position == "rope", embed_keys=EMBED_KEYS)

@@ -21,6 +21,7 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
 from jaxformer.hf.common import Family, Options, build_config, rename_all, uniform_window
+from jaxformer.hf.exports import WRITES
 
 ARCHITECTURES = {"MistralForCausalLM": "lm"}
 MODEL_TYPE = "mistral"
@@ -46,14 +47,8 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
-                scale_embedding=False, dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0,
-                embed_norm=False, qk_norm=False, resolved_qkv_bias=False, resolved_out_bias=False,
-                resolved_ffn_bias=False, layer_types=None, attn_logit_softcap=None,
-                query_pre_attn_scalar=None, final_logit_softcap=None)
-    return [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (MistralForCausalLM needs {v!r})"
-            for k, v in want.items() if getattr(cfg, k, v) != v]
+# LLaMA's with the window it applies to every layer, and no biases
+EXPORTS = {"lm": dict(llama.DECODER, sliding_window=WRITES, layer_types=None, **llama.biases("qkv", "out", "ffn"))}
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -66,6 +61,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="mistral", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                embed_keys=EMBED_KEYS)
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
+                claims=lambda c: c.position == "rope" and c.sliding_window is not None, embed_keys=EMBED_KEYS)

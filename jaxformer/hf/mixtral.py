@@ -36,6 +36,7 @@ from jaxformer.config import MoEConfig
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mistral
 from jaxformer.hf.common import Family, MappingError, Options, Renamer, build_config, rename_all, uniform_window
+from jaxformer.hf.exports import WRITES, Ignored, Sub
 
 ARCHITECTURES = {"MixtralForCausalLM": "lm"}
 MODEL_TYPE = "mixtral"
@@ -101,16 +102,11 @@ def experts_to_slices(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def moe_export_problems(cfg: LMConfig, arch: str, **want) -> list[str]:
-    """What a routed-expert block of the HF families here (softmax over all experts, top-k,
-    dropless, bias-free SwiGLU experts) cannot express, plus the family's `want`ed fields."""
-    moe = cfg.moe
-    if moe is None:
-        return [f"moe=None ({arch} is a mixture of experts)"]
-    want = dict(router="softmax_topk", router_bias=False, expert_ffn="swiglu", expert_bias=False,
-                capacity_factor=None, **want)
-    return [f"moe.{k}={getattr(moe, k)!r} ({arch} needs {v!r})" for k, v in want.items()
-            if getattr(moe, k) != v]
+# The routed experts of Mixtral and Qwen-MoE (softmax over all experts, top-k, dropless, bias-free
+# SwiGLU experts): what config.json writes of MoEConfig and what it requires
+MOE = dict(num_experts=WRITES, top_k=WRITES, d_expert=WRITES, aux_loss_coef=WRITES, router="softmax_topk",
+           router_bias=False, expert_ffn="swiglu", expert_bias=False, capacity_factor=None,
+           z_loss_coef=Ignored("a training loss term (ST-MoE): no HF key, and the outputs do not depend on it"))
 
 
 def moe_config_to_hf(moe: MoEConfig) -> dict:
@@ -166,10 +162,15 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    out = [p.replace("MistralForCausalLM", "MixtralForCausalLM") for p in mistral.export_problems(name, cfg)]
-    return out + moe_export_problems(cfg, "MixtralForCausalLM", norm_topk_prob=True, num_shared_experts=0,
-                                     dense_layers=())
+# Mistral's with the routed experts in every layer (its intermediate_size is d_expert)
+EXPORTS = {"lm": dict(
+    mistral.EXPORTS["lm"], d_ff=Ignored("every layer's FFN is the mixture of experts (dense_layers=())"),
+    moe=Sub(dict(MOE, norm_topk_prob=True, num_shared_experts=0, dense_layers=()),
+            missing="MixtralForCausalLM is a mixture of experts"))}
+
+
+def claims(c) -> bool:
+    return c.moe is not None
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -185,6 +186,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="mixtral", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
                 embed_keys=EMBED_KEYS)

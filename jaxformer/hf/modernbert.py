@@ -43,6 +43,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.config.models import ClassifierConfig
 from jaxformer.convert import ConversionError
 from jaxformer.hf.common import Family, MappingError, Options, Renamer, build_config, rename_all, token_ids
+from jaxformer.hf.exports import WRITES, Need
 
 ARCHITECTURES = {"ModernBertModel": "encoder", "ModernBertForSequenceClassification": "classifier",
                  "ModernBertForMaskedLM": "encoder"}
@@ -203,27 +204,30 @@ def tensor_fn(name: str, cfg, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="layernorm", norm_position="pre", final_norm=True, first_attn_norm=False,
-                embed_norm=True, scale_embedding=False, type_vocab_size=0, positions_from_padding=False,
-                rope_scaling=None, qk_norm=False, attn_logit_softcap=None, query_pre_attn_scalar=None,
-                moe=None, mla=None, attn_sinks=False, dropout=0.0, head_dim=None)
-    out = [f"{k}={getattr(cfg, k)!r} (ModernBERT needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
-    if cfg.ffn not in set(GATED.values()):
-        out.append(f"ffn={cfg.ffn!r} (ModernBERT's MLP is gated: {sorted(set(GATED.values()))})")
-    if cfg.resolved_qkv_bias != cfg.resolved_out_bias:
-        out.append("q/k/v and output biases differ (ModernBERT's attention_bias sets both)")
-    if cfg.resolved_kv_heads != cfg.num_heads:
-        out.append(f"num_kv_heads={cfg.num_kv_heads} (ModernBERT has no grouped-query attention)")
-    if name == "encoder" and cfg.pooler:
-        out.append("pooler=True (ModernBertModel has no pooler)")
-    if name == "classifier":
-        if not (cfg.pooler and cfg.pooler_norm) or cfg.pooler_act not in POOLER_ACTS.values():
-            out.append(f"pooler={cfg.pooler}, pooler_norm={cfg.pooler_norm}, pooler_act={cfg.pooler_act!r} "
-                       "(ModernBERT's head is dense + activation + norm)")
-        if cfg.dtype != "float32":
-            out.append(f"dtype={cfg.dtype!r} (export float32 models)")
-    return out
+# Written: the sizes, the norms' bias, the dropouts, the biases, the local layers' window and
+# RoPE; required: RoPE, Pre-LN with the embedding norm before layer 0, a gated MLP, full
+# multi-head attention, no pooler on ModernBertModel
+ENCODER = dict(
+    vocab_size=WRITES, d_model=WRITES, num_heads=WRITES, d_ff=WRITES, num_layers=WRITES, max_len=WRITES,
+    norm_eps=WRITES, norm_bias=WRITES, pad_id=WRITES, attn_dropout=WRITES, embed_dropout=WRITES, ffn_dropout=WRITES,
+    sliding_window=WRITES, layer_types=WRITES, rope_base=WRITES, rope_local_base=WRITES, bias=WRITES,
+    attn_qkv_bias=WRITES, ffn_bias=WRITES,
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attn_out_bias={resolved_out_bias}: q/k/v "
+                       "and output biases differ (ModernBERT's attention_bias sets both)"),
+    position="rope", norm="layernorm", norm_position="pre", final_norm=True, first_attn_norm=False, embed_norm=True,
+    scale_embedding=False, type_vocab_size=0, positions_from_padding=False, rope_scaling=None, qk_norm=False,
+    attn_logit_softcap=None, query_pre_attn_scalar=None, moe=None, mla=None, attn_sinks=False, dropout=0.0,
+    head_dim=None, pooler=False,
+    ffn=Need(lambda c: c.ffn in set(GATED.values()),
+             f"ffn={{ffn!r}} (ModernBERT's MLP is gated: {sorted(set(GATED.values()))})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
+                      "num_kv_heads={num_kv_heads} (ModernBERT has no grouped-query attention)"))
+# The head: dense + activation + norm (export float32 models)
+EXPORTS = {"encoder": ENCODER, "classifier": dict(
+    ENCODER, num_classes=WRITES, classifier_dropout=WRITES, pooling=WRITES, pooler_bias=WRITES, pooler=True,
+    pooler_norm=True, dtype="float32",
+    pooler_act=Need(lambda c: c.pooler_act in POOLER_ACTS.values(),
+                    "pooler_act={pooler_act!r} (ModernBERT's head is dense + activation + norm)"))}
 
 
 def config_to_hf(name: str, cfg) -> dict:
@@ -282,8 +286,7 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
     return out
 
 
-FAMILY = Family(name="modernbert", architectures=ARCHITECTURES, model_types=MODEL_TYPES,
-                config_from_hf=config_from_hf, tensor_fn=tensor_fn, export_problems=export_problems,
-                config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
-                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                writes=frozenset({"first_attn_norm", "rope_local_base"}))
+FAMILY = Family(name="modernbert", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
+                claims=lambda c: c.position == "rope")  # a RoPE encoder

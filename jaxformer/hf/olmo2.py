@@ -58,14 +58,9 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="post_sublayer", final_norm=True,
-                qk_norm=False, qk_norm_full=True, scale_embedding=False, sliding_window=None, layer_types=None,
-                dropout=0.0, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0, embed_norm=False,
-                resolved_ffn_bias=False, resolved_out_bias=cfg.resolved_qkv_bias, attn_logit_softcap=None,
-                query_pre_attn_scalar=None, final_logit_softcap=None, moe=None, mla=None, attn_sinks=False)
-    return [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (Olmo2ForCausalLM needs {v!r})"
-            for k, v in want.items() if getattr(cfg, k, v) != v]
+# LLaMA's with norms on the sublayer outputs and full-width q/k norms, no MLP biases
+EXPORTS = {"lm": dict(llama.DECODER, norm_position="post_sublayer", qk_norm_full=True, layer_types=None,
+                      **llama.biases("ffn"))}
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -79,6 +74,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="olmo2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                embed_keys=EMBED_KEYS, writes=frozenset({"qk_norm_full"}))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
+                claims=lambda c: c.norm_position == "post_sublayer" or c.qk_norm_full, embed_keys=EMBED_KEYS)

@@ -48,6 +48,7 @@ from jaxformer.hf.common import (
     partial_factor,
     rename_all,
 )
+from jaxformer.hf.exports import WRITES, Need
 
 ARCHITECTURES = {"Phi3ForCausalLM": "lm"}
 MODEL_TYPE = "phi3"
@@ -168,20 +169,20 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
-                scale_embedding=False, ffn_dropout=0.0, embed_dropout=0.0, type_vocab_size=0, embed_norm=False,
-                qk_norm=False, resolved_qkv_bias=False, resolved_out_bias=False, resolved_ffn_bias=False,
-                layer_types=None, attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
-                moe=None, mla=None, attn_sinks=False)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} (Phi3ForCausalLM needs {v!r})"
-           for k, v in want.items() if getattr(cfg, k, v) != v]
-    if cfg.rope_scaling is not None and cfg.rope_scaling.rope_type != "longrope":
-        out.append(f"rope_scaling {cfg.rope_scaling.rope_type!r} (Phi3ForCausalLM has only longrope)")
-    if cfg.head_dim is not None and cfg.head_dim != cfg.d_model // cfg.num_heads:
-        out.append(f"head_dim={cfg.head_dim} (Phi3ForCausalLM's heads are d_model // num_heads = "
-                   f"{cfg.d_model // cfg.num_heads} wide)")
-    return out
+# LLaMA's with residual dropout, a window, partial rotary, longrope (and no other scaling), no
+# biases, and heads d_model // num_heads wide
+EXPORTS = {"lm": dict(
+    llama.DECODER, dropout=WRITES, sliding_window=WRITES, rotary_dim=WRITES, layer_types=None,
+    **llama.biases("qkv", "out", "ffn"),
+    rope_scaling=Need(lambda c: c.rope_scaling is None or c.rope_scaling.rope_type == "longrope",
+                      "rope_scaling={rope_scaling.rope_type!r} (Phi3ForCausalLM has only longrope)"),
+    head_dim=Need(lambda c: c.head_dim is None or c.head_dim == c.d_model // c.num_heads,
+                  "head_dim={head_dim} (Phi3ForCausalLM's heads are d_model // num_heads wide)"))}
+
+
+def claims(c) -> bool:  # only Phi-3 has longrope; residual dropout, partial rotary (Phi-4-mini)
+    longrope = c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope"
+    return c.position == "rope" and (longrope or bool(c.dropout) or c.rotary_dim is not None)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -213,6 +214,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="phi3", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                embed_keys=EMBED_KEYS, writes=frozenset({"rotary_dim"}))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
+                embed_keys=EMBED_KEYS)

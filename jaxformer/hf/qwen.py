@@ -20,6 +20,7 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama
 from jaxformer.hf.common import Family, Options, Renamer, build_config, full_attention_only, rename_all
+from jaxformer.hf.exports import WRITES, Need
 
 ARCHITECTURES = {"Qwen2ForCausalLM": "lm", "Qwen3ForCausalLM": "lm"}
 MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -59,17 +60,18 @@ def architecture(cfg) -> str:
     return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM"
 
 
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
-                scale_embedding=False, sliding_window=None, dropout=0.0, ffn_dropout=0.0,
-                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, resolved_ffn_bias=False,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None)
-    if cfg.qk_norm:  # Qwen3: one attention_bias
-        want.update(resolved_out_bias=cfg.resolved_qkv_bias)
-    else:  # Qwen2: q/k/v biases, none on o_proj
-        want.update(resolved_qkv_bias=True, resolved_out_bias=False)
-    return [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} ({architecture(cfg)} needs {v!r})"
-            for k, v in want.items() if getattr(cfg, k, v) != v]
+# LLaMA's with Qwen3's q/k norms (qk_norm names the architecture) and Qwen's biases
+EXPORTS = {"lm": dict(
+    llama.DECODER, qk_norm=WRITES, **llama.biases("ffn"),
+    attn_qkv_bias=Need(lambda c: c.qk_norm or c.resolved_qkv_bias is True,
+                       "qkv_bias={resolved_qkv_bias} (Qwen2's q/k/v projections have biases)"),
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == (c.resolved_qkv_bias if c.qk_norm else False),
+                       "out_bias={resolved_out_bias} with qkv_bias={resolved_qkv_bias} (Qwen3's attention_bias "
+                       "covers all four projections; Qwen2's o_proj has none)"))}
+
+
+def claims(c) -> bool:  # q/k norms (Qwen3) or biases on q/k/v only (Qwen2)
+    return c.position == "rope" and (c.qk_norm or c.resolved_qkv_bias != c.resolved_out_bias)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -86,5 +88,5 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="qwen", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=DEFAULTS, embed_keys=EMBED_KEYS)
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=DEFAULTS, exports=EXPORTS, claims=claims, embed_keys=EMBED_KEYS)

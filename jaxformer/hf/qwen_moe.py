@@ -32,6 +32,7 @@ import numpy as np
 from jaxformer.config.models import LMConfig
 from jaxformer.hf import llama, mixtral, qwen
 from jaxformer.hf.common import Family, Options, Renamer, full_attention_only, rename_all
+from jaxformer.hf.exports import WRITES, Need, Sub
 
 ARCHITECTURES = {"Qwen2MoeForCausalLM": "lm", "Qwen3MoeForCausalLM": "lm"}
 MODEL_TYPES = {"Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
@@ -110,18 +111,22 @@ def architecture(cfg) -> str:
     return "Qwen3MoeForCausalLM" if cfg.qk_norm else "Qwen2MoeForCausalLM"
 
 
-def export_problems(name: str, cfg) -> list[str]:
-    arch = architecture(cfg)
-    want = dict(position="rope", norm="rmsnorm", ffn="swiglu", norm_position="pre", final_norm=True,
-                scale_embedding=False, sliding_window=None, dropout=0.0, ffn_dropout=0.0,
-                embed_dropout=0.0, type_vocab_size=0, embed_norm=False, resolved_ffn_bias=False,
-                attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
-                resolved_out_bias=cfg.resolved_qkv_bias if cfg.qk_norm else False)
-    out = [f"{k.replace('resolved_', '')}={getattr(cfg, k)!r} ({arch} needs {v!r})"
-           for k, v in want.items() if getattr(cfg, k, v) != v]
-    # Qwen2-MoE: one gated shared MLP (of width resolved_d_shared, however many experts it sums)
-    shared = dict(shared_expert_gate=True) if arch == "Qwen2MoeForCausalLM" else dict(num_shared_experts=0)
-    return out + mixtral.moe_export_problems(cfg, arch, **shared)
+# LLaMA's with Qwen's q/k norms (Qwen3-MoE) or a gated shared expert (Qwen2-MoE) and its biases,
+# the routed experts (Mixtral's) and the dense layers between them
+EXPORTS = {"lm": dict(
+    llama.DECODER, **llama.biases("ffn"),
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == (c.resolved_qkv_bias if c.qk_norm else False),
+                       "out_bias={resolved_out_bias} with qkv_bias={resolved_qkv_bias} (Qwen3-MoE's attention_bias "
+                       "covers all four projections; Qwen2-MoE's o_proj has none)"),
+    qk_norm=Need(lambda c: c.moe is None or (c.moe.num_shared_experts == 0 if c.qk_norm else c.moe.shared_expert_gate),
+                 "qk_norm={qk_norm} with moe.num_shared_experts={moe.num_shared_experts}, moe.shared_expert_gate="
+                 "{moe.shared_expert_gate} (Qwen3-MoE has no shared expert; Qwen2-MoE's is gated)"),
+    moe=Sub(dict(mixtral.MOE, norm_topk_prob=WRITES, dense_layers=WRITES, num_shared_experts=WRITES, d_shared=WRITES,
+                 shared_expert_gate=WRITES), missing="Qwen-MoE is a mixture of experts"))}
+
+
+def claims(c) -> bool:  # Qwen's q/k norm, gated shared expert or qkv-only bias
+    return c.moe is not None and (c.qk_norm or c.moe.shared_expert_gate or c.resolved_qkv_bias != c.resolved_out_bias)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -142,5 +147,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 
 FAMILY = Family(name="qwen_moe", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=DEFAULTS, embed_keys=EMBED_KEYS)
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=DEFAULTS, exports=EXPORTS, claims=claims,
+                embed_keys=EMBED_KEYS)

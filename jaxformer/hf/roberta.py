@@ -90,17 +90,11 @@ def tensor_fn(name: str, cfg, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    out = bert.encoder_problems(cfg, "RoBERTa", positions_from_padding=True, first_attn_norm=True)
-    if name == "classifier":
-        head = (cfg.pooler, cfg.pooling, cfg.pooler_act, cfg.pooler_bias, cfg.pooler_norm)
-        if head != (True, "cls", "tanh", True, False):
-            out.append(f"pooler={cfg.pooler}, pooling={cfg.pooling!r}, pooler_act={cfg.pooler_act!r}, "
-                       f"pooler_bias={cfg.pooler_bias}, pooler_norm={cfg.pooler_norm} (RoBERTa's head is "
-                       "dense + tanh on <s>, with a bias, without a norm)")
-        if cfg.dtype != "float32":
-            out.append(f"dtype={cfg.dtype!r} (export float32 models)")
-    return out
+# BERT's with positions offset past the padding, and RoBERTa's head (dense + tanh on <s>, with a
+# bias, without a norm)
+ENCODER = dict(bert.encoder("RoBERTa"), positions_from_padding=True, first_attn_norm=True)
+EXPORTS = {"encoder": ENCODER, "classifier": dict(ENCODER, **bert.CLASSIFIER, pooler_act="tanh", pooler_bias=True,
+                                                  pooler_norm=False)}
 
 
 def config_to_hf(name: str, cfg) -> dict:
@@ -123,6 +117,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 
 
 FAMILY = Family(name="roberta", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                writes=frozenset({"positions_from_padding"}))
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
+                claims=lambda c: c.positions_from_padding)  # RoBERTa's offset positions

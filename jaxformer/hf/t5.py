@@ -44,7 +44,9 @@ import numpy as np
 
 from jaxformer.config import ConfigError
 from jaxformer.config.models import Seq2SeqConfig
+from jaxformer.hf import llama
 from jaxformer.hf.common import Family, MappingError, Options, Renamer, build_config, rename_all
+from jaxformer.hf.exports import WRITES, Ignored, Need
 
 ARCHITECTURES = {"T5ForConditionalGeneration": "seq2seq"}
 MODEL_TYPE = "t5"
@@ -196,24 +198,27 @@ def tensor_fn(name: str, cfg: Seq2SeqConfig, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    want = dict(position="t5", attn_scale=1.0, norm="rmsnorm", norm_position="pre", final_norm=True,
-                bias=False, scale_embedding=False, share_embeddings=True, sliding_window=None, qk_norm=False,
-                type_vocab_size=0, embed_norm=False, rope_scaling=None, dtype="float32")
-    out = [f"{k}={getattr(cfg, k)!r} (T5 needs {v!r})" for k, v in want.items() if getattr(cfg, k, v) != v]
-    if cfg.resolved_kv_heads != cfg.num_heads:
-        out.append(f"num_kv_heads={cfg.num_kv_heads} (T5 has no grouped-query attention)")
-    for k in ("resolved_qkv_bias", "resolved_out_bias", "resolved_ffn_bias"):
-        if getattr(cfg, k):
-            out.append(f"{k.replace('resolved_', '')}=True (T5 has no biases)")
-    if cfg.ffn not in FFN_TO_HF:
-        out.append(f"ffn={cfg.ffn!r} (T5 feed_forward_proj has {sorted(FFN_TO_HF)})")
-    drops = {cfg.dropout, cfg.attn_dropout, cfg.ffn_dropout, cfg.embed_dropout}
-    if len(drops) > 1:
-        out.append(f"dropouts {sorted(drops)} differ (T5 has one dropout_rate)")
-    if cfg.tie_output and cfg.resolved_tgt_vocab != cfg.vocab_size:
-        out.append("a target vocabulary of its own (T5 shares one table)")
-    return out
+# Written: the sizes, the buckets, one dropout_rate, the tokens, the head (tied or its own
+# lm_head, which resolve_checkpoint reads back); required: T5's relative bias without a score
+# scale, Pre-LN RMSNorm without biases, one shared table, full multi-head attention
+EXPORTS = {"seq2seq": dict(
+    vocab_size=WRITES, d_model=WRITES, num_heads=WRITES, head_dim=WRITES, d_ff=WRITES, num_layers=WRITES,
+    num_decoder_layers=WRITES, rel_num_buckets=WRITES, rel_max_distance=WRITES, norm_eps=WRITES,
+    scale_decoder_output=WRITES, max_len=WRITES, pad_id=WRITES, bos_id=WRITES, eos_id=WRITES, tie_output=WRITES,
+    position="t5", attn_scale=1.0, norm="rmsnorm", norm_position="pre", final_norm=True, bias=False,
+    scale_embedding=False, share_embeddings=True, sliding_window=None, qk_norm=False, type_vocab_size=0,
+    embed_norm=False, rope_scaling=None, dtype="float32", **llama.biases("qkv", "out", "ffn"),
+    layer_types=Ignored("without a sliding_window every layer attends fully"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
+                      "num_kv_heads={num_kv_heads} (T5 has no grouped-query attention)"),
+    ffn=Need(lambda c: c.ffn in FFN_TO_HF, f"ffn={{ffn!r}} (T5 feed_forward_proj has {sorted(FFN_TO_HF)})"),
+    # one dropout_rate: the other three are written as it, which this makes them equal to
+    dropout=Need(lambda c: c.dropout == c.attn_dropout == c.ffn_dropout == c.embed_dropout,
+                 "dropout={dropout}, attn_dropout={attn_dropout}, ffn_dropout={ffn_dropout} and embed_dropout="
+                 "{embed_dropout} differ (T5 has one dropout_rate)"),
+    attn_dropout=WRITES, ffn_dropout=WRITES, embed_dropout=WRITES,
+    tgt_vocab_size=Need(lambda c: not c.tie_output or c.resolved_tgt_vocab == c.vocab_size,
+                        "tgt_vocab_size={tgt_vocab_size}: a target vocabulary of its own (T5 shares one table)"))}
 
 
 def config_to_hf(name: str, cfg: Seq2SeqConfig) -> dict:
@@ -234,6 +239,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: Seq2SeqConfig) -
 
 
 FAMILY = Family(name="t5", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf, hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS),
-                writes=frozenset({"attn_scale"}), resolve_checkpoint=resolve_checkpoint)
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
+                resolve_checkpoint=resolve_checkpoint)

@@ -3,7 +3,7 @@ and Swin (`SwinForImageClassification`) <-> `swin`: configs and weights, strict 
 import, streaming import and export.
 
 Two entry points share one mapping. The checkpoint-directory family API of jaxformer.hf
-(config_from_hf on a config.json dict, tensor_fn, export_problems, config_to_hf,
+(config_from_hf on a config.json dict, tensor_fn, EXPORTS (the fields export writes), config_to_hf,
 state_dict_to_hf) reads config.json strictly (dropouts carried over, every other option
 checked or an error) and exports in the names HF's save_pretrained writes (transformers 4.x
 names, which 5.x renames on load). The in-memory API works on transformers objects: the
@@ -73,6 +73,7 @@ from jaxformer.hf.common import (
     rename_all,
     square_size,
 )
+from jaxformer.hf.exports import WRITES, Ignored, Need
 
 ARCHITECTURES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}
 MODEL_TYPES = {"ViTForImageClassification": "vit", "ViTModel": "vit", "SwinForImageClassification": "swin"}
@@ -290,24 +291,27 @@ def tensor_fn(name: str, cfg, arch: str):
 
 
 # ----------------------------------------------------------------------------- export
-def export_problems(name: str, cfg) -> list[str]:
-    out = []
-    if cfg.ffn not in exportable_ffns():
-        out.append(f"ffn={cfg.ffn!r} (HF {name} activations: {exportable_ffns()})")
-    if name == "vit":
-        want = dict(class_token=True, pool="cls", bias=True, layer_scale=None)
-        out += [f"{k}={getattr(cfg, k)!r} (HF ViT needs {v!r})" for k, v in want.items()
-                if getattr(cfg, k) != v]
-        if cfg.embed_dropout != cfg.dropout:
-            out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (HF ViT has one "
-                       "hidden_dropout_prob)")
-    else:
-        if cfg.patch_norm_eps != 1e-5:
-            out.append(f"patch_norm_eps={cfg.patch_norm_eps} (HF Swin keeps 1e-5 in its patch and merge norms)")
-        if cfg.embed_dropout != cfg.dropout:
-            out.append(f"embed_dropout={cfg.embed_dropout} != dropout={cfg.dropout} (HF Swin has one "
-                       "hidden_dropout_prob for both)")
-    return out
+# ViT: the sizes, the dropouts, the head (a classifier or ViTModel's pooler); required: [CLS]
+# pooling, biases, no LayerScale, one hidden dropout. Swin: its stages and windows; the patch
+# and merge norms' eps is torch's default.
+VIT = dict(
+    d_model=WRITES, num_heads=WRITES, d_ff=WRITES, num_layers=WRITES, dropout=WRITES, attn_dropout=WRITES,
+    norm_eps=WRITES, image_size=WRITES, patch_size=WRITES, num_channels=WRITES, qkv_bias=WRITES, head=WRITES,
+    num_classes=WRITES, class_token=True, pool="cls", bias=True, layer_scale=None,
+    interpolate_positions=Ignored("HF ViT takes interpolate_pos_encoding at call time; config.json has no key"),
+    ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} (HF vit activations: {exportable_ffns()})"),
+    embed_dropout=Need(lambda c: c.embed_dropout == c.dropout,
+                       "embed_dropout={embed_dropout} != dropout={dropout} (HF ViT has one hidden_dropout_prob)"))
+SWIN = dict(
+    image_size=WRITES, patch_size=WRITES, num_channels=WRITES, embed_dim=WRITES, depths=WRITES, num_heads=WRITES,
+    window_size=WRITES, mlp_ratio=WRITES, qkv_bias=WRITES, dropout=WRITES, attn_dropout=WRITES,
+    drop_path_rate=WRITES, norm_eps=WRITES, num_classes=WRITES,
+    patch_norm_eps=Need(lambda c: c.patch_norm_eps == 1e-5, "patch_norm_eps={patch_norm_eps} (HF Swin keeps 1e-5 "
+                        "in its patch and merge norms)"),
+    ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} (HF swin activations: {exportable_ffns()})"),
+    embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, "embed_dropout={embed_dropout} != dropout={dropout} "
+                       "(HF Swin has one hidden_dropout_prob for both)"))
+EXPORTS = {"vit": VIT, "swin": SWIN}
 
 
 def config_to_hf(name: str, cfg) -> dict:
@@ -340,6 +344,6 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 
 
 FAMILY = Family(name="vision", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
-                tensor_fn=tensor_fn, export_problems=export_problems, config_to_hf=config_to_hf,
-                state_dict_to_hf=state_dict_to_hf,
-                hf_defaults={a: SWIN_DEFAULTS if a.startswith("Swin") else VIT_DEFAULTS for a in ARCHITECTURES})
+                tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
+                hf_defaults={a: SWIN_DEFAULTS if a.startswith("Swin") else VIT_DEFAULTS for a in ARCHITECTURES},
+                exports=EXPORTS)

@@ -1,0 +1,118 @@
+"""What a Hugging Face family exports of our configs, declared field by field (`Family.exports`),
+and the export check that reads the declaration (`problems`). Imports neither jax nor torch.
+
+A family declares, per model name it exports ("lm", "encoder", ...), each config field it
+covers as one of:
+  WRITES          its export (config.json or the weights) carries the field, at any value;
+  a plain value   the field must equal it (LLaMA: norm="rmsnorm");
+  Need(ok, text)  written where ok(cfg) holds, else refused with `text` (a format string over
+                  the config's attributes and properties: relations between fields);
+  Ignored(why)    accepted at any value and not written, for the stated reason;
+  Sub({...})      a nested config (moe, mla), declared field by field the same way.
+Every declared field is checked. The check is positive: a field away from its class default
+that the declaration does not cover is refused by name, so an option no family declares (a
+new one included) never exports silently. IGNORED_BY_ALL names the fields that never change
+the exported model, UNREAD those no layer reads in the config at hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+WRITES = "<writes>"  # a marker, compared by identity
+
+
+@dataclass(frozen=True)
+class Need:
+    """A field written only where ok(cfg) holds; else the refusal `text`, a format string over
+    the config's attributes (a nested config's, inside Sub)."""
+
+    ok: Callable[[Any], bool]
+    text: str
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A field accepted at any value and not written: `why` says why that loses nothing."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Sub:
+    """A nested config (moe, mla) declared field by field; `missing`: the refusal of None
+    (None = accepted, nothing to write)."""
+
+    fields: Mapping[str, Any]
+    missing: str | None = None
+
+
+# Fields no family writes, because they never change what an exported model computes
+IGNORED_BY_ALL = {
+    "scan_layers": "how JAX runs the layers (lax.scan over stacked params): the same weights and outputs",
+    "dtype": "the compute dtype of our forward pass; the weights are written as stored",
+}
+# Fields no layer reads where `unread(cfg)` holds (a family that declares one checks it itself)
+UNREAD = {
+    "norm_bias": lambda c: c.norm != "layernorm",  # RMSNorm has no bias
+    "rope_base": lambda c: c.position != "rope",
+    "rel_num_buckets": lambda c: c.position != "t5",  # T5's relative position buckets
+    "rel_max_distance": lambda c: c.position != "t5",
+}
+
+
+class _Attributes(Mapping):
+    """A config's attributes (properties too) for str.format_map."""
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def __getitem__(self, key):
+        return getattr(self._cfg, key)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 0
+
+
+def at_default(f: dataclasses.Field, value) -> bool:
+    """Is `value` the field's class default? A field without one never is."""
+    if f.default is not dataclasses.MISSING:
+        return value == f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return value == f.default_factory()
+    return False
+
+
+def problems(exports: Mapping[str, Any], cfg, uncovered: Callable[[str, Any], str], prefix: str = "") -> list[str]:
+    """What of `cfg` the declaration `exports` cannot write, one line each. uncovered(label,
+    value) -> the refusal of a field away from its default that `exports` does not cover."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        key, value, label = f.name, getattr(cfg, f.name), prefix + f.name
+        spec = exports.get(key, dataclasses.MISSING)
+        if spec is dataclasses.MISSING:
+            if not (key in IGNORED_BY_ALL or at_default(f, value) or key in UNREAD and UNREAD[key](cfg)):
+                out.append(uncovered(label, value))
+        elif isinstance(spec, Sub):
+            if value is None and spec.missing is not None:
+                out.append(f"{label}=None ({spec.missing})")
+            elif value is not None:
+                out += problems(spec.fields, value, uncovered, prefix=f"{label}.")
+        elif isinstance(spec, Need):
+            if not spec.ok(cfg):
+                out.append(prefix + spec.text.format_map(_Attributes(cfg)))
+        elif spec is not WRITES and not isinstance(spec, Ignored) and value != spec:
+            out.append(f"{label}={value!r} (needs {spec!r})")
+    return out
+
+
+def covers(exports: Mapping[str, Any], key: str, value) -> bool:
+    """Does the declaration take `key` at `value` (the fields other families write)?"""
+    spec = exports.get(key, dataclasses.MISSING)
+    if spec is dataclasses.MISSING:
+        return False
+    return spec is WRITES or isinstance(spec, (Need, Ignored, Sub)) or spec == value
