@@ -23,14 +23,18 @@ DINOv2 (`Dinov2Model`, `Dinov2ForImageClassification` <-> `vit` with LayerScale)
 T5 (`T5ForConditionalGeneration` <-> `seq2seq`, v1.0 and v1.1 / flan).
 
 Modules: files (reading checkpoint directories safely), streaming (the shard-by-shard
-conversion), common (config.json options, the activation table, key renaming), one per family.
+conversion), common (config.json options, the activation table, key renaming), one per family,
+exports (how a family declares the fields of our configs it writes: the export check), families
+(the one ordered registry of families, and `exporter`).
 
 Import: config.json -> our config (family.config_from_hf: every option mapped, ignored for a
 stated reason, or an error naming it); weights: HF tensor -> torch_ref key and layout
 (family.tensor_fn) -> jaxformer.convert's rule table, shard by shard (streaming.convert_stream),
 with the converter's per-tensor check run on the whole plan before any data is read.
-Export: our params -> torch_ref state_dict (jaxformer.convert.flax_to_torch_arrays) -> HF
-names and layout (family.state_dict_to_hf) -> config.json + model.safetensors.
+Export: the first family that claims our config, whose declaration must cover every field of
+it away from its default (hf/exports.py); our params -> torch_ref state_dict
+(jaxformer.convert.flax_to_torch_arrays) -> HF names and layout (family.state_dict_to_hf) ->
+config.json + model.safetensors.
 
 Every output directory is written under a temporary name and renamed into place at the end,
 so a failed conversion leaves nothing at OUT.

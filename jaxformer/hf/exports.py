@@ -20,7 +20,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-WRITES = "<writes>"  # a marker, compared by identity
+
+class _Writes:
+    def __repr__(self) -> str:
+        return "WRITES"
+
+
+WRITES = _Writes()  # the one marker of a written field
 
 
 @dataclass(frozen=True)

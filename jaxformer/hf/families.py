@@ -47,7 +47,7 @@ FAMILIES: tuple[Family, ...] = (
     phi3.FAMILY,  # longrope, residual dropout or partial rotary
     mistral.FAMILY,  # a sliding window
     llama.FAMILY,  # any other RoPE decoder
-    gpt2.FAMILY,  # learned positions
+    gpt2.FAMILY,  # any other LM: GPT-2's learned positions, or refused by name
     roberta.FAMILY,  # RoBERTa's offset positions
     modernbert.FAMILY,  # a RoPE encoder
     bert.FAMILY,

@@ -138,10 +138,6 @@ EXPORTS = {"lm": dict(
                   "head_dim={head_dim} (GPT-2 needs d_model / num_heads)"))}
 
 
-def claims(c) -> bool:  # the LM the RoPE families above did not claim
-    return True
-
-
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     return {"architectures": ["GPT2LMHeadModel"], "model_type": MODEL_TYPE,
             "vocab_size": cfg.vocab_size, "n_positions": cfg.max_len, "n_embd": cfg.d_model,
@@ -178,5 +174,5 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 
 FAMILY = Family(name="gpt2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
-                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS, claims=claims,
+                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
                 embed_keys=EMBED_KEYS)
