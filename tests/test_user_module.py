@@ -3,8 +3,8 @@ Face OPT (a family jaxformer does not import), named by a YAML's `model: {module
 torch: FILE.py:FUNC}` with `task: causal_lm`. Each trains 20 steps with the JAX trainer and,
 from the same YAML, 20 steps of the original torch module in the torch trainer (the same start:
 the torch trainer loads the JAX init under the torch module's keys); the losses agree within the
-trajectory bound of our own families. The same run on the 8-device mesh (fsdp 4 x tensor 2, with
-axes given in the YAML and the rest replicated) equals one device; a resume from the step-10
+trajectory bound of our own families. The same run on the 8-device mesh (fsdp 4 x tensor 2, by
+the logical axes the port wrote) equals one device; the compile takes model.axes overrides; a resume from the step-10
 checkpoint is exact; the export, loaded with load_state_dict(strict=True) into the torch module,
 gives the JAX model's outputs; generate and compile take the module too. Each run is made once
 per module (fixtures), and the ports are written by the live `jaxformer port`."""
@@ -58,8 +58,8 @@ def _write_cfg(folder, module: str, factory: str, parallel=None, **model) -> str
 class Run:
     """A ported module's YAML (FILE relative to the YAML's folder) and its 20-step JAX run."""
 
-    def __init__(self, folder, example, factory: str, axes: dict):
-        self.folder, self.factory, self.axes = folder, factory, axes
+    def __init__(self, folder, example, factory: str, axes: dict, into_heads: str):
+        self.folder, self.factory, self.axes, self.into_heads = folder, factory, axes, into_heads
         cls = _port(example, folder, "ported")
         self.spec = f"ported.py:{cls}"
         self.cfg_path = _write_cfg(folder, self.spec, factory)
@@ -75,14 +75,14 @@ class Run:
 def gpt(tmp_path_factory):
     axes = {r"wte\.embedding": ["vocab", "embed"], r"c_attn\.kernel": ["embed", "heads"],
             r"c_fc\.kernel": ["embed", "mlp"], r"mlp\.c_proj\.kernel": ["mlp", "embed"]}
-    return Run(tmp_path_factory.mktemp("gpt"), user_modules.gpt_example, "make_gpt", axes)
+    return Run(tmp_path_factory.mktemp("gpt"), user_modules.gpt_example, "make_gpt", axes, "c_attn.kernel")
 
 
 @pytest.fixture(scope="module")
 def opt(tmp_path_factory):
     axes = {r"embed_tokens\.embedding": ["vocab", "embed"], r"(q|k|v)_proj\.kernel": ["embed", "heads"],
             r"fc1\.kernel": ["embed", "mlp"], r"fc2\.kernel": ["mlp", "embed"]}
-    return Run(tmp_path_factory.mktemp("opt"), user_modules.opt_example, "make_opt", axes)
+    return Run(tmp_path_factory.mktemp("opt"), user_modules.opt_example, "make_opt", axes, "q_proj.kernel")
 
 
 @pytest.fixture(params=["gpt", "opt"])
@@ -120,16 +120,18 @@ def test_torch_trainer_follows_the_same_trajectory(run, tmp_path):
 
 
 def test_mesh_equals_one_device(run, tmp_path):
-    """fsdp 4 x tensor 2 on 8 devices: the parameters model.axes names are split by the trainer's
-    rules, the others (no logical axes in the file) replicated; every loss equals one device's."""
+    """fsdp 4 x tensor 2 on 8 devices, by the logical axes the port wrote (no model.axes): the
+    trainer's rules split them (a projection into the heads over fsdp x tensor, a norm's scale
+    and a Linear's bias not at all); every loss equals one device's."""
     from jax.sharding import PartitionSpec as P
 
     from jaxformer.train.sharding import _key_of
-    cfg = load_config(_write_cfg(run.folder, run.spec, run.factory, MESH, axes=run.axes))
+    cfg = load_config(_write_cfg(run.folder, run.spec, run.factory, MESH))
     tr = JaxTrainer(cfg, str(tmp_path / "mesh"), progress=False)
     specs = {_key_of(p): s.spec for p, s in jax.tree_util.tree_flatten_with_path(tr.shardings["params"])[0]}
-    assert any("tensor" in str(s) for k, s in specs.items() if "kernel" in k), specs
-    assert any(s == P() for k, s in specs.items() if k.endswith("bias")), specs  # unannotated: replicated
+    heads = next(k for k in specs if k.endswith(run.into_heads))
+    assert specs[heads] == P("fsdp", "tensor"), specs
+    assert all(s in (P(None), P()) for k, s in specs.items() if k.endswith("bias") or "norm" in k), specs
     history = tr.run()
     worst = _worst(history, run.history, "loss")
     print(f"{run.factory}: mesh vs one device, worst relative loss {worst:.2e}")

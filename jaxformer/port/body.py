@@ -19,7 +19,8 @@ from jaxformer.port.trace import PortError
 RESERVED = {"self", "jnp", "jax", "nnx", "np", "rngs", "Buffer", "scaled_dot_product_attention",
             "layer_norm", "rms_norm", "conv", "torch_masks", "mha_outputs", "int", "float", "len", "range", "max", "min", "sum",
             "tuple", "list", "dict", "input", "type", "print", "slice", "abs", "all", "any", "pow",
-            "round", "iter", "map", "zip", "id", "hash", "format", "object", "bool", "str", "set"} | set(HELPERS)
+            "round", "iter", "map", "zip", "id", "hash", "format", "object", "bool", "str", "set",
+            "logical"} | set(HELPERS)
 SYMBOL = re.compile(r"\b[su]\d+\b")
 DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16",
           "int64": "jnp.int32", "int32": "jnp.int32", "int16": "jnp.int16", "int8": "jnp.int8", "uint8": "jnp.uint8",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from jaxformer.port import graph, layers, twin_source, values
+from jaxformer.port import axes, graph, layers, twin_source, values
 from jaxformer.port.body import Body, attr_path, relative
 from jaxformer.port.helpers import HELPERS
 from jaxformer.port.source import identifier
@@ -19,9 +19,13 @@ from jaxformer.port.trace import PortError, Traced
 
 RENAMED_LEAVES = {"scale": "weight", "embedding": "weight"}  # flax leaf names jaxformer.convert renames
 # names the file may define itself: a torch class of the same name is written as NameModule
-RESERVED_CLASSES = ("Buffer", "Frozen", "Constant", "ModelOutput", *HELPERS, *layers.CLASSES)
+RESERVED_CLASSES = ("Buffer", "Frozen", "Constant", "ModelOutput", "logical", *HELPERS, *layers.CLASSES)
 BUFFER_CLASS = '''class Buffer(nnx.Variable):
     """A torch buffer in the state_dict: state that is saved and loaded but never trained."""'''
+LOGICAL_HELPER = '''def logical(*names):
+    """A parameter's logical axes, one name (or None) per dim, as flax partitioning metadata:
+    jaxformer's trainer shards by them (embed, heads, mlp, vocab, norm; jaxformer/port/axes.py)."""
+    return {"out_sharding": names, "eager_sharding": False}'''
 MODEL_OUTPUT = '''@jax.tree_util.register_pytree_with_keys_class
 class ModelOutput(dict):
     """transformers' ModelOutput as the port returns it: the outputs torch's forward gave, in its
@@ -59,6 +63,9 @@ class Port:
         self.program = traced.eval_program
         self.weights = graph.weights(self.program, model)
         self.by_fqn = {w.fqn: w for w in self.weights.values()}
+        self.axes, self.width = axes.infer(model, self.program, self.weights)  # torch name -> logical axes
+        self.uses_logical = False  # the file defines `logical` (LOGICAL_HELPER)
+        self.annotated: set[str] = set()  # the parameters the file writes axes for
         self.root = graph.build_calls(self.program, model, self.weights)
         self.first_call: dict[str, graph.Call] = {}
         for call in self.root.calls():
@@ -152,7 +159,7 @@ class Port:
             self.layer_classes.update({layers.file_class(module)} - {None})
             if layers.modes_itself(module):
                 self.batch_stats.add(path)
-            return layers.constructor(module)
+            return self._with_axes(path, module, layers.constructor(module))
         if path not in self.first_call and not _has_state(module):
             return None
         name = self.module_class(path)
@@ -180,7 +187,9 @@ class Port:
                 continue  # None, or a tied weight under its second name: passed in (flax_layer)
             kind = "nnx.Param" if p.requires_grad else "Frozen"  # requires_grad=False: state, never trained
             self.variables.update({kind} - {"nnx.Param"})
-            lines.append(f"self.{self._param_attr(path, leaf, module)} = {kind}({values.init_expr(p)})")
+            meta = self._logical(_join(path, leaf))
+            lines.append(f"self.{self._param_attr(path, leaf, module)} = {kind}({values.init_expr(p)}"
+                         + (f", **{meta})" if meta else ")"))
         for leaf, b in list(module._buffers.items()) + self._constants(path):
             w = self.by_fqn.get(_join(path, leaf))
             if b is None or w is None:
@@ -189,6 +198,26 @@ class Port:
             self.variables.add(kind)
             lines.append(f"self.{self._attr(path, leaf)} = {kind}({values.buffer_expr(b, literal=kind == 'Constant')})")
         return lines
+
+    def _logical(self, fqn: str, flax_axes=None) -> str | None:
+        """`logical(...)` of a parameter's inferred axes (jaxformer/port/axes.py), or None."""
+        found = self.axes.get(fqn) if flax_axes is None else flax_axes
+        if found is None:
+            return None
+        self.uses_logical = True
+        self.annotated.add(fqn)
+        return f"logical({', '.join(repr(a) for a in found)})"
+
+    def _with_axes(self, path: str, module, text: str) -> str:
+        """A flax layer's constructor with each parameter's axes as its `*_metadata` argument."""
+        kwargs = []
+        for leaf, arg in layers.METADATA.get(type(module).__name__, {}).items():
+            fqn = _join(path, leaf)
+            if fqn in self.axes:
+                kwargs.append(f"{arg}={self._logical(fqn, axes.flax_axes(module, leaf, self.axes[fqn]))}")
+        if not kwargs or not text.endswith("rngs=rngs)"):
+            return text
+        return text[: -len("rngs=rngs)")] + ", ".join(kwargs) + ", rngs=rngs)"
 
     def _constants(self, path: str) -> list[tuple[str, object]]:
         """Plain tensor attributes the graph reads (export lifts them as constants)."""
@@ -468,6 +497,7 @@ class Port:
         parts = [self._header(), imports]
         parts += [text for kind, text in (("Buffer", BUFFER_CLASS), ("Frozen", FROZEN_CLASS), ("Constant", CONSTANT_CLASS))
                   if kind in self.variables]
+        parts += [LOGICAL_HELPER] if self.uses_logical else []
         parts += [HELPERS[h] for h in sorted(self.helpers)]
         parts += [layers.CLASSES[c] for c in sorted(self.layer_classes)]
         if self.output_classes:
@@ -499,6 +529,9 @@ class Port:
             lines += [f"Layers: jaxformer's (--layers jaxformer), so the file imports jaxformer: {names}.",
                       f"Their weights load through jaxformer.port.load_torch_weights{renamed}."]
         lines += [line for line in [self._train_line()] if line]
+        params = [w.fqn for w in self.weights.values() if w.kind == "param"]
+        if params and not self.twins:
+            lines.append(axes.describe(self.annotated, params, self.width))
         lines += [f"Note: {n}." for n in self.traced.notes]
         return "\n".join(lines) + '\n"""'
 

@@ -86,6 +86,16 @@ CORE_OPS = {"BatchNorm1d": "aten.batch_norm", "BatchNorm2d": "aten.batch_norm", 
             "Conv1d": "aten.conv1d", "Conv2d": "aten.conv2d"}
 
 
+# the flax layer's constructor argument that carries each torch leaf's partitioning metadata
+METADATA = {"Linear": {"weight": "kernel_metadata", "bias": "bias_metadata"},
+            "NonDynamicallyQuantizableLinear": {"weight": "kernel_metadata", "bias": "bias_metadata"},
+            "Embedding": {"weight": "embedding_metadata"},
+            "LayerNorm": {"weight": "scale_metadata", "bias": "bias_metadata"},
+            "RMSNorm": {"weight": "scale_metadata"},
+            "Conv1d": {"weight": "kernel_metadata", "bias": "bias_metadata"},
+            "Conv2d": {"weight": "kernel_metadata", "bias": "bias_metadata"}}
+
+
 def known(module) -> bool:
     """A torch.nn module the port writes as a flax layer."""
     name = type(module).__name__

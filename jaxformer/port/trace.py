@@ -30,6 +30,7 @@ class Traced:
     notes: list[str]  # what the header should say (static fallback, train graph problems)
     twins: dict = dataclasses.field(default_factory=dict)  # path -> twins.Twin (layers="jaxformer")
     entries: dict = dataclasses.field(default_factory=dict)  # a twin op node's key -> its twins._Entry
+    reference: Any = None  # with twins: the plain export, whose output shapes are torch's (_pinned)
 
 
 def torch_inputs(module, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,14 +55,39 @@ def torch_inputs(module, inputs: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _dynamic_shapes(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _dynamic_shapes(kwargs: Mapping[str, Any], pinned: frozenset = frozenset()) -> dict[str, Any]:
     from torch.export import Dim
-    return {k: ({i: Dim.AUTO for i in range(v.dim())} if hasattr(v, "dim") else None)
+    return {k: ({i: Dim.AUTO for i in range(v.dim()) if (k, i) not in pinned} if hasattr(v, "dim") else None)
             for k, v in kwargs.items() if v is not None}
 
 
+def _pinned(module, kwargs) -> tuple[frozenset, Any]:
+    """({(input, axis)} of the dims the module's own graph fixes (a Linear's width), and the
+    plain export they are read off, or None). A jaxformer twin traced as one opaque op fixes none
+    of its inputs' dims and guesses its outputs' (twins.py's fake kernel), so with twins these
+    dims are pinned by hand and the plain graph is the reference for the output shapes
+    (port/verify.py); without a plain export, none are pinned (every dim is tried)."""
+    import torch
+    program = None
+    for draft in (False, True):  # draft: past a value check (nn.Transformer compares masks' values)
+        try:
+            program = _export(module, kwargs, dynamic=True, preserve=(), draft=draft, stack_traces=False)
+            break
+        except Exception as e:  # torch.export raises many types: the twins may be what makes it export
+            if draft or not _draft_helps(e):
+                return frozenset(), None
+    out = set()
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in kwargs:
+            for i, d in enumerate(getattr(node.meta.get("val"), "shape", ())):
+                if not (isinstance(d, torch.SymInt) and d.node.expr.free_symbols):  # an int, or a SymInt of one
+                    out.add((node.name, i))
+    return frozenset(out), program
+
+
 def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: bool = False,
-            twins_: Mapping | None = None, entries: dict | None = None, stack_traces: bool = True):
+            twins_: Mapping | None = None, entries: dict | None = None, stack_traces: bool = True,
+            pinned: frozenset = frozenset()):
     """torch.export.export, or draft_export's trace, which resolves data-dependent Python control
     flow (an id-range check, a loop over the experts a router picked) at the traced values.
     `twins_` (layers="jaxformer") are traced as one opaque op each (jaxformer/port/twins.py),
@@ -72,7 +98,7 @@ def _export(module, kwargs, *, dynamic: bool, preserve: tuple[str, ...], draft: 
     from jaxformer.port import twins
     # fresh tensors: an attempt marks its inputs' dims dynamic, and the marks would stay
     kwargs = {k: (v.clone() if hasattr(v, "clone") else v) for k, v in kwargs.items() if v is not None}
-    shapes = _dynamic_shapes(kwargs) if dynamic else None
+    shapes = _dynamic_shapes(kwargs, pinned) if dynamic else None
     if twins_:
         preserve = tuple(p for p in preserve if not any(p == t or p.startswith(t + ".") for t in twins_))
     # FakeTensor's dispatch cache off: one export rarely repeats an op on the same symbolic
@@ -150,7 +176,7 @@ ATTEMPTS = (  # (draft, dynamic, keep call signatures), tried in turn
     (False, False, False), (True, False, False))
 
 
-def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None):
+def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None, pinned: frozenset = frozenset()):
     """Export with the first of ATTEMPTS that works. -> (program, draft, dynamic). A draft
     attempt (real values propagated) runs only where a plain one of the same dynamism failed for
     a reason it can fix (`_draft_helps`): a data-dependent value, an op without a fake kernel.
@@ -165,7 +191,7 @@ def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None):
             continue
         try:
             program = _export(module, kwargs, dynamic=dynamic, preserve=paths if keep else (), draft=draft,
-                              twins_=twins_, entries=entries)
+                              twins_=twins_, entries=entries, pinned=pinned)
         except Exception as e:  # torch.export raises many types
             first = first or e  # why the free dims did not export
             deepest = e if draft and dynamic and deepest is None else deepest  # past value checks
@@ -339,7 +365,8 @@ def trace(module, inputs: Mapping[str, Any], layers: str = "flax") -> Traced:
         module.eval()
         reads: list[str] = []
         with _training_reads(reads) as recording:
-            program, draft, dynamic = _export_any(module, kwargs, notes, twins_, entries)
+            pinned, reference = _pinned(module, kwargs) if twins_ else (frozenset(), None)
+            program, draft, dynamic = _export_any(module, kwargs, notes, twins_, entries, pinned)
         train = program if recording and not reads and mode_blind(module) else None
         try:
             if train is None:
@@ -367,7 +394,8 @@ def trace(module, inputs: Mapping[str, Any], layers: str = "flax") -> Traced:
         train = written
     program = written
     inline_no_grad(program)
-    return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes, twins_, entries)
+    return Traced(program, train, tuple(kwargs), kwargs, free_symbols(program, kwargs), notes, twins_, entries,
+                  reference)
 
 
 def _export_train(module, kwargs, dynamic: bool, draft: bool, twins_, entries):

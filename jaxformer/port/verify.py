@@ -48,11 +48,11 @@ def _free(traced: Traced) -> dict[Any, tuple[str, int, int, int | None, int | No
     return out
 
 
-def _placed(traced: Traced, sizes: dict) -> dict[tuple[str, int], int]:
-    """{(input name, axis): size} of every input dim whose exported size is a free symbol (one
-    symbol may size several inputs: a batch dim shared by ids and mask)."""
+def _placed(program, traced: Traced, sizes: dict) -> dict[tuple[str, int], int]:
+    """{(input name, axis): size} of every input dim whose exported size is a free symbol of
+    `sizes` (one symbol may size several inputs: a batch dim shared by ids and mask)."""
     import torch
-    nodes = {n.name: n for n in traced.eval_program.graph.nodes if n.op == "placeholder"}
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     out = {}
     for name in traced.input_names:
         val = nodes[name].meta.get("val") if name in nodes else None
@@ -97,7 +97,7 @@ def _run_at(source: str, class_name: str, traced: Traced, sizes: dict) -> None:
 
     from jaxformer.parity.trees import flatten
 
-    placed = _placed(traced, sizes)
+    placed = _placed(traced.eval_program, traced, sizes)
     kwargs = {}
     for name in traced.input_names:
         value = traced.values[name]
@@ -119,7 +119,7 @@ def _run_at(source: str, class_name: str, traced: Traced, sizes: dict) -> None:
     except Exception as e:  # the written file fails: a port bug, never handed out
         raise PortError(f"the written file does not run at {at}: {type(e).__name__}: {_first_line(e)}") from None
     got = {k: v for k, v in flatten(got).items() if hasattr(v, "shape")}
-    want = _torch_outputs(traced, sizes, pytree, flatten)
+    want = _torch_outputs(traced, placed, pytree, flatten)
     if set(got) != set(want):
         raise PortError(f"the written file returns {sorted(got)} where torch returns {sorted(want)} (at {at})")
     for k, (shape, dtype) in want.items():
@@ -129,12 +129,22 @@ def _run_at(source: str, class_name: str, traced: Traced, sizes: dict) -> None:
                             f"is {dtype.removeprefix('jnp.')}{list(shape)} (at {at})")
 
 
-def _torch_outputs(traced: Traced, sizes: dict, pytree, flatten) -> dict[str, tuple[tuple, str]]:
-    """{output key: (shape, jnp dtype name)} of torch's exported graph at `sizes`."""
+def _torch_outputs(traced: Traced, placed: dict, pytree, flatten) -> dict[str, tuple[tuple, str]]:
+    """{output key: (shape, jnp dtype name)} of torch's exported graph with its inputs' dims at
+    `placed` ({(input, axis): size}): the plain graph where the port has twins (whose opaque op
+    guesses its output shapes; trace._pinned), else the written one."""
     import torch
 
     from jaxformer.port.body import dtype_name
-    program = traced.eval_program
+    program = traced.reference if traced.reference is not None else traced.eval_program
+    inputs = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    sizes = {}  # each symbolic input dim of `program`: its size in `placed`, else the traced one
+    for name, node in inputs.items():
+        if name not in traced.values or not isinstance(traced.values[name], torch.Tensor):
+            continue
+        for axis, d in enumerate(getattr(node.meta.get("val"), "shape", ())):
+            if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                sizes[d.node.expr] = placed.get((name, axis), int(traced.values[name].shape[axis]))
     nodes = {n.name: n for n in program.graph.nodes}
     leaves = []
     for spec in program.graph_signature.output_specs:
