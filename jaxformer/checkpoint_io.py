@@ -243,7 +243,10 @@ def load_params_into(model, directory: str) -> None:
 
     from jaxformer.layers.moe import SAVED
     state = nnx.state(model, SAVED)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), nnx.to_pure_dict(state))
+    # onto this process' first device, whatever mesh wrote it (a run trained on 8 devices or a
+    # pod, loaded on a laptop): orbax restores a saved sharding only onto a target's own
+    here = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=here), nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(state, restore_params(directory, abstract))
     nnx.update(model, state)
 

@@ -186,8 +186,8 @@ class Body:
     def arg(self, x) -> str:
         """`x` as a call argument: an inlined expression without its own parentheses."""
         text = self.r(x)
-        if text.startswith("(") and text.endswith(")") and self.paren(text[1:-1]) == text:
-            return text[1:-1]
+        if text.startswith("(") and symbolic.encloses(text) and self.paren(text[1:-1]) == text:
+            return text[1:-1]  # `(a + b)` -> `a + b`; never `(a @ b).T` -> `a @ b).T`
         return text
 
     def recv(self, x) -> str:

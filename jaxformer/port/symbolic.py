@@ -82,12 +82,15 @@ def _src(e, sym) -> str:
 def _wrap(text: str) -> str:
     """`text` as an operand: parenthesised unless it is a name, a number or already enclosed."""
     import re
-    if re.fullmatch(r"[\w.\[\]]+", text) or (text.startswith("(") and _closes_at_end(text)):
+    if re.fullmatch(r"[\w.\[\]]+", text) or (text.startswith("(") and encloses(text)):
         return text
     return f"({text})"
 
 
-def _closes_at_end(text: str) -> bool:
+def encloses(text: str) -> bool:
+    """`text` is one bracketed expression: its first bracket closes at its last character."""
+    if not text.endswith(")"):
+        return False
     depth = 0
     for i, ch in enumerate(text):
         depth += ch == "("
