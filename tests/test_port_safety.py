@@ -398,3 +398,24 @@ def test_layers_jaxformer_falls_back_when_the_eager_run_fails():
     assert "Note: `attn` written op by op: recording their calls failed (RuntimeError: this model refuses" in src
     assert "import jaxformer" not in src and "from jaxformer" not in src
 
+
+
+class Merged(nn.Module):
+    """A Linear called on an expression that starts with a bracket: (att @ v).transpose(...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, a, v):
+        return self.proj((a @ v).transpose(1, 2).reshape(a.shape[0], a.shape[2], 8))
+
+
+def test_an_argument_that_starts_with_a_bracket_keeps_it():
+    """`self.proj((a @ v).transpose(1, 2)...)` was once written `self.proj(a @ v).transpose(1, 2)...`:
+    the argument's outer brackets were taken for its own."""
+    torch.manual_seed(0)
+    inputs = {"a": _x(13, 2, 2, 5, 5), "v": _x(14, 2, 2, 5, 4)}
+    result = port(Merged().eval(), inputs)
+    assert "self.proj((a@v).swapaxes(1,2).reshape(" in "".join(result.source.split())
+    from_torch(Merged().eval(), inputs, check=True)

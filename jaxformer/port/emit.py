@@ -517,7 +517,7 @@ class Port:
         module = f"{type(self.model).__module__}.{type(self.model).__qualname__}"
         lines = [f'"""Flax NNX port of {module}, written by `jaxformer port` (torch {torch.__version__}, '
                  f"jax {jax.__version__}, flax {flax.__version__}).", "",
-                 f"Traced at: {shapes}.", f"Free dimensions: {free}; every other size is fixed.",
+                 f"Traced at: {shapes}.", f"Free dimensions: {free}; every other size is fixed{self._relations()}.",
                  "Attribute paths are the torch state_dict keys: jaxformer.convert loads the parameters strictly",
                  "(jaxformer.port.load_torch_weights also fills the buffers)."]
         if self.twins:
@@ -534,6 +534,17 @@ class Port:
             lines.append(axes.describe(self.annotated, params, self.width))
         lines += [f"Note: {n}." for n in self.traced.notes]
         return "\n".join(lines) + '\n"""'
+
+    def _relations(self) -> str:
+        """The shape guards torch.export recorded between free dims beyond equalities and
+        ranges (a product or a remainder: `v.shape[3] * v.shape[1] == 8`), as the header says them."""
+        import re
+        guards = getattr(self.program, "_guards_code", None) or []
+        said = [re.sub(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]", r"\1.shape[\2]", g) for g in guards
+                if re.search(r"[*%]|//", g) and "L[" in g]
+        if not said:
+            return ""
+        return "; and they must keep " + _listed(sorted(said, key=len), shown=2)  # the plainest first
 
     def _train_line(self) -> str:
         """What train mode does, said only where it differs from eval mode: the dropouts the

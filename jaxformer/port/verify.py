@@ -72,14 +72,59 @@ def _bound(x) -> int | None:
 
 
 def _sizes(traced: Traced) -> list[dict]:
-    """The traced sizes, and every free dim moved by one within its range (if any can move)."""
+    """The traced sizes, and the free dims moved by one within their ranges, where torch's export
+    accepts the sizes (its shape guards: a reshape to 8 ties two free dims' product to 8): all
+    moved at once, else each that can move alone, at once if the guards accept that, else each
+    alone (the first few)."""
     free = _free(traced)
     traced_sizes = {s: hint for s, (_, _, hint, _, _) in free.items()}
-    moved = {}
+    single = []
     for s, (_, _, hint, lo, hi) in free.items():
         up, down = hint + 1, hint - 1
-        moved[s] = up if hi is None or up <= hi else (down if lo is None or down >= lo else hint)
-    return [traced_sizes] + ([moved] if moved != traced_sizes else [])
+        v = up if hi is None or up <= hi else (down if lo is None or down >= lo else hint)
+        if v != hint:
+            single.append({**traced_sizes, s: v})
+    if not single:
+        return [traced_sizes]
+    every = {k: v for one in single for k, v in one.items() if v != traced_sizes[k]}
+    if _accepted(traced, {**traced_sizes, **every}):
+        return [traced_sizes, {**traced_sizes, **every}]
+    alone = [one for one in single if _accepted(traced, one)]
+    together = {**traced_sizes, **{k: v for one in alone for k, v in one.items() if v != traced_sizes[k]}}
+    if len(alone) > 1 and _accepted(traced, together):
+        return [traced_sizes, together]
+    return [traced_sizes] + alone[:MOVES]
+
+
+MOVES = 3  # sizes tried one free dim at a time, at most (each an abstract run of the file)
+
+
+def _accepted(traced: Traced, sizes: dict) -> bool:
+    """Whether torch's exported program accepts inputs of these sizes: each of its shape guards
+    (`ExportedProgram._guards_code`, Python over `L['x'].size()[i]`) holds. A guard that cannot be
+    read counts as failing: those sizes are not tried."""
+    import torch
+    placed = _placed(traced.eval_program, traced, sizes)
+    shapes = {name: tuple(placed.get((name, i), d) for i, d in enumerate(v.shape))
+              for name, v in traced.values.items() if isinstance(v, torch.Tensor)}
+    env = {"L": {name: _Sized(shape) for name, shape in shapes.items()}}
+    for guard in getattr(traced.eval_program, "_guards_code", None) or []:
+        try:
+            if not eval(guard, {"__builtins__": {}}, env):  # noqa: S307 - torch's own guard text
+                return False
+        except Exception:
+            return False
+    return True
+
+
+class _Sized:
+    """An input as a shape guard reads it: `.size()`."""
+
+    def __init__(self, shape: tuple):
+        self.shape = shape
+
+    def size(self):
+        return self.shape
 
 
 def _describe(traced: Traced, sizes: dict) -> str:
