@@ -158,12 +158,12 @@ def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids
 
 
 def _reorder_self(cache, rows):
-    """Gather the self-attention caches (and any other per-row arrays) of `rows`; the
+    """Gather the self-attention caches (their entries, KVCache.take_rows) of `rows`; the
     cross-attention keys/values are the same for every beam of an item and stay. A scanned
     stack's cache is one dict of [num_layers, B, ...] leaves: rows index axis 1."""
     if isinstance(cache, dict):
-        return {**cache, "self": jax.tree.map(lambda a: a[:, rows], cache["self"])}
-    return [{**c, "self": jax.tree.map(lambda a: a[rows], c["self"])} for c in cache]
+        return {**cache, "self": cache["self"].take_rows(rows, axis=1)}
+    return [{**c, "self": c["self"].take_rows(rows)} for c in cache]
 
 
 # ----------------------------------------------------------------------------- LM

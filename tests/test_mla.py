@@ -218,6 +218,6 @@ def test_mla_refuses_what_it_does_not_implement():
     layer = JaxMLA(D, H, MLA_Q_LORA, rope=Rope(16), rngs=nnx.Rngs(0))
     x = jnp.zeros((1, 2, D))
     with pytest.raises(ValueError, match="ring cache"):
-        layer(x, cache=layer.init_cache(1, 4), cache_index=0, rolling=True)
+        layer.init_cache(1, 4, ring=True)
     with pytest.raises(ValueError, match="cache_index"):
         layer(x, cache=layer.init_cache(1, 4))

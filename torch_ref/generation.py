@@ -126,7 +126,7 @@ def beam_loop(step, reorder, carry, first_logits, gen: GenerationConfig, eos_ids
 def _reorder_self(cache, rows):
     """Gather the self-attention caches of `rows`; the cross-attention keys/values are the
     same for every beam of an item and stay."""
-    return [{**c, "self": {k: a[rows] for k, a in c["self"].items()}} for c in cache]
+    return [{**c, "self": c["self"].take_rows(rows)} for c in cache]
 
 
 # ----------------------------------------------------------------------------- decode weights

@@ -20,8 +20,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config.attention import QKNorm, Rope, Scores
+from jaxformer.layers import kv_cache
 from jaxformer.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
 from jaxformer.layers.kernels import partitioning
+from jaxformer.layers.kv_cache import KVCache
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.masks import (  # noqa: F401
     AttentionMask,
@@ -75,18 +77,16 @@ class MultiHeadAttention(nnx.Module):
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention), value [B, S, D] (None = kv)
     -> [B, T, D].
 
-    KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] arrays (the
-    layout a decode step reads without a transpose; bench/README.md):
-      * with cache_index (int scalar, may be traced): self-attention decode step. The new
-        keys/values (RoPE'd at `positions`) are written into slots cache_index..cache_index+T
-        and the queries attend over all L slots; `mask` must hide the unwritten ones.
-      * without cache_index: a read-only cache, e.g. cross-attention keys/values projected
-        once from the encoder memory by `project_kv`; `kv` is then not used.
-      * rolling=True (a sliding-window layer): the cache is a ring of W slots; absolute slot a
-        lives in ring slot a % W. One new token is written first and attends over the ring (the
-        slot it overwrites is W back, just out of the window); T > 1 new tokens attend over the
-        ring followed by themselves ([B, W + T] keys), then their last min(T, W) are written.
-        `mask` covers those keys (Decoder.rolling_inputs).
+    KV cache (incremental decoding): `cache` a kv_cache.KVCache ({"k", "v"} head-major
+    [B, G, L, K], the layout a decode step reads without a transpose; bench/README.md), `mode`
+    kv_cache.PREFILL or DECODE (None = from T: one token decodes):
+      * a self-attention cache (init_cache) with cache_index (int scalar, may be traced): the new
+        keys/values (RoPE'd at `positions`) are written at slots cache_index.. (each at slot %
+        L: a linear cache and a sliding-window layer's ring are one path, KVCache.write) and the
+        queries read the cache (KVCache.attend); `mask` covers the keys read
+        (AttentionMask.at_keys of KVCache.key_slots).
+      * a fixed cache (memory_cache): cross-attention keys/values projected once from the
+        encoder memory; `kv` is then not used.
     With a cache the call returns (out, new_cache).
     """
 
@@ -147,16 +147,29 @@ class MultiHeadAttention(nnx.Module):
         x = x.reshape(b, s, heads, self.head_dim)  # [B, S, n, K]
         return x if norm is None or self.qk_norm_full else norm(x)
 
-    def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask: jax.Array | None = None,
+    def init_cache(self, batch: int, length: int, dtype=jnp.float32, *, ring: bool = False) -> KVCache:
+        """An empty self-attention cache of `length` slots, {"k", "v"} [B, G, L, K] (ring: a
+        sliding-window layer's ring of window slots)."""
+        shape = (batch, self.num_kv_heads, length, self.head_dim)  # [B, G, L, K]
+        return KVCache.empty({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}, ring=ring)
+
+    def memory_cache(self, memory: jax.Array, dtype=jnp.float32) -> KVCache:
+        """The fixed cache of memory [B, S, D]'s keys/values, projected once: [B, G, S, K]."""
+        return KVCache.memory({name: jnp.swapaxes(a, 1, 2).astype(dtype) for name, a in self.project_kv(memory).items()})
+
+    def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask=None,
                  bias: jax.Array | None = None, positions: jax.Array | None = None,
-                 return_weights: bool = False, cache: dict | None = None, cache_index=None,
-                 value: jax.Array | None = None, rolling: bool = False):
+                 return_weights: bool = False, cache: KVCache | None = None, cache_index=None,
+                 value: jax.Array | None = None, mode: str | None = None):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
         if cache is not None and self.slots:
             raise ValueError("add_bias_kv / add_zero_attn are not supported together with a KV cache")
-        read_only = cache is not None and cache_index is None
+        mode = kv_cache.mode_of(cache, t) if mode is None else mode
+        read_only = cache is not None and cache.fixed
+        if cache is not None and not read_only and cache_index is None:
+            raise ValueError("a self-attention cache needs cache_index (the slot of the first new token)")
         # 1) project and split heads
         q = self.split_heads(self.q_proj(x), self.q_norm, self.num_heads)  # [B, T, H, K]
         if read_only:
@@ -170,25 +183,11 @@ class MultiHeadAttention(nnx.Module):
             q = self.rope(q, positions)
             if not read_only:
                 k = self.rope(k, positions)
-        # 2b) write the new keys/values into their cache slots
-        head_major = cache is not None
-        if cache is not None and rolling and t > 1:  # ring then the new tokens; written after
-            ring = {"k": cache["k"], "v": cache["v"]}
-            k_new, v_new = k, v
-            k = jnp.concatenate([jnp.swapaxes(ring["k"], 1, 2).astype(k.dtype), k], axis=1)  # [B, W+T, G, K]
-            v = jnp.concatenate([jnp.swapaxes(ring["v"], 1, 2).astype(v.dtype), v], axis=1)  # [B, W+T, G, K]
-            head_major = False
-            w = ring["k"].shape[2]
-            m = min(t, w)
-            ring_slots = (cache_index + jnp.arange(t - m, t)) % w  # distinct ring slots
-            cache = {name: ring[name].at[:, :, ring_slots].set(jnp.swapaxes(new[:, t - m:], 1, 2).astype(ring[name].dtype))
-                     for name, new in (("k", k_new), ("v", v_new))}  # [B, G, W, K]
-        elif cache is not None and not read_only:
-            w = cache["k"].shape[2]
-            start = (0, 0, cache_index % w if rolling else cache_index, 0)
-            k = jax.lax.dynamic_update_slice(cache["k"], jnp.swapaxes(k, 1, 2).astype(cache["k"].dtype), start)  # [B, G, L, K]
-            v = jax.lax.dynamic_update_slice(cache["v"], jnp.swapaxes(v, 1, 2).astype(cache["v"].dtype), start)  # [B, G, L, K]
-            cache = {"k": k, "v": v}
+        # 2b) write the new keys/values into the cache and read the keys the queries see
+        head_major = read_only
+        if cache is not None and not read_only:
+            keys, head_major, cache = cache.attend({"k": k, "v": v}, cache_index, mode)
+            k, v = keys["k"], keys["v"]  # [B, G, L, K] (head_major) or [B, L + T, G, K]
         # 2c) append torch.nn's learned and zero key/value slots (interop.TorchMultiheadAttention)
         if self.slots:
             k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
@@ -196,7 +195,7 @@ class MultiHeadAttention(nnx.Module):
         out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
                                     dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap,
-                                    sinks=None if self.sinks is None else self.sinks[...])
+                                    sinks=None if self.sinks is None else self.sinks[...], mode=mode)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

@@ -21,6 +21,7 @@ from flax import nnx
 from jaxformer import lowering
 from jaxformer.layers.kernels.blockwise import blockwise_attention
 from jaxformer.layers.kernels.ring import ring_attention
+from jaxformer.layers.kv_cache import TRAIN
 from jaxformer.layers.masks import AttentionMask
 from jaxformer.layers.scores import sink_softmax, soft_cap
 
@@ -29,7 +30,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
                           bias: jax.Array | None = None, scale: float | None = None,
                           return_weights: bool = False, dropout: nnx.Dropout | None = None,
                           kv_head_major: bool = False, implementation: str | None = None,
-                          softcap: float | None = None, sinks: jax.Array | None = None):
+                          softcap: float | None = None, sinks: jax.Array | None = None, mode: str = TRAIN):
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
@@ -54,21 +55,16 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
             extra column with no value (gpt-oss's attention sinks, docs/numerics.md §28). The
             explicit path: neither jax.nn.dot_product_attention nor cuDNN takes a sink, so any
             `implementation` falls back to these XLA ops.
+        mode: the call's kv_cache mode; only a train call's mask goes to a kernel (use_kernel).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
     dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
-    if isinstance(mask, AttentionMask):  # the parts of a mask (blockwise / ring paths)
-        dense = switches.attention == "plain" and switches.context_axis is None
-        if not (return_weights or dropout_active or kv_head_major or dense):
-            path = ring_attention if switches.context_axis is not None else blockwise_attention
-            return path(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
-        if dropout_active and not dense:
-            raise ValueError("blockwise attention does not apply attention dropout (it would need "
-                             "the plain path's [B, H, T, S] random mask); set the model's "
-                             "attention dropout to 0 or use attention: plain")
-        mask, extra = mask.dense(), mask.dense_bias()
-        bias = extra if bias is None else (bias if extra is None else bias + extra)
+    if use_kernel(mask, switches.attention, switches.context_axis, mode, return_weights=return_weights,
+                  dropout_active=dropout_active, kv_head_major=kv_head_major):
+        path = ring_attention if switches.context_axis is not None else blockwise_attention
+        return path(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+    mask, bias = dense_mask(mask, bias)
     if mask is not None:
         if mask.dtype != jnp.bool_:
             raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
@@ -89,6 +85,32 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     elementwise = kv_head_major and q.shape[1] == 1 and switches.elementwise_attention
     return _explicit_attention(q, k, v, mask, bias, scale, softcap, sinks, dropout if dropout_active else None,
                                return_weights, kv_head_major, elementwise)
+
+
+def use_kernel(mask, attention: str, context_axis, mode: str, *, return_weights: bool, dropout_active: bool,
+               kv_head_major: bool) -> bool:
+    """The one "dense or parts" rule (both trees): a train call's AttentionMask of parts alone
+    goes to the kernel the lowering asks for (attention blockwise / splash, or ring attention
+    over a context axis), unless the call needs what only the plain path has (its weights) or
+    reads a cache in place (kv_head_major). Every other mask becomes dense (dense_mask)."""
+    if not (isinstance(mask, AttentionMask) and mask.parts_only and mode == TRAIN):
+        return False
+    if attention == "plain" and context_axis is None:
+        return False
+    if dropout_active:
+        raise ValueError("blockwise attention does not apply attention dropout (it would need "
+                         "the plain path's [B, H, T, S] random mask); set the model's "
+                         "attention dropout to 0 or use attention: plain")
+    return not (return_weights or kv_head_major)
+
+
+def dense_mask(mask, bias):
+    """(mask, bias) as the plain path takes them: an AttentionMask made dense (None: nothing
+    masked) and its ALiBi bias added to `bias`; any other mask as it is."""
+    if not isinstance(mask, AttentionMask):
+        return mask, bias
+    extra = mask.dense_bias()
+    return mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
 
 
 def _fused_attention(q, k, v, mask, bias, scale: float, backend: str | None):

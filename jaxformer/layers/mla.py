@@ -42,8 +42,9 @@ from flax import nnx
 from jaxformer import lowering, tables
 from jaxformer.config.attention import Rope
 from jaxformer.config.moe import MLAConfig
-from jaxformer.layers.dispatch import dot_product_attention
+from jaxformer.layers.dispatch import dense_mask, dot_product_attention
 from jaxformer.layers.kernels import quant
+from jaxformer.layers.kv_cache import KVCache
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import RMSNorm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
@@ -110,18 +111,20 @@ class MultiHeadLatentAttention(nnx.Module):
         """RoPE on a rope part [B, T, ., R] (rope_interleave: pairs de-interleaved first)."""
         return self.rope(deinterleave(x) if self.mla.rope_interleave else x, positions)
 
-    def init_cache(self, batch: int, length: int, dtype=jnp.float32) -> dict:
+    def init_cache(self, batch: int, length: int, dtype=jnp.float32, *, ring: bool = False) -> KVCache:
         """An empty latent cache of `length` slots: latent [B, 1, L, C], k_rope [B, 1, L, R]."""
-        return {"latent": jnp.zeros((batch, 1, length, self.mla.kv_lora_rank), dtype),
-                "k_rope": jnp.zeros((batch, 1, length, self.mla.qk_rope_head_dim), dtype)}
+        if ring:
+            raise ValueError("multi-head latent attention has no sliding-window ring cache")
+        return KVCache.empty({"latent": jnp.zeros((batch, 1, length, self.mla.kv_lora_rank), dtype),
+                              "k_rope": jnp.zeros((batch, 1, length, self.mla.qk_rope_head_dim), dtype)})
 
     def __call__(self, x: jax.Array, *, mask: jax.Array | None = None, bias: jax.Array | None = None,
                  positions: jax.Array | None = None, return_weights: bool = False,
-                 cache: dict | None = None, cache_index=None, rolling: bool = False):
+                 cache: KVCache | None = None, cache_index=None, mode: str | None = None):
         b, t, _ = x.shape
         h, n, r, v, c = (self.num_heads, self.mla.qk_nope_head_dim, self.mla.qk_rope_head_dim,
                          self.mla.v_head_dim, self.mla.kv_lora_rank)
-        if rolling:
+        if cache is not None and cache.ring:
             raise ValueError("multi-head latent attention has no sliding-window ring cache")
         if cache is not None and cache_index is None:
             raise ValueError("an MLA cache needs cache_index (MLA is self-attention only)")
@@ -140,14 +143,11 @@ class MultiHeadLatentAttention(nnx.Module):
         q_rope, k_rope = self.rotate(q_rope, positions), self.rotate(k_rope, positions)
         # 3b) write the latent and the rotated rope key into their cache slots
         if cache is not None:
-            start = (0, 0, cache_index, 0)
-            cache = {"latent": jax.lax.dynamic_update_slice(
-                         cache["latent"], latent[:, None].astype(cache["latent"].dtype), start),  # [B, 1, L, C]
-                     "k_rope": jax.lax.dynamic_update_slice(
-                         cache["k_rope"], jnp.swapaxes(k_rope, 1, 2).astype(cache["k_rope"].dtype), start)}  # [B, 1, L, R]
+            cache = cache.write({"latent": latent[:, None], "k_rope": jnp.swapaxes(k_rope, 1, 2)},
+                                cache_index)  # [B, 1, L, C], [B, 1, L, R]
             latent, k_rope = cache["latent"][:, 0].astype(x.dtype), jnp.swapaxes(cache["k_rope"], 1, 2).astype(x.dtype)
             if t == 1:
-                out = self.absorbed(q_nope, q_rope, latent, k_rope[:, :, 0], mask, bias)  # [B, 1, H, V]
+                out = self.absorbed(q_nope, q_rope, latent, k_rope[:, :, 0], *dense_mask(mask, bias))  # [B, 1, H, V]
                 return self.dropout(self.o_proj(out.reshape(b, t, h * v))), cache
         # 4) expand the latent into per-head keys and values
         s = latent.shape[1]

@@ -120,11 +120,10 @@ def run_layers(stack, x, call, intermediates: dict | None, aux: dict | None = No
     return x
 
 
-def scan_cached(stack, x, cache: dict, call, intermediates: dict | None, flags, ring_cache: bool):
+def scan_cached(stack, x, cache: dict, call, intermediates: dict | None, flags):
     """The cached call of a scanned stack: one lax.scan over the layers, each step taking its
     layer's params and its slice of the stacked cache ([L, B, G, S, K] leaves) and giving back
-    that slice updated; call(layer, h, layer_cache, local, ring_cache). -> (x, new stacked
-    cache). The layer copies inside the scan are not written back: decoding draws no dropout
+    that slice updated; call(layer, h, layer_cache, local). -> (x, new stacked cache). The layer copies inside the scan are not written back: decoding draws no dropout
     (generate runs in eval mode), and a decode loop traces this call inside its own loop, where
     the model's variables belong to an outer trace and cannot be set."""
     graphdef, state = nnx.split(stack.layers)
@@ -137,7 +136,7 @@ def scan_cached(stack, x, cache: dict, call, intermediates: dict | None, flags, 
         else:
             layer_state, layer_cache, local = xs
         layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
-        h, layer_cache = call(layer, h, layer_cache, local, ring_cache)
+        h, layer_cache = call(layer, h, layer_cache, local)
         return h, (h if keep else None, layer_cache)
 
     x, (ys, new_cache) = jax.lax.scan(body, x, (state, cache) if uniform else (state, cache, flags))

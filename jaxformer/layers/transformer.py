@@ -33,22 +33,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer import lowering, tables
+from jaxformer import tables
 from jaxformer.config import QKNorm, Rope, Scores, TransformerConfig
 from jaxformer.layers import kv_cache, stack
-from jaxformer.layers.attention import (
-    AttentionMask,
-    MultiHeadAttention,
-    combine_masks,
-    make_causal_mask,
-    make_sliding_window_mask,
-)
+from jaxformer.layers.attention import AttentionMask, MultiHeadAttention
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.mla import MultiHeadLatentAttention
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.norm import make_norm
-from jaxformer.layers.positional import T5RelativePositionBias, alibi_bias, default_positions
+from jaxformer.layers.positional import T5RelativePositionBias, default_positions
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = False,
@@ -150,16 +144,6 @@ def parallel_residual(x, attn_norm, attn, ffn_norm, ffn, record: dict | None = N
     return f + a + x
 
 
-def pick_mask(local, if_local, if_full):
-    """The mask of a layer: if_local for a sliding-window layer. `local` is a Python bool, or
-    a traced one inside the scan over stacked layers (then a select)."""
-    if if_local is if_full or isinstance(local, bool):
-        return if_local if local else if_full
-    if isinstance(if_full, AttentionMask):  # the same parts, the window only on local layers
-        return dataclasses.replace(if_local, window=jnp.where(local, if_local.window, jnp.iinfo(jnp.int32).max))
-    return jnp.where(local, if_local, True if if_full is None else if_full)
-
-
 def put_record(record: dict | None, name: str, value):
     """record[name] = value when recording intermediates; -> value either way."""
     if record is not None:
@@ -212,10 +196,9 @@ class DecoderLayer(nnx.Module):
     """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
     then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D].
 
-    With cache={"self": {"k", "v"} [B, G, L, K], "cross": {"k", "v"} [B, G, S, K]} and
-    cache_index (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
-    ("cross" holds its keys/values, from init_cache). rolling: the self-attention cache is a
-    ring of sliding_window slots (MultiHeadAttention). local: a sliding-window layer (its
+    With cache={"self": KVCache, "cross": KVCache (fixed)} (kv_cache.py), cache_index and the
+    call's mode (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
+    ("cross" holds its keys/values, from init_cache). local: a sliding-window layer (its
     attention's RoPE: make_attention).
     """
 
@@ -240,7 +223,7 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask=None, bias=None,
                  memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
                  cache_index=None, record: dict | None = None, return_attention: bool = False,
-                 rolling: bool = False):
+                 mode: str | None = None):
         new_cache = {}
 
         def self_block(h):
@@ -249,7 +232,7 @@ class DecoderLayer(nnx.Module):
                                mask=mask, bias=bias, positions=positions)
             out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
                                                     cache=cache["self"], cache_index=cache_index,
-                                                    rolling=rolling)
+                                                    mode=mode)
             return out
 
         def cross_block(h):
@@ -278,9 +261,10 @@ class DecoderLayer(nnx.Module):
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
-                   dtype=jnp.float32) -> dict:
-        """An empty cache of `length` slots (and memory's cross-attention keys; kv_cache.layer_cache)."""
-        return kv_cache.layer_cache(self, batch, length, memory, dtype)
+                   dtype=jnp.float32, *, ring: bool = False) -> dict:
+        """An empty cache of `length` slots (ring: a sliding-window ring), and memory's
+        cross-attention keys (kv_cache.layer_cache)."""
+        return kv_cache.layer_cache(self, batch, length, memory, dtype, ring)
 
 
 class _Stack(nnx.Module):
@@ -296,57 +280,27 @@ class _Stack(nnx.Module):
             bidirectional=not self.causal, rngs=rngs) if cfg.position == "t5" else None
         self.final_norm = _norm(cfg, rngs) if cfg.final_norm else None
 
-    def self_attention_inputs(self, x: jax.Array, mask, positions, cache_index=None,
-                              cache_len: int | None = None):
-        """-> (mask of full layers, mask of sliding-window layers, bias, positions) for
-        self-attention over x [B, T, D]. With a cache, the keys are its cache_len slots and
-        query i sits in slot cache_index + i; ALiBi/T5 biases then use slot distances (equal to
-        position distances, padding being on the left)."""
+    def mask_record(self, x: jax.Array, mask, positions, offset=0, keys: int | None = None):
+        """-> (AttentionMask, bias, positions) of self-attention over x [B, T, D]: the one mask
+        record the layers take (each with its window: AttentionMask.for_layer), made dense only
+        in layers/dispatch.py. Queries sit at slots offset..; keys at the queries' slots, or with
+        a cache at absolute slots 0..keys - 1 (the layers re-read it at their cache's slots,
+        AttentionMask.at_keys). ALiBi's slopes join the record; a T5 bias over positions is
+        `bias` (with a cache over slots: slot_bias)."""
         b, t, _ = x.shape
-        offset = 0 if cache_index is None else cache_index
-        s = t if cache_len is None else cache_len
         positions = default_positions(b, t, offset) if positions is None else positions
-        parts = self.mask_parts(mask, t) if cache_index is None else None
-        if parts is not None:  # blockwise / ring attention: the mask stays in parts (lowering.py)
-            local = parts.with_window(self.cfg.sliding_window) if any(self.cfg.local_layers()) else parts
-            bias = None
-            if self.cfg.position == "alibi":
-                slopes = jnp.asarray(tables.alibi_slopes(self.cfg.num_heads))
-                parts, local = (dataclasses.replace(m, alibi_slopes=slopes) for m in (parts, local))
-            elif self.rel_bias is not None:
-                bias = self.rel_bias(positions, positions)
-            return parts, local, bias, positions
-        if self.causal:
-            mask = combine_masks(mask, make_causal_mask(t, s, offset))
-        local_mask = mask
-        if any(self.cfg.local_layers()):
-            window = self.cfg.sliding_window
-            local_mask = combine_masks(mask, make_sliding_window_mask(t, s, window, offset)
-                                       if self.causal else _band_mask(t, window))
-        q_pos, k_pos = positions, positions
-        if cache_index is not None:
-            q_pos, k_pos = default_positions(1, t, offset), default_positions(1, s)  # slots
+        record = AttentionMask.of(mask, t, causal=self.causal, offset=offset, keys=keys)
         bias = None
         if self.cfg.position == "alibi":
-            bias = alibi_bias(self.cfg.num_heads, q_pos, k_pos)
-        elif self.rel_bias is not None:
-            bias = self.rel_bias(q_pos, k_pos)
-        return mask, local_mask, bias, positions
+            record = dataclasses.replace(record, alibi_slopes=jnp.asarray(tables.alibi_slopes(self.cfg.num_heads)))
+        elif self.rel_bias is not None and keys is None:
+            bias = self.rel_bias(positions, positions)
+        return record, bias, positions
 
-    def mask_parts(self, mask, t: int) -> AttentionMask | None:
-        """The self-attention mask as AttentionMask parts when this trace computes attention
-        blockwise (lowering.active().attention; no cache): from parts the caller gave, from a key
-        padding mask [B, 1, 1, T], or from none. None (the plain path's dense masks) otherwise,
-        and for any other dense mask."""
-        if lowering.active().attention == "plain" and lowering.active().context_axis is None:
-            return None
-        if isinstance(mask, AttentionMask):
-            return dataclasses.replace(mask, causal=self.causal)
-        if mask is None:
-            return AttentionMask.self_attention(1, t, causal=self.causal)
-        if mask.ndim == 4 and mask.shape[1:3] == (1, 1):
-            return AttentionMask.self_attention(1, t, causal=self.causal, key_valid=mask[:, 0, 0, :])
-        return None
+    def slot_bias(self, q_slots: jax.Array, k_slots: jax.Array) -> jax.Array | None:
+        """The T5 bias [1, H, T, S] of queries at q_slots [1, T] over keys at k_slots [S] (slot
+        distances equal position distances, padding being on the left); None without T5."""
+        return None if self.rel_bias is None else self.rel_bias(q_slots, k_slots[None])
 
     def finish(self, x, intermediates):
         if self.final_norm is not None:
@@ -360,12 +314,6 @@ def _check_attention_flags(return_intermediates: bool, return_attention: bool) -
     if return_attention and not return_intermediates:
         raise ValueError("return_attention=True needs return_intermediates=True (the weights are "
                          "returned among the intermediates, as layers.i.attn_weights)")
-
-
-def _band_mask(t: int, window: int) -> jax.Array:
-    """Bidirectional sliding window: |i - j| < window. -> [1, 1, T, T]."""
-    d = jnp.abs(jnp.arange(t)[:, None] - jnp.arange(t)[None, :])
-    return (d < window)[None, None]
 
 
 class Encoder(_Stack):
@@ -383,10 +331,10 @@ class Encoder(_Stack):
     def __call__(self, x, *, mask=None, positions=None, return_intermediates: bool = False,
                  return_attention: bool = False):
         _check_attention_flags(return_intermediates, return_attention)
-        mask, local_mask, bias, positions = self.self_attention_inputs(x, mask, positions)
-        inter = {} if return_intermediates else None
-        x = stack.run_layers(self, x, lambda layer, h, record, local: layer(
-            h, mask=pick_mask(local, local_mask, mask), bias=bias, positions=positions, record=record,
+        record, bias, positions = self.mask_record(x, mask, positions)
+        window, inter = self.cfg.sliding_window, {} if return_intermediates else None
+        x = stack.run_layers(self, x, lambda layer, h, rec, local: layer(
+            h, mask=record.for_layer(local, window), bias=bias, positions=positions, record=rec,
             return_attention=return_attention), inter)
         return self.finish(x, inter)
 
@@ -426,45 +374,55 @@ class Decoder(_Stack):
             raise ValueError("the MoE auxiliary outputs (return_aux) are not supported together with a KV cache")
         if cache is not None and cache_index is None:
             raise ValueError("a decoder cache needs cache_index (the slot of the first new token)")
-        cache_len = None if cache is None else kv_cache.cache_length(self.cfg, cache, self.scan_layers)
-        t = x.shape[1]
-        all_rings = cache is not None and cache_len is None  # then only the positions are used
-        full_mask, local_mask, bias, positions = self.self_attention_inputs(
-            x, None if all_rings else mask, positions, cache_index, t if all_rings else cache_len)
-        inter = {} if return_intermediates else None
-        if cache is None:
-            x = stack.run_layers(self, x, lambda layer, h, record, local: layer(
-                h, memory, mask=pick_mask(local, local_mask, full_mask), bias=bias, memory_mask=memory_mask,
-                positions=positions, record=record, return_attention=return_attention), inter, aux)
+        mode, inter = kv_cache.mode_of(cache, x.shape[1]), {} if return_intermediates else None
+        if mode == kv_cache.TRAIN:
+            record, bias, positions = self.mask_record(x, mask, positions)
+            window = self.cfg.sliding_window
+            x = stack.run_layers(self, x, lambda layer, h, rec, local: layer(
+                h, memory, mask=record.for_layer(local, window), bias=bias, memory_mask=memory_mask,
+                positions=positions, record=rec, return_attention=return_attention), inter, aux)
             return self.finish(x, inter)
-        rolling = kv_cache.rolling_layers(self.cfg, cache, self.scan_layers)
-        ring_mask, ring_bias = (kv_cache.rolling_inputs(self.cfg, self.rel_bias, mask, t, cache_index)
-                                if any(rolling) else (None, None))
-
-        def call(layer, h, layer_cache, local, ring):
-            if ring:
-                m, bb = ring_mask, ring_bias
-            else:
-                m, bb = pick_mask(local, local_mask, full_mask), bias
-            return layer(h, memory, mask=m, bias=bb, memory_mask=memory_mask, positions=positions,
-                         cache=layer_cache, cache_index=cache_index, rolling=ring)
-
-        flags = stack.layer_flags(self.cfg, self.scan_layers)
-        if self.scan_layers:
-            x, new_cache = stack.scan_cached(self, x, cache, call, inter, flags, rolling[0])
-        else:
-            new_cache = []
-            for i, layer in enumerate(self.layers):
-                x, layer_cache = call(layer, x, cache[i], flags[i], rolling[i])
-                new_cache.append(layer_cache)
-                if inter is not None:
-                    inter[f"layers.{i}"] = x
+        x, new_cache = self.cached_layers(x, memory, mask, memory_mask, positions, cache, cache_index, mode, inter)
         out = self.finish(x, inter)
         return (*out, new_cache) if inter is not None else (out, new_cache)
 
+    def cached_layers(self, x, memory, mask, memory_mask, positions, cache, cache_index, mode: str, inter):
+        """The layers over their caches (prefill or decode). A layer's mask is the stack's record
+        read at the slots its cache's entries hold once this call's tokens are written
+        (KVCache.key_slots, AttentionMask.at_keys; its T5 bias too): one per cache layout, as
+        every layer of a layout (ring or linear, its length) holds the same slots."""
+        t, window = x.shape[1], self.cfg.sliding_window
+        keys = mask.shape[-1] if mask is not None else t
+        record, _, positions = self.mask_record(x, mask, positions, cache_index, keys=keys)
+        layouts = {}
+
+        def layout(self_cache):
+            key = (self_cache.ring, self_cache.size)
+            if key not in layouts:
+                k_slots = self_cache.key_slots(cache_index, t, mode)
+                layouts[key] = (record.at_keys(k_slots), self.slot_bias(record.q_slots, k_slots))
+            return layouts[key]
+
+        def call(layer, h, layer_cache, local, inputs):
+            m, bb = inputs
+            return layer(h, memory, mask=m.for_layer(local, window), bias=bb, memory_mask=memory_mask,
+                         positions=positions, cache=layer_cache, cache_index=cache_index, mode=mode)
+
+        flags = stack.layer_flags(self.cfg, self.scan_layers)
+        if self.scan_layers:
+            inputs = layout(jax.tree.map(lambda a: a[0], cache["self"]))  # layer 0's slots: every layer's
+            return stack.scan_cached(self, x, cache, lambda *a: call(*a, inputs), inter, flags)
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = call(layer, x, cache[i], flags[i], layout(cache[i]["self"]))
+            new_cache.append(layer_cache)
+            if inter is not None:
+                inter[f"layers.{i}"] = x
+        return x, new_cache
+
     def cache_length(self, cache: list | dict) -> int | None:
-        """L, the slots of the cache's full layers; None when every layer rings (kv_cache.cache_length)."""
-        return kv_cache.cache_length(self.cfg, cache, self.scan_layers)
+        """L, the slots of the cache's linear layers; None when every layer rings (kv_cache.cache_length)."""
+        return kv_cache.cache_length(cache)
 
     def init_cache(self, batch: int, length: int, memory: jax.Array | None = None,
                    dtype=jnp.float32) -> list | dict:

@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer import lowering
 from jaxformer.config.models import LMConfig
-from jaxformer.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
+from jaxformer.layers.attention import AttentionMask, make_padding_mask
 from jaxformer.layers.kernels import ring
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
@@ -87,12 +86,9 @@ class LM(nnx.Module):
                 raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
                                  f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
             positions = positions_from_segments(segment_ids)
-        if cache is None and (lowering.active().attention != "plain" or lowering.active().context_axis):
-            # blockwise / ring attention: the mask stays in parts, O(T) (layers/attention.py)
+        if cache is None:  # the mask record, in parts, O(T); dense only in layers/dispatch.py
             mask = AttentionMask.self_attention(1, t, causal=True, key_valid=attention_mask,
                                                 segment_ids=segment_ids)
-        elif segment_ids is not None:
-            mask = combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
             check_int_input(position_ids, "position id")
             if tuple(position_ids.shape) != (b, t):

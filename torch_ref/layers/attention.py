@@ -10,7 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from jaxformer.config.attention import QKNorm, Rope, Scores
+from torch_ref.layers import kv_cache
 from torch_ref.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
+from torch_ref.layers.kv_cache import KVCache
 from torch_ref.layers.masks import (  # noqa: F401
     AttentionMask,
     alibi_block,
@@ -45,18 +47,14 @@ class MultiHeadAttention(nn.Module):
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention), value [B, S, D] (None = kv)
     -> [B, T, D].
 
-    KV cache (incremental decoding), a dict {"k", "v"} of head-major [B, G, L, K] tensors:
-      * with cache_index (int): self-attention decode step. The new keys/values (RoPE'd at
-        `positions`) are written into slots cache_index..cache_index+T (in place here; JAX
-        returns an updated copy) and the queries attend over all L slots; `mask` must hide
-        the unwritten ones.
-      * without cache_index: a read-only cache, e.g. cross-attention keys/values projected
-        once from the encoder memory by `project_kv`; `kv` is then not used.
-      * rolling=True (a sliding-window layer): the cache is a ring of W slots; absolute slot a
-        lives in ring slot a % W. One new token is written first and attends over the ring (the
-        slot it overwrites is W back, just out of the window); T > 1 new tokens attend over the
-        ring followed by themselves ([B, W + T] keys), then their last min(T, W) are written.
-        `mask` covers those keys (Decoder.rolling_inputs).
+    KV cache (incremental decoding): `cache` a kv_cache.KVCache ({"k", "v"} head-major
+    [B, G, L, K]), `mode` kv_cache.PREFILL or DECODE (None = from T):
+      * a self-attention cache (init_cache) with cache_index (int): the new keys/values (RoPE'd
+        at `positions`) are written at slots cache_index.. (each at slot % L, in place here;
+        JAX returns an updated copy) and the queries read the cache (KVCache.attend); `mask`
+        covers the keys read (AttentionMask.at_keys of KVCache.key_slots).
+      * a fixed cache (memory_cache): cross-attention keys/values projected once from the
+        encoder memory; `kv` is then not used.
     With a cache the call returns (out, new_cache)."""
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -111,13 +109,29 @@ class MultiHeadAttention(nn.Module):
         x = x.view(b, s, heads, self.head_dim)  # [B, S, n, K]
         return x if norm is None or self.qk_norm_full else norm(x)
 
+    def init_cache(self, batch: int, length: int, dtype=torch.float32, *, ring: bool = False) -> KVCache:
+        """An empty self-attention cache of `length` slots, {"k", "v"} [B, G, L, K] (ring: a
+        sliding-window layer's ring of window slots)."""
+        shape = (batch, self.num_kv_heads, length, self.head_dim)  # [B, G, L, K]
+        device = self.q_proj.weight.device
+        return KVCache.empty({"k": torch.zeros(shape, dtype=dtype, device=device),
+                              "v": torch.zeros(shape, dtype=dtype, device=device)}, ring=ring)
+
+    def memory_cache(self, memory: torch.Tensor, dtype=torch.float32) -> KVCache:
+        """The fixed cache of memory [B, S, D]'s keys/values, projected once: [B, G, S, K]."""
+        return KVCache.memory({name: a.transpose(1, 2).to(dtype).contiguous()
+                               for name, a in self.project_kv(memory).items()})
+
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
-                positions=None, return_weights: bool = False, cache: dict | None = None,
-                cache_index=None, value: torch.Tensor | None = None, rolling: bool = False):
+                positions=None, return_weights: bool = False, cache: KVCache | None = None,
+                cache_index=None, value: torch.Tensor | None = None, mode: str | None = None):
         b, t, _ = x.shape
         if cache is not None and return_weights:
             raise ValueError("return_weights is not supported together with a KV cache")
-        read_only = cache is not None and cache_index is None
+        mode = kv_cache.mode_of(cache, t) if mode is None else mode
+        read_only = cache is not None and cache.fixed
+        if cache is not None and not read_only and cache_index is None:
+            raise ValueError("a self-attention cache needs cache_index (the slot of the first new token)")
         # 1) project and split heads
         q = self.split_heads(self.q_proj(x), self.q_norm, self.num_heads)  # [B, T, H, K]
         if read_only:
@@ -131,27 +145,14 @@ class MultiHeadAttention(nn.Module):
             q = self.rope(q, positions)
             if not read_only:
                 k = self.rope(k, positions)
-        # 2b) write the new keys/values into their cache slots
-        if cache is not None and rolling and t > 1:  # ring then the new tokens; written after
-            k_new, v_new = k, v
-            k = torch.cat([cache["k"].transpose(1, 2).to(k.dtype), k], dim=1)  # [B, W+T, G, K]
-            v = torch.cat([cache["v"].transpose(1, 2).to(v.dtype), v], dim=1)  # [B, W+T, G, K]
-            w = cache["k"].shape[2]
-            m = min(t, w)
-            ring_slots = (cache_index + torch.arange(t - m, t, device=x.device)) % w  # distinct ring slots
-            cache["k"][:, :, ring_slots] = k_new[:, t - m:].transpose(1, 2).to(cache["k"].dtype)  # [B, G, W, K]
-            cache["v"][:, :, ring_slots] = v_new[:, t - m:].transpose(1, 2).to(cache["v"].dtype)  # [B, G, W, K]
-            cache = {"k": cache["k"], "v": cache["v"]}
-        elif cache is not None and not read_only:
-            start = cache_index % cache["k"].shape[2] if rolling else cache_index
-            cache["k"][:, :, start:start + t] = k.transpose(1, 2).to(cache["k"].dtype)  # [B, G, L, K]
-            cache["v"][:, :, start:start + t] = v.transpose(1, 2).to(cache["v"].dtype)  # [B, G, L, K]
-            cache = {"k": cache["k"], "v": cache["v"]}
-            k, v = cache["k"].transpose(1, 2), cache["v"].transpose(1, 2)  # [B, L, G, K] views
+        # 2b) write the new keys/values into the cache and read the keys the queries see
+        if cache is not None and not read_only:
+            keys, cache = cache.attend({"k": k, "v": v}, cache_index, mode)
+            k, v = keys["k"], keys["v"]  # [B, L, G, K] views or [B, L + T, G, K]
         # 3) attend
         out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
                                     scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, softcap=self.softcap, sinks=self.sinks)
+                                    dropout=self.attn_dropout, softcap=self.softcap, sinks=self.sinks, mode=mode)
         out, weights = out if return_weights else (out, None)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))

@@ -13,6 +13,7 @@ from torch import nn
 
 from torch_ref import lowering
 from torch_ref.layers.kernels.blockwise import blockwise_attention
+from torch_ref.layers.kv_cache import TRAIN
 from torch_ref.layers.masks import AttentionMask
 from torch_ref.layers.scores import sink_softmax, soft_cap
 
@@ -21,7 +22,7 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                           scale: float | None = None, return_weights: bool = False,
                           dropout: nn.Dropout | None = None, softcap: float | None = None,
-                          sinks: torch.Tensor | None = None):
+                          sinks: torch.Tensor | None = None, mode: str = TRAIN):
     """softmax(q k^T * scale + bias, masked) v.
 
     Args: q [B, T, H, K]; k, v [B, S, G, K]; mask bool / bias float broadcastable to [B, H, T, S].
@@ -29,18 +30,14 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     docs/numerics.md §21); explicit path.
     sinks: [H] logits, one per query head, an extra softmax column with no value (gpt-oss,
     docs/numerics.md §28); explicit path (SDPA takes no sink).
+    mode: the call's kv_cache mode; only a train call's mask goes to a kernel (use_kernel).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
-    if isinstance(mask, AttentionMask):  # the parts of a mask (blockwise path)
-        dropout_on = dropout is not None and dropout.p > 0 and dropout.training
-        if return_weights or dropout_on or lowering.active().attention == "plain":
-            if dropout_on and lowering.active().attention != "plain":
-                raise ValueError("blockwise attention does not apply attention dropout; set the model's "
-                                 "attention dropout to 0 or use attention: plain")
-            mask, extra = mask.dense(), mask.dense_bias()
-            bias = extra if bias is None else (bias if extra is None else bias + extra)
-        else:
-            return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+    dropout_active = dropout is not None and dropout.p > 0 and dropout.training
+    if use_kernel(mask, lowering.active().attention, None, mode, return_weights=return_weights,
+                  dropout_active=dropout_active, kv_head_major=False):
+        return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+    mask, bias = dense_mask(mask, bias)
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be boolean (True = attend), got {mask.dtype}; "
@@ -52,13 +49,36 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if num_heads % num_kv:
         raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    dropout_active = dropout is not None and dropout.p > 0 and dropout.training
     if sinks is not None and tuple(sinks.shape) != (num_heads,):
         raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {tuple(sinks.shape)}")
     if not return_weights and softcap is None and sinks is None:
         return _fused_attention(q, k, v, mask, bias, scale, dropout.p if dropout_active else 0.0)
     return _explicit_attention(q, k, v, mask, bias, scale, softcap, sinks, dropout if dropout_active else None,
                                return_weights)
+
+
+def use_kernel(mask, attention: str, context_axis, mode: str, *, return_weights: bool, dropout_active: bool,
+               kv_head_major: bool) -> bool:
+    """The one "dense or parts" rule (both trees; torch has no context axis: None): a train
+    call's AttentionMask of parts alone goes to the blockwise kernel unless the lowering asks
+    for plain attention, or the call needs the plain path's weights or reads a cache in place."""
+    if not (isinstance(mask, AttentionMask) and mask.parts_only and mode == TRAIN):
+        return False
+    if attention == "plain" and context_axis is None:
+        return False
+    if dropout_active:
+        raise ValueError("blockwise attention does not apply attention dropout; set the model's "
+                         "attention dropout to 0 or use attention: plain")
+    return not (return_weights or kv_head_major)
+
+
+def dense_mask(mask, bias):
+    """(mask, bias) as the plain path takes them: an AttentionMask made dense (None: nothing
+    masked) and its ALiBi bias added to `bias`; any other mask as it is."""
+    if not isinstance(mask, AttentionMask):
+        return mask, bias
+    extra = mask.dense_bias()
+    return mask.dense(), extra if bias is None else (bias if extra is None else bias + extra)
 
 
 def _fused_attention(q, k, v, mask, bias, scale: float, dropout_p: float):

@@ -9,8 +9,9 @@ from torch import nn
 from jaxformer import tables
 from jaxformer.config.attention import Rope
 from jaxformer.config.moe import MLAConfig
-from torch_ref.layers.dispatch import dot_product_attention
+from torch_ref.layers.dispatch import dense_mask, dot_product_attention
 from torch_ref.layers.kernels import quant
+from torch_ref.layers.kv_cache import KVCache
 from torch_ref.layers.norm import RMSNorm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
 from torch_ref.layers.scores import soft_cap
@@ -61,19 +62,22 @@ class MultiHeadLatentAttention(nn.Module):
         """RoPE on a rope part [B, T, ., R] (rope_interleave: pairs de-interleaved first)."""
         return self.rope(deinterleave(x) if self.mla.rope_interleave else x, positions)
 
-    def init_cache(self, batch: int, length: int, dtype=torch.float32) -> dict:
+    def init_cache(self, batch: int, length: int, dtype=torch.float32, *, ring: bool = False) -> KVCache:
         """An empty latent cache of `length` slots: latent [B, 1, L, C], k_rope [B, 1, L, R]."""
+        if ring:
+            raise ValueError("multi-head latent attention has no sliding-window ring cache")
         device = self.kv_b_proj.weight.device
-        return {"latent": torch.zeros((batch, 1, length, self.mla.kv_lora_rank), dtype=dtype, device=device),
-                "k_rope": torch.zeros((batch, 1, length, self.mla.qk_rope_head_dim), dtype=dtype, device=device)}
+        return KVCache.empty({"latent": torch.zeros((batch, 1, length, self.mla.kv_lora_rank), dtype=dtype, device=device),
+                              "k_rope": torch.zeros((batch, 1, length, self.mla.qk_rope_head_dim), dtype=dtype,
+                                                    device=device)})
 
     def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None,
-                return_weights: bool = False, cache: dict | None = None, cache_index=None,
-                rolling: bool = False):
+                return_weights: bool = False, cache: KVCache | None = None, cache_index=None,
+                mode: str | None = None):
         b, t, _ = x.shape
         h, n, r, v, c = (self.num_heads, self.mla.qk_nope_head_dim, self.mla.qk_rope_head_dim,
                          self.mla.v_head_dim, self.mla.kv_lora_rank)
-        if rolling:
+        if cache is not None and cache.ring:
             raise ValueError("multi-head latent attention has no sliding-window ring cache")
         if cache is not None and cache_index is None:
             raise ValueError("an MLA cache needs cache_index (MLA is self-attention only)")
@@ -92,12 +96,11 @@ class MultiHeadLatentAttention(nn.Module):
         q_rope, k_rope = self.rotate(q_rope, positions), self.rotate(k_rope, positions)
         # 3b) write the latent and the rotated rope key into their cache slots
         if cache is not None:
-            cache["latent"][:, :, cache_index:cache_index + t] = latent[:, None].to(cache["latent"].dtype)  # [B, 1, L, C]
-            cache["k_rope"][:, :, cache_index:cache_index + t] = k_rope.transpose(1, 2).to(cache["k_rope"].dtype)  # [B, 1, L, R]
-            cache = {"latent": cache["latent"], "k_rope": cache["k_rope"]}
+            cache = cache.write({"latent": latent[:, None], "k_rope": k_rope.transpose(1, 2)},
+                                cache_index)  # [B, 1, L, C], [B, 1, L, R], in place
             latent, k_rope = cache["latent"][:, 0].to(x.dtype), cache["k_rope"].transpose(1, 2).to(x.dtype)
             if t == 1:
-                out = self.absorbed(q_nope, q_rope, latent, k_rope[:, :, 0], mask, bias)  # [B, 1, H, V]
+                out = self.absorbed(q_nope, q_rope, latent, k_rope[:, :, 0], *dense_mask(mask, bias))  # [B, 1, H, V]
                 return self.dropout(self.o_proj(out.reshape(b, t, h * v))), cache
         # 4) expand the latent into per-head keys and values
         s = latent.shape[1]

@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from jaxformer.config.models import LMConfig
-from torch_ref import lowering
-from torch_ref.layers.attention import AttentionMask, combine_masks, make_padding_mask, make_segment_mask
+from torch_ref.layers.attention import AttentionMask, make_padding_mask
 from torch_ref.layers.positional import default_positions
 from torch_ref.layers.text_embedding import TextEmbedding
 from torch_ref.layers.transformer import Decoder
@@ -87,12 +86,9 @@ class LM(nn.Module):
                 raise ValueError(f"segment_ids must be [batch, {t}] and used without a cache, got "
                                  f"{tuple(segment_ids.shape)}{' with a cache' if cache is not None else ''}")
             positions = positions_from_segments(segment_ids)
-        if cache is None and lowering.active().attention != "plain":
-            # blockwise attention: the mask stays in parts (layers/attention.py AttentionMask)
+        if cache is None:  # the mask record, in parts; dense only in layers/dispatch.py
             mask = AttentionMask.self_attention(1, t, causal=True, key_valid=attention_mask,
                                                 segment_ids=segment_ids, device=ids.device)
-        elif segment_ids is not None:
-            mask = combine_masks(mask, make_segment_mask(segment_ids))
         if position_ids is not None:  # the caller's positions (HF's position_ids)
             check_int_input(position_ids, "position id")
             if tuple(position_ids.shape) != (b, t):

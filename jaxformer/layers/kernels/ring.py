@@ -47,6 +47,7 @@ mesh with the context axis (one device, a test), one step over the whole sequenc
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -110,9 +111,8 @@ def permute_mask(mask: AttentionMask, order) -> AttentionMask:
     (the mask's own slots must be 0..T-1)."""
     take = lambda a: None if a is None else a[:, order]
     slots = jnp.asarray(order, jnp.int32)[None]
-    return AttentionMask(slots, slots, k_valid=take(mask.k_valid), q_segments=take(mask.q_segments),
-                         k_segments=take(mask.k_segments), window=mask.window,
-                         alibi_slopes=mask.alibi_slopes, causal=mask.causal)
+    return dataclasses.replace(mask, q_slots=slots, k_slots=slots, k_valid=take(mask.k_valid),
+                               q_segments=take(mask.q_segments), k_segments=take(mask.k_segments))
 
 
 def _batch_axes(mesh, batch: int) -> tuple:
