@@ -157,6 +157,19 @@ class MultiHeadAttention(nnx.Module):
         """The fixed cache of memory [B, S, D]'s keys/values, projected once: [B, G, S, K]."""
         return KVCache.memory({name: jnp.swapaxes(a, 1, 2).astype(dtype) for name, a in self.project_kv(memory).items()})
 
+    def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """RoPE on q or k [B, T, n, K] (a variant that rotates otherwise overrides this)."""
+        return self.rope(x, positions)
+
+    def attend(self, q, k, v, mask, bias, *, return_weights: bool, head_major: bool, mode: str):
+        """Step 3: q [B, T, H, K] over k, v ([B, S, G, K], or [B, G, S, K] head_major) -> (out
+        [B, T, H, K], weights [B, H, T, S] or None); a variant of the attention itself
+        (layers/diff_attention.py) overrides this."""
+        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, return_weights=return_weights,
+                                    dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap,
+                                    sinks=None if self.sinks is None else self.sinks[...], mode=mode)
+        return out if return_weights else (out, None)
+
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask=None,
                  bias: jax.Array | None = None, positions: jax.Array | None = None,
                  return_weights: bool = False, cache: KVCache | None = None, cache_index=None,
@@ -180,9 +193,9 @@ class MultiHeadAttention(nnx.Module):
         # 2) rotate q and k (self-attention only)
         if self.rope is not None:
             positions = default_positions(b, t) if positions is None else positions
-            q = self.rope(q, positions)
+            q = self.rotate(q, positions)
             if not read_only:
-                k = self.rope(k, positions)
+                k = self.rotate(k, positions)
         # 2b) write the new keys/values into the cache and read the keys the queries see
         head_major = read_only
         if cache is not None and not read_only:
@@ -192,11 +205,8 @@ class MultiHeadAttention(nnx.Module):
         if self.slots:
             k, v, mask, bias = self.append_slots(k, v, mask, bias)  # [B, S + n, G, K]
         # 3) attend
-        out = dot_product_attention(q, k.astype(q.dtype), v.astype(q.dtype), mask=mask, bias=bias,
-                                    scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap,
-                                    sinks=None if self.sinks is None else self.sinks[...], mode=mode)
-        out, weights = out if return_weights else (out, None)
+        out, weights = self.attend(q, k.astype(q.dtype), v.astype(q.dtype), mask, bias,
+                                   return_weights=return_weights, head_major=head_major, mode=mode)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))
         if cache is not None:

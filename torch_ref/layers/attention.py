@@ -122,6 +122,17 @@ class MultiHeadAttention(nn.Module):
         return KVCache.memory({name: a.transpose(1, 2).to(dtype).contiguous()
                                for name, a in self.project_kv(memory).items()})
 
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """RoPE on q or k [B, T, n, K] (a variant that rotates otherwise overrides this)."""
+        return self.rope(x, positions)
+
+    def attend(self, q, k, v, mask, bias, *, return_weights: bool, mode: str):
+        """Step 3: q [B, T, H, K] over k, v [B, S, G, K] -> (out [B, T, H, K], weights or None);
+        a variant of the attention itself (layers/diff_attention.py) overrides this."""
+        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, return_weights=return_weights,
+                                    dropout=self.attn_dropout, softcap=self.softcap, sinks=self.sinks, mode=mode)
+        return out if return_weights else (out, None)
+
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,
                 positions=None, return_weights: bool = False, cache: KVCache | None = None,
                 cache_index=None, value: torch.Tensor | None = None, mode: str | None = None):
@@ -142,18 +153,16 @@ class MultiHeadAttention(nn.Module):
         # 2) rotate q and k (self-attention only)
         if self.rope is not None:
             positions = default_positions(b, t, device=x.device) if positions is None else positions
-            q = self.rope(q, positions)
+            q = self.rotate(q, positions)
             if not read_only:
-                k = self.rope(k, positions)
+                k = self.rotate(k, positions)
         # 2b) write the new keys/values into the cache and read the keys the queries see
         if cache is not None and not read_only:
             keys, cache = cache.attend({"k": k, "v": v}, cache_index, mode)
             k, v = keys["k"], keys["v"]  # [B, L, G, K] views or [B, L + T, G, K]
         # 3) attend
-        out = dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), mask=mask, bias=bias,
-                                    scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, softcap=self.softcap, sinks=self.sinks, mode=mode)
-        out, weights = out if return_weights else (out, None)
+        out, weights = self.attend(q, k.to(q.dtype), v.to(q.dtype), mask, bias, return_weights=return_weights,
+                                   mode=mode)
         # 4) merge heads and project out
         out = self.dropout(self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)))
         if cache is not None:
