@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANK = {
     "jaxformer": 1, "jaxformer.config": 1, "jaxformer.tables": 1, "jaxformer.fileio": 1,
     "jaxformer.lowering": 1.5, "jaxformer.layers": 2, "jaxformer.models": 2.5,
-    "jaxformer.convert": 3, "jaxformer.module_weights": 3.1, "jaxformer.checkpoint_io": 3.5, "jaxformer.generation": 3.5,
+    "jaxformer.convert": 3, "jaxformer.module_weights": 3.3, "jaxformer.checkpoint_io": 3.5, "jaxformer.generation": 3.5,
     "jaxformer.parity": 3.5, "jaxformer.interop": 3.25,
     "jaxformer.hf": 4, "jaxformer.train": 4, "jaxformer.port": 4,
     "jaxformer.cli": 5, "jaxformer.__main__": 6,
