@@ -173,6 +173,8 @@ class TransformerConfig:
     moe: MoEConfig | None = None  # the sparse layers' FFN is a mixture of experts; None = dense
     mla: MLAConfig | None = None  # multi-head latent attention in place of q/k/v projections
     attn_sinks: bool = False  # a learned per-head logit in every softmax denominator (gpt-oss)
+    diff_attn: float | None = None  # differential attention (Diff Transformer) with this lambda_init;
+    #   None = one softmax map (layers/diff_attention.py)
     # LayerScale (Touvron et al. 2021, CaiT; DINOv2, timm ViTs with init_values): a learned
     # per-channel scale `gamma` on every sublayer output, initialised to this value; None = none
     layer_scale: float | None = None
@@ -191,6 +193,14 @@ class TransformerConfig:
         choice("ffn", FFN_KINDS), choice("norm", NORM_KINDS), choice("norm_position", NORM_POSITIONS),
         choice("position", POSITION_KINDS),
         *probability("dropout", "attn_dropout", "ffn_dropout", "embed_dropout"),
+        Rule("diff_attn_lambda_init", "diff_attn", lambda c: 0 < c.diff_attn < 1, "lambda_init must be in (0, 1), "
+             "got {diff_attn}", when=lambda c: c.diff_attn is not None),
+        *(Rule(f"diff_attn_no_{n}", n, lambda c, n=n: not getattr(c, n), "is not supported with diff_attn",
+               when=lambda c: c.diff_attn is not None) for n in ("mla", "attn_sinks", "qk_norm", "qk_norm_full",
+                                                                 "attn_dropout", "rotary_dim")),
+        Rule("diff_attn_even_head", "head_dim", lambda c: c.resolved_head_dim % 2 == 0,
+             "diff_attn splits each head in two halves: head_dim {resolved_head_dim} is odd",
+             when=lambda c: c.diff_attn is not None),
         Rule("norm_eps_positive", "norm_eps", lambda c: c.norm_eps > 0, "must be > 0, got {norm_eps}"),
         Rule("rope_base_positive", "rope_base", lambda c: c.rope_base > 0, "must be > 0, got {rope_base}"),
         number_or_null("attn_scale", "null (1/sqrt(head_dim))"),

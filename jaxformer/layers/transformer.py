@@ -37,6 +37,7 @@ from jaxformer import tables
 from jaxformer.config import QKNorm, Rope, Scores, TransformerConfig
 from jaxformer.layers import kv_cache, stack
 from jaxformer.layers.attention import AttentionMask, MultiHeadAttention
+from jaxformer.layers.diff_attention import DifferentialAttention
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.mla import MultiHeadLatentAttention
@@ -60,6 +61,12 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = Fal
     use_rope = self_attn and cfg.position == "rope"
     rope_base, rope_scaling = cfg.layer_rope(local)
     qk_norm = QKNorm(cfg.norm, cfg.norm_eps, cfg.qk_norm_full) if cfg.qk_norm or cfg.qk_norm_full else None
+    if cfg.diff_attn is not None:  # two softmax maps per head, subtracted (layers/diff_attention.py)
+        return DifferentialAttention(
+            cfg.d_model, cfg.num_heads, lambda_init=cfg.diff_attn, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, dropout=cfg.dropout,
+            rope=Rope(cfg.max_len, rope_base, rope_scaling) if use_rope else None,
+            scores=Scores(cfg.score_scale, cfg.attn_logit_softcap), rngs=rngs)
     return MultiHeadAttention(
         cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,

@@ -16,7 +16,8 @@ CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models"
                 "jaxformer.parity.cases_vision", "jaxformer.parity.cases_moe",
                 "jaxformer.parity.cases_mla", "jaxformer.parity.cases_sinks",
                 "jaxformer.parity.cases_packing", "jaxformer.parity.cases_lora",
-                "jaxformer.parity.cases_blockwise", "jaxformer.parity.cases_interop")
+                "jaxformer.parity.cases_blockwise", "jaxformer.parity.cases_interop",
+                "jaxformer.parity.cases_diff_attn")
 
 
 def load_all() -> dict[str, Case]:
