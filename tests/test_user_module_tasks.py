@@ -121,6 +121,10 @@ def test_torch_trainer_follows_the_same_trajectory(run, tmp_path):
     assert max(worst.values()) <= RTOL, worst
     assert params <= RTOL
     assert eval_diff <= RTOL
+    # the torch run's own export (WORKDIR/model/last, flax layout, through module_weights.load_from_torch)
+    # holds its module's weights: back under the torch keys, bit for bit
+    back = module_weights.torch_state_dict(jaxformer.load(str(tmp_path / "torch"))[0], run.torch_module())
+    assert all(torch.equal(back[k], v) for k, v in tt.module.state_dict().items())
 
 
 def test_seq2seq_mesh_equals_one_device(translator, tmp_path):
