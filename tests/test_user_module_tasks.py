@@ -7,9 +7,10 @@ jaxformer's Encoder, whose weights go by jaxformer.interop's names: jaxformer.mo
 them both ways without jaxformer.port).
 
 Each JAX run is made once (fixtures): 20 steps against 20 of the torch trainer (10 for the
-`--layers jaxformer` ViT), the seq2seq on the mesh (fsdp 4 x tensor 2) against one device, and
-`export --to torch` loaded with load_state_dict(strict=True) into the torch module, whose logits
-are the JAX model's within the harness's output tolerance."""
+`--layers jaxformer` ViT), the seq2seq on a mesh (fsdp 2 x tensor 2, 4 of the 8 CPU devices)
+against one device, and `export --to torch` loaded with load_state_dict(strict=True) into the
+torch module, whose logits are the JAX model's within the harness's output tolerance. Then
+module_weights' interop map alone, on torch.nn modules held by hand-made NNX modules."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 import user_modules
 import yaml
 from flax import nnx
-from test_user_module import FACTORIES, MESH, MESH_RTOL, OUT_ATOL, OUT_RTOL, RTOL, TRAIN, _worst
+from test_user_module import FACTORIES, MESH_RTOL, OUT_ATOL, OUT_RTOL, RTOL, TRAIN, _worst
 
 import jaxformer
 from jaxformer.cli import main
@@ -127,15 +128,25 @@ def test_torch_trainer_follows_the_same_trajectory(run, tmp_path):
     assert all(torch.equal(back[k], v) for k, v in tt.module.state_dict().items())
 
 
+MESH4 = {"mode": "mesh", "num_devices": 4, "mesh": {"data": 1, "fsdp": 2, "tensor": 2}}
+
+
 def test_seq2seq_mesh_equals_one_device(translator, tmp_path):
-    """fsdp 4 x tensor 2 on 8 devices, by the logical axes the port wrote: every loss equals one
-    device's, and the parameters are split."""
-    cfg = load_config(translator.write_cfg(MESH))
+    """fsdp 2 x tensor 2 on 4 of the 8 devices, by the logical axes the port wrote: every loss
+    equals one device's, and the parameters are split."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    from jaxformer.train.sharding import _key_of
+    cfg = load_config(translator.write_cfg(MESH4))
     tr = JaxTrainer(cfg, str(tmp_path / "mesh"), progress=False)
+    specs = {_key_of(p): s.spec for p, s in jax.tree_util.tree_flatten_with_path(tr.shardings["params"])[0]}
+    assert specs["transformer.encoder.layers.0.linear1.kernel"] == P("fsdp", "tensor"), specs  # (embed, mlp)
+    assert specs["transformer.decoder.layers.1.linear2.kernel"] == P("tensor", "fsdp"), specs  # (mlp, embed)
     history = tr.run()
     worst = _worst(history, translator.history, "loss")
     mem = tr.memory_report()
-    print(f"{translator.factory}: mesh vs one device, worst relative loss {worst:.2e}; parameter bytes per device "
+    print(f"{translator.factory}: mesh fsdp 2 x tensor 2 vs one device, worst relative loss {worst:.2e}; parameter bytes per device "
           f"{mem['param_bytes_per_device']} of {mem['param_bytes_total']}")
     assert worst <= MESH_RTOL
     assert mem["param_bytes_per_device"] < mem["param_bytes_total"]
