@@ -249,3 +249,76 @@ def test_module_weights_name_each_missing_twin_leaf_once():
     assert len(lines) == len(set(lines)) == 16, lines
     assert all(ln.startswith("missing: body.layers.2.") and "jaxformer.interop's name" in ln for ln in lines), lines
     assert any("body.layers.2.self_attn.q_proj.weight" in ln for ln in lines)
+
+
+# ----------------------------------------------------------------------------- bad input: one line, exit 2
+_NETS = """import jax.numpy as jnp
+from flax import nnx
+
+
+class Tokens(nnx.Module):  # a causal LM's call: model(ids)
+    def __init__(self, vocab=259, *, rngs):
+        self.embed = nnx.Embed(vocab, 8, rngs=rngs)
+        self.head = nnx.Linear(8, vocab, rngs=rngs)
+
+    def __call__(self, ids):
+        return self.head(self.embed(ids))
+
+
+class Pooled(Tokens):  # one row of logits per example, not one per target position
+    def __call__(self, src, tgt_in):
+        return self.head(self.embed(src).mean(axis=1))
+
+
+class Images(nnx.Module):
+    def __init__(self, classes=10, *, rngs):
+        self.head = nnx.Linear(1, classes, rngs=rngs)
+
+    def __call__(self, images):
+        return self.head(images.mean(axis=(1, 2)))
+"""
+BAD = {
+    "seq2seq_call_takes_one_argument": ("Tokens", "seq2seq", {}, "does not fit task seq2seq: it is called as "
+                                        "model(source ids [B, S], target ids [B, T] (teacher forcing)), but its "
+                                        "__call__(ids) takes 1 positional argument(s)"),
+    "seq2seq_logits_per_example": ("Pooled", "seq2seq", {}, "it returned float32 (2, 259); the task needs float "
+                                   "logits [2, 12, N]"),  # traced on two examples
+    "seq2seq_on_lm_data": ("Pooled", "seq2seq", {"name": "stdlib_docs", "seq_len": 8},
+                           "data.name=stdlib_docs does not fit task=seq2seq (use ('dates',))"),
+    "classification_too_few_classes": ("Images", "classification", {"classes": 3},
+                                       "its logits have 3 entries, fewer than the 10 classes of data digits"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_module_that_does_not_fit_its_task_is_one_line(name, tmp_path, capsys):
+    cls, task, extra, phrase = BAD[name]
+    (tmp_path / "nets.py").write_text(_NETS)
+    data = extra if "name" in extra else DATA[task]
+    kwargs = {} if "name" in extra else extra
+    raw = {"model": {"module": f"nets.py:{cls}", "kwargs": kwargs}, "task": task, "data": data, "train": TRAIN}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    code = main(["train", "--config", str(tmp_path / "cfg.yaml"), "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and phrase in err and "Traceback" not in err, err
+    assert not (tmp_path / "w").exists()
+
+
+def test_export_to_a_torch_module_the_twin_does_not_fit_is_one_line(vit_twin, tmp_path, capsys):
+    """The twin port's weights against a torch ViT of 3 encoder layers (model.torch edited in the
+    checkpoint's model.yaml): the first missing leaf under jaxformer.interop's names and a count
+    of the rest, exit 2, nothing written."""
+    import shutil
+    src = tmp_path / "ckpt"
+    shutil.copytree(f"{vit_twin.workdir}/model/last", src)
+    spec = yaml.safe_load((src / "model.yaml").read_text())
+    spec["model"]["torch"] = f"{FACTORIES}:make_vit_3_layers"
+    (src / "model.yaml").write_text(yaml.safe_dump(spec))
+    code = main(["export", str(src), "--to", "torch", str(tmp_path / "w.safetensors")])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 2 and "Traceback" not in err, err
+    assert "the NNX module does not fit the torch module (16 problems): missing: encoder.layers.2." in lines[0], err
+    assert "jaxformer.interop's name" in lines[0] and "15 more line(s)" in lines[1], err
+    assert not (tmp_path / "w.safetensors").exists()

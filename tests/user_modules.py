@@ -124,3 +124,9 @@ def make_vit():
 
 def vit_example():
     return make_vit().eval(), {"images": np.random.RandomState(4).standard_normal((B, 16, 16, 1)).astype(np.float32)}
+
+
+def make_vit_3_layers():
+    """DigitsViT with a third encoder layer: not the module a 2-layer run's weights fit."""
+    torch.manual_seed(0)
+    return DigitsViT(layers=3)
