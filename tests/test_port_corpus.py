@@ -67,22 +67,31 @@ def test_port_corpus(name):
             from_torch(module, inputs)
         assert len(str(refusal.value).splitlines()) == 1, "a refusal is one line"
         return
-    _check_port(name, module, inputs, from_torch(module, inputs))
+    from jaxformer.port import api
+    result = api.port(module, inputs)
+    _check_port(name, module, inputs, result, api._loaded(result, module))
 
 
-def _check_port(name, module, inputs, ported) -> None:
-    from jaxformer.port.api import state_map
+def _check_port(name, module, inputs, result, ported) -> None:
+    from jaxformer.port.api import state_map, twin64
     # the converter reads a custom module's `scale` / `embedding` leaf from torch's `weight`, and
     # a torch.nn module written as its jaxformer twin under interop's names: state_map renames
-    # those keys (state dict and gradients alike), nothing else
+    # those keys (state dict and gradients alike), nothing else. The float64 twin is the port's
+    # check's (jaxformer.port.api.check; docs/numerics.md §45)
     rename = state_map(module, ported)
-    report = check_parity(module, ported, inputs, case=f"port:{name}", state_map=rename)
+    report = check_parity(module, ported, inputs, case=f"port:{name}", state_map=rename,
+                          twin64=lambda: twin64(result, module))
     print(report.row())
     assert report.ok, report.message()
-    # nothing passes by comparing nothing: every output leaf and every parameter's gradient
+    # nothing passes by comparing nothing: every output leaf and every trainable parameter's
+    # gradient (a frozen one, requires_grad=False, is state on both sides: the report names it)
     assert report.outputs
-    missing = set(rename(dict(module.named_parameters()))) - set(report.grads)
+    trained = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    missing = set(rename(trained)) - set(report.grads)
     assert not missing, f"gradients not compared: {sorted(missing)}"
+    frozen = sorted(n for n, p in module.named_parameters() if not p.requires_grad)
+    if frozen:
+        assert f"gradient not compared: {', '.join(frozen)}" in " ".join(report.notes)
 
 
 @pytest.mark.parametrize("name", sorted(JAXFORMER))
@@ -91,7 +100,7 @@ def test_port_corpus_jaxformer_layers(name):
     module, inputs = CORPUS[name]()
     result = api.port(module, inputs, layers="jaxformer")
     assert JAXFORMER[name] in " ".join(result.source.split())  # the header names the twins
-    _check_port(name, module, inputs, api._loaded(result, module))
+    _check_port(name, module, inputs, result, api._loaded(result, module))
 
 
 def test_port_corpus_jaxformer_layers_change_only_those():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from jaxformer.port import axes, graph, layers, twin_source, values
-from jaxformer.port.body import Body, attr_path, relative
+from jaxformer.port.body import INLINE_SYM, Body, attr_path, relative
 from jaxformer.port.helpers import HELPERS
 from jaxformer.port.source import identifier
 from jaxformer.port.trace import PortError, Traced
@@ -66,7 +66,7 @@ class Port:
         self.axes, self.width = axes.infer(model, self.program, self.weights)  # torch name -> logical axes
         self.uses_logical = False  # the file defines `logical` (LOGICAL_HELPER)
         self.annotated: set[str] = set()  # the parameters the file writes axes for
-        self.root = graph.build_calls(self.program, model, self.weights)
+        self.root = graph.build_calls(self.program, model, self.weights, layers.known)
         self.first_call: dict[str, graph.Call] = {}
         for call in self.root.calls():
             self.first_call.setdefault(call.path, call)
@@ -418,10 +418,11 @@ class Port:
                                  body.helper)
 
     def _known_call(self, body: Body, call: graph.Call, rel: str) -> str:
-        core = [n for n in call.nodes() if graph.op_name(n) not in graph.SKIPPED]
-        want = layers.CORE_OPS[type(call.module).__name__]
-        if want == "aten.dropout" and [graph.op_name(n) for n in core] == ["aten.clone"]:
-            want = "aten.clone"  # a functional graph's eval dropout (trace.functional)
+        # the layer's one op; sizes computed beside it (a conv's output length) and the parts of a
+        # multi-output op are not ops of their own
+        core = [n for n in call.nodes() if graph.op_name(n) not in graph.SKIPPED | INLINE_SYM | {"operator.getitem"}]
+        wanted = layers.CORE_OPS[type(call.module).__name__]
+        want = next((w for w in wanted if [graph.op_name(n) for n in core] == [w]), wanted[0])
         # the value it is called on: the forward's data, or a buffer or weight of another module
         # (CLIP's `position_embedding(self.position_ids)`, DeBERTa's norm of a position table)
         tensors = [n for n in call.inputs if not self._own_tied(n, call.path)]

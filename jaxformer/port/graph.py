@@ -93,8 +93,10 @@ def live(program) -> set:
     return out
 
 
-def build_calls(program, model, weights: dict[str, "Weight"]) -> Call:
-    """The root Call of `program`'s graph, every live op node placed in the call that ran it."""
+def build_calls(program, model, weights: dict[str, "Weight"], layer=None) -> Call:
+    """The root Call of `program`'s graph, every live op node placed in the call that ran it.
+    `layer(module)`: whether a module is written as one layer (emit.Port.flax_layer's modules):
+    views that open its call move out of it, and sizes computed beside its op are not outputs."""
     root = Call("", model, "", None)
     stack = [root]
     needed = live(program)
@@ -112,8 +114,30 @@ def build_calls(program, model, weights: dict[str, "Weight"]) -> Call:
                 stack[-1].items.append(call)
                 stack.append(call)
         stack[-1].items.append(node)
+    for call in list(root.calls()):
+        if layer is not None and call.parent is not None and layer(call.module):
+            _hoist_views(call)
     _wire(root, weights, needed)
+    if layer is not None:  # a layer's output is its value; sizes beside it are read off shapes
+        for call in root.calls():
+            if call.parent is not None and layer(call.module):
+                call.outputs = [n for n in call.outputs if not _size(n)]
     return root
+
+
+VIEWS = {"aten.expand", "aten.view", "aten.reshape", "aten._unsafe_view", "aten.permute", "aten.transpose",
+         "aten.unsqueeze", "aten.squeeze", "aten.slice", "aten.select", "aten.alias", "aten.contiguous",
+         "aten.clone", "aten.flatten", "aten.unflatten"}
+
+
+def _hoist_views(call: Call) -> None:
+    """A layer's call that begins with views of its input (functionalization replays a view where
+    it is read: timm ConViT's `pos_proj(rel_indices.expand(B, ...))` has its expand inside
+    `pos_proj`): those views move to the caller, before the call, so the layer holds its op alone."""
+    at = call.parent.items.index(call)
+    while call.items and not isinstance(call.items[0], Call) and op_name(call.items[0]) in VIEWS:
+        call.parent.items.insert(at, call.items.pop(0))
+        at += 1
 
 
 def owned(weight: "Weight", path: str) -> bool:

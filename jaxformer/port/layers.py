@@ -80,10 +80,14 @@ KNOWN: dict[str, tuple[Callable[[Any], str | None], Callable[[str, str, Any], st
 for _name in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"):
     KNOWN[_name] = (_batch_norm, lambda a, x, m: f"{a}({x})",
                     {k: (k, "{}") for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")})
-CORE_OPS = {"BatchNorm1d": "aten.batch_norm", "BatchNorm2d": "aten.batch_norm", "BatchNorm3d": "aten.batch_norm",
-            "Linear": "aten.linear", "NonDynamicallyQuantizableLinear": "aten.linear", "Embedding": "aten.embedding",
-            "LayerNorm": "aten.layer_norm", "RMSNorm": "aten.rms_norm", "Dropout": "aten.dropout",
-            "Conv1d": "aten.conv1d", "Conv2d": "aten.conv2d"}
+# each layer's op in the graph: the first as torch.export writes it, the others as a functional
+# graph (trace.functional) has it (an eval dropout is a clone, an eval batch norm its no-training form)
+CORE_OPS = {"BatchNorm1d": ("aten.batch_norm", "aten._native_batch_norm_legit_no_training"),
+            "BatchNorm2d": ("aten.batch_norm", "aten._native_batch_norm_legit_no_training"),
+            "BatchNorm3d": ("aten.batch_norm", "aten._native_batch_norm_legit_no_training"),
+            "Linear": ("aten.linear",), "NonDynamicallyQuantizableLinear": ("aten.linear",),
+            "Embedding": ("aten.embedding",), "LayerNorm": ("aten.layer_norm",), "RMSNorm": ("aten.rms_norm",),
+            "Dropout": ("aten.dropout", "aten.clone"), "Conv1d": ("aten.conv1d",), "Conv2d": ("aten.conv2d",)}
 
 
 # the flax layer's constructor argument that carries each torch leaf's partitioning metadata
@@ -128,8 +132,12 @@ def parameterless_builtin(module) -> bool:
 
 
 def container(module) -> bool:
+    """A ModuleList / ModuleDict / Sequential that holds modules only (an nnx.List or nnx.Dict); one
+    with tensors of its own (torch's ParametrizationList holds `original0`, `original1`) is a
+    module like any other."""
     import torch
-    return isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))
+    return (isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Sequential))
+            and not module._parameters and not module._buffers)
 
 
 # Classes a written file defines when it holds such a layer (flax has none with torch's numerics)

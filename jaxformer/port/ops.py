@@ -213,7 +213,22 @@ def _einsum(c, a):
 
 
 def _embedding(c, a):
-    return f"jnp.take({c.r(a['weight'])}, {c.r(a['indices'])}, axis=0)"
+    out = f"jnp.take({c.r(a['weight'])}, {c.r(a['indices'])}, axis=0)"
+    pad = a.get("padding_idx")
+    if pad is None or pad < 0:
+        return out
+    # torch's embedding backward leaves the padding row's gradient 0
+    ids = c.paren(c.r(a["indices"]))
+    return f"jnp.where(({ids} == {pad})[..., None], jax.lax.stop_gradient({out}), {out})"
+
+
+def _weight_norm(c, a):
+    """torch._weight_norm(v, g, dim): v * g / ||v|| over every dim but `dim` (nn.utils.weight_norm,
+    wav2vec2's and HuBERT's positional conv)."""
+    v, g, dim = c.r(a["v"]), c.r(a["g"]), a.get("dim", 0)
+    n = c.ndim(a["v"])
+    axes = tuple(i for i in range(n) if i != dim % n) if dim != -1 else tuple(range(n))
+    return f"{c.paren(v)} * ({c.paren(g)} / jnp.sqrt(jnp.sum(jnp.square({v}), axis={axes}, keepdims=True)))"
 
 
 # ----------------------------------------------------------------------------- creation
@@ -336,6 +351,7 @@ def _identity(c, a):
 TABLE: dict[str, Callable[[Any, dict], str]] = {
     # shapes and views
     "aten.view": _reshape, "aten.reshape": _reshape, "aten._unsafe_view": _reshape, "aten.view_copy": _reshape,
+    "aten.reshape_as": _reshape, "aten.view_as": _reshape, "aten._weight_norm": _weight_norm,
     "aten.flatten": _flatten, "aten.unflatten": _reshape,
     "aten.permute": lambda c, a: f"{c.r(a['self'])}.transpose({c.r(tuple(d % c.ndim(a['self']) for d in a['dims']))[1:-1]})",
     "aten.transpose": lambda c, a: f"{c.r(a['self'])}.swapaxes({a['dim0']}, {a['dim1']})",

@@ -494,8 +494,11 @@ def functional(program):
     a buffer, an input) become outputs of the functional graph (`Port.root_outputs`)."""
     def writes(p):
         return [n for m in p.graph_module.modules() if hasattr(m, "graph") for n in m.graph.nodes if mutating(n)]
-    if not writes(program):
+    found = writes(program)
+    if not found:
         return program
+    for node in found:
+        _check_overlap(node)
     # the submodules' kept call signatures name graph nodes that functionalization renames (and
     # torch's verifier then refuses the program): they go, and the written functions take their
     # argument names from the calling code instead (emit.Port.input_names)
@@ -509,6 +512,32 @@ def functional(program):
         raise PortError(f"cannot port in-place aten op {op_name(left[0])}: torch's functionalization left it in "
                         f"the graph {where(left[0], '')}")
     return program
+
+
+def _check_overlap(node) -> None:
+    """Refuse an in-place op that reads memory it writes elsewhere (`h[:, 1:] += h[:, :-1]`): torch
+    runs it element by element in memory order, each write seen by later reads (here a running
+    sum), and its functional form (each read before any write) computes something else. A read
+    of exactly the memory written (`h.add_(h)`) is safe."""
+    import torch
+    written = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+    if not isinstance(written, torch.Tensor):
+        return
+    for arg in node.args[1:]:
+        read = arg.meta.get("val") if hasattr(arg, "meta") else None
+        if not isinstance(read, torch.Tensor) or read.numel() == 0 or written.numel() == 0:
+            continue
+        try:
+            overlaps = torch._C._overlaps(written, read)
+        except Exception:  # no storage to compare (a value made by another op): no overlap
+            continue
+        same = (written.storage_offset(), tuple(written.shape), tuple(written.stride())) == \
+            (read.storage_offset(), tuple(read.shape), tuple(read.stride()))
+        if overlaps and not same:
+            from jaxformer.port.graph import op_name, where
+            raise PortError(f"cannot port in-place aten op {op_name(node)}: it reads memory it also writes at other "
+                            f"places, so torch's result depends on the order its kernel visits memory; write it "
+                            f"out of place {where(node, '')}")
 
 
 def inline_no_grad(program) -> None:
