@@ -1,13 +1,13 @@
 """Issue 48's other tasks for any NNX module (tests/test_user_module.py has causal_lm): a ported
 torch encoder-decoder with `task: seq2seq` on the dates data, and a ported conv-patch ViT with
 `task: classification` on the digits data, each named by YAML (`model.module` the port's file,
-`model.torch` its factory in tests/user_modules.py) and written by the live port. The ViT is
-ported twice: op by op, and with `--layers jaxformer` (its nn.TransformerEncoder written as
-jaxformer's Encoder, whose weights go by jaxformer.interop's names: jaxformer.module_weights maps
-them both ways without jaxformer.port).
+`model.torch` its factory in tests/user_modules.py) and written by the live port. Each is
+ported twice: op by op, and with `--layers jaxformer` (torch.nn's encoder stack, and the
+decoder's layers, written as jaxformer's Encoder / DecoderLayer, whose weights go by
+jaxformer.interop's names: jaxformer.module_weights maps them both ways without jaxformer.port).
 
 Each JAX run is made once (fixtures): 20 steps against 20 of the torch trainer (10 for the
-`--layers jaxformer` ViT), the seq2seq on a mesh (fsdp 2 x tensor 2, 4 of the 8 CPU devices)
+`--layers jaxformer` ports), the seq2seq on a mesh (fsdp 2 x tensor 2, 4 of the 8 CPU devices)
 against one device, and `export --to torch` loaded with load_state_dict(strict=True) into the
 torch module, whose logits are the JAX model's within the harness's output tolerance. Then
 module_weights' interop map alone, on torch.nn modules held by hand-made NNX modules."""
@@ -39,6 +39,7 @@ class Run:
     def __init__(self, folder, example, factory: str, task: str, layers: str = "flax", steps: int = 20):
         from jaxformer.port import port
         self.folder, self.factory, self.task = folder, factory, task
+        self.label = f"{factory} (--layers {layers})"
         module, self.inputs = example()
         result = port(module, self.inputs, layers=layers)
         (folder / "ported.py").write_text(result.source)
@@ -77,19 +78,32 @@ def vit_twin(tmp_path_factory):
                layers="jaxformer", steps=10)
 
 
-@pytest.fixture(params=["translator", "vit", "vit_twin"])
+@pytest.fixture(scope="module")
+def translator_twin(tmp_path_factory):
+    """--layers jaxformer on nn.Transformer: the encoder as jaxformer's Encoder, each decoder layer
+    as its DecoderLayer (the decoder stack itself op by op: torch's tgt_is_causal flag)."""
+    return Run(tmp_path_factory.mktemp("s2s_twin"), user_modules.translator_example, "make_translator", "seq2seq",
+               layers="jaxformer", steps=10)
+
+
+@pytest.fixture(params=["translator", "vit", "vit_twin", "translator_twin"])
 def run(request):
     return request.getfixturevalue(request.param)
 
 
-def test_the_twin_port_holds_jaxformers_encoder(vit_twin):
-    """--layers jaxformer wrote the encoder as jaxformer's class: module_weights maps it by
-    jaxformer.interop's names (in_proj_weight split into q/k/v_proj, ...)."""
+def test_the_twin_ports_hold_jaxformers_classes(vit_twin, translator_twin):
+    """--layers jaxformer wrote torch.nn's modules as jaxformer's classes: module_weights maps
+    them by jaxformer.interop's names (in_proj_weight split into q/k/v_proj, linear1 ->
+    ffn.up_proj, multihead_attn -> cross_attn, ...)."""
     from jaxformer import module_weights
-    model, _ = jaxformer.load(vit_twin.workdir)
-    assert type(model.encoder).__module__ == "jaxformer.layers.transformer"
-    assert [p for p, _ in module_weights.interop_twins(model, vit_twin.torch_module())] == ["encoder"]
-    assert "encoder.layers.0.self_attn.q_proj.weight" in module_weights.flax_arrays(model)
+    for run, twins, leaf in ((vit_twin, ["encoder"], "encoder.layers.0.self_attn.q_proj.weight"),
+                             (translator_twin, ["transformer.encoder", "transformer.decoder.layers.0",
+                                                "transformer.decoder.layers.1"],
+                              "transformer.decoder.layers.1.cross_attn.k_proj.weight")):
+        model, _ = jaxformer.load(run.workdir)
+        found = module_weights.interop_twins(model, run.torch_module())
+        assert [p for p, _ in found] == twins
+        assert leaf in module_weights.flax_arrays(model)
 
 
 def test_torch_trainer_follows_the_same_trajectory(run, tmp_path):
@@ -116,7 +130,7 @@ def test_torch_trainer_follows_the_same_trajectory(run, tmp_path):
         diffs[k] = float(d.max())
     params = max(diffs.values())
     eval_diff = abs(th[-1]["eval_loss"] - run.history[-1]["eval_loss"]) / abs(run.history[-1]["eval_loss"])
-    print(f"{run.factory} ({run.spec}, {run.train['steps']} steps): worst relative loss {worst['loss']:.2e}, "
+    print(f"{run.label}, {run.train['steps']} steps: worst relative loss {worst['loss']:.2e}, "
           f"lr {worst['lr']:.2e}, grad_norm {worst['grad_norm']:.2e}, eval loss {eval_diff:.2e}, final params "
           f"max |d| {params:.2e} (key biases, gradient 0 in exact arithmetic: {max(free.values()):.2e})")
     assert max(worst.values()) <= RTOL, worst
@@ -181,7 +195,7 @@ def test_export_loads_strictly_into_the_torch_module(run, tmp_path, capsys):
             theirs = logits_of(module(*(torch.from_numpy(a) for a in args))).numpy()
         diff, top = float(np.abs(ours - theirs).max()), float(np.abs(theirs).max())
         with capsys.disabled():
-            print(f"{run.factory} ({run.spec}) {suffix}: max |jax - torch| logits {diff:.2e} (max |torch| {top:.2f}, "
+            print(f"{run.label} {suffix}: max |jax - torch| logits {diff:.2e} (max |torch| {top:.2f}, "
                   f"tolerance {OUT_ATOL + OUT_RTOL * top:.2e})")
         assert diff <= OUT_ATOL + OUT_RTOL * top
 
