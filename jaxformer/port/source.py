@@ -78,8 +78,19 @@ def _statements(path: str) -> list[tuple[int, int, str]] | None:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.end_lineno is not None:
-            out.append((node.lineno, node.end_lineno, ast.get_source_segment(source, node) or ""))
+            out.append((node.lineno, node.end_lineno, _segment(lines, node)))
     return out
+
+
+def _segment(lines: list[str], node) -> str:
+    """The source of `node` (ast.get_source_segment without splitting the file for each node:
+    that is quadratic in a long file such as torch's functional.py). Columns are UTF-8 byte offsets."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode(errors="replace")
+    head = lines[first].encode()[node.col_offset:].decode(errors="replace")
+    tail = lines[last].encode()[:node.end_col_offset].decode(errors="replace")
+    return head + "".join(lines[first + 1:last]) + tail
 
 
 @functools.lru_cache(maxsize=None)
