@@ -10,7 +10,9 @@ as a product others can use.
             file, the same state dict saved with torch.save (a plain state_dict). A model given
             by model.module (any NNX module, a port's) is written under its torch module's own
             state_dict keys (model.torch's factory builds it: tied weights under each of their
-            names, its buffers), so the user's class loads it with load_state_dict(strict=True);
+            names, its buffers; a `--layers jaxformer` port's torch.nn Transformer modules back
+            from jaxformer.interop's names), so the user's class loads it with
+            load_state_dict(strict=True);
             without model.torch, under the NNX module's paths with convert's leaf names
 --to hf     OUT/ is a Hugging Face dir (config.json + model.safetensors) for transformers'
             AutoModel*.from_pretrained (jaxformer.hf.save_pretrained)
