@@ -47,6 +47,11 @@ pattern's result reaches the output and every parameter gets a gradient.
   (8) multiline_call     calls spread over several lines whose later lines carry the arguments
                          that matter (F.layer_norm's eps and weight, F.scaled_dot_product_attention's
                          is_causal and scale, torch.cat's dim).
+  (9) found later:
+      top_level_sequential the model itself an nn.Sequential (attributes `0`, `1`, ...);
+      weight_norm        a Conv1d under torch.nn.utils.weight_norm (weight_g / weight_v, a forward
+                         pre-hook) and one under nn.utils.parametrizations.weight_norm (original0 /
+                         original1), as Wav2Vec2 / HuBERT's positional conv.
 """
 import math
 
@@ -589,6 +594,34 @@ def multiline_call():
     return _eval(MultilineCall(), 180), {"x": _x(180)}
 
 
+# -------------------------------------------------------------------------------- (9) found later
+def top_level_sequential():
+    torch.manual_seed(190)
+    model = nn.Sequential(nn.Linear(D, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, D))
+    return model.eval(), {"input": _x(190)}
+
+
+class WeightNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.old = nn.utils.weight_norm(nn.Conv1d(D, D, 3, padding=1), name="weight", dim=2)
+        self.new = nn.utils.parametrizations.weight_norm(nn.Conv1d(D, D, 3, padding=1, groups=4), name="weight", dim=2)
+        self.out = nn.Linear(D, D)
+
+    def forward(self, x):
+        h = F.gelu(self.old(x.transpose(1, 2)))
+        h = F.gelu(self.new(h)).transpose(1, 2)
+        return self.out(h + x)
+
+
+def weight_norm():
+    torch.manual_seed(191)
+    return WeightNorm().eval(), {"x": _x(191)}
+
+
 ALL = {
     "defect_mutate_setitem": mutate_setitem, "defect_mutate_index_put": mutate_index_put,
     "defect_mutate_copy_scatter": mutate_copy_scatter, "defect_mutate_fill_masked": mutate_fill_masked,
@@ -600,4 +633,5 @@ ALL = {
     "defect_interpolate_modes": interpolate_modes, "defect_symbolic_slice": symbolic_slice,
     "defect_pads_from_shape": pads_from_shape, "defect_frozen_params": frozen_params,
     "defect_zero_true_grads": zero_true_grads, "defect_multiline_call": multiline_call,
+    "defect_top_level_sequential": top_level_sequential, "defect_weight_norm": weight_norm,
 }
