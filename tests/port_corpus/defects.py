@@ -12,7 +12,7 @@ pattern's result reaches the output and every parameter gets a gradient.
                          torch.select_scatter, Tensor.index_copy;
       mutate_fill_masked `scores.masked_fill_(mask, -1e4)`, `h[..., :4].fill_(1.0)`, `.zero_()` of a
                          column;
-      mutate_view_arith  `h[:, 1:] += h[:, :-1]` on a view, `h.narrow(-1, 0, 4).mul_(2)`,
+      mutate_view_arith  `h[:, 1:] += x[:, :-1]` on a view, `h.narrow(-1, 0, 4).mul_(2)`,
                          `h[..., 8:] *= self.scale`, `x.add_(1)` on a clone, `clamp_`.
   (2) tied weights other than a bias-free head:
       tied_head_bias     a Linear head WITH bias whose weight is the Embedding's (BERT/ALBERT MLM);
@@ -159,7 +159,7 @@ class MutateViewArith(nn.Module):
 
     def forward(self, x):
         h = self.fc(x)
-        h[:, 1:] += h[:, :-1]
+        h[:, 1:] += x[:, :-1]  # a view updated from another tensor (well defined, unlike h[:, :-1])
         h.narrow(-1, 0, 4).mul_(2)
         h[..., 8:] *= self.scale
         g = x.clone()
