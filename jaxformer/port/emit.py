@@ -415,7 +415,7 @@ class Port:
         if twin.drops:
             self.drops.add(f"`{call.path}` ({twin.cls.__name__})")
         return twin_source.call_source(twin, entry, attr_path(rel), lambda name: body.arg(tensors[name]), wanted,
-                                 body.helper)
+                                       body.helper, self.imports)
 
     def _known_call(self, body: Body, call: graph.Call, rel: str) -> str:
         # the layer's one op; sizes computed beside it (a conv's output length) and the parts of a

@@ -194,7 +194,7 @@ def _export_any(module, kwargs, notes: list[str], twins_=None, entries=None, pin
                               twins_=twins_, entries=entries, pinned=pinned)
         except Exception as e:  # torch.export raises many types
             first = first or e  # why the free dims did not export
-            deepest = e if draft and dynamic and deepest is None else deepest  # past value checks
+            deepest = e if draft and dynamic else deepest  # past value checks, and (the last) past signatures
             helps[dynamic] = helps[dynamic] or (not draft and _draft_helps(e))
             if keep and not _signatures_may_fail(e, module):
                 same.add((draft, dynamic))

@@ -13,12 +13,13 @@ from jaxformer.port.twins import PLAIN, Entry, Twin, passed, same
 
 
 def call_source(twin: Twin, entry: Entry, attr: str, arg: Callable[[str], str], wanted: list[int],
-                helper: Callable[[str], None]) -> str:
+                helper: Callable[[str], None], imports: dict | None = None) -> str:
     """The expression that calls the twin at `attr` as `entry` called the torch module, whose
     value is the output leaves `wanted` (one, or a tuple). `arg(name)` renders the tensor passed
-    as parameter `name`; `helper(name)` asks the file for a helper function."""
+    as parameter `name`; `helper(name)` asks the file for a helper function; `imports` gets the
+    jaxformer classes of record arguments (AttentionMask)."""
     if not twin.interop:
-        return _mirror_call(twin, entry, attr, arg, wanted)
+        return _mirror_call(twin, entry, attr, arg, wanted, {} if imports is None else imports)
     kind = type(twin.module).__name__
     return {"MultiheadAttention": _mha_call, "TransformerEncoderLayer": _layer_call,
             "TransformerDecoderLayer": _layer_call, "TransformerEncoder": _stack_call,
@@ -38,14 +39,36 @@ def _pick(expr: str, spec, wanted: list[int], n: int) -> str:
     return f"tuple({pick}({expr})[i] for i in {tuple(wanted)!r})"
 
 
-def _mirror_call(twin: Twin, entry: Entry, attr: str, arg, wanted: list[int]) -> str:
+def _mirror_call(twin: Twin, entry: Entry, attr: str, arg, wanted: list[int], imports: dict) -> str:
     from jaxformer.port.ops import float_repr
+    from jaxformer.port.twins import record_twin
     parts = []
     for i, (k, v) in enumerate(passed(twin, entry.call).items()):
-        text = arg(k) if k in entry.names else (float_repr(v) if isinstance(v, float) else repr(v))
+        if k in entry.names:
+            text = arg(k)
+        elif record_twin(v) is not None:
+            text = _record_source(k, v, arg, entry.names, imports)
+        else:
+            text = float_repr(v) if isinstance(v, float) else repr(v)
         parts.append(text if i == 0 and k == next(iter(entry.call.arguments)) else f"{k}={text}")
     expr = f"{attr}({', '.join(parts)})"
     return _pick(expr, entry.call.out_spec, wanted, len(entry.call.tensors_out))
+
+
+def _record_source(name: str, record, arg, tensors: list[str], imports: dict) -> str:
+    """A torch_ref record argument (AttentionMask) as its jaxformer twin built in the file: tensor
+    fields as the values passed, the others (the fields that differ from the defaults) as they are."""
+    from jaxformer.port.ops import float_repr
+    from jaxformer.port.twins import record_twin
+    cls = record_twin(record)
+    parts = []
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f"{name}.{f.name}" in tensors:
+            parts.append(f"{f.name}={arg(f'{name}.{f.name}')}")
+        elif not (f.default is not dataclasses.MISSING and same(value, f.default)):
+            parts.append(f"{f.name}={float_repr(value) if isinstance(value, float) else repr(value)}")
+    return f"{imported(cls, imports)}({', '.join(parts)})"
 
 
 def _seq(module) -> bool:

@@ -301,11 +301,12 @@ def _unsupported(twin: Twin) -> str | None:
     import torch
     for call in twin.calls:
         for name, value in call.arguments.items():
-            if not isinstance(value, (torch.Tensor, *PLAIN)):
-                return f"its argument `{name}` is a {type(value).__name__}, not a tensor or a plain value"
+            if not isinstance(value, (torch.Tensor, *PLAIN)) and record_twin(value) is None:
+                return (f"its argument `{name}` is a {type(value).__name__}, not a tensor, a plain value or a "
+                        "torch_ref record with a jaxformer twin")
         if any(leaf is not None and not isinstance(leaf, tuple) for leaf in call.out_leaves):
             return "it returns something other than tensors"
-        tensors = [v for v in call.arguments.values() if isinstance(v, torch.Tensor)]
+        tensors = tensor_names(call.arguments)
         if not tensors:
             return "it is called without a tensor argument"
         why = (_interop_unsupported if twin.interop else _mirror_unsupported)(twin, call)
@@ -339,6 +340,66 @@ def _interop_unsupported(twin: Twin, call: Call) -> str | None:
     if kind == "TransformerDecoderLayer" and a.get("memory_is_causal"):
         return "memory_is_causal=True"
     return None
+
+
+def record_twin(value):
+    """The jaxformer class of a torch_ref record passed as an argument (a dataclass whose fields
+    are tensors or plain values, such as layers/masks.py's AttentionMask: the same module path
+    under jaxformer, the same name and fields), or None for any other value."""
+    import torch
+    cls = type(value)
+    if not dataclasses.is_dataclass(value) or isinstance(value, type) or not cls.__module__.startswith("torch_ref."):
+        return None
+    try:
+        module = importlib.import_module("jaxformer." + cls.__module__[len("torch_ref."):])
+    except ImportError:
+        return None
+    twin = getattr(module, cls.__name__, None)
+    if twin is None or not dataclasses.is_dataclass(twin):
+        return None
+    fields = [f.name for f in dataclasses.fields(value)]
+    if set(fields) - {f.name for f in dataclasses.fields(twin)}:
+        return None
+    return twin if all(isinstance(getattr(value, f), (torch.Tensor, *PLAIN)) for f in fields) else None
+
+
+def tensor_names(arguments: dict) -> list[str]:
+    """The tensors a call passes, by name: an argument, or `arg.field` of a record argument."""
+    import torch
+    names = []
+    for k, v in arguments.items():
+        if isinstance(v, torch.Tensor):
+            names.append(k)
+        elif record_twin(v) is not None:
+            names += [f"{k}.{f.name}" for f in dataclasses.fields(v) if isinstance(getattr(v, f.name), torch.Tensor)]
+    return names
+
+
+def tensor_value(arguments: dict, name: str):
+    k, _, field = name.partition(".")
+    return getattr(arguments[k], field) if field else arguments[k]
+
+
+def with_tensors(arguments: dict, tensors: dict) -> dict:
+    """`arguments` with the tensors named as tensor_names names them replaced by `tensors`'."""
+    out = {}
+    for k, v in arguments.items():
+        if k in tensors:
+            out[k] = tensors[k]
+        elif record_twin(v) is not None:
+            out[k] = dataclasses.replace(v, **{n.partition(".")[2]: t for n, t in tensors.items()
+                                               if n.startswith(k + ".")})
+        else:
+            out[k] = v
+    return out
+
+
+def _plain_fields(record) -> dict | None:
+    import torch
+    if not dataclasses.is_dataclass(record):
+        return None
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)
+            if not isinstance(getattr(record, f.name), torch.Tensor)}
 
 
 def passed(twin: Twin, call: Call) -> dict[str, Any]:
@@ -383,7 +444,7 @@ def _op():
     @twin.register_fake
     def _(key, xs):
         entry = _REGISTRY[key]
-        first = entry.call.arguments[entry.names[0]]
+        first = tensor_value(entry.call.arguments, entry.names[0])
         return [xs[0].new_empty(_out_shape(first, xs[0], shape), dtype=dtype)
                 for shape, dtype in entry.call.tensors_out]
     return torch.ops.jaxformer_port.twin.default
@@ -416,21 +477,24 @@ def opaque(twins: dict[str, Twin], entries: dict[int, Entry], real: bool = False
             bound = inspect.signature(forward).bind(*args, **kwargs)
             bound.apply_defaults()
             call = twin.calls[index]
-            names = [k for k, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
-            statics = {k: v for k, v in bound.arguments.items() if k not in names}
+            names = tensor_names(bound.arguments)
+            statics = {k: v for k, v in bound.arguments.items()
+                       if not isinstance(v, torch.Tensor) and record_twin(v) is None}
             changed = [k for k, v in statics.items() if not same(v, call.arguments.get(k))]
-            if changed or names != [k for k, v in call.arguments.items() if isinstance(v, torch.Tensor)]:
+            changed += [k for k, v in bound.arguments.items() if record_twin(v) is not None
+                        and _plain_fields(v) != _plain_fields(call.arguments.get(k))]
+            if changed or names != tensor_names(call.arguments):
                 raise RuntimeError(f"`{twin.path}` is called with other arguments than in the eager run "
                                    f"({', '.join(changed) or 'tensors'})")
 
             def run(xs):  # real tensors: on a copy of the module (the export swaps in fake weights)
                 real = twin.real_copy()
-                out = real(**{**statics, **dict(zip(names, xs))})
+                out = real(**with_tensors(bound.arguments, dict(zip(names, xs))))
                 return [t for t in pytree.tree_leaves(out) if t is not None]
             key = next(_KEYS)
             entry = Entry(twin, call, names, run)
             _REGISTRY[key] = entries[key] = entry
-            tensors = iter(op(key, [bound.arguments[k] for k in names]))
+            tensors = iter(op(key, [tensor_value(bound.arguments, k) for k in names]))
             leaves = [None if leaf is None else next(tensors) for leaf in call.out_leaves]
             return pytree.tree_unflatten(leaves, call.out_spec)
         return forward_
