@@ -21,6 +21,9 @@ RESERVED = {"self", "jnp", "jax", "nnx", "np", "rngs", "Buffer", "scaled_dot_pro
             "tuple", "list", "dict", "input", "type", "print", "slice", "abs", "all", "any", "pow",
             "round", "iter", "map", "zip", "id", "hash", "format", "object", "bool", "str", "set",
             "logical"} | set(HELPERS)
+# the names the written code itself reads (modules, builtins in sizes, helpers): no local may shadow them
+READ = {"self", "jnp", "jax", "nnx", "np", "rngs", "Buffer", "Frozen", "Constant", "int", "float", "len", "range",
+        "max", "min", "sum", "tuple", "list", "dict", "slice", "abs", "round", "bool", "logical"} | set(HELPERS)
 SYMBOL = re.compile(r"\b[su]\d+\b")
 DTYPES = {"float32": "jnp.float32", "float64": "jnp.float64", "float16": "jnp.float16", "bfloat16": "jnp.bfloat16",
           "int64": "jnp.int32", "int32": "jnp.int32", "int16": "jnp.int16", "int8": "jnp.int8", "uint8": "jnp.uint8",
@@ -96,9 +99,9 @@ class Body:
             last = max(last, self.pos[user])
         return last
 
-    def bind(self, node, preferred: str) -> str:
+    def bind(self, node, preferred: str, reserved: set = RESERVED) -> str:
         base = identifier(preferred)
-        if base in RESERVED or base in self.port.imports:
+        if base in reserved or base in self.port.imports:
             base += "_"
         name, n = base, 1
         while name in self.holder and self._live(name):
@@ -280,8 +283,11 @@ class Body:
 
     def _parameters(self) -> None:
         names = self.port.input_names(self.call, self.caller)
+        # the model's own arguments keep forward's names (callers pass them by keyword: `input`,
+        # `type`), renamed only where the written code reads that name itself
+        reserved = READ if self.call.parent is None else RESERVED
         for node, name in zip(self.port.ordered_inputs(self.call), names):
-            self.params.append(self.bind(node, name))
+            self.params.append(self.bind(node, name, reserved))
 
     def _below(self, node) -> list:
         """The modules on `node`'s chain below this function's module (opaque or inlined)."""
@@ -386,12 +392,31 @@ class Body:
         self.comment(src)
         attr = call.path.rsplit(".", 1)[-1]
         fallback = attr if not attr.isdigit() else "hidden"
-        if len(call.outputs) == 1:
+        returned = self._returned(call)  # what the module's function returns: its first call's outputs
+        if len(returned) == 1:
             out = call.outputs[0]
             self.lines.append(f"{self.bind(out, self._name_for_call(out, src, fallback))} = {expr}")
             return
-        targets = [self.bind(o, f"{fallback}_{i}") for i, o in enumerate(call.outputs)]
+        targets = [self.bind(o, f"{fallback}_{i}") if o is not None else "_" for i, o in enumerate(returned)]
         self.lines.append(f"{', '.join(targets)} = {expr}")
+
+    def _returned(self, call: Call) -> list:
+        """This call's outputs in the order the module's function returns them (written from the
+        module's first call): a later call of the same module, whose graph repeats the first's op
+        by op, may read fewer of them (None where it reads none)."""
+        first = self.port.first_call.get(call.path, call)
+        if first is call:
+            return list(call.outputs)
+        ops = lambda c: [n for n in c.nodes() if op_name(n) not in INLINE_SYM | SKIPPED]  # noqa: E731 - sizes are shared
+        mine, theirs = ops(call), ops(first)
+        if len(mine) != len(theirs) or any(op_name(a) != op_name(b) for a, b in zip(mine, theirs)):
+            raise PortError(f"cannot port the calls of `{call.path}`: its calls run different ops, and the port "
+                            "writes one function per module")
+        at = {theirs[mine.index(o)]: o for o in call.outputs}
+        if any(node not in first.outputs for node in at):
+            raise PortError(f"cannot port the calls of `{call.path}`: a later call reads a value its first call "
+                            "does not return")
+        return [at.get(node) for node in first.outputs]
 
     def _name_for_call(self, out, src, fallback: str) -> str:
         targets = assigned_names(src[2]) if src else None

@@ -116,7 +116,7 @@ class Port:
         base = self.class_name if not path else identifier(type(module).__name__, "Module")
         if path and base in RESERVED_CLASSES:
             base += "Module"
-        text = _class_text(init, body, root=not path)
+        text = _class_text(init, body, root=not path, base="nnx.List" if not path and _listed_root(module) else "nnx.Module")
         name = next((n for n, t in self.classes if t == text and (n == base or re.fullmatch(base + r"\d+", n))), None)
         if name is None:
             taken = {n for n, _ in self.classes} | {n for n, where in self.imports.items() if where}
@@ -129,6 +129,9 @@ class Port:
         return name
 
     def _init_lines(self, path: str, module, body: Body | None) -> list[str]:
+        if not path and _listed_root(module):  # a top-level nn.Sequential: the class is an nnx.List
+            items = [self._constructor(_join(path, k), m) if m is not None else None for k, m in module._modules.items()]
+            return [f"super().__init__([{', '.join(item or 'None' for item in items)}])"]
         lines = []
         for name, child in module._modules.items():
             expr = None if child is None else self._constructor(_join(path, name), child)
@@ -256,6 +259,8 @@ class Port:
         own = {leaf: p for leaf, p in module._parameters.items() if p is not None}
         if not all(p.requires_grad for p in own.values()):
             return False  # a frozen parameter is written as a Frozen variable, op by op
+        if not set(own) <= set(layers.KNOWN[type(module).__name__][2]):
+            return False  # parameters the flax layer has no place for (weight_norm's weight_g, weight_v)
         return self._tied_away(path) or all(self._first_name(p) in (None, _join(path, leaf)) for leaf, p in own.items())
 
     def _tied_away(self, path: str) -> bool:
@@ -697,9 +702,17 @@ def _describe(v) -> str:
     return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
 
 
-def _class_text(init: list[str], body: Body | None, root: bool) -> str:
+def _listed_root(module) -> bool:
+    """A top-level nn.Sequential / nn.ModuleList: its children are `0`, `1`, ... (the state_dict
+    keys `0.weight`), which only an nnx.List holds as paths, so the file's class is one."""
+    import torch
+    return isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and not module._parameters \
+        and not module._buffers
+
+
+def _class_text(init: list[str], body: Body | None, root: bool, base: str = "nnx.Module") -> str:
     takes_rngs = root or any("rngs" in line for line in init)
-    lines = ["class __CLASS__(nnx.Module):"]
+    lines = [f"class __CLASS__({base}):"]
     if init or root:
         sig = "self, *, rngs: nnx.Rngs" if takes_rngs else "self"
         lines.append(f"    def __init__({sig}):")

@@ -96,7 +96,7 @@ def live(program) -> set:
 def build_calls(program, model, weights: dict[str, "Weight"], layer=None) -> Call:
     """The root Call of `program`'s graph, every live op node placed in the call that ran it.
     `layer(module)`: whether a module is written as one layer (emit.Port.flax_layer's modules):
-    views that open its call move out of it, and sizes computed beside its op are not outputs."""
+    views that open its call move out of it."""
     root = Call("", model, "", None)
     stack = [root]
     needed = live(program)
@@ -118,10 +118,6 @@ def build_calls(program, model, weights: dict[str, "Weight"], layer=None) -> Cal
         if layer is not None and call.parent is not None and layer(call.module):
             _hoist_views(call)
     _wire(root, weights, needed)
-    if layer is not None:  # a layer's output is its value; sizes beside it are read off shapes
-        for call in root.calls():
-            if call.parent is not None and layer(call.module):
-                call.outputs = [n for n in call.outputs if not _size(n)]
     return root
 
 
@@ -158,8 +154,10 @@ def _wire(root: Call, weights: dict[str, "Weight"], needed: set) -> None:
                 if src not in inside and src not in seen and not mine and not _size(src):
                     seen.add(src)
                     call.inputs.append(src)
-        call.outputs = [n for n in call.nodes()
-                        if any(u not in inside and (u in needed or u.op == "output") for u in n.users)]
+        # a size is never returned: its reader writes it from a live value's shape (or takes it as a
+        # size argument), so every call of a module returns the same values
+        call.outputs = [n for n in call.nodes() if not _size(n)
+                        and any(u not in inside and (u in needed or u.op == "output") for u in n.users)]
 
 
 @dataclasses.dataclass

@@ -446,6 +446,15 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
 
 for _part in (ops_math, ops_nn, ops_reduce, ops_scatter):  # the entries kept in their own modules
     TABLE.update(_part.TABLE)
+# torch's other names for the same ops (torch.multiply reaches the graph as aten.multiply): the same
+# schema, the same entry
+ALIASES = {"multiply": "mul", "divide": "div", "subtract": "sub", "true_divide": "div", "greater": "gt",
+           "greater_equal": "ge", "less": "lt", "less_equal": "le", "not_equal": "ne", "absolute": "abs",
+           "arccos": "acos", "arcsin": "asin", "arccosh": "acosh", "arcsinh": "asinh", "arctanh": "atanh",
+           "negative": "neg", "concatenate": "cat"}
+for _alias, _op in ALIASES.items():
+    if f"aten.{_op}" in TABLE:
+        TABLE.setdefault(f"aten.{_alias}", TABLE[f"aten.{_op}"])
 
 
 def is_identity(name: str) -> bool:
