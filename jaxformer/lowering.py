@@ -19,8 +19,15 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     softmax over key blocks in lax ops with a recomputing backward pass
     (jaxformer/layers/kernels/blockwise.py), O(T) memory on every backend; the stacks then keep their
     masks as `AttentionMask` parts and never build a [B, 1, T, S] boolean. "splash": the Pallas
-    splash-attention kernel on TPU (blockwise elsewhere). attention_blocks = (query block, key
+    splash-attention kernel on TPU (blockwise elsewhere). "auto": per call, the fastest kernel
+    that takes it on the platform (jaxformer/layers/dispatch.py choose_attention: splash on TPU,
+    cuDNN flash on GPU, blockwise from AUTO_BLOCKWISE_MIN_KEYS keys on, plain below), each
+    choice noted with its reason (`recording_kernels`). attention_blocks = (query block, key
     block) of the blockwise path, and the most splash's blocks may be (multiples of 128).
+  * loss_chunk_bytes: the most bytes of float32 logits one chunk of a token loss may hold per
+    device (jaxformer/layers/kernels/chunked_loss.py: the output head and the cross-entropy run
+    over sequence chunks in a scan, forward and backward); None = one piece, the [B, T, V]
+    logits whole.
   * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
     split; self-attention then runs as ring attention over it (jaxformer/layers/kernels/ring.py), whose
     steps run the blockwise kernel whatever `attention` says (blocks at most half a shard).
@@ -48,7 +55,8 @@ switches of a decode program) and `decode_jit` (XLA:CPU with YNNPACK limited to 
 elementwise attention's reductions go through XLA's own emitter). Measured figures:
 bench/README.md, "Decode layout on CPU".
 
-Imports only jax, never jaxformer.layers, so the layers may ask it without an arrow going up.
+Imports only jax (and jaxformer.tables' constant), never jaxformer.layers, so the layers may ask it without an
+arrow going up.
 """
 from __future__ import annotations
 
@@ -63,8 +71,10 @@ from typing import Iterator
 import jax
 import jax.numpy as jnp
 
+from jaxformer.tables import AUTO_BLOCKWISE_MIN_KEYS  # noqa: F401  (attention "auto"'s length rule)
+
 # ----------------------------------------------------------------------------- trace-time switches
-ATTENTION = ("plain", "blockwise", "splash")
+ATTENTION = ("plain", "blockwise", "splash", "auto")
 PLATFORMS = ("cpu", "gpu", "tpu")
 
 
@@ -81,6 +91,7 @@ class Lowering:
     platform: str | None = None
     batch_axes: tuple[str, ...] = ()
     head_axes: tuple[str, ...] = ()
+    loss_chunk_bytes: int | None = 512 << 20
 
     def __post_init__(self) -> None:
         if self.platform not in (None,) + PLATFORMS:
@@ -123,12 +134,28 @@ def recording_kernels():
         _KERNEL_LOG.reset(token)
 
 
+_AUTO_REASON: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxformer_auto_reason", default=None)
+
+
+@contextlib.contextmanager
+def chosen_because(why: str):
+    """Within: the kernels noted are attention "auto"'s choice, for this reason (note_kernel
+    writes "<kernel> [auto: <why>]")."""
+    token = _AUTO_REASON.set(why)
+    try:
+        yield
+    finally:
+        _AUTO_REASON.reset(token)
+
+
 def note_kernel(what: str) -> None:
     """Record, at trace time, the attention kernel a call ran (e.g. "splash", "blockwise
-    (splash refused: attention bias)"); nothing when no recording is open."""
+    (splash refused: attention bias)", "splash [auto: the TPU kernel takes this call]");
+    nothing when no recording is open."""
     log = _KERNEL_LOG.get()
     if log is not None:
-        log.append(what)
+        why = _AUTO_REASON.get()
+        log.append(what if why is None else f"{what} [auto: {why}]")
 
 
 def platform() -> str:
@@ -184,7 +211,8 @@ def on_nvidia_gpu() -> bool:
     return "nvidia" in device.device_kind.lower() or "cuda" in device.client.platform_version.lower()
 
 
-def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str | None = None):
+def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str | None = None, is_causal: bool = False,
+                    local_window_size: tuple[int, int] | None = None):
     """softmax(q k^T * scale + bias, masked) v by the fused kernel `backend` picks.
     q [B, T, H, K], k/v [B, S, G, K], as jax.nn.dot_product_attention takes them.
 
@@ -197,6 +225,9 @@ def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str |
         it cannot run).
     "tokamax": tokamax.dot_product_attention (pip tokamax; its Pallas Mosaic-GPU and Triton
         flash kernels, falling back to XLA's on any platform).
+    is_causal / local_window_size: the mask as jax.nn.dot_product_attention's own causal
+        pattern and (left, right) window, no dense mask (attention "auto"'s cuDNN calls,
+        layers/dispatch.py).
     Why cuDNN and not tokamax for "auto": cuDNN comes with jax[cuda12] (no new dependency)
     and is the kernel jax itself selects by name; tokamax is a 0.0.x package and no GPU has
     measured the two here. bench/gpu.sh times both (gpu_train.py --attention), so the default
@@ -213,6 +244,8 @@ def fused_attention(q, k, v, *, bias=None, mask=None, scale=None, backend: str |
     if backend not in FUSED_ATTENTION:
         raise ValueError(f"fused attention backend must be one of {FUSED_ATTENTION}, got {backend!r}")
     kw = dict(bias=bias, mask=mask, scale=scale)
+    if is_causal or local_window_size is not None:  # the mask as the kernels' own pattern (attention "auto")
+        kw.update(is_causal=is_causal, local_window_size=local_window_size)
     if backend == "tokamax":
         try:
             import tokamax

@@ -7,6 +7,13 @@ import math
 
 import numpy as np
 
+# Attention "auto" (jaxformer/lowering.py and torch_ref/lowering.py) runs the blockwise kernel,
+# where the platform's own kernel does not take a call, from this many keys on, and plain
+# attention below: on CPU blockwise attention's forward and backward is about as fast as plain's
+# at 1024 keys and faster beyond, with a third of its temporaries there, and plain's [B, H, T, S]
+# temporaries grow as T^2 (bench/attention_auto.py; bench/README.md, "Attention auto threshold").
+AUTO_BLOCKWISE_MIN_KEYS = 1024
+
 
 @functools.lru_cache(maxsize=None)
 def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:

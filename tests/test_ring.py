@@ -235,7 +235,3 @@ def test_context_and_attention_config_checks():
                                     "num_heads": 4, "d_ff": 64, "num_layers": 1},
                           "data": {"name": "dates"}, "parallel": CONTEXT})
 
-
-def test_long_context_config_uses_blockwise_attention():
-    from jaxformer.train.config import load_config
-    assert load_config("long_context").train.attention == "blockwise"

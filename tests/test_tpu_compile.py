@@ -29,10 +29,9 @@ def _report(config: str, topology: str, *sets: str, **kw) -> dict:
 @pytest.fixture(scope="module")
 def fsdp_tensor():
     """llama at toy size, fsdp 2 x tensor 2 on v5e:2x2, layers scanned, Adam, bf16 compute, the
-    splash kernel (its blocks need 128 tokens)."""
+    default attention ("auto": the splash kernel on TPU; its blocks need 128 tokens)."""
     return _report("llama", "v5e:2x2", "parallel.mode=mesh", "parallel.mesh.data=1", "parallel.mesh.fsdp=2",
-                   "parallel.mesh.tensor=2", "model.scan_layers=true", "train.attention=splash",
-                   "data.seq_len=128", "model.max_len=128")
+                   "parallel.mesh.tensor=2", "model.scan_layers=true", "data.seq_len=128", "model.max_len=128")
 
 
 def test_train_step_report(fsdp_tensor):
@@ -57,8 +56,10 @@ def test_train_step_report(fsdp_tensor):
     assert 1.0 <= ratio < 1.6, ratio
     assert r["compiler_flops_per_chip"] < r["program_flops_per_chip"]
     assert r["est_step_s"] > 0 and 0 < r["est_mfu"] < 1 and r["est_tokens_per_s_per_chip"] > 0
-    # the LM's mask is a static causal pattern: splash takes it (tests/test_splash.py checks the kernel)
-    assert r["attention_kernel"] == "splash"
+    # the LM's mask is a static causal pattern: auto gives it to splash (tests/test_splash.py checks
+    # the kernel); the scanned layers trace one call
+    assert r["attention_choices"] == [{"kernel": "splash", "why": "the TPU kernel takes this call", "calls": 1}]
+    assert r["attention_kernel"] == "splash [auto: the TPU kernel takes this call]"
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,10 @@ def test_cli_json_and_does_not_fit(capsys):
     out = capsys.readouterr().out.strip().splitlines()
     report = json.loads(out[-1])
     assert report["fits"] and report["mesh"]["data"] == 4 and "ESTIMATES" in "\n".join(out)
+    # auto, per layer: 64 tokens are no multiple of splash's 128, and below the blockwise length
+    why = "splash refused: length not a multiple of 128; 64 keys < 1024"
+    assert report["attention_choices"] == [{"kernel": "plain (fused: auto)", "why": why, "calls": 2}]
+    assert f"attention: plain (fused: auto) x2 ({why})" in out
     big = ["--set=model.d_model=8192", "--set=model.num_heads=64", "--set=model.d_ff=65536",
            "--set=model.num_layers=1", "--set=train.batch_size=64", "--set=data.seq_len=64"]
     assert main(args[:-1] + big) == 2
@@ -121,6 +126,7 @@ def test_cli_json_and_does_not_fit(capsys):
     assert len(err) == 2, err
     assert "does not fit on v5e:2x2" in err[0] and "HBM" in err[0] and "largest state buffers" in err[0]
     assert err[1].strip().startswith("try:") and "fsdp" in err[1]
+    assert "train.remat=true with train.remat_policy=nothing_saveable" in err[1]  # the policy named
 
 
 def test_gpu_target_compiles_without_a_gpu():

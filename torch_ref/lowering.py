@@ -5,7 +5,9 @@ attention: "plain" (the dense masks and SDPA / the explicit path) or "blockwise"
 keep the mask as AttentionMask parts and torch_ref/layers/kernels/blockwise.py computes it: torch's SDPA
 with is_causal, its flash CPU kernel, where the mask is plain causal, else the same online
 softmax over key blocks as jaxformer's). "splash" is TPU-only in jaxformer and means blockwise
-here. The switch changes which kernels compute the function, never the function.
+here. "auto": blockwise from AUTO_BLOCKWISE_MIN_KEYS keys on, plain below (jaxformer's rule where
+the platform has no kernel of its own; torch_ref/layers/dispatch.py). The switch changes which
+kernels compute the function, never the function.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import contextvars
 import dataclasses
 from dataclasses import dataclass
 
-ATTENTION = ("plain", "blockwise", "splash")
+from jaxformer.tables import AUTO_BLOCKWISE_MIN_KEYS  # noqa: F401  (attention "auto"'s length rule)
+
+ATTENTION = ("plain", "blockwise", "splash", "auto")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ def text_report(r: dict) -> str:
              "per chip: " + ", ".join(f"{k} {_gib(v)}" for k, v in by.items() if k != "total")
              + f"; total {_gib(by['total'])} of {_gib(r['hbm_per_chip_bytes'])} HBM: "
              + ("fits" if r["fits"] else "DOES NOT FIT"),
-             f"attention: {r['attention_kernel']}",
+             *(f"attention: {c['kernel']} x{c['calls']} ({c['why']})" for c in r.get("attention_choices")
+               or [{"kernel": "none", "calls": 0, "why": "no attention call traced"}]),
              "ESTIMATES, not measurements (nothing ran):",
              f"  step {_ms(r['est_step_s'])}, MFU {_pct(r['est_mfu'])}, "
              f"{r['est_tokens_per_s_per_chip'] or 0:,.0f} tokens/s/chip, from the {r['est_source']}",

@@ -2,7 +2,9 @@
 fused kernel, or the explicit ops where weights, dropout, a soft-cap, sinks or the KV-cache
 layout need them), blockwise (layers/kernels/blockwise.py, which itself takes Pallas' splash kernel on
 a TPU when lowering asks for it) or ring attention over a context axis (layers/kernels/ring.py), as
-`lowering.active()` says. Twin: torch_ref/layers/dispatch.py.
+`lowering.active()` says; with attention "auto" each call's own choice (`choose_attention`: splash
+on TPU, cuDNN flash on GPU, blockwise from a measured length on, plain below), noted with its
+reason for the compile report. Twin: torch_ref/layers/dispatch.py.
 
 Masks are boolean, True = may attend, broadcastable to [B, H, T, S], or an AttentionMask (the
 mask's parts) for the blockwise and ring paths. A query row with no visible key outputs exactly
@@ -16,10 +18,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.layers.kernels.blockwise import blockwise_attention
+from jaxformer.layers.kernels.blockwise import blockwise_attention, splash_refusal
 from jaxformer.layers.kernels.ring import ring_attention
 from jaxformer.layers.kv_cache import TRAIN
 from jaxformer.layers.masks import AttentionMask
@@ -60,7 +63,23 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     """
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
     dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
-    if use_kernel(mask, switches.attention, switches.context_axis, mode, return_weights=return_weights,
+    attention = switches.attention
+    if attention == "auto":  # this call's kernel, then the call as if it had been asked for
+        attention, why = choose_attention(q, k, v, mask, bias=bias, softcap=softcap, sinks=sinks, mode=mode,
+                                          return_weights=return_weights, dropout_active=dropout_active,
+                                          kv_head_major=kv_head_major)
+        if attention == "cudnn":
+            out, refused = _cudnn_attention(q, k, v, mask, scale)
+            if refused is None:
+                with lowering.chosen_because(why):
+                    lowering.note_kernel("cudnn")
+                return out
+            attention, why = _without_platform_kernel(k.shape[1], f"cuDNN refused at trace time: {refused}")
+        with lowering.chosen_because(why), lowering.tracing(attention=attention):
+            return dot_product_attention(q, k, v, mask=mask, bias=bias, scale=scale, return_weights=return_weights,
+                                         dropout=dropout, kv_head_major=kv_head_major, implementation=implementation,
+                                         softcap=softcap, sinks=sinks, mode=mode)
+    if use_kernel(mask, attention, switches.context_axis, mode, return_weights=return_weights,
                   dropout_active=dropout_active, kv_head_major=kv_head_major):
         path = ring_attention if switches.context_axis is not None else blockwise_attention
         return path(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
@@ -102,6 +121,108 @@ def use_kernel(mask, attention: str, context_axis, mode: str, *, return_weights:
                          "the plain path's [B, H, T, S] random mask); set the model's "
                          "attention dropout to 0 or use attention: plain")
     return not (return_weights or kv_head_major)
+
+
+def choose_attention(q, k, v, mask, *, bias=None, softcap=None, sinks=None, mode: str = TRAIN,
+                     return_weights: bool = False, dropout_active: bool = False,
+                     kv_head_major: bool = False) -> tuple[str, str]:
+    """Attention "auto"'s choice for one call -> (kernel, why): a lowering attention switch,
+    or "cudnn"; deterministic, from the platform being traced for (lowering.platform()), the
+    shapes, dtypes and the mask's static parts.
+      * a call no kernel takes (use_kernel's rule: a dense mask, a KV cache, its weights asked,
+        attention dropout): plain;
+      * over a context axis: ring attention (its steps blockwise);
+      * TPU: Pallas' splash kernel wherever it takes the call (blockwise.splash_refusal);
+      * GPU: cuDNN flash attention through jax.nn.dot_product_attention wherever its rule
+        takes the call (cudnn_refusal: bf16/fp16, head dims, a causal or full mask, a causal
+        window);
+      * otherwise, or where the platform's kernel refuses: blockwise attention from
+        lowering.AUTO_BLOCKWISE_MIN_KEYS keys on (faster on CPU from there, and O(T) memory
+        everywhere), plain below."""
+    dense = not (isinstance(mask, AttentionMask) and mask.parts_only)
+    for failed, why in ((dense, "a dense mask"), (mode != TRAIN, "a KV cache"),
+                        (return_weights, "the attention weights asked for"), (dropout_active, "attention dropout"),
+                        (kv_head_major, "a head-major KV cache")):
+        if failed:
+            return "plain", f"{why}: only the plain path takes it"
+    if lowering.active().context_axis is not None:
+        return "blockwise", "the sequence is split over a context axis"
+    platform = lowering.platform()
+    if platform == "tpu":
+        refused = splash_refusal(q, k, v, mask, bias)
+        if refused is None:
+            return "splash", "the TPU kernel takes this call"
+        return _without_platform_kernel(k.shape[1], f"splash refused: {refused}")
+    if platform == "gpu":
+        refused = cudnn_refusal(q, k, v, mask, bias, softcap, sinks)
+        if refused is None:
+            return "cudnn", "cuDNN flash attention takes this call"
+        return _without_platform_kernel(k.shape[1], f"cuDNN refused: {refused}")
+    return _without_platform_kernel(k.shape[1], None)
+
+
+def _without_platform_kernel(keys: int, refused: str | None) -> tuple[str, str]:
+    """Blockwise from AUTO_BLOCKWISE_MIN_KEYS keys on, plain below; `refused`: why the
+    platform's own kernel did not take the call."""
+    limit = lowering.AUTO_BLOCKWISE_MIN_KEYS
+    choice, rel = ("blockwise", ">=") if keys >= limit else ("plain", "<")
+    return choice, (f"{refused}; " if refused else "") + f"{keys} keys {rel} {limit}"
+
+
+def cudnn_refusal(q, k, v, mask: AttentionMask, bias, softcap, sinks) -> str | None:
+    """Why cuDNN flash attention (jax.nn.dot_product_attention, implementation "cudnn") would
+    not take this call as "auto" passes it (is_causal and a causal window, no dense mask), or
+    None: its dtypes (bf16 / fp16), head dims (equal, at most 128 and a multiple of 8: every
+    GPU's; Hopper's 256 is not assumed), and a mask of the default slots with no padding,
+    segments, bias, ALiBi, soft-cap or sinks."""
+    t, d = q.shape[1], q.shape[3]
+    s = k.shape[1]
+    window = _concrete(mask.window)
+    checks = (
+        (q.dtype not in (jnp.bfloat16, jnp.float16), f"dtype {q.dtype} (bf16 / fp16 only)"),
+        (v.shape[-1] != d, "value head dim differs"),
+        (d > 128 or d % 8, f"head dim {d}"),
+        (bias is not None or mask.alibi_slopes is not None, "attention bias"),
+        (softcap is not None, "soft-cap"),
+        (sinks is not None, "sinks"),
+        (mask.k_valid is not None, "key padding"),
+        (mask.q_segments is not None, "segment ids"),
+        (not (_default(mask.q_slots, t) and _default(mask.k_slots, s)), "slots not 0..T-1"),
+        (mask.window is not None and window is None, "traced window"),
+        (window is not None and not mask.causal, "a window without the causal mask"),
+        (mask.causal and t != s, "causal with queries and keys of different lengths"),
+    )
+    for failed, why in checks:
+        if failed:
+            return why
+    return None
+
+
+def _concrete(x):
+    """x as NumPy when known at trace time, else None."""
+    if x is None or isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except jax.errors.TracerArrayConversionError:
+        return None
+
+
+def _default(slots, n: int) -> bool:
+    slots = _concrete(slots)
+    return slots is not None and slots.shape[-1] == n and bool((slots.reshape(-1, n) == np.arange(n)).all())
+
+
+def _cudnn_attention(q, k, v, mask: AttentionMask, scale):
+    """cuDNN flash attention with the mask as is_causal (and a causal window) -> (out, None),
+    or (None, why) where it refuses at trace time (no cuDNN, a shape its kernels lack)."""
+    window = _concrete(mask.window)
+    try:
+        out = lowering.fused_attention(q, k, v, scale=scale, backend="cudnn", is_causal=mask.causal,
+                                       local_window_size=None if window is None else (int(window) - 1, 0))
+    except (ValueError, NotImplementedError, RuntimeError) as e:
+        return None, (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+    return out, None
 
 
 def dense_mask(mask, bias):

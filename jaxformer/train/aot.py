@@ -403,6 +403,22 @@ def attention_kernel(kernels: list) -> str:
     return "; ".join(f"{k} x{n}" if n > 1 else k for k, n in collections.Counter(kernels).most_common())
 
 
+_AUTO = re.compile(r"(.*) \[auto: (.*)\]")
+
+
+def attention_choices(kernels: list) -> list[dict]:
+    """Each distinct attention choice of the traced calls, most frequent first: {kernel, why,
+    calls}. why: train.attention "auto"'s reason (layers/dispatch.py choose_attention), or
+    "as train.attention asks" for an explicit setting. A scanned stack traces its layers once,
+    so its calls count once."""
+    out = []
+    for entry, n in collections.Counter(kernels).most_common():
+        m = _AUTO.fullmatch(entry)
+        kernel, why = (m.group(1), m.group(2)) if m else (entry, "as train.attention asks")
+        out.append({"kernel": kernel, "why": why, "calls": n})
+    return out
+
+
 def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, tokens: int,
                    kernel_flops: float = 0.0) -> dict:
     """The figures of one compiled program, per chip.
@@ -465,6 +481,7 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
         "unknown_trip_loops": unknown_loops,
         "collectives": coll,
         "attention_kernel": attention_kernel(prog.kernels),
+        "attention_choices": attention_choices(prog.kernels),
         "compile_s": round(prog.compile_s, 2),
         "largest": prog.largest,
     }
@@ -531,12 +548,15 @@ def advice(cfg: RunConfig, step: str, chips: int, by: dict) -> str:
     cfg = as_mesh_run(cfg)
     tc, m = cfg.train, cfg.parallel.mesh
     if step == "train":
+        keep_least = "train.remat_policy=nothing_saveable (each layer recomputed, only its input kept)"
+        offload = "train.remat_policy=offload_layer_inputs (each layer's input kept in host memory)"
         if by.get("temp", 0) > by.get("params", 0) and not tc.remat:
-            tips.append("train.remat=true")
+            tips.append("train.remat=true with " + (f"train.remat_policy={tc.remat_policy}"
+                                                    if tc.remat_policy == "offload_layer_inputs" else keep_least))
         elif tc.remat and tc.remat_policy not in ("nothing_saveable", "offload_layer_inputs"):
-            tips.append("train.remat_policy=nothing_saveable")
-        elif tc.remat and tc.remat_policy == "nothing_saveable" and getattr(cfg.model, "scan_layers", False):
-            tips.append("train.remat_policy=offload_layer_inputs (each layer's input kept in host memory)")
+            tips.append(keep_least)
+        elif tc.remat and tc.remat_policy == "nothing_saveable":
+            tips.append(offload if getattr(cfg.model, "scan_layers", False) else "model.scan_layers=true with " + offload)
         if m.fsdp != -1 and m.fsdp < chips:
             tips.append("a larger parallel.mesh.fsdp (params and optimizer state split over it)")
         if tc.micro_batch > 1:

@@ -27,7 +27,7 @@ REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_
 PARALLEL_MODES = ("none", "pmap", "mesh")
 NONFINITE = ("stop", "skip")
 LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/kernels/quant.py's reduced weights
-ATTENTION = ("plain", "blockwise", "splash")  # jaxformer/lowering.py's attention switch
+ATTENTION = ("auto", "plain", "blockwise", "splash")  # jaxformer/lowering.py's attention switch
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,12 @@ class TrainConfig:
     sample_tokens: int = 48  # length of the sample printed at the end (lm, seq2seq)
     sample_temperature: float = 0.8  # lm: the sampled continuation's settings (train/samples.py)
     sample_top_p: float = 0.9
-    # how self-attention is computed (jaxformer/lowering.py; the function is the same): plain
+    # how self-attention is computed (jaxformer/lowering.py; the function is the same): auto
+    # (per layer, the platform's fastest kernel that takes it: splash on TPU, cuDNN flash on
+    # GPU, blockwise from 1024 keys on, plain below; layers/dispatch.py choose_attention), plain
     # ([B, H, T, S] scores, O(T^2) memory), blockwise (online softmax over key blocks, O(T)),
     # splash (TPU's Pallas kernel, blockwise elsewhere); attention_blocks = (query, key) block
-    attention: str = "plain"
+    attention: str = "auto"
     attention_blocks: tuple[int, int] = (512, 512)
 
     def __post_init__(self) -> None:
@@ -356,7 +358,7 @@ def check_sections(cfg: RunConfig) -> None:
              f"{t.grad_accum_steps} x parallel.num_devices={n} = {t.grad_accum_steps * n}: use a "
              f"multiple of {t.grad_accum_steps * n}")
     attn_rate = t.dropout if t.dropout is not None else getattr(m, "attn_dropout", 0.0)
-    need(t.attention == "plain" or not attn_rate,
+    need(t.attention in ("auto", "plain") or not attn_rate,
          f"train.attention={t.attention} does not apply attention dropout ({attn_rate}; it needs the "
          "plain path's [B, H, T, S] weights): set model.attn_dropout (and train.dropout) to 0, or "
          "train.attention: plain")
@@ -385,7 +387,7 @@ def _module_problems(cfg: RunConfig) -> list[str]:
         out.append("data.packing: segments needs a model that takes segment ids; a model.module is called with "
                    "the token ids alone: set data.packing: concat")
     why = "acts on jaxformer's own layers, which a model.module does not have"
-    for bad, what in ((t.remat, f"train.remat: {why}"), (t.attention != "plain", f"train.attention={t.attention}: {why}"),
+    for bad, what in ((t.remat, f"train.remat: {why}"), (t.attention not in ("auto", "plain"), f"train.attention={t.attention}: {why}"),
                       (t.lora is not None, f"train.lora: {why}"), (t.init != "default",
                        f"train.init={t.init}: the named schemes know jaxformer's leaf names; a model.module starts "
                        "from its own constructor's init (default)"),

@@ -34,7 +34,10 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     dropout_active = dropout is not None and dropout.p > 0 and dropout.training
-    if use_kernel(mask, lowering.active().attention, None, mode, return_weights=return_weights,
+    attention = lowering.active().attention
+    if attention == "auto":  # jaxformer's rule where the platform has no kernel of its own
+        attention = "blockwise" if k.shape[1] >= lowering.AUTO_BLOCKWISE_MIN_KEYS and not dropout_active else "plain"
+    if use_kernel(mask, attention, None, mode, return_weights=return_weights,
                   dropout_active=dropout_active, kv_head_major=False):
         return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
     mask, bias = dense_mask(mask, bias)

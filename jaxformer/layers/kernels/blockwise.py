@@ -455,7 +455,7 @@ def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interp
     (this project has none): tests/test_splash.py checks it in interpret mode on CPU against
     the plain path (outputs within 6e-7, gradients within 3.6e-6, fp32) and compiles it for a
     TPU slice with libtpu."""
-    why = _splash_refusal(q, k, v, mask, bias)
+    why = splash_refusal(q, k, v, mask, bias)
     if why is not None:
         lowering.note_kernel(f"blockwise (splash refused: {why})")
         return None
@@ -496,8 +496,9 @@ def _splash(q, k, v, mask: AttentionMask, *, bias, scale, softcap, sinks, interp
     return _splash_on_mesh(attend, q, k, v, q_seg, k_seg, sinks)
 
 
-def _splash_refusal(q, k, v, mask: AttentionMask, bias) -> str | None:
-    """Why splash cannot take this call (the kernel's name for it), or None."""
+def splash_refusal(q, k, v, mask: AttentionMask, bias) -> str | None:
+    """Why splash cannot take this call (the kernel's name for it), or None (also what
+    attention "auto" asks on TPU: layers/dispatch.py choose_attention)."""
     t, d = q.shape[1], q.shape[3]
     s = k.shape[1]
     q_slots, k_slots, window = _concrete(mask.q_slots), _concrete(mask.k_slots), _concrete(mask.window)
