@@ -13,7 +13,7 @@ from jaxformer.train.config import packaged_configs, resolve_config
 
 README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 # files a README walkthrough writes first (convert's train.yaml, the user's own YAML)
-WRITTEN = ("ckpt/", "my_model.yaml")
+WRITTEN = ("ckpt/", "my_model.yaml", "my_gpt.yaml")
 
 
 def _config_args() -> list[str]:

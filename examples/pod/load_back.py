@@ -1,9 +1,8 @@
 """The trained weights back in the user's own torch module: strict, every key (the tied head under
 both of its names, the causal-mask buffers), then one greedy continuation of "def "."""
 import torch
-from safetensors.torch import load_file
-
 from my_gpt import make_gpt
+from safetensors.torch import load_file
 
 model = make_gpt().eval()
 model.load_state_dict(load_file("my_gpt_trained.safetensors"), strict=True)

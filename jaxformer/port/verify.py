@@ -87,13 +87,40 @@ def _sizes(traced: Traced) -> list[dict]:
     if not single:
         return [traced_sizes]
     every = {k: v for one in single for k, v in one.items() if v != traced_sizes[k]}
-    if _accepted(traced, {**traced_sizes, **every}):
+    if _accepted(traced, {**traced_sizes, **every}) and _torch_runs(traced, {**traced_sizes, **every}):
         return [traced_sizes, {**traced_sizes, **every}]
     alone = [one for one in single if _accepted(traced, one)]
     together = {**traced_sizes, **{k: v for one in alone for k, v in one.items() if v != traced_sizes[k]}}
-    if len(alone) > 1 and _accepted(traced, together):
+    if len(alone) > 1 and _accepted(traced, together) and _torch_runs(traced, together):
         return [traced_sizes, together]
-    return [traced_sizes] + alone[:MOVES]
+    return [traced_sizes] + [one for one in alone if _torch_runs(traced, one)][:MOVES]
+
+
+def _torch_runs(traced: Traced, sizes: dict) -> bool:
+    """Whether torch's exported program itself runs at `sizes` (a check inside an op, such as an
+    index_put's mask having the indexed tensor's shape, is no shape guard): on the traced inputs
+    cut or extended along each moved dim (the last slice repeated, so every value stays one the
+    model took), in eval mode, without gradients."""
+    import numpy as np
+    import torch
+    placed = _placed(traced.eval_program, traced, sizes)
+    kwargs = {}
+    for name, value in traced.values.items():
+        if isinstance(value, torch.Tensor):
+            array = value.numpy()
+            for (n, axis), size in placed.items():
+                if n == name:
+                    array = np.take(array, np.minimum(np.arange(size), array.shape[axis] - 1), axis=axis)
+            kwargs[name] = torch.from_numpy(np.ascontiguousarray(array))
+        elif value is not None:
+            kwargs[name] = value
+    program = traced.reference if traced.reference is not None else traced.eval_program  # no twin op in it
+    try:
+        with torch.no_grad():
+            program.module()(**kwargs)
+    except Exception:  # torch refuses these sizes itself: the file need not take them
+        return False
+    return True
 
 
 MOVES = 3  # sizes tried one free dim at a time, at most (each an abstract run of the file)
