@@ -107,39 +107,16 @@ def state_map(torch_module, flax_module):
 
 def load_torch_weights(flax_module, torch_module):
     """Copy `torch_module`'s state_dict into the ported `flax_module` through jaxformer.convert
-    (strict: parameters, buffers, a tied weight once), then its tensors outside the state_dict
-    (non-persistent buffers, the file's `Constant`s) by path. Returns `flax_module`."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from jaxformer import convert
-    convert.load_torch_state_dict(flax_module, converter_state(torch_module.state_dict(), flax_module, torch_module))
-    problems = []
-    for path, var in nnx.to_flat_state(nnx.state(flax_module, _is_constant)):
-        key = ".".join(str(p) for p in path)
-        try:
-            value = convert.to_numpy(_torch_attr(torch_module, key))
-        except AttributeError:
-            problems.append(f"missing: torch tensor {key}")
-            continue
-        if tuple(value.shape) != tuple(var.shape):
-            problems.append(f"shape: {key} has torch shape {tuple(value.shape)}, expected {tuple(var.shape)}")
-            continue
-        var.set_value(jnp.asarray(value).astype(var.dtype))
-    if problems:
-        raise convert.ConversionError(problems)
-    return flax_module
+    (strict: parameters, buffers, a tied weight once; torch.nn's modules written as jaxformer's
+    under interop's names), then its tensors outside the state_dict (non-persistent buffers, the
+    file's `Constant`s) by path: jaxformer.module_weights.load_from_torch, which the trainer's
+    torch side uses too. Returns `flax_module`."""
+    from jaxformer import module_weights
+    return module_weights.load_from_torch(flax_module, torch_module)
 
 
 def _is_constant(path, value) -> bool:
     return type(value).__name__ == "Constant" and hasattr(value, "get_value")
-
-
-def _torch_attr(module, key: str):
-    obj = module
-    for part in key.split("."):
-        obj = obj[int(part)] if part.isdigit() and hasattr(obj, "__getitem__") else getattr(obj, part)
-    return obj
 
 
 def check(torch_module, flax_module, inputs: Mapping[str, Any], *, case: str = "port",

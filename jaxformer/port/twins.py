@@ -282,6 +282,7 @@ def _record(model, inputs: dict, candidates: dict[str, Twin]) -> None:
         handles.append(twin.module.register_forward_hook(post(twin), with_kwargs=True))
     was_training = model.training
     fast = torch.backends.mha.get_fastpath_enabled()
+    saved = {name: b.clone() for name, b in model.named_buffers()}  # a forward that updates a buffer: undone
     try:
         model.eval()
         # torch.nn's fast path (nested tensors for a padding mask, fused kernels) is what the
@@ -290,6 +291,9 @@ def _record(model, inputs: dict, candidates: dict[str, Twin]) -> None:
         with torch.no_grad():
             model(**inputs)
     finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
         torch.backends.mha.set_fastpath_enabled(fast)
         model.train(was_training)
         for h in handles:

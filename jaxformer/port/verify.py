@@ -116,8 +116,12 @@ def _torch_runs(traced: Traced, sizes: dict) -> bool:
             kwargs[name] = value
     program = traced.reference if traced.reference is not None else traced.eval_program  # no twin op in it
     try:
+        runnable = program.module()
+        for name, buffer in list(runnable.named_buffers()):  # its own copies: forward may update them
+            owner, _, leaf = name.rpartition(".")
+            (runnable.get_submodule(owner) if owner else runnable)._buffers[leaf] = buffer.clone()
         with torch.no_grad():
-            program.module()(**kwargs)
+            runnable(**kwargs)
     except Exception:  # torch refuses these sizes itself: the file need not take them
         return False
     return True
