@@ -9,6 +9,7 @@ The style follows tests/test_bad_input.py (whose runner and snapshot the helpers
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -473,7 +474,71 @@ def _writer(tmp: str):
         c.close()
 
 
+def _copied_step(tmp: str) -> None:
+    """{tmp}/c: step 5 saved, then its folder copied as step 11 (step 11's record says 5)."""
+    import shutil
+
+    import jax.numpy as jnp
+
+    from jaxformer.train.checkpoint import Checkpointer
+    c = Checkpointer(os.path.join(tmp, "c"), keep=3, async_save=False)
+    try:
+        c.save(5, {"w": jnp.full(3, 5.0)}, {"loss": 1.0})
+    finally:
+        c.close()
+    shutil.copytree(os.path.join(tmp, "c", "5"), os.path.join(tmp, "c", "11"))
+
+
+def _restore_said(tmp: str):
+    """-> (the restored record's step, state, the warnings logged)."""
+    import logging
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: said.append(r.getMessage())
+    log = logging.getLogger("jaxformer.checkpoint")
+    log.addHandler(handler)
+    try:
+        state, record = _restore(tmp)
+    finally:
+        log.removeHandler(handler)
+    return record["step"], state["w"].tolist(), said
+
+
+def _torch_restore_copied(tmp: str):
+    """The torch trainer's restore of torch_checkpoints/ holding step_5 and a copy of it as
+    step_11 (its train_state.pt says step 5) -> (the step restored, the weight)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    from jaxformer.train.torch.trainer import TorchTrainer
+    d = os.path.join(tmp, "tc")
+    module = torch.nn.Linear(2, 1, bias=False)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    os.makedirs(os.path.join(d, "step_5"))
+    with torch.no_grad():
+        module.weight.fill_(5.0)
+    save_file(module.state_dict(), os.path.join(d, "step_5", "model.safetensors"))
+    torch.save({"step": 5, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "rng": torch.get_rng_state()}, os.path.join(d, "step_5", "train_state.pt"))
+    shutil.copytree(os.path.join(d, "step_5"), os.path.join(d, "step_11"))
+    with torch.no_grad():
+        module.weight.fill_(0.0)
+    t = TorchTrainer.__new__(TorchTrainer)
+    t.module, t.opt, t.sched, t.ckpt_dir = module, opt, sched, d
+    return t._restore(), module.weight.tolist()
+
+
 CKPT_CASES = [
+    Case("torch_ckpt_record_names_other_step", call=_torch_restore_copied,
+         check=lambda t, r: r == (5, [[5.0, 5.0]]),
+         stderr=r"^warning: torch checkpoint step 11: ValueError: its train_state\.pt names step 5, not 11; "
+                r"resumed from step 5\n$"),
+    Case("ckpt_record_names_other_step", call=_restore_said, setup=_copied_step,
+         check=lambda t, r: r[:2] == (5, [5.0] * 3) and len(r[2]) == 1
+         and re.search(r"step 11 in .*/c is unreadable \(its record names step 5, not 11\); resumed from step 5", r[2][0])),
     Case("ckpt_empty_junk_not_a_step", call=_steps, setup=lambda t: _ckpt(t, "7"), check=lambda t, r: r == []),
     Case("ckpt_link_loop_not_a_step", call=_steps, setup=lambda t: _ckpt(t, "9@"), check=lambda t, r: r == []),
     Case("ckpt_committed_is_a_step", call=_steps, setup=lambda t: _ckpt(t, "7", "9@", "4m", "3.orbax-checkpoint-tmp-1"),

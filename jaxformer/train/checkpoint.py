@@ -11,7 +11,8 @@ A checkpoint holds the whole train state as plain arrays: params, optimiser stat
 RNG streams (dropout), the step, a JSON record of metrics, and the input pipeline's grain
 iterator state (item `data`, one file per process, grain's own orbax handler), which is the
 data position; batches are also a pure function of the step, which the trainer checks it against. Restore tries the newest step first; if it
-is corrupted or partial it says so and falls back to the previous good one; if none is good
+is corrupted or partial, or its record names another step (a copied or renamed folder), it says so
+and falls back to the previous good one; if none is good
 it raises a clear error. It never returns silent garbage: restored arrays must match the
 expected tree structure, shapes and dtypes.
 """
@@ -218,6 +219,8 @@ class Checkpointer:
                 record = out["record"]
                 if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                     raise CheckpointError(f"its record is not an object with an integer step: {record!r}"[:200])
+                if record["step"] != s:  # a copied or renamed step folder: its state is another step's
+                    raise CheckpointError(f"its record names step {record['step']}, not {s}")
             except Exception as e:  # a corrupted/partial step: report it and try the previous one
                 errors.append((s, _first_line(e)))
                 continue

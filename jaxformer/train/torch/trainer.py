@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 import torch
@@ -225,9 +226,15 @@ class TorchTrainer:
                 self.skipped_steps = int(st.get("skipped_steps", 0))
                 self.data_state = pipeline.check_state(json.loads(st["data"])) if "data" in st else None
                 self.trained_tokenizer = json.loads(st.get("tokenizer", "null"))
-                return int(st["step"])
+                if int(st["step"]) != s:  # a copied or renamed step folder: its state is another step's
+                    raise ValueError(f"its train_state.pt names step {int(st['step'])}, not {s}")
             except Exception as e:
                 errors.append(f"step {s}: {type(e).__name__}: {e}")
+                continue
+            for why in errors:  # one line per step skipped, only when an older one restored
+                print(f"warning: torch checkpoint {why.splitlines()[0][:200]}; resumed from step {s}",
+                      file=sys.stderr, flush=True)
+            return s
         if errors:
             raise ValueError("no restorable torch checkpoint:\n  " + "\n  ".join(errors))
         return 0
