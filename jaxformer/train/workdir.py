@@ -38,6 +38,7 @@ LOCK = ".lock"
 
 class WorkdirLock:
     """An exclusive flock on WORKDIR/.lock for the life of the run (or until release())."""
+    made_dirs: tuple[str, ...] = ()  # the folders open_workdir created for the run, deepest first
 
     def __init__(self, workdir: str):
         self.path = os.path.join(workdir, LOCK)
@@ -67,6 +68,30 @@ class WorkdirLock:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
         self.fd = None
+        if remove:
+            remove_made_dirs(self.made_dirs)
+
+
+def missing_dirs(path: str) -> tuple[str, ...]:
+    """The folders os.makedirs(path) would create, deepest first."""
+    out, p = [], os.path.abspath(path)
+    while not os.path.lexists(p):
+        out.append(p)
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return tuple(out)
+
+
+def remove_made_dirs(made: tuple[str, ...]) -> None:
+    """Remove the folders a refused run created, deepest first, each only while empty: a
+    refusal leaves no empty workdir behind, and never a file someone put there meanwhile."""
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
 
 
 def entries(workdir: str) -> list[str]:
@@ -115,8 +140,14 @@ def open_workdir(workdir: str, cfg, *, resume: bool, overwrite: bool, has_checkp
                          f"start a fresh run without --resume")
     lock, allowed = None, []
     if primary:
+        made = missing_dirs(workdir)
         os.makedirs(workdir, exist_ok=True)
-        lock = WorkdirLock(workdir)
+        try:
+            lock = WorkdirLock(workdir)
+        except BaseException:
+            remove_made_dirs(made)
+            raise
+        lock.made_dirs = made
     try:
         if resume:
             old = stored_config(workdir)
