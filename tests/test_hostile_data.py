@@ -280,10 +280,16 @@ OWN_FILE_CASES = [
     Case("eval_metrics_step_string", argv=EVAL, error=r"metrics\.json: step must be a step number, got '2'",
          setup=_model_dir('{"step": "2"}')),
     Case("plot_metrics_wrong_types", argv=["plot", "{tmp}/w", "--out", "{tmp}/c.png"],
-         setup=lambda t: _put(t, "w/metrics.jsonl", '{"step": 1, "loss": 3.0}\n' + BAD_METRICS), check=_plot_ok),
+         setup=lambda t: _put(t, "w/metrics.jsonl", '{"step": 1, "loss": 3.0}\n' + BAD_METRICS), check=_plot_ok,
+         stderr=r"^warning: .*w/metrics\.jsonl: skipped 4 line\(s\) that are not a JSON object with an integer "
+                r"step; the first, line 2: step is \[1\], not a step number\n$"),
     Case("plot_metrics_only_bad_steps", argv=["plot", "{tmp}/w", "--out", "{tmp}/c.png"],
-         setup=lambda t: _put(t, "w/metrics.jsonl", '{"step": [1]}\n{"step": null}\n{"step": "3"}\n'),
-         check=_plot_ok),
+         setup=lambda t: _put(t, "w/metrics.jsonl", '{"step": null}\n{"step": [1]}\n{"step": "3"}\n{"loss": 1}\n'
+                              + '{"step": ' + "[" * 100 + "]" * 100 + '}\n{"step": 2, "lo\n'),
+         check=_plot_ok, stderr=r"skipped 6 line\(s\) .*; the first, line 1: step is null, not a step number\n$"),
+    Case("plot_metrics_good_says_nothing", argv=["plot", "{tmp}/w", "--out", "{tmp}/c.png"],
+         setup=lambda t: _put(t, "w/metrics.jsonl", '{"step": 1, "loss": 3.0}\n\n{"step": 2, "loss": 2.0}\n'),
+         check=_plot_ok, stderr=r"^$"),
 ]
 
 

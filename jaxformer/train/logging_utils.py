@@ -110,22 +110,37 @@ def _end_torn_line(path: str) -> None:
                 f.write("\n")
 
 
-def read_metrics(path: str) -> list[dict]:
+def read_metrics(path: str, skipped: list | None = None) -> list[dict]:
     """The records of a metrics.jsonl, one per step in step order: the last line of each step
-    wins (a resumed run's redone steps), torn lines are skipped. `path`: the file or its workdir."""
+    wins (a resumed run's redone steps), torn lines are skipped. `path`: the file or its workdir.
+    `skipped`: gets (line number, why) of each line that is not a JSON object with an integer
+    step (torn, not JSON, nested too deeply, a null, list or string step), for the caller to report."""
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     by_step: dict[int, dict] = {}
-    with open(path) as f:
-        for line in f:
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
             try:
                 record = json_loads(line, path)  # depth-limited: a hostile line is skipped, not a crash
-            except ValueError:
+            except ValueError as e:
+                if skipped is not None:
+                    skipped.append((number, str(e).removeprefix(f"{path}: ")))
                 continue
             step = record.get("step") if isinstance(record, dict) else None
             if isinstance(step, int) and not isinstance(step, bool):
                 by_step[step] = record
+            elif skipped is not None:
+                why = f"a JSON {type(record).__name__}, not an object" if not isinstance(record, dict) else \
+                    "no step" if "step" not in record else f"step is {_short(step)}, not a step number"
+                skipped.append((number, why))
     return [by_step[s] for s in sorted(by_step)]
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 _UNITS = {"tok": "tokens"}  # the progress bar's short unit -> the TensorBoard tag's

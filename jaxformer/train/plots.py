@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -42,10 +43,18 @@ def _save(fig, out: str) -> str:
 # ----------------------------------------------------------------------------- runs
 def read_metrics(run_dir: str) -> list[dict]:
     """RUN_DIR/metrics.jsonl -> one record per step (logging_utils.read_metrics: a resumed
-    run's redone steps, the last line wins; torn lines skipped); values may be null or missing."""
-    if not os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+    run's redone steps, the last line wins); values may be null or missing. Lines without an
+    integer step (torn, not JSON, a null or list step) are skipped, counted in one warning on stderr."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
         raise ValueError(f"{run_dir}: no metrics.jsonl (is it a `jaxformer train` workdir?)")
-    return logging_utils.read_metrics(run_dir)
+    skipped: list = []
+    records = logging_utils.read_metrics(path, skipped)
+    if skipped:  # never used, never silent: one line with the count and the first
+        n, why = skipped[0]
+        print(f"warning: {path}: skipped {len(skipped)} line(s) that are not a JSON object with an integer "
+              f"step; the first, line {n}: {why}"[:400], file=sys.stderr, flush=True)
+    return records
 
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
