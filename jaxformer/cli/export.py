@@ -2,6 +2,7 @@
 as a product others can use.
 
     jaxformer export RUN_DIR [--step last|best|N] --to flax|torch|hf|peft OUT [--merge] [--overwrite]
+                     [--no-tokenizer]
 
 --to flax   OUT/ is a jaxformer model checkpoint (model.yaml + orbax params/, flax layout):
             what `generate --weights`, `train.init_from` and `jaxformer.load` read
@@ -28,6 +29,10 @@ B A, layers/lora.merge_lora) and writes a plain model; --to peft writes the adap
 best eval's; N the params of checkpoint step N. RUN_DIR may also be a model checkpoint dir or
 a Hugging Face dir (no --step). The write is atomic: nothing at OUT on failure. An existing OUT
 is refused without --overwrite; OUT may never be RUN_DIR, lie inside it or contain it.
+
+The tokenizer the weights record goes with --to flax and --to hf; the output says which, or
+"none written" and why. A recorded tokenizer that cannot be read (a corrupt tokenizer.json, a
+sha256 that differs, a tokens dir that moved) is refused; --no-tokenizer writes the weights alone.
 """
 from __future__ import annotations
 
@@ -48,6 +53,8 @@ def add_arguments(p) -> None:
                    help="--to peft: adapter_config.json's base_model_name_or_path (hub id or path)")
     p.add_argument("--step", default=None, help="last (default), best, or a checkpoint step number")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-tokenizer", action="store_true",
+                   help="write no tokenizer (one the weights record but that cannot be read is refused without it)")
 
 
 def check_destination(src: str, out: str, overwrite: bool) -> str:
@@ -82,7 +89,7 @@ def run(args) -> int:
                          f"({cfg.module}): export it --to torch (its torch module's keys) or --to flax")
     lora = checkpoint_io.lora_config(args.run_dir, step) if checkpoint_io.path_kind(args.run_dir) != "hf" else None
     merged = _merge_or_refuse(model, lora, args)
-    tok = _tokenizer(args.run_dir, step)
+    tok = _tokenizer(args.run_dir, step, args.to, args.no_tokenizer)
     if args.to == "peft":
         from jaxformer.hf.adapters import save_adapter
         r = save_adapter(model, name, cfg, lora, out, overwrite=args.overwrite, base_model=args.base_model)
@@ -114,6 +121,9 @@ def run(args) -> int:
     if tok is not None and args.to != "torch":
         copied = tok.content is not None or (args.to == "hf" and tok.kind == "bytes")
         print(f"  tokenizer: {tok.spec} ({tok.kind}" + (", tokenizer.json)" if copied else ", no file to copy)"))
+    elif args.to in ("flax", "hf"):
+        why = "--no-tokenizer" if args.no_tokenizer else f"{args.run_dir} records none"
+        print(f"  tokenizer: none written ({why})")
     return 0
 
 
@@ -168,11 +178,20 @@ def _merge_or_refuse(model, lora, args) -> list[str]:
     return []
 
 
-def _tokenizer(src: str, step):
+def _tokenizer(src: str, step, to: str, skip: bool):
     """The tokenizer the weights were trained with, when they record one (else None): it goes
-    with the export (model.yaml's entry and tokenizer.json; an HF dir's tokenizer.json)."""
-    from jaxformer.train.data.tokenizer import tokenizer_for_checkpoint
+    with the export (model.yaml's entry and tokenizer.json; an HF dir's tokenizer.json). One
+    they record but that cannot be read (a corrupt file, a moved tokens dir) is refused, never
+    dropped without a word: --no-tokenizer exports the weights alone. --to torch and --to peft
+    write no tokenizer, so they do not read it."""
+    from jaxformer.train.data.tokenizer import NoTokenizer, tokenizer_for_checkpoint
+    if skip or to in ("torch", "peft"):
+        return None
     try:
         return tokenizer_for_checkpoint(src, step if step == "best" else None)
-    except ValueError:
+    except NoTokenizer:
         return None
+    except ValueError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{first[:300]}; the export would have no tokenizer: repair it, or pass "
+                         "--no-tokenizer to export the weights alone") from None

@@ -391,8 +391,12 @@ def tokenizer_for_checkpoint(model_dir: str, step: str | int | None = None) -> T
             return tok
     if vocab == VOCAB_SIZE:
         return ByteTokenizer()
-    raise ValueError(f"{model_dir} records no tokenizer (vocab {vocab}); pass --tokenizer SPEC "
-                     f"({SPEC_HELP}), or prompts as ids with --ids")
+    raise NoTokenizer(f"{model_dir} records no tokenizer (vocab {vocab}); pass --tokenizer SPEC "
+                      f"({SPEC_HELP}), or prompts as ids with --ids")
+
+
+class NoTokenizer(ValueError):
+    """Weights that record no tokenizer at all (as opposed to one that cannot be read)."""
 
 
 def _hf_vocab(directory: str):
