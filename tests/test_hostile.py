@@ -347,7 +347,47 @@ def _image_read(cell: str):
     return call
 
 
+def _parquet_ds(last: str, struct: bool = True):
+    """{tmp}/ds/data.parquet: 20 rows, labels 0 and 1; rows 0-18 hold a PNG (its bytes, or a
+    path inside), row 19 the path `last` ("{tmp}" replaced); {tmp}/secret.png lies outside."""
+    def setup(tmp: str) -> None:
+        import io
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from PIL import Image
+        _png(os.path.join(tmp, "ds", "img", "a.png"))
+        _png(os.path.join(tmp, "secret.png"))
+        buf = io.BytesIO()
+        Image.new("RGB", (4, 4)).save(buf, format="PNG")
+        last_path = last.replace("{tmp}", tmp)
+        if struct:
+            cells = [{"bytes": buf.getvalue(), "path": "../elsewhere/ignored.png"}] * 19 + \
+                [{"bytes": None, "path": last_path}]
+        else:
+            cells = ["img/a.png"] * 19 + [last_path]
+        pq.write_table(pa.table({"image": cells, "label": [0, 1] * 10}), os.path.join(tmp, "ds", "data.parquet"))
+    return setup
+
+
+def _image_sources(tmp: str):
+    from jaxformer.train.data import image_folder
+    train, evaluation = image_folder.sources({"path": os.path.join(tmp, "ds", "data.parquet"), "image_size": 4}, 0)
+    return len(train) + len(evaluation)
+
+
+VIT_PARQUET = ["train", "--config", "vit", "--workdir", "{tmp}/w", "--no-progress", "--set", "data.name=image_folder",
+               "--set", "data.path={tmp}/ds/data.parquet", "--set", "data.image_size=4", "--set", "model.image_size=4",
+               "--set", "model.patch_size=2", "--set", "model.num_classes=2", "--set", "train.steps=2"]
 IMAGE_CASES = [
+    Case("image_parquet_outside_refused_at_open", call=_image_sources, setup=_parquet_ds("../secret.png"),
+         error=r"data\.parquet row 19: column 'image''s image path '\.\./secret\.png' leads outside"),
+    Case("image_parquet_string_column_outside", call=_image_sources, setup=_parquet_ds("{tmp}/secret.png", struct=False),
+         error=r"row 19: column 'image''s image path '/.*secret\.png' leads outside"),
+    Case("image_parquet_bytes_with_any_path_ok", call=_image_sources, setup=_parquet_ds("img/a.png"),
+         check=lambda t, r: r == 20),
+    Case("image_parquet_outside_cli_train", argv=VIT_PARQUET, setup=_parquet_ds("../secret.png"),
+         error=r"row 19: column 'image''s image path '\.\./secret\.png' leads outside", absent=("w",), protect=("ds",)),
     Case("image_cell_dotdot", call=_image_read("../secret.png"), error=r"row 0: column 'image''s image path '\.\./secret\.png' leads outside"),
     Case("image_cell_absolute_outside", call=_image_read("{tmp}/secret.png"), error=r"image path '/.*secret\.png' leads outside"),
     Case("image_cell_inside_relative", call=_image_read("img/a.png"), check=lambda t, r: r.shape == (4, 4, 3)),

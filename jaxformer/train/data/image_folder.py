@@ -178,6 +178,30 @@ def _cell(value: Any, name: str, column: str, root: str) -> Any:
     return value
 
 
+def _check_paths(images, where: str, column: str, root: str) -> None:
+    """Every image path a Parquet table reads (a string cell, or an Image struct's path where it
+    has no bytes) checked when the table opens, before any image is decoded: a path leaving the
+    dataset refuses the data at config load, as it would when its row is read."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    if not isinstance(images, (pa.ChunkedArray, pa.Array)):
+        return  # an HF Dataset's column: each cell is checked when read (_cell)
+    kind = images.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        paths, rows = images, None
+    elif pa.types.is_struct(kind) and kind.get_field_index("path") >= 0:
+        paths = pc.struct_field(images, "path")
+        if kind.get_field_index("bytes") >= 0 and not pa.types.is_null(kind.field("bytes").type):
+            data = pc.struct_field(images, "bytes")
+            rows = pc.or_kleene(pc.is_null(data), pc.equal(pc.binary_length(data), 0))
+            paths = pc.if_else(rows, paths, pa.scalar(None, paths.type))
+    else:
+        return
+    for i, p in enumerate(paths.to_pylist()):
+        if p is not None:
+            _cell(p, f"{where} row {i}", column, root)
+
+
 def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.size == 0:
@@ -196,6 +220,7 @@ def _table_split(table, cfg: Config, where: str) -> tuple[Callable, np.ndarray]:
     labels = _check_labels(np.asarray(table[cfg.label_column]), where)
     images = table[cfg.image_column]
     root = cfg.path if os.path.isdir(cfg.path) else os.path.dirname(os.path.abspath(cfg.path))
+    _check_paths(images, where, cfg.image_column, root)
 
     def read(i: int):
         name = f"{where} row {i}"
