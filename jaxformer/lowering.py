@@ -91,7 +91,7 @@ class Lowering:
     platform: str | None = None
     batch_axes: tuple[str, ...] = ()
     head_axes: tuple[str, ...] = ()
-    loss_chunk_bytes: int | None = 512 << 20
+    loss_chunk_bytes: int | None = 1 << 30
 
     def __post_init__(self) -> None:
         if self.platform not in (None,) + PLATFORMS:

@@ -17,6 +17,8 @@ NO_TWIN = {
     "layers/linear.py": "nnx.Linear with logical axes and reduced-precision kernels; torch uses nn.Linear",
     "layers/kernels/moe_parallel.py": "expert parallelism over a mesh; torch_ref runs on one device",
     "layers/kernels/partitioning.py": "Flax partitioning metadata; torch has none",
+    "layers/kernels/chunked_loss.py": "the JAX trainer's loss in sequence chunks; the torch trainer's unchunked "
+                                      "loss is the reference",
     "layers/special.py": "tanh to torch's float32 accuracy; torch_ref uses torch's own kernel (numerics §44)",
 }
 # (file, class) present in one tree only, and why
@@ -34,6 +36,9 @@ ONE_SIDED_METHODS = {
     ("layers/moe.py", "Experts", "compute"): "jax: the expert FFN on routed rows, shared by the dispatch paths",
     ("layers/moe.py", "Experts", "grouped_ffn"): "jax: the ragged_dot path (torch loops over experts)",
     ("layers/moe.py", "Experts", "stacked_axes"): "jax: the stacked weights' logical axes",
+    ("models/lm.py", "LM", "output_head"): "jax: the head as a pure function for the chunked loss "
+                                           "(layers/kernels/chunked_loss.py)",
+    ("models/seq2seq.py", "Seq2Seq", "output_head"): "jax: the head as a pure function for the chunked loss",
 }
 
 

@@ -21,11 +21,13 @@ class LMOutput:
     aux); None where not asked. A frozen JAX pytree, so a jitted call can return it.
     logits [B, T, V] float32; cache: the updated KV cache; intermediates {name: array} (with
     return_attention also "layers.i.attn_weights" [B, H, T, T]); aux {"router_logits",
-    "expert_load"} (MoE)."""
-    logits: jax.Array
+    "expert_load"} (MoE); hidden (return_hidden: the final hidden states [B, T, D] the output
+    head would take, logits None; jax only, for the chunked loss)."""
+    logits: jax.Array | None
     cache: list | dict | None = None
     intermediates: dict | None = None
     aux: dict | None = None
+    hidden: jax.Array | None = None
 
     @property
     def attention(self) -> dict | None:

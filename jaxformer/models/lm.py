@@ -49,6 +49,9 @@ class LM(nnx.Module):
     return_attention adds "layers.i.attn_weights" [B, H, T, T], also read as .attention),
     .aux (return_aux, model.moe, no cache: {"router_logits": [n_sparse, B, T, E] float32,
     "expert_load": [n_sparse, E] float32}; layers/moe.py MoE; moe_aux_losses takes them).
+    return_hidden (no cache, no intermediates): an LMOutput with .hidden [B, T, D], what the
+    output head takes, and no logits: the trainer's chunked loss applies the head itself
+    (output_head; layers/kernels/chunked_loss.py).
     """
 
     def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs):
@@ -63,7 +66,7 @@ class LM(nnx.Module):
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
                  return_attention: bool = False, position_ids: jax.Array | None = None,
-                 return_aux: bool = False, segment_ids: jax.Array | None = None):
+                 return_aux: bool = False, segment_ids: jax.Array | None = None, return_hidden: bool = False):
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         b, t = ids.shape
         if return_aux and self.cfg.moe is None:
@@ -110,6 +113,10 @@ class LM(nnx.Module):
             h = ring.shard_sequence(ring.from_zigzag(h, n))  # the logits split over the context axis too
             if return_aux:  # router logits [n_sparse, B, T, E] in sequence order too
                 aux["router_logits"] = aux["router_logits"][:, :, np.argsort(order)]
+        if return_hidden:
+            if cache is not None or return_intermediates:
+                raise ValueError("return_hidden=True is for a training loss: no cache, no intermediates")
+            return LMOutput(None, aux=aux, hidden=h)
         logits = ring.shard_batch(self.logits(h))  # [B, T, V]
         if cache is None and not return_intermediates and not return_aux:
             return logits
@@ -119,13 +126,27 @@ class LM(nnx.Module):
     def logits(self, h: jax.Array) -> jax.Array:
         """h [B, T, D] -> [B, T, V] float32, via the tied embedding or lm_head; then
         final_logit_softcap * tanh(logits / final_logit_softcap) when set (Gemma2)."""
-        h = h.astype(compute_dtype(self.cfg.dtype))
-        out = self.embed.embed_tokens.attend(h) if self.lm_head is None else self.lm_head(h)
-        out = out.astype(jnp.float32)
-        cap = self.cfg.final_logit_softcap
-        return out if cap is None else tanh(out / cap) * cap  # torch's accuracy (docs/numerics.md §44)
+        return _head_logits(self.cfg, self.embed.embed_tokens if self.lm_head is None else self.lm_head, h)
+
+    def output_head(self):
+        """The output head as a pure function of its own state -> (apply, state), with
+        apply(state, h) == self.logits(h): the chunked loss (layers/kernels/chunked_loss.py)
+        maps it over chunks of h and differentiates `state` as an input."""
+        graphdef, state = nnx.split(self.embed.embed_tokens if self.lm_head is None else self.lm_head)
+        cfg = self.cfg
+        return (lambda state, h: _head_logits(cfg, nnx.merge(graphdef, state), h)), state
 
     def init_cache(self, batch: int, length: int) -> list | dict:
         """An empty KV cache of `length` slots per layer, in the compute dtype (stacked
         [num_layers, B, G, L, K] leaves with model.scan_layers; Decoder.init_cache)."""
         return self.decoder.init_cache(batch, length, dtype=compute_dtype(self.cfg.dtype))
+
+
+def _head_logits(cfg: LMConfig, head, h: jax.Array) -> jax.Array:
+    """h [B, T, D] -> [B, T, V] float32 through `head`: the tied embedding (its attend) or
+    lm_head; then the final soft-cap when set."""
+    h = h.astype(compute_dtype(cfg.dtype))
+    out = head(h) if isinstance(head, Linear) else head.attend(h)
+    out = out.astype(jnp.float32)
+    cap = cfg.final_logit_softcap
+    return out if cap is None else tanh(out / cap) * cap  # torch's accuracy (docs/numerics.md §44)

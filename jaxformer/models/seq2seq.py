@@ -67,10 +67,12 @@ class Seq2Seq(nnx.Module):
 
     def decode(self, tgt_ids: jax.Array, memory: jax.Array | None, memory_mask: jax.Array, *,
                return_intermediates: bool = False, cache: list | dict | None = None, cache_index=None,
-               return_attention: bool = False):
+               return_attention: bool = False, return_hidden: bool = False):
         """tgt_ids [B, T] -> logits [B, T, V_tgt]; with return_intermediates or a cache an
         LMOutput (models/common.py: logits, the new cache, the intermediates; None where not
-        asked). With a cache (init_cache), `memory` may be None: its keys/values are in the cache."""
+        asked). With a cache (init_cache), `memory` may be None: its keys/values are in the cache.
+        return_hidden (no cache, no intermediates): an LMOutput with .hidden [B, T, D] and no
+        logits, for the chunked loss (output_head; layers/kernels/chunked_loss.py)."""
         check_tokens(tgt_ids, self.cfg.resolved_tgt_vocab, self.cfg.max_len if cache is None else None,
                      "target token id")
         b, t = tgt_ids.shape
@@ -80,6 +82,10 @@ class Seq2Seq(nnx.Module):
                            return_intermediates=return_intermediates, cache=cache, cache_index=cache_index,
                            return_attention=return_attention)
         out = out if isinstance(out, tuple) else (out,)
+        if return_hidden:
+            if cache is not None or return_intermediates:
+                raise ValueError("return_hidden=True is for a training loss: no cache, no intermediates")
+            return LMOutput(None, hidden=out[0])
         logits = self.logits(out[0])  # [B, T, V]
         if return_intermediates:
             out = (out[0], {"tgt_embeddings": y, **{f"decoder.{k}": v for k, v in out[1].items()}},
@@ -90,12 +96,12 @@ class Seq2Seq(nnx.Module):
                         intermediates=out[1] if return_intermediates else None)
 
     def __call__(self, src_ids: jax.Array, tgt_ids: jax.Array, src_mask: jax.Array | None = None, *,
-                 return_intermediates: bool = False, return_attention: bool = False):
+                 return_intermediates: bool = False, return_attention: bool = False, return_hidden: bool = False):
         if return_attention and not return_intermediates:
             raise ValueError("return_attention=True needs return_intermediates=True")
         if not return_intermediates:
             memory, memory_mask = self.encode(src_ids, src_mask)
-            return self.decode(tgt_ids, memory, memory_mask)
+            return self.decode(tgt_ids, memory, memory_mask, return_hidden=return_hidden)
         memory, memory_mask, enc_inter = self.encode(src_ids, src_mask, return_intermediates=True,
                                                      return_attention=return_attention)
         out = self.decode(tgt_ids, memory, memory_mask, return_intermediates=True, return_attention=return_attention)
@@ -103,15 +109,27 @@ class Seq2Seq(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """h [B, T, D] -> [B, T, V_tgt] float32, via the tied target embedding or lm_head."""
-        h = h.astype(compute_dtype(self.cfg.dtype))
-        if self.cfg.scale_decoder_output:  # T5 v1.0 (docs/numerics.md §22)
-            h = h * self.cfg.d_model ** -0.5
-        if self.lm_head is None:
-            return self.target_embedding().embed_tokens.attend(h).astype(jnp.float32)
-        return self.lm_head(h).astype(jnp.float32)
+        return _head_logits(self.cfg, self.target_embedding().embed_tokens if self.lm_head is None else self.lm_head, h)
+
+    def output_head(self):
+        """The output head as a pure function of its own state -> (apply, state), with
+        apply(state, h) == self.logits(h): the chunked loss (layers/kernels/chunked_loss.py)
+        maps it over chunks of h and differentiates `state` as an input."""
+        graphdef, state = nnx.split(self.target_embedding().embed_tokens if self.lm_head is None else self.lm_head)
+        cfg = self.cfg
+        return (lambda state, h: _head_logits(cfg, nnx.merge(graphdef, state), h)), state
 
     def init_cache(self, memory: jax.Array, length: int) -> list | dict:
         """Decoder KV cache: `length` empty self-attention slots per layer, plus the
         cross-attention keys/values of memory [B, S, D], projected once (with
         model.scan_layers one dict of stacked [num_layers, ...] leaves; Decoder.init_cache)."""
         return self.decoder.init_cache(memory.shape[0], length, memory, dtype=compute_dtype(self.cfg.dtype))
+
+
+def _head_logits(cfg: Seq2SeqConfig, head, h: jax.Array) -> jax.Array:
+    """h [B, T, D] -> [B, T, V_tgt] float32 through `head`: the tied target embedding (its
+    attend) or lm_head."""
+    h = h.astype(compute_dtype(cfg.dtype))
+    if cfg.scale_decoder_output:  # T5 v1.0 (docs/numerics.md §22)
+        h = h * cfg.d_model ** -0.5
+    return (head(h) if isinstance(head, Linear) else head.attend(h)).astype(jnp.float32)

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.config.module import logits_of
+from jaxformer.layers.kernels.chunked_loss import chunked_cross_entropy_sum
 from jaxformer.layers.loss import cross_entropy_sum, target_weights
 
 CLASSIFICATION = ("classifier", "vit", "swin")
@@ -121,22 +122,41 @@ def forward_loss(name: str, model, batch: dict, label_smoothing: float, pad_id: 
     if name == "lm":
         tokens, moe, seg = batch["tokens"], moe_of(getattr(model, "cfg", None)), batch.get("segment_ids")
         kw = {} if seg is None else {"segment_ids": seg[:, :-1]}  # packed documents
+        kw.update(_hidden(model))
         out = model(tokens[:, :-1], return_aux=True, **kw) if moe else model(tokens[:, :-1], **kw)
-        logits = logits_of(out)  # [B, T, V]
         w = lm_weights(batch, tokens)  # [B, T]
-        loss, correct = cross_entropy_sum(logits, tokens[:, 1:], w, label_smoothing)
+        loss, correct = token_loss(model, out, tokens[:, 1:], w, label_smoothing)
         extra = moe_terms(out.aux, moe, jnp.sum(w), axis_name) if moe else {}
         return loss, jnp.sum(w), {"correct": correct, **extra}
     if name == "seq2seq":
-        logits = logits_of(model(batch["src"], batch["tgt_in"]))  # [B, T, V]
+        out = model(batch["src"], batch["tgt_in"], **_hidden(model))
         w = (batch["tgt_out"] != pad_id).astype(jnp.float32)
-        loss, correct = cross_entropy_sum(logits, batch["tgt_out"], w, label_smoothing)
+        loss, correct = token_loss(model, out, batch["tgt_out"], w, label_smoothing)
         return loss, jnp.sum(w), {"correct": correct}
     if name == "timeseries":
         pred = model(batch["inputs"]).astype(jnp.float32)  # [B, horizon, C_out]
         err = jnp.square(pred - batch["targets"])
         return jnp.sum(err), jnp.asarray(err.size, jnp.float32), {"abs_err": jnp.sum(jnp.sqrt(err))}
     raise ValueError(f"no training task for model {name!r}")
+
+
+def _hidden(model) -> dict:
+    """The call's keyword for the final hidden states instead of the logits, where the model
+    has an output head the chunked loss can apply (jaxformer's LM and Seq2Seq); a
+    model.module gives its logits."""
+    return {"return_hidden": True} if hasattr(model, "output_head") else {}
+
+
+def token_loss(model, out, labels, weights, label_smoothing: float):
+    """The summed token cross-entropy of a model's output -> (loss_sum, correct): from its
+    hidden states through its output head in sequence chunks (layers/kernels/chunked_loss.py:
+    no [B, T, V] float32 logits held whole, the same loss within float32 rounding), or from
+    the logits it returned."""
+    hidden = getattr(out, "hidden", None)
+    if hidden is None:
+        return cross_entropy_sum(logits_of(out), labels, weights, label_smoothing)  # [B, T, V]
+    head, state = model.output_head()
+    return chunked_cross_entropy_sum(head, state, hidden, labels, weights, label_smoothing)
 
 
 def metric_zeros(name: str, model_cfg=None) -> dict:
