@@ -101,6 +101,9 @@ def _torch_lm(*args, **kw):
 NAN_MASK = np.array([[1.0, np.nan, 1.0, 1.0]], np.float32)
 ADDITIVE = np.array([[0.0, -np.inf, 0.0, 0.0]], np.float32)
 MASK_MSG = r"a mask is 1 \(token\) or 0 \(padding\)"
+IDS2 = np.array([[3, 4, 5, 6], [7, 8, 9, 10]], np.int32)
+PAD_ROW = np.array([[1, 1, 1, 1], [0, 0, 0, 0]], np.int32)
+ALL_PAD = r"^{} row {} is all padding: every row needs at least one token"
 
 # --- token ids: dtype and rank (JAX computes with them, or gives an unpacking traceback)
 IDS_CASES = [
@@ -155,6 +158,24 @@ MASK_CASES = [
     _refuse("seq2seq src_mask shape", lambda: model("seq2seq")(jnp.asarray(IDS), jnp.asarray([[1, 2]]), jnp.ones((1, 2))),
             r"^src_mask must be \[batch, length\] = \(1, 4\)"),
     _refuse("torch lm NaN mask", _torch_lm(torch.tensor(IDS), torch.tensor(NAN_MASK)), r"^attention_mask holds nan at \[0, 1\]"),
+    # an all-padding row: attention gives it exactly 0 (docs/numerics.md §4), so its outputs mean nothing
+    _refuse("lm all-padding row", _lm(jnp.asarray(IDS2), jnp.asarray(PAD_ROW)), ALL_PAD.format("attention_mask", 1)),
+    _refuse("lm all-padding bool row", _lm(jnp.asarray(IDS2), jnp.asarray(PAD_ROW > 0)), ALL_PAD.format("attention_mask", 1)),
+    _refuse("classifier all-padding row", lambda: model("classifier")(jnp.asarray(IDS2), jnp.asarray(PAD_ROW)),
+            ALL_PAD.format("attention_mask", 1)),
+    _refuse("encoder all-padding row", lambda: model("encoder")(jnp.asarray(IDS2), jnp.asarray(PAD_ROW)),
+            ALL_PAD.format("attention_mask", 1)),
+    _refuse("seq2seq all-padding src row", lambda: model("seq2seq")(jnp.asarray(IDS2), jnp.asarray(IDS2), jnp.asarray(PAD_ROW)),
+            ALL_PAD.format("src_mask", 1)),
+    _refuse("torch lm all-padding row", _torch_lm(torch.tensor(IDS2), torch.tensor(PAD_ROW)),
+            ALL_PAD.format("attention_mask", 1)),
+    _refuse("torch classifier all-padding row", lambda: model("classifier", True)(torch.tensor(IDS2), torch.tensor(PAD_ROW)),
+            ALL_PAD.format("attention_mask", 1)),
+    _refuse("torch seq2seq all-padding src row",
+            lambda: model("seq2seq", True)(torch.tensor(IDS2), torch.tensor(IDS2), torch.tensor(PAD_ROW)),
+            ALL_PAD.format("src_mask", 1)),
+    Case("lm padded rows with a token each", lambda: model("lm")(jnp.asarray(IDS2), jnp.asarray([[1, 1, 1, 1], [0, 0, 0, 1]])),
+         check=lambda r: np.isfinite(np.asarray(r)).all()),
     Case("lm bool mask = int mask", lambda: (model("lm")(jnp.asarray(IDS), jnp.asarray([[False, True, True, True]])),
                                               model("lm")(jnp.asarray(IDS), jnp.asarray([[0, 1, 1, 1]]))),
          check=lambda r: np.testing.assert_array_equal(np.asarray(r[0]), np.asarray(r[1]))),

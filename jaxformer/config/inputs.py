@@ -43,9 +43,13 @@ def _where(arr: np.ndarray, bad: np.ndarray) -> str:
 
 def check_mask_values(mask: np.ndarray, what: str = "attention_mask") -> None:
     """ValueError unless every entry of a concrete mask is 0 (padding) or 1 (token): a NaN, an
-    additive mask (0 / -inf), 0.5 or 2 would be read as "token" by a cast to bool or int."""
+    additive mask (0 / -inf), 0.5 or 2 would be read as "token" by a cast to bool or int; and
+    for a row of padding only (check_rows_have_tokens)."""
     mask = np.asarray(mask)
-    if mask.dtype.kind == "b" or mask.size == 0:
+    if mask.size == 0:
+        return
+    if mask.dtype.kind == "b":
+        check_rows_have_tokens(mask, what)
         return
     if mask.dtype.kind not in "iuf":
         raise ValueError(f"{what} must be 0/1 (or bool), got dtype {mask.dtype}")
@@ -54,6 +58,20 @@ def check_mask_values(mask: np.ndarray, what: str = "attention_mask") -> None:
         value = mask[tuple(np.argwhere(bad)[0])]
         raise ValueError(f"{what} holds {value} at {_where(mask, bad)}: a mask is 1 (token) or 0 "
                          f"(padding), bool or int, never additive (0 / -inf) or NaN")
+    check_rows_have_tokens(mask, what)
+
+
+def check_rows_have_tokens(mask: np.ndarray, what: str = "attention_mask") -> None:
+    """ValueError for a concrete [batch, length] mask with a row of padding only: its queries
+    see no key, so attention gives them exactly 0 (docs/numerics.md §4) and the row's outputs
+    (logits, a pooled vector) are finite numbers that mean nothing."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2 or mask.shape[1] == 0:
+        return
+    empty = ~(mask != 0).any(axis=1)
+    if empty.any():
+        raise ValueError(f"{what} row {int(np.argmax(empty))} is all padding: every row needs at least one "
+                         f"token (a row with no key to attend to computes outputs that mean nothing)")
 
 
 def check_finite(x: np.ndarray, what: str) -> None:
