@@ -354,6 +354,22 @@ def _chat(template: str, lines: str = GOOD_CHAT + "\n"):
     return lambda t: (_put(t, "c.jsonl", lines), _put(t, "t.jinja", template))
 
 
+def _prepare_in_thread(argv):
+    """`jaxformer ARGV` run by cli.main in a thread other than the main one -> its exit code
+    (a signal-based time limit would not hold there)."""
+    def call(tmp: str):
+        import threading
+
+        from jaxformer import cli
+        out = {}
+        t = threading.Thread(target=lambda: out.update(code=cli.main([a.replace("{tmp}", tmp) for a in argv])))
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "the render was not stopped"
+        return out.get("code")
+    return call
+
+
 NESTED = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
 CHATML_LIKE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -401,8 +417,32 @@ BOMB_CASES = [
          setup=_chat(NESTED), patch=_render_limits(), absent=("out",)),
     Case("chat_template_nested_range_skip_bad", argv=[*CHAT, "--skip-bad"], error=r"ran for more than 0\.3 s",
          setup=_chat(NESTED), patch=_render_limits(), absent=("out",)),
-    Case("chat_template_huge_output", argv=CHAT, error=r"wrote \d+ characters for one conversation, more than 4096",
-         setup=_chat("{{ 'x' * 5000 }}" + CHATML_LIKE), patch=_render_limits(chars=4096), absent=("out",)),
+    Case("chat_template_huge_output", argv=CHAT, error=r"wrote more than 4,096 characters for one conversation; refused",
+         setup=_chat("{% for i in range(5000) %}x{% endfor %}" + CHATML_LIKE), patch=_render_limits(chars=4096),
+         absent=("out",)),
+    *[Case(f"chat_template_bomb_{name}", argv=CHAT, setup=_chat(expr + CHATML_LIKE), absent=("out",),
+           error=r"c\.jsonl:1: the chat template .*t\.jinja\) builds .* more than [\d,]+; refused$")
+      for name, expr in [("str_times", "{{ 'x' * 10**10 }}"), ("list_times", "{{ ([1] * 10**10)|length }}"),
+                         ("times_reversed", "{{ 10**10 * 'ab' }}"), ("power", "{{ 2 ** 1000000000 }}"),
+                         ("percent_width", "{{ '%10000000000d' % 1 }}"), ("star_width", "{{ '%*d' % (10**10, 1) }}"),
+                         ("ljust", "{{ 'x'.ljust(10**10) }}"), ("center_filter", "{{ 'x'|center(10**10) }}"),
+                         ("format_width", "{{ '{:>10000000000}'.format(1) }}"),
+                         ("format_nested_width", "{{ '{:>{}}'.format(1, 10**10) }}"),
+                         ("join_range", "{{ range(100000)|join('x' * 10**6) }}"),
+                         ("replace", "{{ ('x' * 10**5).replace('x', 'y' * 10**5) }}"),
+                         ("indent", "{{ ('a\n' * 10**5)|indent(10**5) }}"),
+                         ("tojson_indent", "{{ messages|tojson(indent=10**10) }}")]],
+    Case("chat_template_bomb_concat_doubling", argv=CHAT, absent=("out",), patch=_render_limits(chars=1 << 16),
+         setup=_chat("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+                     + CHATML_LIKE), error=r"builds a concatenation \('~'\) of 131,072 characters or items, more than 65,536"),
+    Case("chat_template_bomb_plus_doubling", argv=CHAT, absent=("out",), patch=_render_limits(chars=1 << 16),
+         setup=_chat("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"
+                     + CHATML_LIKE), error=r"builds a concatenation of 131,072 characters or items"),
+    Case("chat_template_time_limit_in_a_thread", call=_prepare_in_thread([*CHAT, "--skip-bad"]), setup=_chat(NESTED),
+         patch=_render_limits(), absent=("out",), check=lambda t, r: r == 2,
+         stderr=r"c\.jsonl:1: the chat template .*ran for more than 0\.3 s on one conversation"),
+    Case("chat_template_plain_ok_in_a_thread", call=_prepare_in_thread(CHAT), setup=_chat(CHATML_LIKE),
+         check=lambda t, r: r == 0 and os.path.isfile(os.path.join(t, "out", "meta.json"))),
     Case("chat_template_sandbox_escape", argv=CHAT, error=r"c\.jsonl:1: the chat template .* failed: SecurityError",
          setup=_chat("{{ messages.__class__.__mro__ }}" + CHATML_LIKE), absent=("out",)),
     Case("chat_template_plain_ok", argv=CHAT, setup=_chat(CHATML_LIKE),

@@ -30,20 +30,31 @@ empty answer, no assistant turn, a template that writes none of an answer) is a 
 "FILE:LINE: ...", or, with skip_bad, is skipped and counted (`Records.skipped`, the first reason
 in `Records.first_bad`).
 
-Templates are untrusted code: transformers renders them in jinja2's ImmutableSandboxedEnvironment
-(no attribute escapes, range() capped at 100,000 items), and each render here also has a time
-limit (RENDER_SECONDS; nested loops run for ever within the range cap) and a limit on the
-rendered text (RENDER_CHARS). Either stops the whole command, --skip-bad or not: the template is
-at fault, not the record.
+Templates are untrusted code. They render here as transformers' apply_chat_template renders them
+(its environment's filters, globals and {% generation %} tag, the same template variables: the
+special tokens, messages without None fields), in a subclass of jinja2's
+ImmutableSandboxedEnvironment (no attribute escapes, range() capped at 100,000 items) that also
+bounds what one operation may build: `*`, `+`, `~`, `%` and `**`, the padding and joining string
+methods and filters (center, ljust, rjust, zfill, expandtabs, replace, join, format, indent,
+tojson's indent) refuse a result of more than RENDER_CHARS characters or items before allocating
+it (`'x' * 10**10` is one line, not 10 GB), and no template is constant-folded at compile time.
+Each render has a time limit (RENDER_SECONDS; nested loops run for ever within the range cap),
+kept by a watchdog thread that raises in the rendering thread, so it holds in any thread (a
+signal would reach the main thread only), and the rendered text is counted as it is written
+(RENDER_CHARS). Any of these stops the whole command, --skip-bad or not: the template is at
+fault, not the record.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
+import math
 import os
 import re
-import signal
 import threading
+import time
 from typing import Callable, Iterator
 
 import numpy as np
@@ -135,8 +146,7 @@ def resolve_template(choice: str | None, renderer, spec) -> tuple[str, str]:
         raise ValueError(f"--chat-template {choice!r}: not a named template ({names}) nor a Jinja file")
     try:
         import jinja2
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-        _compile_jinja_template(template)
+        bounded_template(template)  # in the bounded sandbox: nothing is constant-folded at compile
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"chat template {what}: Jinja syntax error at line {e.lineno}: {e.message}") from None
     return template, what
@@ -273,43 +283,292 @@ class Records:
     def _render(self, messages, add_generation_prompt: bool, where: str) -> str:
         try:
             with _time_limit(RENDER_SECONDS):
-                text = self.renderer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                         add_generation_prompt=add_generation_prompt)
+                return render(self.template, messages, add_generation_prompt, _template_tokens(self.renderer))
         except _RenderTimeout:
             raise ValueError(f"{where}: the chat template ({self.template_what}) ran for more than "
                              f"{RENDER_SECONDS:g} s on one conversation (a loop without end?); refused") from None
+        except _TooLarge as e:
+            raise ValueError(f"{where}: the chat template ({self.template_what}) {e}; refused") from None
         except Exception as e:  # a user's Jinja template can raise anything (raise_exception, TypeError...)
             raise BadRecord(f"{where}: the chat template ({self.template_what}) failed: "
                             f"{type(e).__name__}: {_first_line(e)}") from None
-        if len(text) > RENDER_CHARS:
-            raise ValueError(f"{where}: the chat template ({self.template_what}) wrote {len(text)} characters "
-                             f"for one conversation, more than {RENDER_CHARS}; refused")
-        return text
 
 
 class _RenderTimeout(BaseException):
-    """Raised by the timer inside a render; a BaseException, so no template's own error
+    """Raised by the watchdog inside a render; a BaseException, so no template's own error
     handling (or transformers') catches it."""
+
+
+class _Watchdog:
+    """One daemon thread that raises _RenderTimeout in a thread whose render ran past its
+    deadline (PyThreadState_SetAsyncExc: raised at the thread's next bytecode, so a Jinja loop
+    stops; one long C call, such as a huge allocation, is what the size bounds prevent)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.jobs: dict[int, tuple[int, float]] = {}  # job id -> (thread id, deadline)
+        self.fired: set[int] = set()
+        self.count = 0
+        self.thread: threading.Thread | None = None
+        self.wake_at = 0.0  # when the thread wakes next; an earlier deadline wakes it (no wake-up per render)
+
+    def arm(self, seconds: float) -> int:
+        with self.cond:
+            self.count += 1
+            deadline = time.monotonic() + seconds
+            self.jobs[self.count] = (threading.get_ident(), deadline)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="jaxformer-render-watchdog", daemon=True)
+                self.thread.start()
+            elif deadline < self.wake_at:
+                self.cond.notify()
+            return self.count
+
+    def disarm(self, job: int) -> bool:
+        """-> whether the job's deadline fired (its exception may still be pending: cleared)."""
+        with self.cond:
+            self.jobs.pop(job, None)
+            fired = job in self.fired
+            self.fired.discard(job)
+            if fired:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+            return fired
+
+    def _run(self) -> None:
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                for job, (tid, deadline) in list(self.jobs.items()):
+                    if deadline <= now:
+                        del self.jobs[job]
+                        self.fired.add(job)
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                                   ctypes.py_object(_RenderTimeout))
+                self.wake_at = min((d for _, d in self.jobs.values()), default=now + 60.0)
+                self.cond.wait(max(self.wake_at - now, 0.001))
+
+
+_WATCHDOG = _Watchdog()
 
 
 @contextlib.contextmanager
 def _time_limit(seconds: float):
-    """SIGALRM after `seconds` raises _RenderTimeout in the main thread (other threads: no limit,
-    since only the main thread receives signals)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise _RenderTimeout()
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    """_RenderTimeout in this thread (any thread) once `seconds` have passed inside the block."""
+    job = _WATCHDOG.arm(seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        if _WATCHDOG.disarm(job):
+            raise _RenderTimeout()
+
+
+# ----------------------------------------------------------------------------- the bounded sandbox
+class _TooLarge(Exception):
+    """An operation of a template that would build more than RENDER_CHARS characters or items."""
+
+
+def _limit(size, what: str) -> None:
+    if size > RENDER_CHARS:
+        raise _TooLarge(f"builds {what} of {size:,} characters or items, more than {RENDER_CHARS:,}")
+
+
+def _length(x) -> int:
+    try:
+        return len(x)
+    except TypeError:
+        return 0
+
+
+_SIZED = (str, bytes, list, tuple)
+_WIDTH = re.compile(r"%[-#0 +]*(\d+|\*)?(?:\.(\d+|\*))?|\{[^{}]*?[:<>^=]?(\d{4,})[^{}]*\}")
+
+
+def _check_format(fmt: str, args) -> None:
+    """%-formatting or str.format: a width or precision that pads past the limit (written in
+    the format, or taken from the arguments: '%*d', '{:{}}')."""
+    from_args = bool(re.search(r"\{[^{}]*\{", fmt))
+    for m in _WIDTH.finditer(fmt):
+        for g in m.groups():
+            if g and g.isdigit():
+                _limit(int(g), "a padded field")
+        from_args = from_args or "*" in m.group(0)
+    if from_args:
+        for a in (args if isinstance(args, tuple) else (args,)):
+            if isinstance(a, int):
+                _limit(abs(a), "a padded field")
+
+
+def _check_binop(op: str, a, b) -> None:
+    if op == "*":
+        for x, n in ((a, b), (b, a)):
+            if isinstance(x, _SIZED) and isinstance(n, int):
+                _limit(len(x) * max(n, 0), f"'{type(x).__name__} * {n}'")
+        if isinstance(a, int) and isinstance(b, int):
+            _limit((abs(a).bit_length() + abs(b).bit_length()) // 4, "a number")
+    elif op == "+" and isinstance(a, _SIZED) and isinstance(b, _SIZED):
+        _limit(len(a) + len(b), "a concatenation")
+    elif op == "%" and isinstance(a, str):
+        _check_format(a, b)
+    elif op == "**" and isinstance(a, int) and isinstance(b, int) and abs(a) > 1 and b > 0:
+        _limit(int(b * math.log2(abs(a)) / 4), "a number")
+
+
+def _check_call(obj, args, kwargs) -> None:
+    """The string methods that pad or multiply what they are given."""
+    owner, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
+    if not isinstance(owner, str):
+        return
+    if name in ("center", "ljust", "rjust", "zfill") and args and isinstance(args[0], int):
+        _limit(args[0], f"'str.{name}({args[0]})'")
+    elif name == "expandtabs":
+        size = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(size, int):
+            _limit(len(owner) * max(size, 1), "'str.expandtabs'")
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+        _replace_size(owner, args[0], args[1], args[2] if len(args) > 2 else -1)
+    elif name == "join" and args:
+        _join_size(owner, args[0])
+    elif name in ("format", "format_map"):
+        _check_format(owner, tuple(args))
+
+
+def _replace_size(s: str, old: str, new: str, count=-1) -> None:
+    n = s.count(old) if old else len(s) + 1
+    if isinstance(count, int) and count >= 0:
+        n = min(n, count)
+    _limit(len(s) + n * (len(new) - len(old)), "'str.replace'")
+
+
+def _join_size(sep: str, items) -> None:
+    if hasattr(items, "__len__") and not isinstance(items, dict):
+        _limit(len(sep) * max(len(items) - 1, 0) + sum(len(x) for x in items if isinstance(x, _SIZED)), "a join")
+
+
+def _bounded_filters(filters: dict) -> dict:
+    def wrap(name, check):
+        f = filters[name]
+
+        @functools.wraps(f)
+        def bounded(*args, **kwargs):
+            check(*args, **kwargs)
+            return f(*args, **kwargs)
+        return bounded
+
+    def center(value, width=80, *a, **k):
+        if isinstance(width, int):
+            _limit(width, "'center'")
+
+    def indent(value, width=4, *a, **k):
+        w = width if isinstance(width, int) else _length(width)
+        _limit(_length(value) + (str(value).count("\n") + 1) * w, "'indent'")
+
+    def join(*args, **k):  # (eval_ctx, value, d="", attribute=None)
+        value, sep = (args[1:3] + ("",))[:2]
+        if isinstance(sep, str):
+            _join_size(sep, value)
+
+    def replace(*args, **k):  # (eval_ctx, s, old, new, count=None)
+        s_, old, new = (args[1:4] + (None,) * 3)[:3]
+        if all(isinstance(x, str) for x in (s_, old, new)):
+            _replace_size(s_, old, new, args[4] if len(args) > 4 and isinstance(args[4], int) else -1)
+
+    def fmt(value, *args, **k):
+        if isinstance(value, str):
+            _check_format(value, args)
+
+    def tojson(value, *a, **k):
+        indent_ = k.get("indent", a[1] if len(a) > 1 else None)
+        if isinstance(indent_, int):
+            _limit(indent_, "a JSON indent")
+        elif isinstance(indent_, str):
+            _limit(len(indent_), "a JSON indent")
+
+    out = dict(filters)
+    for name, check in (("center", center), ("indent", indent), ("join", join), ("replace", replace),
+                        ("format", fmt), ("tojson", tojson)):
+        if name in out:
+            out[name] = wrap(name, check)
+    return out
+
+
+def _bounded_env_class():
+    from jinja2 import compiler
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedCodeGenerator(compiler.CodeGenerator):
+        def visit_Concat(self, node, frame):  # `a ~ b`: through the environment, to be bounded
+            self.write("environment.bounded_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "+", "%", "**"})  # never constant-folded, checked at run time
+        code_generator_class = BoundedCodeGenerator
+
+        def call_binop(self, context, operator, left, right):
+            _check_binop(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
+            _check_call(__obj, args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def wrap_str_format(self, value):  # str.format / format_map, which the sandbox wraps at access
+            wrapped = super().wrap_str_format(value)
+            if wrapped is None:
+                return None
+            fmt = value.__self__
+
+            def bounded(*args, **kwargs):
+                _check_format(fmt, tuple(args) + tuple(kwargs.values()))
+                return wrapped(*args, **kwargs)
+            return bounded
+
+        def bounded_concat(self, parts):
+            parts = [p if isinstance(p, str) else str(p) for p in parts]
+            _limit(sum(len(p) for p in parts), "a concatenation ('~')")
+            return "".join(parts)
+
+    return BoundedSandbox
+
+
+@functools.lru_cache(maxsize=16)
+def bounded_template(template: str):
+    """`template` compiled in the bounded sandbox, with the filters, globals and extensions of
+    transformers' chat-template environment (taken from its compile of an empty template)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+    base = _compile_jinja_template("").environment
+    env = _bounded_env_class()(trim_blocks=True, lstrip_blocks=True,
+                               extensions=[type(e) for e in base.extensions.values()])
+    env.filters = _bounded_filters({**env.filters, **base.filters})
+    env.globals.update(base.globals)
+    return env.from_string(template)
+
+
+def _template_tokens(renderer) -> dict:
+    """The template variables transformers adds: the tokenizer's special tokens (bos_token...)."""
+    return dict(getattr(renderer, "special_tokens_map", None) or {})
+
+
+def render(template: str, messages: list, add_generation_prompt: bool, tokens: dict) -> str:
+    """One conversation through the bounded sandbox, with apply_chat_template's variables and
+    message preparation (None fields dropped, plain JSON data, reasoning aliases); the text is
+    counted as it is written (RENDER_CHARS)."""
+    from transformers.utils import chat_template_utils as ctu
+    chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+    plain = getattr(ctu, "_plain_template_data", lambda x: x)
+    chat = plain(chat)
+    chat = getattr(ctu, "_alias_reasoning_fields", lambda x: x)(chat)
+    parts, size = [], 0
+    for piece in bounded_template(template).generate(messages=chat, tools=None, documents=None,
+                                                     add_generation_prompt=add_generation_prompt, **plain(tokens)):
+        size += len(piece)
+        if size > RENDER_CHARS:
+            raise _TooLarge(f"wrote more than {RENDER_CHARS:,} characters for one conversation")
+        parts.append(piece)
+    return "".join(parts)
 
 
 def _parse(raw: bytes, where: str) -> dict | None:
