@@ -26,8 +26,8 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     block) of the blockwise path, and the most splash's blocks may be (multiples of 128).
   * loss_chunk_bytes: the most bytes of float32 logits one chunk of a token loss may hold per
     device (jaxformer/layers/kernels/chunked_loss.py: the output head and the cross-entropy run
-    over sequence chunks in a scan, forward and backward); None = one piece, the [B, T, V]
-    logits whole.
+    over sequence chunks in a scan, forward and backward); None (the default, train.loss_chunk_mib
+    unset) = one piece, the [B, T, V] logits whole.
   * context_axis: the mesh axis the sequence is split over (context parallelism), None = not
     split; self-attention then runs as ring attention over it (jaxformer/layers/kernels/ring.py), whose
     steps run the blockwise kernel whatever `attention` says (blocks at most half a shard).
@@ -91,7 +91,7 @@ class Lowering:
     platform: str | None = None
     batch_axes: tuple[str, ...] = ()
     head_axes: tuple[str, ...] = ()
-    loss_chunk_bytes: int | None = 1 << 30
+    loss_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.platform not in (None,) + PLATFORMS:

@@ -156,10 +156,22 @@ def test_train_step_chunked_equals_unchunked(config, sets):
 def test_chunk_count():
     """The fewest chunks whose float32 logits per device fit the budget, or up to twice as many
     where a count divides T (no padding); one chunk when the whole fits or no budget is set."""
-    budget = lowering.Lowering().loss_chunk_bytes  # the default, 1 GiB
+    budget = 1 << 30  # train.loss_chunk_mib: 1024
     assert chunk_count(3, 8192, 128256, budget) == 16  # Llama-3.1-8B, 3 rows a chip: 512 tokens (788 MB) a chunk
     assert chunk_count(32, 128, 259, budget) == 1  # the suite's configs: whole
-    assert chunk_count(3, 8192, 128256, None) == 1
+    assert chunk_count(3, 8192, 128256, None) == 1  # the default (train.loss_chunk_mib unset)
     assert chunk_count(1, 10, 100, 3 * 100 * 4) == 5  # 3 tokens a chunk would take 4 chunks, padded; 5 divide 10
     assert chunk_count(1, 12, 100, 5 * 100 * 4) == 3  # 3 chunks of 4 (12 % 3 == 0)
     assert chunk_count(1, 13, 100, 1) == 13  # at least a token a chunk
+
+
+def test_train_loss_chunk_mib_reaches_the_step():
+    """train.loss_chunk_mib sets the lowering's budget inside the step (StepFns.tracing); unset,
+    the loss takes the logits whole (the default: see docs/numerics.md §47 for why)."""
+    import types
+
+    from jaxformer.train.steps import StepFns
+    for sets, want in (([], None), (["train.loss_chunk_mib=1024"], 1 << 30)):
+        cfg = load_config("llama", TINY_LM + sets)
+        with StepFns.tracing(types.SimpleNamespace(cfg=cfg)):
+            assert lowering.active().loss_chunk_bytes == want

@@ -96,6 +96,9 @@ class TrainConfig:
     # splash (TPU's Pallas kernel, blockwise elsewhere); attention_blocks = (query, key) block
     attention: str = "auto"
     attention_blocks: tuple[int, int] = (512, 512)
+    # the token loss in sequence chunks of at most this many MiB of float32 logits per device
+    # (layers/kernels/chunked_loss.py; the same loss within fp32 rounding); null: the logits whole
+    loss_chunk_mib: int | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches",
@@ -113,6 +116,8 @@ class TrainConfig:
         check_choice(self, "init", INITS)
         check_choice(self, "on_nonfinite", NONFINITE)
         check_choice(self, "attention", ATTENTION)
+        check(self.loss_chunk_mib is None or self.loss_chunk_mib > 0, "loss_chunk_mib",
+              f"must be a positive number of MiB or null, got {self.loss_chunk_mib}")
         check(all(b > 0 for b in self.attention_blocks), "attention_blocks",
               f"must be two positive block sizes [query, key], got {list(self.attention_blocks)}")
         check(math.isfinite(self.lr), "lr", f"must be finite, got {self.lr}")

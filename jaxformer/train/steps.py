@@ -41,7 +41,7 @@ class StepFns:
 
     def tracing(self):
         """The lowering switches the model is traced under (jaxformer/lowering.py): train.attention
-        and its blocks; with parallel.mesh.context > 1 the context axis (ring attention, the
+        and its blocks, train.loss_chunk_mib; with parallel.mesh.context > 1 the context axis (ring attention, the
         sequence split over it). Entered inside the step, so every wrapper (jit on one device or
         a mesh, pmap, a bench's own jit) traces the same program."""
         tc, mesh = self.cfg.train, self.cfg.parallel.mesh
@@ -50,7 +50,8 @@ class StepFns:
         rules = self.cfg.parallel.logical_axis_rules() if on_mesh else {}
         return lowering.tracing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks),
                                 context_axis=context, batch_axes=tuple(rules.get("batch", ())),
-                                head_axes=tuple(rules.get("heads", ())))
+                                head_axes=tuple(rules.get("heads", ())),
+                                **({} if tc.loss_chunk_mib is None else {"loss_chunk_bytes": tc.loss_chunk_mib << 20}))
 
     def _psum(self, x):
         return jax.lax.psum(x, self.axis_name) if self.axis_name else x

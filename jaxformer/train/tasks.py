@@ -149,9 +149,9 @@ def _hidden(model) -> dict:
 
 def token_loss(model, out, labels, weights, label_smoothing: float):
     """The summed token cross-entropy of a model's output -> (loss_sum, correct): from its
-    hidden states through its output head in sequence chunks (layers/kernels/chunked_loss.py:
-    no [B, T, V] float32 logits held whole, the same loss within float32 rounding), or from
-    the logits it returned."""
+    hidden states through its output head, in sequence chunks where train.loss_chunk_mib asks
+    (layers/kernels/chunked_loss.py: no [B, T, V] float32 logits held whole, the same loss
+    within float32 rounding; else the unchunked ops), or from the logits it returned."""
     hidden = getattr(out, "hidden", None)
     if hidden is None:
         return cross_entropy_sum(logits_of(out), labels, weights, label_smoothing)  # [B, T, V]
