@@ -419,3 +419,16 @@ def test_an_argument_that_starts_with_a_bracket_keeps_it():
     result = port(Merged().eval(), inputs)
     assert "self.proj((a@v).swapaxes(1,2).reshape(" in "".join(result.source.split())
     from_torch(Merged().eval(), inputs, check=True)
+
+
+class SmallIndex(nn.Module):
+    def forward(self, x, idx):
+        return torch.gather(x * 2, 1, idx)
+
+
+def test_gather_reads_only_the_index_extent():
+    """torch.gather with an index smaller than the input in another dim (ViT-MAE's kept patches
+    at a batch the noise does not share) reads only that extent; take_along_axis would broadcast."""
+    inputs = {"x": _x(15, 4, 6), "idx": np.array([[0, 5, 2], [1, 1, 4]])}
+    ported = from_torch(SmallIndex().eval(), inputs, check=True)
+    _close(ported(jnp.asarray(inputs["x"]), jnp.asarray(inputs["idx"])), _torch(SmallIndex(), inputs).numpy())

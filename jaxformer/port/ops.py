@@ -212,6 +212,22 @@ def _einsum(c, a):
     return f"jnp.einsum({a['equation']!r}, {', '.join(c.r(t) for t in a['tensors'])})"
 
 
+def _gather(c, a):
+    """torch.gather reads input[..., index, ...] over the index's own extent in every other dim,
+    which may be smaller than the input's (take_along_axis broadcasts instead): the input is cut
+    to it wherever the two sizes are not the same expression."""
+    x, index = a["self"], a["index"]
+    n = c.ndim(x)
+    dim = a["dim"] % n
+    xs, ix = c.val(x).shape, c.val(index).shape
+    cut = [i for i in range(n) if i != dim and str(xs[i]) != str(ix[i])]
+    src = c.r(x)
+    if cut:
+        idx = c.paren(c.r(index))
+        src = f"{c.paren(src)}[{', '.join(f':{idx}.shape[{i}]' if i in cut else ':' for i in range(n))}]"
+    return f"jnp.take_along_axis({src}, {c.r(index)}, axis={dim})"
+
+
 def _embedding(c, a):
     out = f"jnp.take({c.r(a['weight'])}, {c.r(a['indices'])}, axis=0)"
     pad = a.get("padding_idx")
@@ -365,7 +381,7 @@ TABLE: dict[str, Callable[[Any, dict], str]] = {
     "aten.broadcast_to": _expand,
     "aten.slice": _slice, "aten.select": _select, "aten.index": _index,
     "aten.index_select": lambda c, a: f"jnp.take({c.r(a['self'])}, {c.r(a['index'])}, axis={a['dim']})",
-    "aten.gather": lambda c, a: f"jnp.take_along_axis({c.r(a['self'])}, {c.r(a['index'])}, axis={a['dim']})",
+    "aten.gather": _gather,
     "aten.split": _split, "aten.split_with_sizes": _split, "aten.chunk": _split,
     "aten.tensor_split": _split,
     "aten.unbind": lambda c, a: f"jnp.unstack({c.r(a['self'])}, axis={a['dim']})",
