@@ -4,7 +4,9 @@ leaf, and the gradient of every torch parameter (and float input), each against 
 The ported module is loaded again through the strict converter (check_parity's convert=True),
 so its attribute paths must be the torch state_dict keys (up to the converter's own leaf rule:
 a custom `scale` / `embedding` parameter is read from torch's `weight`, port.api.converter_state). An entry in REFUSED must instead be refused,
-by name, with its message fragment. There is no skip: without `jaxformer.port` these fail.
+by name, with its message fragment. There is no skip: without `jaxformer.port` these fail. The corpus'
+EXTRA entries (the same contract, out of the suite for its time budget) are marked `extra`,
+which the suite's addopts deselect: `python -m pytest tests/test_port_corpus.py -m extra` runs them.
 
 With layers="jaxformer" the entries in JAXFORMER (those holding a module with a jaxformer twin)
 are ported and checked again, the same way, torch's names mapped onto the twins' (port.api.
@@ -32,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from port_corpus import CORPUS, JAXFORMER, REFUSED, dropout_mlp
+from port_corpus import CORPUS, EXTRA, EXTRA_JAXFORMER, JAXFORMER, REFUSED, dropout_mlp
 
 from jaxformer.parity.harness import OUT_TOL, check_parity
 
@@ -56,9 +58,9 @@ def test_refused_names_are_corpus_entries():
     assert len(CORPUS) >= 20
 
 
-@pytest.mark.parametrize("name", sorted(CORPUS))
+@pytest.mark.parametrize("name", sorted(CORPUS) + [pytest.param(n, marks=pytest.mark.extra) for n in sorted(EXTRA)])
 def test_port_corpus(name):
-    module, inputs = CORPUS[name]()
+    module, inputs = {**CORPUS, **EXTRA}[name]()
     _check_factory(module, inputs)
     from jaxformer.port import from_torch  # no skip: a missing engine fails here
     if name in REFUSED:
@@ -94,12 +96,13 @@ def _check_port(name, module, inputs, result, ported) -> None:
         assert f"gradient not compared: {', '.join(frozen)}" in " ".join(report.notes)
 
 
-@pytest.mark.parametrize("name", sorted(JAXFORMER))
+@pytest.mark.parametrize("name", sorted(JAXFORMER) + [pytest.param(n, marks=pytest.mark.extra)
+                                                        for n in sorted(EXTRA_JAXFORMER)])
 def test_port_corpus_jaxformer_layers(name):
     from jaxformer.port import api
-    module, inputs = CORPUS[name]()
+    module, inputs = {**CORPUS, **EXTRA}[name]()
     result = api.port(module, inputs, layers="jaxformer")
-    assert JAXFORMER[name] in " ".join(result.source.split())  # the header names the twins
+    assert {**JAXFORMER, **EXTRA_JAXFORMER}[name] in " ".join(result.source.split())  # the header names the twins
     _check_port(name, module, inputs, result, api._loaded(result, module))
 
 
