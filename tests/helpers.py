@@ -174,3 +174,31 @@ def check_hf_encoder(tag: str, hf_model, path: str, ids, mask, auto, out_dir: st
     for a, b in zip(hf_encoder_outputs(realigned(hf_model), ids, mask), hf_encoder_outputs(back, ids, mask)):
         np.testing.assert_array_equal(a, b)
     return worst, model, cfg
+
+
+def shared_port(tmp_path_factory, key: str, example, layers: str = "flax") -> tuple[str, str]:
+    """(source, class name) of `example()`'s port, made once per test run: under pytest-xdist a
+    module-scoped fixture can be built on each worker (work stealing splits its tests), and the
+    port (torch.export twice: tens of seconds for nn.Transformer) is the same on every worker, so
+    the first writes it to the run's shared temporary folder and the others, waiting on a lock,
+    read it."""
+    import fcntl
+    import json
+    import os
+
+    from jaxformer.port import port
+    root = tmp_path_factory.getbasetemp()
+    folder = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "shared_ports"
+    folder.mkdir(exist_ok=True)
+    done = folder / f"{key}-{layers}.json"
+    with open(folder / f"{key}-{layers}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                module, inputs = example()
+                result = port(module, inputs, layers=layers)
+                done.write_text(json.dumps([result.source, result.class_name]))
+            source, class_name = json.loads(done.read_text())
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return source, class_name

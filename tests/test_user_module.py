@@ -20,6 +20,7 @@ import torch
 import user_modules
 import yaml
 from flax import nnx
+from helpers import shared_port
 
 import jaxformer
 from jaxformer.cli import main
@@ -37,14 +38,6 @@ MESH = {"mode": "mesh", "mesh": {"data": 1, "fsdp": 4, "tensor": 2}}
 OUT_ATOL, OUT_RTOL = 1e-6, 2e-6
 
 
-def _port(example, folder, name: str) -> str:
-    from jaxformer.port import port
-    module, inputs = example()
-    result = port(module, inputs)
-    (folder / f"{name}.py").write_text(result.source)
-    return result.class_name
-
-
 def _write_cfg(folder, module: str, factory: str, parallel=None, **model) -> str:
     raw = {"model": {"module": module, "torch": f"{FACTORIES}:{factory}", **model}, "task": "causal_lm",
            "data": {"name": "stdlib_docs", "seq_len": 16}, "train": TRAIN}
@@ -58,9 +51,11 @@ def _write_cfg(folder, module: str, factory: str, parallel=None, **model) -> str
 class Run:
     """A ported module's YAML (FILE relative to the YAML's folder) and its 20-step JAX run."""
 
-    def __init__(self, folder, example, factory: str, axes: dict, into_heads: str):
+    def __init__(self, tmp_path_factory, name: str, example, factory: str, axes: dict, into_heads: str):
+        folder = tmp_path_factory.mktemp(name)
         self.folder, self.factory, self.axes, self.into_heads = folder, factory, axes, into_heads
-        cls = _port(example, folder, "ported")
+        source, cls = shared_port(tmp_path_factory, factory, example)  # one port per run, shared by workers
+        (folder / "ported.py").write_text(source)
         self.spec = f"ported.py:{cls}"
         self.cfg_path = _write_cfg(folder, self.spec, factory)
         self.cfg = load_config(self.cfg_path)
@@ -75,14 +70,14 @@ class Run:
 def gpt(tmp_path_factory):
     axes = {r"wte\.embedding": ["vocab", "embed"], r"c_attn\.kernel": ["embed", "heads"],
             r"c_fc\.kernel": ["embed", "mlp"], r"mlp\.c_proj\.kernel": ["mlp", "embed"]}
-    return Run(tmp_path_factory.mktemp("gpt"), user_modules.gpt_example, "make_gpt", axes, "c_attn.kernel")
+    return Run(tmp_path_factory, "gpt", user_modules.gpt_example, "make_gpt", axes, "c_attn.kernel")
 
 
 @pytest.fixture(scope="module")
 def opt(tmp_path_factory):
     axes = {r"embed_tokens\.embedding": ["vocab", "embed"], r"(q|k|v)_proj\.kernel": ["embed", "heads"],
             r"fc1\.kernel": ["embed", "mlp"], r"fc2\.kernel": ["mlp", "embed"]}
-    return Run(tmp_path_factory.mktemp("opt"), user_modules.opt_example, "make_opt", axes, "q_proj.kernel")
+    return Run(tmp_path_factory, "opt", user_modules.opt_example, "make_opt", axes, "q_proj.kernel")
 
 
 @pytest.fixture(params=["gpt", "opt"])

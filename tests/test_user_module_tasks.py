@@ -19,6 +19,7 @@ import torch
 import user_modules
 import yaml
 from flax import nnx
+from helpers import shared_port
 from test_user_module import FACTORIES, MESH_RTOL, OUT_ATOL, OUT_RTOL, RTOL, TRAIN, _worst
 
 import jaxformer
@@ -36,14 +37,15 @@ class Run:
     """A torch module's port (layers: flax or jaxformer), its YAML (FILE relative to the YAML's
     folder) and its JAX run of `steps` steps."""
 
-    def __init__(self, folder, example, factory: str, task: str, layers: str = "flax", steps: int = 20):
-        from jaxformer.port import port
+    def __init__(self, tmp_path_factory, name, example, factory: str, task: str, layers: str = "flax",
+                 steps: int = 20):
+        folder = tmp_path_factory.mktemp(name)
         self.folder, self.factory, self.task = folder, factory, task
         self.label = f"{factory} (--layers {layers})"
-        module, self.inputs = example()
-        result = port(module, self.inputs, layers=layers)
-        (folder / "ported.py").write_text(result.source)
-        self.spec = f"ported.py:{result.class_name}"
+        _, self.inputs = example()
+        source, class_name = shared_port(tmp_path_factory, factory, example, layers)
+        (folder / "ported.py").write_text(source)
+        self.spec = f"ported.py:{class_name}"
         self.train = {**TRAIN, "steps": steps}
         self.cfg = load_config(self.write_cfg())
         self.workdir = str(folder / "jax")
@@ -64,17 +66,17 @@ class Run:
 
 @pytest.fixture(scope="module")
 def translator(tmp_path_factory):
-    return Run(tmp_path_factory.mktemp("s2s"), user_modules.translator_example, "make_translator", "seq2seq")
+    return Run(tmp_path_factory, "s2s", user_modules.translator_example, "make_translator", "seq2seq")
 
 
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory):
-    return Run(tmp_path_factory.mktemp("vit"), user_modules.vit_example, "make_vit", "classification")
+    return Run(tmp_path_factory, "vit", user_modules.vit_example, "make_vit", "classification")
 
 
 @pytest.fixture(scope="module")
 def vit_twin(tmp_path_factory):
-    return Run(tmp_path_factory.mktemp("vit_twin"), user_modules.vit_example, "make_vit", "classification",
+    return Run(tmp_path_factory, "vit_twin", user_modules.vit_example, "make_vit", "classification",
                layers="jaxformer", steps=10)
 
 
@@ -82,7 +84,7 @@ def vit_twin(tmp_path_factory):
 def translator_twin(tmp_path_factory):
     """--layers jaxformer on nn.Transformer: the encoder as jaxformer's Encoder, each decoder layer
     as its DecoderLayer (the decoder stack itself op by op: torch's tgt_is_causal flag)."""
-    return Run(tmp_path_factory.mktemp("s2s_twin"), user_modules.translator_example, "make_translator", "seq2seq",
+    return Run(tmp_path_factory, "s2s_twin", user_modules.translator_example, "make_translator", "seq2seq",
                layers="jaxformer", steps=10)
 
 
