@@ -230,5 +230,10 @@ def test_peft_config_round_trip():
     assert LoRAConfig.from_peft(cfg.to_peft()) == LoRAConfig(**{**cfg.__dict__, "target_modules": ("q_proj", "v_proj")})
     assert LoRAConfig.from_peft({"r": 8, "target_modules": "all-linear"}).target_modules is None
     assert LoRAConfig(r=2).to_peft()["target_modules"] == sorted(DEFAULT_TARGETS)
-    with pytest.raises(ConfigError, match="some_new_option: unknown PEFT"):
+    with pytest.raises(ConfigError, match="some_new_option=1: unknown PEFT"):
         LoRAConfig.from_peft({"r": 8, "some_new_option": 1})
+    with pytest.raises(ConfigError, match="some_new_config=.*: unknown PEFT"):
+        LoRAConfig.from_peft({"r": 8, "some_new_config": {"rank": 2}})
+    # a newer PEFT's own fields at their defaults (None / False / empty) leave the adapter as is
+    assert LoRAConfig.from_peft({"r": 8, "some_new_config": None, "use_new_thing": False, "new_pattern": {}}) \
+        == LoRAConfig.from_peft({"r": 8})

@@ -148,7 +148,7 @@ def test_peft_rank_pattern_decides_the_shapes(adapters, tmp_path):
         hf.from_pretrained(base, adapter=str(tmp_path / "a"))
 
 
-def test_expert_targets_refused_by_name(adapters, tmp_path):
+def test_expert_targets_refused_by_name(adapters, tmp_path, monkeypatch):
     import dataclasses
 
     from jaxformer.hf.adapters import save_adapter
@@ -168,13 +168,30 @@ def test_expert_targets_refused_by_name(adapters, tmp_path):
     scanned = abstract_model("lm", dataclasses.replace(cfg, scan_layers=True))
     with pytest.raises(ConfigError, match=r"a scanned layer's \(leading layer axis\): build with scan_layers false"):
         apply_lora(scanned, LoRAConfig(r=2, target_modules=[], target_parameters=["down_proj"]), nnx.Rngs(0))
-    # PEFT rewrites DeepSeek's gate_proj/up_proj/down_proj targets into the experts' on load
+    # PEFT < 0.22 rewrites DeepSeek's gate_proj/up_proj/down_proj targets into the experts' on
+    # load, dropping the shared experts' Linear adapter: refused there (the version faked here)
     lora = LoRAConfig(r=2, target_modules=["shared_experts.up_proj"], target_parameters=["down_proj"])
     apply_lora(model, lora, nnx.Rngs(0))
-    with pytest.raises(ConversionError, match=r"decoder\.layers\.0\.ffn\.shared_experts\.up_proj: PEFT turns "
-                                              r"target_modules 'up_proj' of this model type into the experts'"):
-        save_adapter(model, name, cfg, lora, str(tmp_path / "out"))
+    with monkeypatch.context() as m:
+        m.setattr(peft, "__version__", "0.21.2")
+        with pytest.raises(ConversionError, match=r"decoder\.layers\.0\.ffn\.shared_experts\.up_proj: PEFT < 0.22 "
+                                                  r"\(installed\) turns target_modules 'up_proj' of this model type"):
+            save_adapter(model, name, cfg, lora, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")
+    # PEFT >= 0.22 (#3945) keeps it: the export loads into PeftModel with both adapters, same logits
+    from packaging.version import Version
+    if Version(peft.__version__) >= Version("0.22"):
+        for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+            if "lora_B" in map(str, path):
+                v.set_value(jnp.asarray(np.random.default_rng(len(path)).normal(0, 0.3, v.shape), v.dtype))
+        save_adapter(model, name, cfg, lora, str(tmp_path / "out"))
+        loaded = peft.PeftModel.from_pretrained(_hf("deepseek_v3", adapters("deepseek_v3")[0]),
+                                                str(tmp_path / "out")).eval()
+        names = {n for n, _ in loaded.named_parameters() if "lora_B" in n}
+        assert any("shared_experts.up_proj.lora_B" in n for n in names) and any("mlp.experts.lora_B" in n for n in names), \
+            sorted(names)
+        check_hf_logits("jaxformer -> PEFT 0.22 shared and routed experts", hf_lm_logits(loaded, IDS, MASK),
+                        _ours(model), MASK)
 
 
 # ----------------------------------------------------------------------------- training

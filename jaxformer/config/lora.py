@@ -41,7 +41,7 @@ _PEFT_OFF: dict[str, Any] = {
 _PEFT_IGNORED = {
     "peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping",
     "peft_version", "megatron_core", "loftq_config", "eva_config", "corda_config", "lora_ga_config",
-    "velora_config", "monteclora_config", "runtime_config", "qalora_group_size",
+    "velora_config", "monteclora_config", "runtime_config", "qalora_group_size", "astra_config",
     "ensure_weight_tying",  # ties adapters of tied embeddings; embedding adapters are refused by key
 }
 _PEFT_INITS = {True: "kaiming", "gaussian": "gaussian"}
@@ -211,8 +211,12 @@ class LoRAConfig:
             problems.append(f"peft_type={options['peft_type']!r} is not supported (only 'LORA')")
         known = {"r", "lora_alpha", "lora_dropout", "use_rslora", "init_lora_weights", "target_modules",
                  "target_parameters", "rank_pattern", "alpha_pattern"}
-        unknown = sorted(set(options) - known - set(_PEFT_OFF) - _PEFT_IGNORED)
-        problems += [f"{k}: unknown PEFT LoraConfig option" for k in unknown]
+        # A newer PEFT writes every LoraConfig field, its new ones at their "off" value (None,
+        # False, empty): those cannot change the adapter and are accepted; one set to anything
+        # else is refused by name (peft 0.22 added astra_config this way).
+        unknown = sorted(k for k in set(options) - known - set(_PEFT_OFF) - _PEFT_IGNORED
+                         if not (options[k] is False or _is_empty(options[k])))
+        problems += [f"{k}={options[k]!r}: unknown PEFT LoraConfig option (only unset is accepted)" for k in unknown]
         if problems:
             raise ConfigError("PEFT adapter config: " + "; ".join(problems))
         target = options.get("target_modules")

@@ -83,12 +83,15 @@ def hf_module_names(model, name: str, cfg):
     return fam, out
 
 
-def _targets(adapted: list[str], linears: list[str]) -> list[str]:
+def _targets(adapted: list[str], linears: list[str], rewritten=()) -> list[str]:
     """PEFT-style target_modules naming exactly `adapted` among `linears` (module paths): the
-    last names ("q_proj", ...) when they select no other Linear, else the full paths."""
+    last names ("q_proj", ...) when they select no other Linear, else the full paths. Full paths
+    too where a last name is one PEFT rewrites into the experts' target_parameters for this model
+    type (`rewritten`, expert_adapters.PEFT_REWRITES): PEFT >= 0.22 would add the experts' stack
+    for a bare "up_proj" (and refuse it without "gate_proj"), a full path names the Linear only."""
     names = sorted({p.rsplit(".", 1)[-1] for p in adapted})
     hit = {p for p in linears if p.rsplit(".", 1)[-1] in names}
-    return names if hit == set(adapted) else sorted(adapted)
+    return names if hit == set(adapted) and not set(names) & set(rewritten) else sorted(adapted)
 
 
 # ----------------------------------------------------------------------------- export
@@ -120,7 +123,8 @@ def save_adapter(model, name: str, cfg, lora: LoRAConfig, out: str, *, overwrite
         tensors[f"{PREFIX}{names[p]}.lora_A.weight"] = np.asarray(m.lora_A.kernel[...], np.float32).T  # [r, in]
         tensors[f"{PREFIX}{names[p]}.lora_B.weight"] = np.asarray(m.lora_B.kernel[...], np.float32).T  # [out, r]
     tensors.update(extra)
-    targets = _targets([names[p] for p in adapted], list(names.values())) if adapted else None
+    rewritten = expert_adapters.PEFT_REWRITES.get(fam.config_to_hf(name, cfg).get("model_type"), ())
+    targets = _targets([names[p] for p in adapted], list(names.values()), rewritten) if adapted else None
     alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha
     config = {**lora.to_peft(), "lora_alpha": alpha, "target_modules": targets,
               "task_type": TASK_TYPES.get(name), "base_model_name_or_path": base_model, "revision": None,

@@ -40,9 +40,23 @@ GATE_UP = {"mixtral": "stacked", "qwen_moe": "stacked", "deepseek": "stacked", "
 # the export's (published) module names that transformers 5 renames in memory, where PEFT adapts
 IN_MEMORY = {".block_sparse_moe.": ".mlp."}  # Mixtral
 HF_ORDER = ("gate_up_proj", "down_proj")  # HF experts' parameter order, which PEFT nests by
-# HF model types whose target_modules PEFT rewrites into the experts' target_parameters
+# HF model types whose target_modules PEFT before 0.22 rewrites into the experts'
+# target_parameters on load, dropping a Linear of the same name (DeepSeek-V3's shared experts,
+# Qwen3-MoE's dense layers). PEFT 0.22 keeps such a Linear adapter and adds the experts' one
+# (its #3945), so the refusal applies only where an older PEFT is installed.
 PEFT_REWRITES = {"deepseek_v3": ("gate_proj", "up_proj", "down_proj"),
                  "qwen3_moe": ("gate_proj", "up_proj", "down_proj")}
+
+
+def peft_drops_same_named_linear() -> bool:
+    """Whether the installed PEFT drops a Linear adapter whose name PEFT_REWRITES lists (< 0.22);
+    False without PEFT (the current release's rule)."""
+    try:
+        import peft
+    except ImportError:
+        return False
+    from packaging.version import Version
+    return Version(peft.__version__) < Version("0.22")
 PREFIX = "base_model.model."
 
 
@@ -222,8 +236,9 @@ def write(model, name: str, cfg, lora: LoRAConfig, fam, ids: tuple, linear: dict
     names = weight_names(model, fam.name, *ids)
     problems = [f"{p}: adapted, but the {fam.name} HF model has no parameter PEFT's target_parameters could "
                 f"adapt for it" for p in adapters if p not in names]
-    rewritten = PEFT_REWRITES.get(fam.config_to_hf(name, cfg).get("model_type"), ())
-    problems += [f"{p}: PEFT turns target_modules {hf.rsplit('.', 1)[-1]!r} of this model type into the experts' "
+    rewritten = PEFT_REWRITES.get(fam.config_to_hf(name, cfg).get("model_type"), ()) \
+        if peft_drops_same_named_linear() else ()
+    problems += [f"{p}: PEFT < 0.22 (installed) turns target_modules {hf.rsplit('.', 1)[-1]!r} of this model type into the experts' "
                  f"target_parameters on load, so PeftModel.from_pretrained would drop this Linear adapter"
                  for p, hf in linear.items() if hf.rsplit(".", 1)[-1] in rewritten]
     tensors, ranks, alphas = {}, {}, {}
