@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         sub = parser._subparsers._group_actions[0].choices[first]
         _module(COMMANDS[first][0]).add_arguments(sub)
     args = parser.parse_args(argv)
+    if args.command != "compile":  # compile runs on the CPU, libtpu and CUDA as its compilers
+        from jaxformer.cli.platforms import set_platforms
+        set_platforms()
     if not args.debug:
         _quiet_background_failures()
     try:
@@ -65,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"jaxformer {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout left (`| head`): stop quietly, as Unix tools do
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exit's flush cannot raise again
+        return 141
     except BaseException as e:
         if args.debug or not user_error(e):
             raise
