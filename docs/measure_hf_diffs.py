@@ -1,6 +1,6 @@
-"""The worst fp32 logit difference against transformers per HF family (README, "Supported
-models"), over two random seeds of a few odd tiny configurations each; the tests check the same
-bound on their own configurations. Not a test: it prints one JSON object.
+"""The worst fp32 logit difference against transformers per HF family (docs/huggingface.md,
+"Supported models"), over two random seeds of a few odd tiny configurations each; the tests check
+the same bound on their own configurations. Not a test: it prints one JSON object.
 
     python docs/measure_hf_diffs.py
 """

@@ -202,3 +202,22 @@ def shared_port(tmp_path_factory, key: str, example, layers: str = "flax") -> tu
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return source, class_name
+
+
+def user_docs() -> list[str]:
+    """The user documentation's files: README.md, then docs/*.md in name order, without
+    docs/numerics.md (the numerics reference, not a user page)."""
+    import glob
+    import os
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+    pages = sorted(p for p in glob.glob(os.path.join(root, "docs", "*.md")) if os.path.basename(p) != "numerics.md")
+    return [os.path.join(root, "README.md"), *pages]
+
+
+def user_docs_text() -> str:
+    """The user documentation as one text (README.md first, then the docs pages)."""
+    texts = []
+    for path in user_docs():
+        with open(path) as f:
+            texts.append(f.read())
+    return "\n".join(texts)

@@ -162,7 +162,7 @@ def test_torch_twin_auto_by_length():
 
 def test_long_context_config_runs_blockwise_on_cpu_and_splash_on_tpu():
     """configs/long_context.yaml leaves attention at its default: at its 8192 tokens auto picks
-    blockwise on CPU (O(T) memory) and splash on TPU (the v5p compile: README, "Long context")."""
+    blockwise on CPU (O(T) memory) and splash on TPU (the v5p compile: docs/train.md, "Long context")."""
     from jaxformer.train.config import load_config
     cfg = load_config("long_context")
     assert cfg.train.attention == "auto"

@@ -2,8 +2,8 @@
 N of JAX and torch runs), model checkpoint dirs and HF dirs; `jaxformer export` writes a run's
 weights as a model checkpoint, torch safetensors or a Hugging Face dir; `generate --weights
 RUN_DIR` works; a run with model.scan_layers: true trains, samples and exits 0; the end-of-run
-sample never fails a run; and the README's HF fine-tune flow exports the fine-tuned weights,
-which transformers loads and runs to jaxformer's logits."""
+sample never fails a run; and the HF fine-tune flow (README, docs/huggingface.md) exports the
+fine-tuned weights, which transformers loads and runs to jaxformer's logits."""
 from __future__ import annotations
 
 import contextlib
@@ -101,10 +101,10 @@ def test_export_to_flax_torch_and_hf(run_dir, tmp_path, capsys):
 
 
 def test_hf_finetune_exports_the_finetuned_weights(tmp_path, monkeypatch):
-    """README flow: convert --from hf, train from OUT/train.yaml (init_from), export --to hf;
-    transformers loads the export and computes jaxformer's logits on the fine-tuned weights.
-    The run's end-of-run sample is made to fail (generate raises): the run still exits 0 and
-    says "sample skipped: <why>" in one line."""
+    """The documented flow (README, docs/huggingface.md): convert --from hf, train from
+    OUT/train.yaml (init_from), export --to hf; transformers loads the export and computes
+    jaxformer's logits on the fine-tuned weights. The run's end-of-run sample is made to fail
+    (generate raises): the run still exits 0 and says "sample skipped: <why>" in one line."""
     from jaxformer import generation
 
     def broken(*a, **k):

@@ -1,4 +1,4 @@
-"""The README's "Chat LoRA fine-tune of a Hugging Face model" walkthrough, end to end through the
+"""docs/huggingface.md's "Chat LoRA fine-tune, end to end" walkthrough, end to end through the
 CLI, on a tiny random HF Llama with a tiny chat tokenizer (no download):
 
     convert --from hf -> data prepare --format chat -> train (train.init_from + train.lora)

@@ -401,7 +401,7 @@ def test_cli_failed_check_exits_1_and_writes_nothing(factory_dir, capsys, monkey
 
 
 def test_ported_module_trains_in_an_optax_loop(tiny):
-    """The README's example: the ported module is an ordinary NNX module (dropout in train mode,
+    """docs/port.md's example: the ported module is an ordinary NNX module (dropout in train mode,
     gradients through every parameter, including the tied embedding)."""
     import optax
     from flax import nnx

@@ -1,8 +1,9 @@
-"""The README's "Your own model on a pod" walkthrough runs as written (issue 48 §6): its command
-block, line by line, in a copy of examples/pod/ (the README's `cd examples/pod`), each command a
-subprocess as a user's shell runs it: port the user's torch model (checked, with logical axes),
-train it on an 8-device CPU mesh (fsdp 4 x tensor 2), compile the same step for a v5p slice,
-export the trained weights under the torch module's keys, and load them back with strict=True."""
+"""The "Your own model on a pod" walkthrough (docs/own-model.md) runs as written (issue 48 §6): its
+command block, line by line, in a copy of examples/pod/ (the block's `cd examples/pod`, run from
+the repository root), each command a subprocess as a user's shell runs it: port the user's torch
+model (checked, with logical axes), train it on an 8-device CPU mesh (fsdp 4 x tensor 2), compile
+the same step for a v5p slice, export the trained weights under the torch module's keys, and load
+them back with strict=True."""
 from __future__ import annotations
 
 import os
@@ -18,9 +19,14 @@ MARK = "<!-- walkthrough: tests/test_walkthrough.py runs this block as written -
 
 
 def walkthrough() -> list[str]:
-    text = open(os.path.join(ROOT, "README.md")).read()
+    """The marked block's commands, from the one user docs page (README.md, docs/*.md) that holds
+    the marker."""
+    from helpers import user_docs
+    pages = [path for path in user_docs() if MARK in open(path).read()]
+    assert len(pages) == 1, f"the walkthrough marker in one user docs page: {pages}"
+    text = open(pages[0]).read()
     block = re.search(re.escape(MARK) + r"\s*```bash\n(.*?)```", text, re.S)
-    assert block, "README: the walkthrough block and its marker"
+    assert block, f"{pages[0]}: the walkthrough block and its marker"
     lines = [ln.split("  #")[0].strip() for ln in block[1].splitlines()]
     return [ln for ln in lines if ln and not ln.startswith("#")]
 

@@ -1,7 +1,7 @@
 """A user's own PyTorch model, as research code has it: a nanoGPT-style causal LM (pre-LN blocks,
 learned positions, a causal-mask buffer, GELU MLP, the head tied to the token embedding).
-Nothing here knows about jaxformer. The README's "Your own model on a pod" ports it, trains the
-port on a device mesh, compiles it for a TPU slice and loads the trained weights back here.
+Nothing here knows about jaxformer. docs/own-model.md's "Your own model on a pod" ports it, trains
+the port on a device mesh, compiles it for a TPU slice and loads the trained weights back here.
 
     make()      -> (model, example inputs): what `jaxformer port my_gpt:make` traces
     make_gpt()  -> the model: what the YAML's `model.torch` names (the torch trainer, the export)"""
