@@ -167,18 +167,18 @@ def main(argv=None) -> int:
     for b in args.batches:
         ids = np.random.RandomState(b).randint(0, cfg.vocab_size, (b, args.prompt)).astype(np.int32)
 
-        def hf_run(model, n):
+        def hf_run(model, n, ids=ids):
             return model.generate(torch.tensor(ids, dtype=torch.long), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                                   max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)[:, args.prompt:].numpy()
         short = dataclasses.replace(gen, max_new_tokens=4)
         runners = {}  # (impl, weights dtype): (timed run, warm-up)
         for wd, model in hf_models.items():
             runners["hf", wd] = (lambda m=model: hf_run(m, args.new), lambda m=model: hf_run(m, 4))
-        runners["torch_ref", "fp32"] = (lambda: tgen.lm_generate(tmodel, ids, None, gen),
-                                        lambda: tgen.lm_generate(tmodel, ids, None, short))
+        runners["torch_ref", "fp32"] = (lambda ids=ids: tgen.lm_generate(tmodel, ids, None, gen),
+                                        lambda ids=ids, short=short: tgen.lm_generate(tmodel, ids, None, short))
         for wd in dtypes:
             g = dataclasses.replace(gen, weights_dtype=wd)
-            runners["jaxformer", wd] = (lambda m=jmodels[wd], g=g: jgen.lm_generate(m, ids, None, g),) * 2
+            runners["jaxformer", wd] = (lambda m=jmodels[wd], g=g, ids=ids: jgen.lm_generate(m, ids, None, g),) * 2
         runners = {k: r for k, r in runners.items() if k[0] not in args.skip}
         times, tokens = timed_rounds(runners, args.repeats)
         speed = {k: b * args.new / min(ts) for k, ts in times.items()}  # best round

@@ -267,7 +267,7 @@ def main() -> int:
     work = args.workdir or tempfile.mkdtemp(prefix="hf_streaming_", dir="/tmp")
     os.makedirs(work, exist_ok=True)
     src, out = os.path.join(work, "hf"), os.path.join(work, "ckpt")
-    mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"
     try:
         t = time.time()
         info = write_checkpoint(src, cfg, args.shard_mb << 20, args.dtype, arch=arch)

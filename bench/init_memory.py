@@ -112,7 +112,7 @@ def child(variant: str, layers: int, tiny: bool = False) -> dict:
                       if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
     replicated_1d = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract["params"]) if x.ndim < 2)
     # every replicated leaf of the state: the 1-D params, their Adam moments, counters
-    replicated = sum(x.size * x.dtype.itemsize for x, sh in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings))
+    replicated = sum(x.size * x.dtype.itemsize for x, sh in zip(jax.tree.leaves(abstract), jax.tree.leaves(shardings), strict=True)
                      if sh.is_fully_replicated and not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key))
     baseline = _status("VmRSS")
     t = time.perf_counter()

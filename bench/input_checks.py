@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     model = build_model("lm", cfg)
     model.eval()
     graphdef, state = nnx.split(model)
-    forward = lambda s, ids, mask: nnx.merge(graphdef, s)(ids, mask)  # noqa: E731
+    forward = lambda s, ids, mask: nnx.merge(graphdef, s)(ids, mask)
     ids = jax.random.randint(jax.random.key(0), (args.batch, args.seq), 0, cfg.vocab_size)
     mask = jnp.ones_like(ids)
     # 1) the programs jaxformer compiles hold no check

@@ -132,7 +132,7 @@ def jax_child(impl: str, seq: int, steps: int, plain_limit: float) -> dict:
     peak, t, (state, out) = measured(lambda: jax.block_until_ready(step(state, batch)))
     times, repeat = [t], 0
     for _ in range(steps - 1):
-        p, t, (state, out) = measured(lambda: jax.block_until_ready(step(state, batch)))
+        p, t, (state, out) = measured(lambda state=state: jax.block_until_ready(step(state, batch)))
         times.append(t)
         repeat = max(repeat, p)
     return {**row, "peak_bytes": peak, "step_s": round(min(times), 3), "peak_bytes_repeat": repeat or None,
@@ -248,7 +248,7 @@ def spawn(impl: str, seq: int, args) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if p.returncode:
         return {"impl": impl, "seq_len": seq, "peak_bytes": None, "step_s": None,
-                "error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]}
+                "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

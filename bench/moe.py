@@ -273,7 +273,7 @@ def main() -> None:
             rows = layer[c] = {n: {"median_s": statistics.median(times[c, n]), "rounds_s": [round(t, 4) for t in times[c, n]]}
                                for n in CONTENDERS}
             for n in CONTENDERS:
-                per_round = [d / t for d, t in zip(times[c, "dense_einsum"], times[c, n])]
+                per_round = [d / t for d, t in zip(times[c, "dense_einsum"], times[c, n], strict=True)]
                 rows[n]["speedup_vs_dense_einsum"] = round(rows["dense_einsum"]["median_s"] / rows[n]["median_s"], 3)
                 rows[n]["speedup_vs_dense_per_round"] = [round(x, 2) for x in per_round]
                 print(f"{c:7s} {n:13s} {rows[n]['median_s'] * 1e3:9.1f} ms fwd+bwd  "
@@ -299,14 +299,14 @@ def main() -> None:
         lm = {}
         for n in names:
             med = statistics.median(times[n])
-            per_round = [d / t for d, t in zip(times["dense"], times[n])]
+            per_round = [d / t for d, t in zip(times["dense"], times[n], strict=True)]
             lm[n] = {"tokens_per_s": round(tokens / med, 1), "median_s": round(med, 4), "params": built[n][1],
                      "speed_vs_dense": round(statistics.median(times["dense"]) / med, 3),
                      "speed_vs_dense_per_round": [round(x, 2) for x in per_round]}
             print(f"LM {n:11s} {lm[n]['tokens_per_s']:9.1f} tokens/s  {lm[n]['params']:,} params  "
                   f"{lm[n]['speed_vs_dense']:5.2f}x the dense LM (per round {lm[n]['speed_vs_dense_per_round']})", flush=True)
         result["lm_sizes"] = {**LM, "batch": LM_BATCH, "seq": LM_SEQ, "dense_d_ff": LM_DENSE_D_FF, "ffn": "swiglu",
-                              "moe": {n: dict(zip(("num_experts", "top_k", "d_expert"), v)) for n, v in LM_MOES.items()},
+                              "moe": {n: dict(zip(("num_experts", "top_k", "d_expert"), v, strict=True)) for n, v in LM_MOES.items()},
                               "optimizer": "adamw", "dtype": "float32"}
         result["lm"] = lm
     result["load_avg_end"] = load()

@@ -83,7 +83,7 @@ def measure(seed: int, scale: float, tmp: str, forward) -> dict:
     rot.forward = types.MethodType(_rope64, rot)
     ref = _hf_logits(m64, ids, mask)
     keep = mask.astype(bool)
-    dist = lambda x: float(np.abs(np.asarray(x, np.float64) - ref)[keep].max())  # noqa: E731
+    dist = lambda x: float(np.abs(np.asarray(x, np.float64) - ref)[keep].max())
     d_jax, d_hf = dist(forward(jmodel, ids, mask)), dist(_hf_logits(model, ids, mask))
     torch.set_num_threads(1)
     return {"seed": seed, "jax": d_jax, "hf": d_hf, "ratio": d_jax / d_hf}
@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
     for name in a.exact:
         _exact(name)
     jit = nnx.jit(lambda m, i, k: m(i, k))
-    forward = lambda m, i, k: np.asarray(jit(m, jnp.asarray(i), jnp.asarray(k)))  # noqa: E731
+    forward = lambda m, i, k: np.asarray(jit(m, jnp.asarray(i), jnp.asarray(k)))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for s in range(a.first, a.first + a.seeds):

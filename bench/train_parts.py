@@ -6,6 +6,7 @@ vocab 30000), JAX (jit) against torch eager, 2 threads, fp32, medians in ms.
 
 Not a test: it times things.
 """
+import functools
 import json
 import statistics
 import time
@@ -53,13 +54,13 @@ def jattn(qkv, key, drop):
 qj = jnp.asarray(q_np); key = jax.random.key(0)
 qt = [torch.tensor(q_np, requires_grad=True) for _ in range(3)]
 for drop in (False, True):
-    ga = jax.jit(jax.grad(lambda a, k: jattn(a, k, drop)))
-    def tattn():
+    ga = jax.jit(jax.grad(functools.partial(jattn, drop=drop)))
+    def tattn(drop=drop):
         q, k, v = [a.transpose(1, 2) for a in qt]
         w = torch.softmax(q @ k.transpose(-1, -2) / np.sqrt(K), -1)
         if drop: w = torch.nn.functional.dropout(w, 0.1)
         ((w @ v) ** 2).sum().backward()
-    row(f"attention core fwd+bwd drop={drop}", tm(lambda: jax.block_until_ready(ga((qj, qj, qj), key))), tm(tattn))
+    row(f"attention core fwd+bwd drop={drop}", tm(lambda ga=ga: jax.block_until_ready(ga((qj, qj, qj), key))), tm(tattn))
 # fused jax path
 gf = jax.jit(jax.grad(lambda a: jnp.sum(jax.nn.dot_product_attention(*a) ** 2)))
 def tsdpa():

@@ -134,7 +134,7 @@ def main() -> None:
     rows = []
     for name, ts in results.items():
         med = statistics.median(ts)
-        per_round = statistics.median(t / e for t, e in zip(ts, results["torch_eager"]))
+        per_round = statistics.median(t / e for t, e in zip(ts, results["torch_eager"], strict=True))
         rows.append({"impl": name, "median_s_per_step": med, "ratio_to_torch_eager": med / base,
                      "median_per_round_ratio": per_round})
         print(f"{name:15s} {med:7.3f} s/step   ratio to torch eager {med / base:5.2f}   "

@@ -10,14 +10,14 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers as T  # noqa: E402
-from helpers import randomize  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers as T
+from helpers import randomize
 
-from jaxformer import hf  # noqa: E402
-from jaxformer.parity import setup_precision  # noqa: E402
+from jaxformer import hf
+from jaxformer.parity import setup_precision
 
 setup_precision()
 rng = np.random.RandomState(0)

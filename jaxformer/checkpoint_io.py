@@ -228,7 +228,7 @@ def restore_params(directory: str, abstract: dict) -> dict:
     except Exception as e:
         raise ConversionError([f"cannot restore params from {directory}: {type(e).__name__}: {e}"]) from None
     problems = []
-    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], jax.tree.leaves(restored)):
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], jax.tree.leaves(restored), strict=False):
         if tuple(a.shape) != tuple(b.shape) or np.dtype(a.dtype) != np.dtype(b.dtype):
             problems.append(f"shape/dtype: {jax.tree_util.keystr(path)} {b.shape}/{b.dtype}, expected {a.shape}/{a.dtype}")
     if problems:

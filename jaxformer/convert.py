@@ -17,7 +17,8 @@ conversion leaves no output file. A torch -> flax -> torch round trip is bit-exa
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -414,7 +415,7 @@ def read_safetensors(path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         tensors = {}
         with safe_open(path, framework="numpy") as f:
             meta = f.metadata() or {}
-            for k in f.keys():
+            for k in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 tensors[k] = f.get_tensor(k)
     except FileNotFoundError:
         raise

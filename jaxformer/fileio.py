@@ -31,7 +31,8 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 MAX_JSON_BYTES = 64 << 20  # a JSON file we read whole (configs, meta, headers, indexes)
 MAX_DEPTH = 64  # nesting of JSON/YAML values: no config or meta of ours comes near it
@@ -163,9 +164,8 @@ def atomic_dir(path: str, *, overwrite: bool = False) -> Iterator[str]:
 
 def write_text(path: str, text: str) -> None:
     """Write a text file atomically."""
-    with atomic_file(path) as tmp:
-        with open(tmp, "w") as f:
-            f.write(text)
+    with atomic_file(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
 
 
 # ------------------------------------------------------------------ paths read from files, links

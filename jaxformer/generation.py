@@ -319,7 +319,7 @@ def lm_prefill(model, ids, slot_mask, cache, chunk: int | None = None):
     return last, cache
 
 
-def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig(),
+def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig(),  # noqa: B008 (a frozen dataclass)
                 layout: DecodeLayout | str = "auto"):
     """Generate after a batch of (left-padded) prompts. ids [B, P] int, attention_mask [B, P]
     (1 = token; None = all) -> tokens [B, N] int32 numpy (pad_id after EOS); with beam search
@@ -383,7 +383,7 @@ def _seq2seq_generate_body(model, src_ids, src_mask, key, gen, cache_len, eos_id
     return decode_loop(step, cache, logits[:, -1], key, gen, eos_ids, pad_id)
 
 
-def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig(),
+def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig(),  # noqa: B008 (a frozen dataclass)
                      layout: DecodeLayout | str = "auto"):
     """Translate a batch: src_ids [B, S] int (right-padded with pad_id), src_mask [B, S]
     (None = src_ids != pad_id) -> tokens [B, N] int32 numpy after BOS (pad_id after EOS);
@@ -432,13 +432,13 @@ def _eos(gen: GenerationConfig, cfg) -> tuple[int, ...]:
     return eos_ids(cfg.eos_id if gen.eos_id is None else gen.eos_id)
 
 
-def generate(model, *args, gen: GenerationConfig = GenerationConfig(), layout: DecodeLayout | str = "auto", **kw):
+def generate(model, *args, gen: GenerationConfig = GenerationConfig(), layout: DecodeLayout | str = "auto", **kw):  # noqa: B008 (a frozen dataclass)
     """lm_generate or seq2seq_generate, by the model's type."""
     return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, layout=layout, **kw)
 
 
 # ----------------------------------------------------------------------------- any causal LM
-def module_generate(model, ids, gen: GenerationConfig = GenerationConfig(), eos: tuple[int, ...] = (),
+def module_generate(model, ids, gen: GenerationConfig = GenerationConfig(), eos: tuple[int, ...] = (),  # noqa: B008 (a frozen dataclass)
                     pad_id: int = 0):
     """Greedy or sampled decoding without a KV cache, for any causal LM whose call is
     model(ids [B, T]) -> logits [B, T, V] (or an output holding them), such as a model.module:

@@ -35,7 +35,8 @@ the module's state dict under jaxformer's names; the same function maps gradient
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -480,7 +481,7 @@ def _mha_state(state: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in state.items():
         if k in ("in_proj_weight", "in_proj_bias"):  # [3E, ...]: q, k, v stacked
             leaf = k.rpartition("_")[2]
-            for name, part in zip("qkv", v.chunk(3, dim=0)):
+            for name, part in zip("qkv", v.chunk(3, dim=0), strict=True):
                 out[f"{name}_proj.{leaf}"] = part
         elif k in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):  # kdim / vdim: kept apart
             out[f"{k[0]}_proj.weight"] = v

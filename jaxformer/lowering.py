@@ -65,8 +65,8 @@ import contextvars
 import dataclasses
 import functools
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +100,7 @@ class Lowering:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
 
-_ACTIVE: contextvars.ContextVar[Lowering] = contextvars.ContextVar("jaxformer_lowering", default=Lowering())
+_ACTIVE: contextvars.ContextVar[Lowering] = contextvars.ContextVar("jaxformer_lowering", default=Lowering())  # noqa: B039 (a frozen dataclass)
 
 
 def active() -> Lowering:
@@ -339,7 +339,7 @@ def kernel_copies(model, kernels: list, keep: bool, make=None, tag: str = "fp32"
     kept ones are dropped."""
     hit = _KEPT_KERNELS.pop(model, None)
     if (hit is not None and hit[2] == tag and len(hit[0]) == len(kernels)
-            and all(r() is a for r, a in zip(hit[0], kernels))):
+            and all(r() is a for r, a in zip(hit[0], kernels, strict=True))):
         copies = hit[1]
     else:
         hit = None  # free the old copies before making new ones

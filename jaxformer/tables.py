@@ -15,7 +15,7 @@ import numpy as np
 AUTO_BLOCKWISE_MIN_KEYS = 1024
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
     """[max_len, D] table of Vaswani et al. (2017): PE(p, 2i) = sin(p / 10000^(2i/D)),
     PE(p, 2i+1) = cos(p / 10000^(2i/D))."""
@@ -29,7 +29,7 @@ def sinusoid_table(max_len: int, d_model: int) -> np.ndarray:
     return table
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rope_inv_freq(head_dim: int, base: float, scaling=None, long: bool = False) -> tuple[np.ndarray, float]:
     """-> (inv_freq [K/2] float64, attention factor) of RoPE with an optional scaling (a
     jaxformer.config.RopeScaling), as transformers 5.x's modeling_rope_utils computes them,
@@ -110,7 +110,7 @@ def rope_exponents(head_dim: int) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rope_tables(max_len: int, head_dim: int, base: float, scaling=None,
                 long: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin tables [max_len, K] for rotate-half RoPE (GPT-NeoX / HF LLaMA layout):
@@ -127,7 +127,7 @@ def rope_tables(max_len: int, head_dim: int, base: float, scaling=None,
     return cos, sin
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """Per-head ALiBi slopes (Press et al. 2022). For a head count that is not a power of
     two, take the slopes of the closest smaller power of two, then every other slope of
@@ -146,7 +146,7 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def t5_bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) -> np.ndarray:
     """int32 bucket id of T5's relative position bias (Raffel et al. 2020) for every relative
     distance rel = key_pos - query_pos in [-max_distance, max_distance] (index rel + max_distance).
@@ -173,7 +173,7 @@ def t5_bucket_table(bidirectional: bool, num_buckets: int, max_distance: int) ->
 
 
 # ----------------------------------------------------------------------------- Swin windows
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def relative_position_index(window: int, table_window: int) -> np.ndarray:
     """Swin's relative position index (Liu et al. 2021, eq. 4): [N, N] int32 row of the
     (2*table_window-1)^2-row bias table for each token pair of a window x window window
@@ -185,7 +185,7 @@ def relative_position_index(window: int, table_window: int) -> np.ndarray:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shift_mask(h: int, w: int, window: int, shift: int) -> np.ndarray | None:
     """Swin's SW-MSA mask: [nW, N, N] bool, True where two tokens of a shifted window came from
     the same region of the un-shifted map (Liu et al. 2021, fig. 4); None without a shift.
@@ -208,7 +208,7 @@ def _window_partition(x: np.ndarray, window: int) -> np.ndarray:
     return x.reshape(-1, window * window, c)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bicubic_weights(in_size: int, out_size: int) -> np.ndarray:
     """[out_size, in_size] float32: one axis of torch's bicubic resize (F.interpolate
     mode="bicubic", align_corners=False, antialias=False, `size` given, no scale_factor),

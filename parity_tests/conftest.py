@@ -4,10 +4,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # one torch thread per test process (tests/conftest.py says why)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
-from jaxformer.parity import setup_precision  # noqa: E402
+from jaxformer.parity import setup_precision
 
 setup_precision()
 __import__("torch").set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

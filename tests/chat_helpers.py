@@ -12,12 +12,12 @@ from jaxformer.train.data import chat
 
 CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
                  "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-WORDS = "what is the colour of sky sea grass blue green two plus four hello name a brief answer".split()
+WORDS = "what is the colour of sky sea grass blue green two plus four hello name a brief answer".split()  # noqa: SIM905 (words read as one sentence)
 
 
 def conversations(n: int, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
-    say = lambda k: " ".join(rng.choice(WORDS, k))  # noqa: E731
+    say = lambda k: " ".join(rng.choice(WORDS, k))
     out = []
     for i in range(n):
         msgs = [{"role": "system", "content": "Be brief."}] if i % 3 == 0 else []

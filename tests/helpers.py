@@ -159,7 +159,7 @@ def check_hf_encoder(tag: str, hf_model, path: str, ids, mask, auto, out_dir: st
     assert len(ours) == len(ref), (tag, len(ours), len(ref))
     real = mask.astype(bool)
     worst = 0.0
-    for r, o in zip(ref, ours):
+    for r, o in zip(ref, ours, strict=True):  # equal lengths asserted above
         r, o = (r[real], o[real]) if r.ndim == 3 else (r, o)
         d, scale = float(np.abs(r - o).max()), max(1.0, float(np.abs(r).max()))
         print(f"[hf encoder] {tag}: max |diff| {d:.2e}, max |out| {scale:.2f}")
@@ -171,7 +171,8 @@ def check_hf_encoder(tag: str, hf_model, path: str, ids, mask, auto, out_dir: st
     back = realigned(back.eval())
     sd, sd2 = hf_model.state_dict(), back.state_dict()
     assert set(sd) == set(sd2) and all(np.array_equal(sd[k].numpy(), sd2[k].numpy()) for k in sd)
-    for a, b in zip(hf_encoder_outputs(realigned(hf_model), ids, mask), hf_encoder_outputs(back, ids, mask)):
+    for a, b in zip(hf_encoder_outputs(realigned(hf_model), ids, mask), hf_encoder_outputs(back, ids, mask),
+                    strict=True):
         np.testing.assert_array_equal(a, b)
     return worst, model, cfg
 

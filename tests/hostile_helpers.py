@@ -15,7 +15,9 @@ import json
 import os
 import re
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from test_bad_input import _put, run_row, snapshot
@@ -85,7 +87,7 @@ def _tokens(tmp: str, rel: str = "tok", **meta_changes) -> None:
                       tokenizer={"spec": "bytes", "kind": "bytes"}) as w:
         w.add("train", [1, 2, 3, 4, 5, 6, 7])
     path = os.path.join(tmp, rel, "meta.json")
-    meta = json.load(open(path))
+    meta = json.loads(Path(path).read_text())
     for k, v in meta_changes.items():
         if k == "shard":
             meta["splits"]["train"]["shards"][0]["file"] = v

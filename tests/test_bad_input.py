@@ -14,7 +14,8 @@ import hashlib
 import os
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def snapshot(root: str, rel: str) -> dict:
         for name in dirs + files:
             p = os.path.join(dirpath, name)
             key = os.path.relpath(p, root)
-            out[key] = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else "dir"
+            out[key] = hashlib.sha256(Path(p).read_bytes()).hexdigest() if os.path.isfile(p) else "dir"
     return out
 
 

@@ -103,7 +103,7 @@ def test_torch_twin_matches_torch_plain(variant):
         results.append((out.detach(), grads))
     (o1, g1), (o2, g2) = results
     assert (o1 - o2).abs().max() < 1e-6
-    assert max(float((a - b).abs().max()) for a, b in zip(g1, g2)) < 3e-6
+    assert max(float((a - b).abs().max()) for a, b in zip(g1, g2, strict=True)) < 3e-6
 
 
 # ----------------------------------------------------------------------------- tiny LMs
@@ -144,7 +144,7 @@ def test_lm_blockwise_equals_plain(name):
     # each leaf within the harness tolerance, atol + rtol * max |plain leaf| (docs/numerics.md §19)
     d_logits = float(jnp.max(jnp.abs(l_plain - l_block)))
     ratios = {}
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_plain), jax.tree.leaves(g_block)):
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_plain), jax.tree.leaves(g_block), strict=True):
         tol = GRAD_TOL.atol + GRAD_TOL.rtol * float(jnp.max(jnp.abs(a)))
         ratios[jax.tree_util.keystr(path)] = float(jnp.max(jnp.abs(a - b))) / tol
     worst = max(ratios, key=ratios.get)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ def documents(d: TokensDir, split: str = "train"):
     mask = s.read_mask(0, s.num_tokens) if d.loss_mask else np.ones_like(ids)
     cuts = np.flatnonzero(ids == d.eos_id)
     starts = np.r_[0, cuts[:-1] + 1]
-    return [(ids[a:b], mask[a:b], int(mask[b])) for a, b in zip(starts, cuts)]
+    return [(ids[a:b], mask[a:b], int(mask[b])) for a, b in zip(starts, cuts, strict=False)]
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -35,7 +36,7 @@ def test_named_templates_render_as_written():
     r = chat.renderer_for(tok, "bytes")
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": " U "},
             {"role": "assistant", "content": "A"}]
-    render = lambda t, g=False: r.apply_chat_template(msgs, chat_template=chat.TEMPLATES[t],  # noqa: E731
+    render = lambda t, g=False: r.apply_chat_template(msgs, chat_template=chat.TEMPLATES[t],
                                                       tokenize=False, add_generation_prompt=g)
     assert render("chatml") == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n U <|im_end|>\n"
                                 "<|im_start|>assistant\nA<|im_end|>\n")
@@ -62,7 +63,7 @@ def test_chat_mask_equals_transformers_assistant_mask(template, tmp_path):
     hf = AutoTokenizer.from_pretrained(hf_dir)
     docs = documents(d)
     assert len(docs) == len(rows)
-    for row, (ids, mask, sep) in zip(rows, docs):
+    for row, (ids, mask, sep) in zip(rows, docs, strict=True):
         ref = hf.apply_chat_template(row["messages"], chat_template=chat.TEMPLATES[template], tokenize=True,
                                      return_dict=True, return_assistant_tokens_mask=True)
         assert ids.tolist() == ref["input_ids"]
@@ -81,9 +82,9 @@ def test_chat_mask_is_exactly_the_answers_bytes(tmp_path):
     out = str(tmp_path / "o")
     P.prepare([write_jsonl(tmp_path / "c.jsonl", rows)], "bytes", out, fmt="chat", chat_template="chatml",
               eval_fraction=0, progress=False)
-    for row, (ids, mask, _) in zip(rows, documents(TokensDir(out))):
+    for row, (ids, mask, _) in zip(rows, documents(TokensDir(out)), strict=False):
         edges = np.flatnonzero(np.diff(np.r_[0, mask, 0]))
-        runs = [tk.decode(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+        runs = [tk.decode(ids[a:b]) for a, b in zip(edges[::2], edges[1::2], strict=True)]
         assert runs == [m["content"] + "<|im_end|>" for m in row["messages"] if m["role"] == "assistant"]
 
 
@@ -92,7 +93,7 @@ def test_prompt_completion_and_train_on_prompt(tmp_path):
     src = write_jsonl(tmp_path / "pc.jsonl", rows)
     tj = str(tmp_path / "tok.json")
     with open(tj, "wb") as f:
-        f.write(open(os.path.join(hf_tokenizer_dir(tmp_path / "hf"), "tokenizer.json"), "rb").read())
+        f.write(Path(os.path.join(hf_tokenizer_dir(tmp_path / "hf"), "tokenizer.json")).read_bytes())
     for spec in ("bytes", tj):
         tok = tk.load_tokenizer(spec)
         masked, whole = str(tmp_path / f"m{spec == 'bytes'}"), str(tmp_path / f"w{spec == 'bytes'}")
@@ -101,7 +102,7 @@ def test_prompt_completion_and_train_on_prompt(tmp_path):
         P.prepare([src], spec, whole, train_on_prompt=True, **kw)
         dm, dw = TokensDir(masked), TokensDir(whole)
         assert dm.loss_mask and not dw.loss_mask and not any(n.endswith(".mask.npy") for n in os.listdir(whole))
-        for row, (ids, mask, sep), (ids_w, _, _) in zip(rows, documents(dm), documents(dw)):
+        for row, (ids, mask, sep), (ids_w, _, _) in zip(rows, documents(dm), documents(dw), strict=False):
             assert ids.tolist() == ids_w.tolist() == tok.encode(row["q"] + row["a"]).tolist()
             assert tok.decode(ids[mask == 1]) == row["a"] and tok.decode(ids[mask == 0]) == row["q"]
             assert sep == 1  # the completion's stop counts with it
@@ -114,11 +115,11 @@ def test_version_1_directories_still_load(tmp_path):
     P.prepare([write_jsonl(tmp_path / "t.jsonl", [{"text": "one doc"}, {"text": "two"}])], "bytes", out,
               eval_fraction=0, progress=False)
     meta_path = os.path.join(out, "meta.json")
-    meta = json.load(open(meta_path))
+    meta = json.loads(Path(meta_path).read_text())
     assert meta["version"] == 2 and meta["loss_mask"] is False
     meta["version"] = 1
     del meta["loss_mask"]
-    json.dump(meta, open(meta_path, "w"))
+    Path(meta_path).write_text(json.dumps(meta))
     d = TokensDir(out)
     assert not d.loss_mask and d.split("train").masks is None
     assert tk.decode(d.split("train").read(0, 7)) == "one doc"
@@ -233,8 +234,8 @@ def test_jax_and_torch_train_and_eval_on_the_answers_only(tmp_path):
     jh = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False).run()
     tt = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False)
     th = tt.run()
-    rel = lambda a, b: abs(a - b) / max(1.0, abs(b))  # noqa: E731 (the trajectory test's measure)
-    dloss = max(rel(a["loss"], b["loss"]) for a, b in zip(jh, th))
+    rel = lambda a, b: abs(a - b) / max(1.0, abs(b))  # the trajectory test's measure
+    dloss = max(rel(a["loss"], b["loss"]) for a, b in zip(jh, th, strict=False))
     print(f"masked chat data: JAX vs torch max |dloss|/max(1,|loss|) {dloss:.2e}; step 0 JAX {jh[0]['loss']:.6f} "
           f"torch {th[0]['loss']:.6f} float64 reference {want0:.6f} (all tokens {everything:.6f})")
     assert len(jh) == len(th) == 2 and dloss <= 1e-6

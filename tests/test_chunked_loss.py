@@ -31,7 +31,7 @@ from jaxformer.train.config import load_config
 def _worst(a, b, tol) -> tuple[float, float]:
     """-> (max over leaves of max |a - b| / max |a leaf|, of max |a - b| / the leaf's tolerance)."""
     rel = ratio = 0.0
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False):
         scale, diff = float(jnp.max(jnp.abs(x))), float(jnp.max(jnp.abs(x - y)))
         rel = max(rel, diff / max(scale, 1e-30))
         ratio = max(ratio, diff / (tol.atol + tol.rtol * scale))
@@ -53,7 +53,7 @@ def test_chunked_equals_unchunked(label_smoothing):
     b, t, d, v = 3, 37, 16, 50
     h = jnp.asarray(r.standard_normal((b, t, d)), jnp.float32)
     state = {"w": jnp.asarray(r.standard_normal((d, v)) * 0.5, jnp.float32)}
-    head = lambda st, h: (h @ st["w"]).astype(jnp.float32)  # noqa: E731
+    head = lambda st, h: (h @ st["w"]).astype(jnp.float32)
     labels = np.asarray(r.randint(0, v, (b, t)))
     top = np.asarray(jnp.argmax(head(state, h), -1))
     labels[:, ::3] = top[:, ::3]

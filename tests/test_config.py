@@ -1,4 +1,6 @@
 """Config validation: every error names the field."""
+import dataclasses
+
 import pytest
 import yaml
 
@@ -42,7 +44,7 @@ def test_unknown_model_name():
 def test_configs_are_frozen_and_yaml_floats_parse():
     cfg = from_dict(TransformerConfig, {"norm_eps": "1e-6", "num_kv_heads": None})
     assert cfg.norm_eps == 1e-6
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 8
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from jaxformer.train.data import prepare as P
 from jaxformer.train.data import tokenizer as tk
 from jaxformer.train.data.tokens import TokensDir
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven cats sing songs about "
+WORDS = ("the quick brown fox jumps over a lazy dog while seven cats sing songs about "  # noqa: SIM905 (words read as one sentence)
          "rivers and mountains near the old town").split()
 
 
@@ -50,7 +51,7 @@ def docs_of(d: TokensDir, split: str, tok) -> list[str]:
     ids = s.read(0, s.num_tokens)
     assert ids[-1] == d.eos_id
     cuts = np.flatnonzero(ids == d.eos_id)
-    return [tok.decode(ids[a + 1 if i else 0:b]) for i, (a, b) in enumerate(zip(np.r_[-1, cuts[:-1]], cuts))]
+    return [tok.decode(ids[a + 1 if i else 0:b]) for i, (a, b) in enumerate(zip(np.r_[-1, cuts[:-1]], cuts, strict=True))]
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -89,7 +90,7 @@ def test_tokenizer_json_and_hf_dir_specs(tmp_path):
     assert tok.encode(text).tolist() == raw.encode(text).ids and tok.decode(tok.encode(text)) == text
     assert tok.eos_id == 0 and tok.vocab_size == raw.get_vocab_size()  # <|endoftext|> found by name
     assert tok.describe() == {"spec": path, "kind": "tokenizers", "file": "tokenizer.json",
-                              "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest()}
+                              "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
     # an HF dir with tokenizer.json + tokenizer_config.json: eos from the config
     hf = str(tmp_path / "hf")
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>").save_pretrained(hf)
@@ -226,7 +227,7 @@ def test_eval_split_is_deterministic_by_content_or_files(tmp_path):
     P.prepare([a], "bytes", str(tmp_path / "o2"), eval_fraction=0.1, progress=False)
     P.prepare([b], "bytes", str(tmp_path / "o3"), eval_fraction=0.1, progress=False)
     for name in ("train-00000.npy", "eval-00000.npy"):
-        assert open(tmp_path / "o1" / name, "rb").read() == open(tmp_path / "o2" / name, "rb").read()
+        assert (tmp_path / "o1" / name).read_bytes() == (tmp_path / "o2" / name).read_bytes()
     bt = tk.ByteTokenizer()
     ev1, ev3 = docs_of(TokensDir(str(tmp_path / "o1")), "eval", bt), docs_of(TokensDir(str(tmp_path / "o3")), "eval", bt)
     assert sorted(ev1) == sorted(ev3) and 8 <= len(ev1) <= 35 and m1["source"]["eval_fraction"] == 0.1
@@ -284,7 +285,7 @@ def test_bad_inputs_fail_clearly_and_write_nothing(tmp_path, capsys):
         assert code == 2 and phrase in err, (name, err)
         assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err, (name, err)
         if "exists" in flags:
-            assert os.listdir(out) == ["keep.txt"] and open(os.path.join(out, "keep.txt")).read() == "mine"
+            assert os.listdir(out) == ["keep.txt"] and Path(os.path.join(out, "keep.txt")).read_text() == "mine"
         else:
             assert not os.path.exists(out), name
         assert leftovers(tmp) == [], name
@@ -334,7 +335,7 @@ def test_generate_text_with_the_checkpoints_tokenizer(tmp_path, capsys):
     # exports carry it: model.yaml's entry + tokenizer.json (flax), tokenizer.json (hf)
     for to in ("flax", "hf"):
         assert cli.main(["export", str(tmp_path / "bpe"), "--to", to, str(tmp_path / to)]) == 0
-        assert open(tmp_path / to / "tokenizer.json", "rb").read() == tok.content
+        assert (tmp_path / to / "tokenizer.json").read_bytes() == tok.content
     assert checkpoint_io.tokenizer_entry(str(tmp_path / "flax")) == tok.describe()
     capsys.readouterr()
     # the recorded hash protects against a swapped file; a vocab without a record asks for one
@@ -363,8 +364,8 @@ def test_convert_hf_with_tokenizer_writes_tokens_train_yaml(tmp_path, capsys):
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>").save_pretrained(src)
     code, printed, err = run_cli(["convert", "--from", "hf", src, "--to", "flax", out], capsys)
     assert code == 0, err
-    assert open(os.path.join(out, "tokenizer.json"), "rb").read() == open(os.path.join(src, "tokenizer.json"), "rb").read()
-    text = open(os.path.join(out, "train.yaml")).read()
+    assert Path(os.path.join(out, "tokenizer.json")).read_bytes() == Path(os.path.join(src, "tokenizer.json")).read_bytes()
+    text = Path(os.path.join(out, "train.yaml")).read_text()
     data = yaml.safe_load(text)["data"]
     assert data == {"name": "tokens", "path": out + "-data", "seq_len": 64}
     command = next(ln for ln in text.splitlines() if ln.startswith("#   jaxformer data prepare"))[4:]
@@ -374,7 +375,7 @@ def test_convert_hf_with_tokenizer_writes_tokens_train_yaml(tmp_path, capsys):
     code, _, err = run_cli(argv + ["--no-progress"], capsys)
     assert code == 0, err
     d = TokensDir(data["path"])
-    assert d.eos_id == 0 and d.tokenizer["sha256"] == hashlib.sha256(open(os.path.join(src, "tokenizer.json"), "rb").read()).hexdigest()
+    assert d.eos_id == 0 and d.tokenizer["sha256"] == hashlib.sha256(Path(os.path.join(src, "tokenizer.json")).read_bytes()).hexdigest()
     code, out_text, err = run_cli(["generate", "--weights", out, "--prompt", "the fox", "--max-new-tokens", "3",
                                    "--no-eos-stop"], capsys)
     assert code == 0 and out_text.startswith("the fox"), err

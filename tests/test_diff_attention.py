@@ -35,7 +35,7 @@ def test_module_is_the_papers_formula():
     with torch.no_grad():
         ours = m(torch.from_numpy(x), mask=torch.ones(1, 1, T, T, dtype=torch.bool).tril()).numpy()
     p = {k: v.detach().double().numpy() for k, v in m.state_dict().items()}
-    lin = lambda name, a: a @ p[f"{name}.weight"].T + p[f"{name}.bias"]  # noqa: E731
+    lin = lambda name, a: a @ p[f"{name}.weight"].T + p[f"{name}.bias"]
     k_dim, half = D // H, D // H // 2
     q, k, v = (lin(n, x.astype(np.float64)).reshape(B, T, H, k_dim) for n in ("q_proj", "k_proj", "v_proj"))
     causal = np.tril(np.ones((T, T), bool))

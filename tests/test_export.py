@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,11 +81,11 @@ def test_export_to_flax_torch_and_hf(run_dir, tmp_path, capsys):
         for k in trained:
             np.testing.assert_array_equal(got[k], trained[k])
     # the byte tokenizer goes with the HF export, its special tokens named, pad the model's
-    tok_config = json.load(open(os.path.join(out["hf"], "tokenizer_config.json")))
+    tok_config = json.loads(Path(os.path.join(out["hf"], "tokenizer_config.json")).read_text())
     assert (tok_config["pad_token"], tok_config["eos_token"], tok_config["bos_token"]) == ("<pad>", "<eos>", "<bos>")
     transformers = pytest.importorskip("transformers")
     hf_tok = transformers.AutoTokenizer.from_pretrained(out["hf"])
-    assert hf_tok.pad_token_id == json.load(open(os.path.join(out["hf"], "config.json")))["pad_token_id"] == 0
+    assert hf_tok.pad_token_id == json.loads(Path(os.path.join(out["hf"], "config.json")).read_text())["pad_token_id"] == 0
     tensors = safetensors.numpy.load_file(out["torch"])
     assert tensors.keys() == trained.keys()
     for k in trained:
@@ -147,7 +148,7 @@ def test_hf_finetune_exports_the_finetuned_weights(tmp_path, monkeypatch):
     tol = 1e-5 * max(1.0, float(np.abs(ours).max()))
     print(f"[hf fine-tune export] max |logit diff| transformers vs jaxformer {diff:.3e} (tol {tol:.1e})")
     assert diff <= tol
-    assert yaml.safe_load(open(os.path.join(run, "config.yaml")))["train"]["init_from"] == ckpt
+    assert yaml.safe_load(Path(os.path.join(run, "config.yaml")).read_text())["train"]["init_from"] == ckpt
 
 
 def test_load_reads_a_torch_run_step(tmp_path):

@@ -119,7 +119,7 @@ def test_seq2seq_cached_logits_equal_full_recompute(flavour, framework):
                 steps.append(np.asarray(logits[:, 0]))
                 tok = steps[-1].argmax(-1)[:, None].astype(np.int32)
             fwd = jitted(j)
-            forward = lambda tgt: fwd(SOURCES, tgt)
+            forward = lambda tgt, fwd=fwd: fwd(SOURCES, tgt)
         else:
             with torch.no_grad():
                 memory, mmask = t.encode(torch.as_tensor(SOURCES).long())
@@ -160,7 +160,7 @@ def test_elementwise_decode_attention_reads_the_cache_without_copies():
         cache = j.init_cache(1, 40)  # batch 1: the case that copied
         cache_type = "f32[" + ",".join(map(str, cache[0]["self"]["k"].shape)) + "]"
 
-        def loop(state, cache, elementwise):
+        def loop(state, cache, elementwise, graphdef=graphdef):
             model = nnx.merge(graphdef, state)
 
             def body(i, cache):

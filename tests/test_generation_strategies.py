@@ -59,7 +59,7 @@ def test_left_padded_rows_generate_like_unpadded(framework):
     model = j if framework == "jax" else t
     gen = GenerationConfig(max_new_tokens=N, stop_at_eos=False)  # the batch: the greedy test's program
     batch = g.lm_generate(model, *g.pad_prompts(PROMPTS, 0), gen)
-    for row, prompt in zip(batch, PROMPTS):
+    for row, prompt in zip(batch, PROMPTS, strict=True):
         np.testing.assert_array_equal(row, g.lm_generate(model, np.array([prompt]), None, gen)[0])
 
 
@@ -163,7 +163,7 @@ def test_beam_search_finds_the_exhaustive_best(framework):
     logp = logits - np.logaddexp.reduce(logits, -1, keepdims=True)
     tok_lp = np.take_along_axis(logp, seqs[:, :, None], -1)[:, :, 0]  # [512, 3]
     best, best_seq = -np.inf, None
-    for s, lp in zip(seqs, tok_lp):
+    for s, lp in zip(seqs, tok_lp, strict=True):
         n = int(np.argmax(s == 2)) + 1 if (s == 2).any() else 3
         score = lp[:n].sum() / n ** 0.7
         if score > best + 1e-9:

@@ -115,7 +115,7 @@ def max_diff(fam, a: list, b: list) -> float:
     assert len(a) == len(b)
     # LM rows at pad positions see no real token in HF's causal mask: compare real tokens only
     sel = (lambda x: x[MASK.astype(bool)]) if fam in LMS else (lambda x: x)
-    return max(float(np.abs(sel(x) - sel(y)).max()) for x, y in zip(a, b))
+    return max(float(np.abs(sel(x) - sel(y)).max()) for x, y in zip(a, b, strict=True))
 
 
 # ----------------------------------------------------------------------------- import parity
@@ -186,7 +186,7 @@ def test_export_round_trip(fam, hf_dirs, tmp_path):
     back.eval()
     sd, sd2 = hf_model.state_dict(), back.state_dict()
     assert set(sd) == set(sd2) and all(torch.equal(sd[k], sd2[k]) for k in sd)  # bit-exact weights
-    for a, b in zip(hf_outputs(hf_model, fam), hf_outputs(back, fam)):
+    for a, b in zip(hf_outputs(hf_model, fam), hf_outputs(back, fam), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -214,7 +214,7 @@ def test_cli_sharded_import_train_yaml_and_export(hf_dirs, tmp_path, capsys):
     src = tmp_path / "sharded"
     hf_model.save_pretrained(src, max_shard_size="20KB")
     assert os.path.exists(src / "model.safetensors.index.json")
-    assert len(set(json.load(open(src / "model.safetensors.index.json"))["weight_map"].values())) > 2
+    assert len(set(json.loads((src / "model.safetensors.index.json").read_text())["weight_map"].values())) > 2
     out = tmp_path / "ckpt"
 
     def train_yaml(name, cfg):  # what the CLI adds: jaxformer.train's fine-tune config
@@ -254,7 +254,7 @@ def test_extra_files_are_part_of_the_atomic_output(hf_dirs, tmp_path):
     assert not os.path.exists(out) and not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
     hf.convert_hf_to_flax(hf_dirs["gpt2"][1], str(out), extra_files=lambda name, cfg: {"name.txt": name})
     assert sorted(os.listdir(out)) == ["model.yaml", "name.txt", "params"]
-    assert open(out / "name.txt").read() == "lm"
+    assert (out / "name.txt").read_text() == "lm"
 
 
 # ----------------------------------------------------------------------------- safe loading
@@ -314,7 +314,7 @@ def test_plain_bin_checkpoints_load(hf_dirs, tmp_path):
         name = f"pytorch_model-{i + 1:05d}-of-00002.bin"
         torch.save({k: sd[k] for k in part}, src / name)
         weight_map.update({k: name for k in part})
-    json.dump({"weight_map": weight_map}, open(src / "pytorch_model.bin.index.json", "w"))
+    (src / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
     model2, _, _ = hf.from_pretrained(str(src))
     a, b = param_leaves(model), param_leaves(model2)
     assert all(np.array_equal(np.asarray(a[p].get_value()), np.asarray(b[p].get_value())) for p in a)
@@ -402,7 +402,7 @@ def test_model_type_must_match_the_architecture(hf_dirs, tmp_path):
 def sharded(hf_dirs, tmp_path):
     src = tmp_path / "src"
     hf_dirs["gpt2"][0].save_pretrained(src, max_shard_size="20KB")
-    shards = sorted(set(json.load(open(src / "model.safetensors.index.json"))["weight_map"].values()))
+    shards = sorted(set(json.loads((src / "model.safetensors.index.json").read_text())["weight_map"].values()))
     return src, shards
 
 
@@ -446,9 +446,9 @@ def test_index_names_are_all_checked_before_any_shard_is_opened(bad, sharded, mo
     file it names is read (no shard header is parsed)."""
     from jaxformer.hf import files
     src, _ = sharded
-    index = json.load(open(src / "model.safetensors.index.json"))
+    index = json.loads((src / "model.safetensors.index.json").read_text())
     index["weight_map"][sorted(index["weight_map"])[-1]] = bad
-    json.dump(index, open(src / "model.safetensors.index.json", "w"))
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
 
     def never(path):
         raise AssertionError(f"opened {path}")

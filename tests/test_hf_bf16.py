@@ -85,7 +85,7 @@ def test_streamed_bf16_conversion_reloads_as_bf16_and_exports(bf16_llama, tmp_pa
         assert json.load(f)["dtype"] == "bfloat16"
     from safetensors import safe_open
     with safe_open(os.path.join(back, "model.safetensors"), "np") as f:
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118 (a safetensors handle, not a dict)
     import transformers
     again = transformers.AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -102,7 +102,7 @@ def test_float32_checkpoint_downcasts_only_when_asked(tmp_path):
     assert {np.dtype(x.dtype).name for x in _leaves(auto)} == {"float32"}
     half, _, _ = hf.from_pretrained(path, param_dtype="bfloat16")
     a, b = _leaves(auto), _leaves(half)
-    assert all(np.array_equal(np.asarray(x).astype(ml_dtypes.bfloat16), np.asarray(y)) for x, y in zip(a, b))
+    assert all(np.array_equal(np.asarray(x).astype(ml_dtypes.bfloat16), np.asarray(y)) for x, y in zip(a, b, strict=True))
     with pytest.raises(ValueError, match="param dtype 'float16'"):
         hf.from_pretrained(path, param_dtype="float16")
 

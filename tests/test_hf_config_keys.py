@@ -4,9 +4,11 @@ transformers accepts them; the options that change a model only away from a neut
 accepted at that value and refused by name otherwise. No model is built: config_from_hf only."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -92,10 +94,8 @@ def _flipped(cfg):
             new = float(v)
         else:
             continue
-        try:
+        with contextlib.suppress(ConfigError, TypeError, ValueError):
             cfg = dataclasses.replace(cfg, **{f.name: new})
-        except (ConfigError, TypeError, ValueError):
-            pass
     return cfg
 
 
@@ -141,9 +141,9 @@ def test_cli_round_trip_of_a_gemma2_import_loads_in_transformers(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(["convert", "--from", "hf", str(tmp_path / "hf"), "--to", "flax", flax]) == 0
     spec_file = os.path.join(flax, "model.yaml")
-    spec = yaml.safe_load(open(spec_file))
+    spec = yaml.safe_load(Path(spec_file).read_text())
     spec["model"]["query_pre_attn_scalar"] = 20.0
-    yaml.safe_dump(spec, open(spec_file, "w"))
+    Path(spec_file).write_text(yaml.safe_dump(spec))
     outs = [str(tmp_path / "back"), str(tmp_path / "exported")]
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(["convert", "--from", "flax", flax, "--to", "hf", outs[0]]) == 0

@@ -122,14 +122,14 @@ def test_zeroing_the_score_bias_moves_the_logits(r, tmp_path_factory):
     from helpers import hf_lm_logits
     hf_model, _, (model, _, cfg) = built(r, tmp_path_factory)
     ref = hf_lm_logits(hf_model, IDS, MASK)
-    routers = [layer.ffn.router for layer, sparse in zip(model.decoder.layers, cfg.sparse_layers()) if sparse]
+    routers = [layer.ffn.router for layer, sparse in zip(model.decoder.layers, cfg.sparse_layers(), strict=False) if sparse]
     kept = [router.score_bias.get_value() for router in routers]
     try:
         for router in routers:
             router.score_bias.set_value(jnp.zeros_like(router.score_bias.get_value()))
         unbiased = lm_logits(model, IDS, MASK)
     finally:
-        for router, b in zip(routers, kept):
+        for router, b in zip(routers, kept, strict=True):
             router.score_bias.set_value(b)
     assert np.abs(unbiased - ref)[MASK.astype(bool)].max() > 1e-2
 

@@ -74,7 +74,7 @@ def test_beam_matches_hf(tag, tmp_path_factory):
     np.testing.assert_array_equal(ours, free)
     ours, _ = generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=n, strategy="beam", num_beams=3,
                                                              eos_id=eos, length_penalty=1.0))
-    for row_ids, want in zip(ours, ref):  # compared up to and including the eos; HF pads after it
+    for row_ids, want in zip(ours, ref, strict=False):  # compared up to and including the eos; HF pads after it
         stop = list(want).index(eos) + 1 if eos in want else len(want)
         np.testing.assert_array_equal(row_ids[:stop], want[:stop])
 

@@ -80,10 +80,8 @@ def test_qwen_moe_config(arch):
     ("Qwen3MoeForCausalLM", dict(router_dropout=0.1), "router_dropout"),
 ])
 def test_refused_options_are_named(arch, kw, named):
-    if named in ("router_dropout", "rope_parameters"):  # the config class refuses these itself
-        raw = dict(hf_config(arch), **kw)
-    else:
-        raw = hf_config(arch, **kw)
+    # the config class refuses router_dropout and rope_parameters itself
+    raw = dict(hf_config(arch), **kw) if named in ("router_dropout", "rope_parameters") else hf_config(arch, **kw)
     with pytest.raises(ConfigError, match=named):
         family(arch).config_from_hf(raw, arch)
 

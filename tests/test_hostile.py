@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -169,8 +170,8 @@ LINK_CASES = [
          protect=("outside.txt",), absent=("w/config.yaml", "w/checkpoints")),
     Case("atomic_file_replaces_link_not_target", call=lambda t: _fileio().write_text(os.path.join(t, "w", "x"), "new"),
          setup=_seq(lambda t: _put(t, "outside.txt", "keep\n"), _link("outside.txt", "w/x")),
-         check=lambda t, r: open(os.path.join(t, "outside.txt")).read() == "keep\n"
-         and not os.path.islink(os.path.join(t, "w", "x")) and open(os.path.join(t, "w", "x")).read() == "new"),
+         check=lambda t, r: Path(os.path.join(t, "outside.txt")).read_text() == "keep\n"
+         and not os.path.islink(os.path.join(t, "w", "x")) and Path(os.path.join(t, "w", "x")).read_text() == "new"),
 ]
 
 

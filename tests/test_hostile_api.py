@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +52,8 @@ def model(name: str, torch_twin: bool = False):
            "swin": lambda: SwinConfig(**SWIN), "timeseries": lambda: TimeSeriesConfig(**SERIES)}[name]()
     if torch_twin:
         return torch_model(name, cfg).eval()
-    if name == "lm":  # the one model that computes here; the others only refuse, before any weight is read
-        m = build_model(name, cfg)
-    else:
-        m = abstract_model(name, cfg)
+    # lm: the one model that computes here; the others only refuse, before any weight is read
+    m = build_model(name, cfg) if name == "lm" else abstract_model(name, cfg)
     m.eval()
     return m
 
@@ -63,7 +62,7 @@ def model(name: str, torch_twin: bool = False):
 def lm_checked():
     """(checked forward, jit forward, state) of the tiny LM: each compiled once."""
     graphdef, state = nnx.split(model("lm"))
-    forward = lambda s, ids, mask: nnx.merge(graphdef, s)(ids, mask)  # noqa: E731
+    forward = lambda s, ids, mask: nnx.merge(graphdef, s)(ids, mask)
     return checked(forward), jax.jit(forward), state
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from test_bad_input import GOOD_CHAT, HF_ARGV, TINY_LLAMA, _hf_dir, _put, _put_b
 
 # ----------------------------------------------------------------------------- token shards
 def _digest(path: str) -> tuple[int, str]:
-    data = open(path, "rb").read()
+    data = Path(path).read_bytes()
     return len(data), hashlib.sha256(data).hexdigest()
 
 
@@ -44,7 +45,7 @@ def _rewrite_shard(tmp: str, change, name: str = "train-00000.npy", rel: str = "
     np.save(path, a, allow_pickle=False)
     if fix_meta:
         meta_path = os.path.join(tmp, rel, "meta.json")
-        meta = json.load(open(meta_path))
+        meta = json.loads(Path(meta_path).read_text())
         s = meta["splits"]["train"]["shards"][0]
         size, sha = _digest(path)
         if name.endswith(".mask.npy"):
@@ -65,6 +66,12 @@ def _pad_header(tmp: str) -> None:
         f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + a.tobytes())
 
 
+def _append_byte(tmp: str) -> None:
+    """One byte appended to the shard."""
+    with open(os.path.join(tmp, "tok", "train-00000.npy"), "ab") as f:
+        f.write(b"\0")
+
+
 def _set(a: np.ndarray, i: int, v: int) -> np.ndarray:
     a = a.copy()
     a[i] = v
@@ -83,7 +90,7 @@ def _shard_field(key: str, value):
     def setup(tmp: str) -> None:
         _tokens(tmp)
         path = os.path.join(tmp, "tok", "meta.json")
-        meta = json.load(open(path))
+        meta = json.loads(Path(path).read_text())
         shard = meta["splits"]["train"]["shards"][0]
         if value is None and key != "bytes":
             shard.pop(key)
@@ -111,7 +118,7 @@ def _unwarned(monkeypatch, tmp: str) -> None:
 
 
 def _prepared_checksums(tmp: str, _) -> None:
-    meta = json.load(open(os.path.join(tmp, "out", "meta.json")))
+    meta = json.loads(Path(os.path.join(tmp, "out", "meta.json")).read_text())
     shards = meta["splits"]["train"]["shards"]
     assert shards and all((s.get("bytes"), s.get("sha256")) == _digest(os.path.join(tmp, "out", s["file"]))
                           for s in shards), shards
@@ -127,7 +134,7 @@ SHARD_CASES = [
     Case("shard_header_padded", call=_read_all, error=r"shard train-00000\.npy is 208 bytes, meta\.json says 144",
          setup=lambda t: (_tokens(t), _pad_header(t))),
     Case("shard_appended_bytes", call=_read_all, error=r"shard train-00000\.npy is 145 bytes, meta\.json says 144",
-         setup=lambda t: (_tokens(t), open(os.path.join(t, "tok", "train-00000.npy"), "ab").write(b"\0"))),
+         setup=lambda t: (_tokens(t), _append_byte(t))),
     Case("mask_shard_altered", call=_read_all, error=r"shard train-00000\.mask\.npy was altered",
          setup=lambda t: (_masked_tokens(t), _rewrite_shard(t, lambda a: _set(a, 0, 1), "train-00000.mask.npy"))),
     Case("shard_sha_not_hex", call=_open_split, error=r"shards\[0\]\.sha256 must be 64 hex digits",
@@ -165,7 +172,7 @@ SHARD_CASES = [
 
 def _strip_checksums(tmp: str) -> None:
     path = os.path.join(tmp, "tok", "meta.json")
-    meta = json.load(open(path))
+    meta = json.loads(Path(path).read_text())
     for s in meta["splits"]["train"]["shards"]:
         s.pop("bytes", None)
         s.pop("sha256", None)
@@ -446,7 +453,7 @@ BOMB_CASES = [
     Case("chat_template_sandbox_escape", argv=CHAT, error=r"c\.jsonl:1: the chat template .* failed: SecurityError",
          setup=_chat("{{ messages.__class__.__mro__ }}" + CHATML_LIKE), absent=("out",)),
     Case("chat_template_plain_ok", argv=CHAT, setup=_chat(CHATML_LIKE),
-         check=lambda t, r: json.load(open(os.path.join(t, "out", "meta.json")))["splits"]["train"]["loss_tokens"] > 0),
+         check=lambda t, r: json.loads(Path(os.path.join(t, "out", "meta.json")).read_text())["splits"]["train"]["loss_tokens"] > 0),
     Case("png_bomb_header", call=_decode(lambda: _png_header(100_000, 100_000)),
          error=r"^ds/bomb\.png: refused: a decompression bomb"),
     Case("png_bomb_warning_size", call=_decode(lambda: _png_header(10_000, 10_000)),
@@ -577,7 +584,7 @@ def _rerun_is_clean(tmp: str, capsys) -> None:
     assert cli.main([*PREP, "--input", os.path.join(tmp, "in.txt"), "--out", os.path.join(tmp, "out")]) == 0
     capsys.readouterr()
     _no_stale(tmp)
-    assert json.load(open(os.path.join(tmp, "out", "meta.json")))["splits"]["train"]["documents"] == 2
+    assert json.loads(Path(os.path.join(tmp, "out", "meta.json")).read_text())["splits"]["train"]["documents"] == 2
 
 
 @pytest.mark.parametrize("signals", [(signal.SIGKILL,), (signal.SIGTERM,), (signal.SIGTERM, signal.SIGTERM)],

@@ -73,7 +73,7 @@ def test_decode_resizes_converts_and_normalizes(tmp_path):
     assert x.shape == (8, 8, 3)
     np.testing.assert_allclose(x[0, 0], [1.0, 3.0, 0.5])
     grey = image_folder.decode(_png(_image(1, 0)), "x", _cfg(tmp_path, num_channels=1, mean=[0.0], std=[1.0]))
-    assert grey.shape == (8, 8, 1) and 0.0 <= grey.min() and grey.max() <= 1.0
+    assert grey.shape == (8, 8, 1) and grey.min() >= 0.0 and grey.max() <= 1.0
     raw = image_folder.decode(str(white), "white.png", _cfg(tmp_path, normalize=False))
     np.testing.assert_array_equal(raw, np.ones((8, 8, 3), np.float32))
 

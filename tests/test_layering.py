@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,7 @@ def _modules(top: str):
 
 def imports(path: str, module: str):
     """-> [(imported module, lineno, lazy)] for import statements and module-path strings."""
-    tree = ast.parse(open(path).read(), path)
+    tree = ast.parse(Path(path).read_text(), path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     top_level = {id(n) for n in tree.body}
     out = []
@@ -170,7 +171,7 @@ def import_graph(modules: dict[str, str]) -> dict[str, set[str]]:
     folder) does not import it: Python has loaded the parent before the module anyway."""
     graph = {m: set() for m in modules}
     for module, path in modules.items():
-        tree = ast.parse(open(path).read(), path)
+        tree = ast.parse(Path(path).read_text(), path)
         strings = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         for target, line, lazy in imports(path, module):
             other = _module_of(target, modules)

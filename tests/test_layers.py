@@ -118,7 +118,7 @@ def test_fused_path_rounds_as_the_explicit_one_under_jit():
         out, vjp = jax.vjp(f, q, k, v)
         return (out, *vjp(g))
     fused, explicit = jax.jit(lambda: out_and_grads(False))(), jax.jit(lambda: out_and_grads(True))()
-    for a, b in zip(fused, explicit):
+    for a, b in zip(fused, explicit, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,7 +77,7 @@ def test_grain_order_is_batch_at_per_process_and_from_any_step():
 
     one, state = batches(pipeline.process_rows(bs, accum))
     assert state == {"next_index": 12}
-    for got, want in zip(one, expect):
+    for got, want in zip(one, expect, strict=False):
         assert all(np.array_equal(got[k], want[k]) for k in want)
     # two processes: disjoint rows that interleave, per micro-batch, into the one-process batch
     rows = [pipeline.process_rows(bs, accum, i, 2) for i in range(2)]
@@ -90,14 +91,14 @@ def test_grain_order_is_batch_at_per_process_and_from_any_step():
     # resume: from a saved state, or from the step alone, the same batches follow
     for saved in ({"next_index": 7}, None):
         later, _ = batches(pipeline.process_rows(bs, accum), 7, saved)
-        assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(later, expect[7:]))
+        assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(later, expect[7:], strict=False))
     with pytest.raises(ValueError, match="inconsistent"):
         batches(pipeline.process_rows(bs, accum), 7, {"next_index": 6})
 
 
 def test_token_windows_pack_documents_across_shards(tmp_path):
     path = write_tokens(tmp_path / "tok")
-    meta = json.load(open(os.path.join(path, "meta.json")))
+    meta = json.loads(Path(os.path.join(path, "meta.json")).read_text())
     assert len(meta["splits"]["train"]["shards"]) > 2
     stream = np.concatenate([np.load(os.path.join(path, s["file"])) for s in meta["splits"]["train"]["shards"]])
     train, evaluation = data_lib.load_sources("tokens", tokens_cfg(path).data, 0)
@@ -205,13 +206,13 @@ def test_tokens_train_eval_tokenizer_and_refused_resume(data_dir, reference, tmp
         d = os.path.join(wd, "model", kind)
         rec = tokenizer_entry(d)
         assert rec["sha256"] == _sha(data_dir) and rec["vocab_size"] == VOCAB and rec["eos_id"] == 2
-        assert open(os.path.join(d, "tokenizer.json")).read() == open(os.path.join(data_dir, "tokenizer.json")).read()
+        assert Path(os.path.join(d, "tokenizer.json")).read_text() == Path(os.path.join(data_dir, "tokenizer.json")).read_text()
     # the same run, trained on a directory that now holds data of another tokenizer
     import shutil
     moved = str(tmp_path / "w")
     shutil.copytree(wd, moved)
     other = write_tokens(tmp_path / "tok", sha="b" * 64)
-    stored = yaml.safe_load(open(os.path.join(moved, "config.yaml")))
+    stored = yaml.safe_load(Path(os.path.join(moved, "config.yaml")).read_text())
     stored["data"]["path"] = other
     with open(os.path.join(moved, "config.yaml"), "w") as f:
         yaml.safe_dump(stored, f)
@@ -225,7 +226,7 @@ def test_tokens_train_eval_tokenizer_and_refused_resume(data_dir, reference, tmp
 def test_sigkill_then_resume_gives_identical_losses(data_dir, killed, reference):
     wd, _, saved = killed
     data_file = os.path.join(wd, "checkpoints", str(saved), "data", "process_0-of-1.json")
-    assert json.load(open(data_file)) == {"next_index": saved}  # the pipeline's state is in the checkpoint
+    assert json.loads(Path(data_file).read_text()) == {"next_index": saved}  # the pipeline's state is in the checkpoint
     tr = JaxTrainer(tokens_cfg(data_dir, steps=saved + 2), wd, resume=True, progress=False)
     assert tr.start_step == saved and tr.data_state == {"next_index": saved}
     resumed = [r["loss"] for r in tr.run()]
@@ -242,7 +243,7 @@ def test_torch_trainer_reads_the_same_batches(data_dir, reference, tmp_path):
     from jaxformer.train.torch.trainer import TorchTrainer
     from jaxformer.train.trajectory import RTOL
     history = TorchTrainer(tokens_cfg(data_dir, steps=2), str(tmp_path), progress=False).run()
-    diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(history, reference[0])]
-    print("torch vs jax on tokens data, per-step loss diffs:", ["%.1e" % d for d in diffs])
+    diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(history, reference[0], strict=False)]
+    print("torch vs jax on tokens data, per-step loss diffs:", [f"{d:.1e}" for d in diffs])
     assert len(diffs) == 2 and max(diffs) <= RTOL * max(1.0, reference[0][0]["loss"])
     assert tokenizer_entry(str(tmp_path / "model" / "last"))["sha256"] == _sha(data_dir)

@@ -28,7 +28,7 @@ LLAMA, GPT2 = LMConfig.tiny("llama"), LMConfig.tiny("gpt2")
 IDS = np.random.RandomState(0).randint(1, 64, (2, 7)).astype(np.int32)
 
 
-def pair(lm_cfg=LLAMA, cfg=LoRAConfig(r=4, alpha=8)):
+def pair(lm_cfg=LLAMA, cfg=LoRAConfig(r=4, alpha=8)):  # noqa: B008 (a frozen dataclass)
     """Both trees' LoRA'd LMs with the same weights (adapters non-zero), in eval mode."""
     t = tbuild("lm", lm_cfg, seed=0)
     j_paths = []

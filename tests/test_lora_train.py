@@ -81,14 +81,14 @@ def test_lora_trajectory_parity_and_frozen_base(tmp_path):
     assert sum(len(g["params"]) for g in tt.opt.param_groups) == 2 * len(jl.lora_modules(jmod))
     jh, th = jt.run(), tt.run()
     assert len(jh) == len(th) == 20
-    worst = {k: max(abs(a[k] - b[k]) / max(1.0, abs(b[k])) for a, b in zip(jh, th)) for k in ("loss", "lr", "grad_norm")}
+    worst = {k: max(abs(a[k] - b[k]) / max(1.0, abs(b[k])) for a, b in zip(jh, th, strict=True)) for k in ("loss", "lr", "grad_norm")}
     jp = params_numpy(jt.state)
     tp = {k: v.detach().numpy() for k, v in tt.module.state_dict().items()}
     assert set(jp) == set(tp)
     worst["params"] = max(float(np.abs(jp[k] - tp[k]).max()) for k in tp)
     print("LoRA trajectory JAX vs torch:", {k: f"{v:.2e}" for k, v in worst.items()})
     assert max(worst.values()) <= 1e-4
-    assert all(np.array_equal(a, b) for a, b in zip(base_j, _host(jt.state["frozen"])))
+    assert all(np.array_equal(a, b) for a, b in zip(base_j, _host(jt.state["frozen"]), strict=True))
     assert all(torch.equal(v, _torch_frozen(tt.module)[k]) for k, v in base_t.items())
     assert all(np.abs(jp[k]).max() > 0 for k in jp if ".lora_B." in k)  # the adapters trained
     assert np.mean([r["loss"] for r in jh[-5:]]) < np.mean([r["loss"] for r in jh[:5]])
@@ -122,10 +122,8 @@ def reduced_runs(tmp_path_factory):
             root = tmp_path_factory.mktemp(f"{base_dtype}_run")
             jt = JaxTrainer(cfg, str(root / "jax"), progress=False)
             j_before = (_host(jt.state["frozen"]), _host(jt.state["params"]))
-            if base_dtype == "int8":
-                j_losses = [r["loss"] for r in jt.run()]
-            else:  # nothing reads the bf16 run's eval or saves: its train steps alone
-                j_losses = step_losses(jt)
+            # bf16: nothing reads the run's eval or saves, its train steps alone
+            j_losses = [r["loss"] for r in jt.run()] if base_dtype == "int8" else step_losses(jt)
             tt = TorchTrainer(cfg, str(root / "torch"), progress=False)
             t_before = _torch_frozen(tt.module)
             t_losses = [r["loss"] for r in tt.run()]
@@ -163,8 +161,8 @@ def test_reduced_base_trains_and_stays_bit_identical(base_dtype, reduced_runs, f
     assert isinstance(kernel, QuantizedWeight) and kernel.data.dtype == (jnp.int8 if base_dtype == "int8" else jnp.uint16)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(jt.state["params"]))
     assert all(np.isfinite(loss) for loss in jh)
-    assert all(np.array_equal(a, b) for a, b in zip(before, _host(jt.state["frozen"])))
-    assert not all(np.array_equal(a, b) for a, b in zip(adapters, _host(jt.state["params"])))
+    assert all(np.array_equal(a, b) for a, b in zip(before, _host(jt.state["frozen"]), strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(adapters, _host(jt.state["params"]), strict=True))
     assert any(isinstance(v, torch.Tensor) and v.dtype == (torch.int8 if base_dtype == "int8" else torch.bfloat16)
                for v in t_before.values())
     assert all(np.isfinite(loss) for loss in th)
@@ -194,7 +192,7 @@ def test_pmap_and_mesh_match_one_device(int8_run, tmp_path):
     assert base.data.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
     assert base.scale.sharding.spec == jax.sharding.PartitionSpec("tensor")
     mesh = mt.run()
-    diffs = {name: max(abs(a - b["loss"]) for a, b in zip(single, other)) for name, other in (("pmap", pmap), ("mesh", mesh))}
+    diffs = {name: max(abs(a - b["loss"]) for a, b in zip(single, other, strict=False)) for name, other in (("pmap", pmap), ("mesh", mesh))}
     print("LoRA int8 base, loss diffs vs one device:", {k: f"{v:.1e}" for k, v in diffs.items()})
     assert len(pmap) == len(mesh) == len(single) == 4 and max(diffs.values()) <= 1e-5
 
@@ -209,7 +207,7 @@ def test_resume_is_exact_in_both_trainers(int8_run, tmp_path):
     resumed = JaxTrainer(cfg, str(tmp_path / "jax2"), resume=True, progress=False)
     assert resumed.start_step == 2
     assert [r["loss"] for r in resumed.run()] == full_losses[2:]
-    assert all(np.array_equal(a, b) for a, b in zip(_host(full.state), _host(resumed.state)))
+    assert all(np.array_equal(a, b) for a, b in zip(_host(full.state), _host(resumed.state), strict=False))
 
     shutil.copytree(run / "torch", tmp_path / "torch2")
     shutil.rmtree(tmp_path / "torch2" / "torch_checkpoints" / "step_4")
@@ -217,7 +215,7 @@ def test_resume_is_exact_in_both_trainers(int8_run, tmp_path):
     assert tres.start_step == 2 and [r["loss"] for r in tres.run()] == t_losses[2:]
     for k, v in _torch_frozen(tfull.module).items():
         assert torch.equal(v, _torch_frozen(tres.module)[k]), k
-    for (k, a), b in zip(tfull.module.state_dict().items(), tres.module.state_dict().values()):
+    for (k, a), b in zip(tfull.module.state_dict().items(), tres.module.state_dict().values(), strict=False):
         assert torch.equal(a, b), k
 
 

@@ -33,7 +33,7 @@ from torch_ref import generation as tgen
 from torch_ref.layers.mla import MultiHeadLatentAttention as TorchMLA
 
 T = pytest.importorskip("transformers")
-from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_ds  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_ds
 
 D, H, B, L = 32, 4, 2, 9
 

@@ -179,7 +179,7 @@ def test_classifier_ignores_padding(pooling):
     t, j = converted_pair("classifier", ClassifierConfig.tiny(pooling=pooling, norm_position="pre"))
     ids = rand_ids(np.random.RandomState(3), 1, 5)
     padded = np.concatenate([ids, np.zeros((1, 3), np.int32)], axis=1)  # pad_id 0 at the end
-    jax_model = lambda *xs: jitted(j, *xs)  # noqa: E731
+    jax_model = lambda *xs: jitted(j, *xs)
     for model, conv, to_np in ((jax_model, np.asarray, np.asarray), (t, torch.as_tensor, lambda x: x.detach().numpy())):
         assert np.abs(to_np(model(conv(padded))) - to_np(model(conv(ids)))).max() <= 1e-5
     # and the pad mask matters: treating the pads as tokens changes the answer

@@ -129,7 +129,7 @@ def test_ragged_dispatch_equals_dense_einsum_outputs_and_gradients(cfg, blocked,
         params, x, w, False)
     (l_d, y_d), g_d = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(params, x, w, True)
     np.testing.assert_allclose(np.asarray(y_r), np.asarray(y_d), rtol=1e-5, atol=1e-6)
-    for a, b in zip(jax.tree.leaves(g_r), jax.tree.leaves(g_d)):
+    for a, b in zip(jax.tree.leaves(g_r), jax.tree.leaves(g_d), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 

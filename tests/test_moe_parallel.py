@@ -54,7 +54,7 @@ def _run(m, x, mesh=None):
         return compiled(params, x), compiled.as_text()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _one_device(case):
     """The layer of CASES[case] on one device: ((loss, (out, aux)), grads), computed once per
     case and process (three tests compare against it)."""
@@ -73,7 +73,7 @@ def test_expert_parallel_layer_equals_one_device(case):
     np.testing.assert_array_equal(np.asarray(r1["expert_load"]), np.asarray(r2["expert_load"]))
     worst = {"out": float(jnp.max(jnp.abs(y1 - y2)) / max(1.0, float(jnp.max(jnp.abs(y1)))))}
     for (path, a), (_, b) in zip(jax.tree_util.tree_flatten_with_path(g1)[0],
-                                 jax.tree_util.tree_flatten_with_path(g2)[0]):
+                                 jax.tree_util.tree_flatten_with_path(g2)[0], strict=True):
         worst[jax.tree_util.keystr(path)] = float(jnp.max(jnp.abs(a - b)) / max(1.0, float(jnp.max(jnp.abs(a)))))
     print(case, {k: f"{v:.1e}" for k, v in worst.items()})
     assert max(worst.values()) <= 1e-6
@@ -115,6 +115,6 @@ def test_tokens_stay_local_on_an_accelerator_mesh_without_expert_axis(case):
     assert not gathered, gathered  # no [48 tokens, D] activations gathered
     np.testing.assert_array_equal(np.asarray(r1["expert_load"]), np.asarray(r2["expert_load"]))
     worst = float(jnp.max(jnp.abs(y1 - y2)) / max(1.0, float(jnp.max(jnp.abs(y1)))))
-    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
         worst = max(worst, float(jnp.max(jnp.abs(a - b)) / max(1.0, float(jnp.max(jnp.abs(a))))))
     assert worst <= 1e-6, worst

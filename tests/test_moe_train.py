@@ -17,7 +17,7 @@ from jaxformer.train.optim import make_optax
 from jaxformer.train.torch.trainer import TorchTrainer
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_train import FAMILIES, TRAIN, _pair  # noqa: E402
+from test_train import FAMILIES, TRAIN, _pair
 
 MOE = {"num_experts": 4, "top_k": 2, "router": "softmax_topk", "d_expert": 32, "dense_layers": [0],
        "aux_loss_coef": 0.1, "z_loss_coef": 0.01}
@@ -48,7 +48,7 @@ def test_moe_trajectory_parity(tmp_path):
     assert len(jh) == len(th) == 20
     worst = {}
     for key in ("loss", "lr", "grad_norm", "moe_load_balance", "moe_z_loss"):
-        worst[key] = max(abs(a[key] - b[key]) / max(1.0, abs(b[key])) for a, b in zip(jh, th))
+        worst[key] = max(abs(a[key] - b[key]) / max(1.0, abs(b[key])) for a, b in zip(jh, th, strict=True))
     print("moe trajectory, max |d|/max(1,|torch|):", {k: f"{v:.1e}" for k, v in worst.items()})
     assert max(worst.values()) <= 1e-4
     assert all(r["moe_load_balance"] >= 0.99 and r["moe_z_loss"] > 0 for r in jh)  # E * sum f P >= 1
@@ -161,7 +161,7 @@ def test_expert_parallel_matches_single_device(parallel, moe_single_device, tmp_
     cfg = moe_cfg(parallel=parallel, steps=4, batch_size=16, grad_accum_steps=1, init="normal_0.02",
                   eval_every=4, checkpoint_every=4)
     losses, tr = _mesh_losses(cfg, tmp_path)
-    diff = max(abs(a - b) for a, b in zip(losses, moe_single_device))
+    diff = max(abs(a - b) for a, b in zip(losses, moe_single_device, strict=False))
     print(f"{parallel['mode']}: max per-step loss diff vs one device {diff:.1e}")
     assert len(losses) == 4 and diff <= 1e-5
     if parallel["mode"] == "mesh":
@@ -201,7 +201,7 @@ def test_sharded_init_covers_moe_params():
     state = init_lib.create_state(cfg.model_name, cfg.model, cfg.train.init, cfg.train.seed, tx, sh)
     single = init_lib.create_state(cfg.model_name, cfg.model, cfg.train.init, cfg.train.seed, tx)
     for (p, a), (_, b) in zip(jax.tree_util.tree_flatten_with_path(state["params"])[0],
-                              jax.tree_util.tree_flatten_with_path(single["params"])[0]):
+                              jax.tree_util.tree_flatten_with_path(single["params"])[0], strict=False):
         assert np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(p)
     ffn = state["params"]["decoder"]["layers"][0]["ffn"]
     for name in ("gate_proj", "up_proj", "down_proj"):

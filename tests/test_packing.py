@@ -25,7 +25,7 @@ FLAVOURS = {"gpt2_learned": LMConfig.tiny("gpt2"), "llama_rope_gqa": LMConfig.ti
 
 def _documents(rng):
     """Two rows of 15 ids: documents that end in eos, the last one of row 0 cut by the window."""
-    doc = lambda n: rng.integers(3, 64, n)  # noqa: E731
+    doc = lambda n: rng.integers(3, 64, n)
     rows = [[doc(4), doc(6), doc(3)], [doc(7), doc(6)]]
     docs = [[np.r_[d, EOS] if i < len(r) - 1 or len(r) == 2 else d for i, d in enumerate(r)] for r in rows]
     tokens = np.stack([np.concatenate(r) for r in docs]).astype(np.int32)  # [2, 15]
@@ -68,13 +68,13 @@ def test_packed_row_gives_each_document_its_own_loss(flavour):
     jl = _jax_logits(jmod, x, s)
     with torch.no_grad():
         tl = tmod(torch.from_numpy(x), segment_ids=torch.from_numpy(s)).numpy()
-        alone_t = [r[:len(d) - 1] for r, d in zip(tmod(torch.from_numpy(alone)).numpy(), docs)]
-    alone_j = [r[:len(d) - 1] for r, d in zip(_jax_logits(jmod, alone), docs)]
+        alone_t = [r[:len(d) - 1] for r, d in zip(tmod(torch.from_numpy(alone)).numpy(), docs, strict=True)]
+    alone_j = [r[:len(d) - 1] for r, d in zip(_jax_logits(jmod, alone), docs, strict=True)]
     # the same logits as each document alone, in each tree, and JAX == torch
     spans = [(b, o, o + len(d) - 1) for b, r in enumerate([docs[:3], docs[3:]])
-             for o, d in zip(np.cumsum([0] + [len(d) for d in r]), r)]
+             for o, d in zip(np.cumsum([0] + [len(d) for d in r]), r, strict=False)]
     worst = {"jax": 0.0, "torch": 0.0}
-    for (b, lo, hi), aj, at in zip(spans, alone_j, alone_t):
+    for (b, lo, hi), aj, at in zip(spans, alone_j, alone_t, strict=True):
         worst["jax"] = max(worst["jax"], float(np.abs(jl[b, lo:hi] - aj).max()))
         worst["torch"] = max(worst["torch"], float(np.abs(tl[b, lo:hi] - at).max()))
     print(f"{flavour}: packed vs alone max |dlogit| {worst}, jax vs torch {np.abs(jl - tl).max():.2e}")
@@ -84,7 +84,7 @@ def test_packed_row_gives_each_document_its_own_loss(flavour):
     assert np.abs(leak[0, 5:11] - alone_j[1][:6]).max() > 1e-3
     # the loss: per document, and the trainers' sums (targets across a boundary dropped)
     packed_docs = _per_document(jl, tokens, seg)
-    alone_docs = [float(_nll(np.asarray(a, np.float64), d[1:]).sum()) for a, d in zip(alone_j, docs)]
+    alone_docs = [float(_nll(np.asarray(a, np.float64), d[1:]).sum()) for a, d in zip(alone_j, docs, strict=True)]
     np.testing.assert_allclose(packed_docs, alone_docs, rtol=1e-5)
     batch = {"tokens": tokens, "segment_ids": seg}
     j_loss, j_count, _ = _forward_loss(jmod, {k: jnp.asarray(v) for k, v in batch.items()})
@@ -130,7 +130,7 @@ def test_trainers_agree_on_packed_windows_and_pmap_matches(tmp_path):
     from torch_ref.models import build_model as tbuild
     rng = np.random.default_rng(2)
     path = _write(tmp_path / "tok", [(s + np.arange(n)) % 61 + 3 for s, n in zip(rng.integers(0, 61, 80),
-                                                                             rng.integers(3, 14, 80))])
+                                                                             rng.integers(3, 14, 80), strict=True)])
     model = {"name": "lm", "vocab_size": 64, "max_len": 32, "d_model": 32, "num_heads": 4, "d_ff": 64,
              "num_layers": 2, "dropout": 0.0, "position": "rope", "norm": "rmsnorm", "ffn": "swiglu"}
     train = {"steps": 3, "batch_size": 16, "grad_accum_steps": 2, "lr": 1e-2, "schedule": "constant",
@@ -144,12 +144,12 @@ def test_trainers_agree_on_packed_windows_and_pmap_matches(tmp_path):
     load_torch_state_dict(jmod, tmod.state_dict())
     jh = JaxTrainer(cfg, str(tmp_path / "jax"), model=jmod, progress=False).run()
     th = TorchTrainer(cfg, str(tmp_path / "torch"), module=tmod, progress=False).run()
-    d = max(abs(a["loss"] - b["loss"]) / max(1.0, abs(b["loss"])) for a, b in zip(jh, th))
+    d = max(abs(a["loss"] - b["loss"]) / max(1.0, abs(b["loss"])) for a, b in zip(jh, th, strict=False))
     pcfg = config_from_dict({**cfg.to_dict(), "parallel": {"mode": "pmap"}})
     jmod = jbuild("lm", cfg.model, seed=0)
     load_torch_state_dict(jmod, tbuild("lm", cfg.model, seed=3).state_dict())
     ph = JaxTrainer(pcfg, str(tmp_path / "pmap"), model=jmod, progress=False).run()
-    dp = max(abs(a["loss"] - b["loss"]) for a, b in zip(jh, ph))
+    dp = max(abs(a["loss"] - b["loss"]) for a, b in zip(jh, ph, strict=False))
     print(f"packed trajectory: jax vs torch max rel dloss {d:.2e}, pmap vs single {dp:.2e}")
     assert d <= 1e-4 and dp <= 1e-5
 

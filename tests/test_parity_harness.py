@@ -24,7 +24,7 @@ def _no_cut():
     """torch_ref with the key-bias cut removed: the true gradient."""
     import torch_ref.layers.attention as ta
     import torch_ref.models.swin as ts
-    plain = lambda linear, x, rotated=False: linear(x)  # noqa: E731
+    plain = lambda linear, x, rotated=False: linear(x)
     saved = ta.key_projection, ts.key_projection
     ta.key_projection = ts.key_projection = plain
     try:
@@ -117,7 +117,7 @@ def test_twin_builds_abstractly_unless_a_stream_key_is_of_another_kind(impl):
     kernel = built.linear.kernel.get_value()
     if impl == "rbg":
         np.testing.assert_array_equal(np.asarray(kernel), np.asarray(eager.linear.kernel.get_value()))
-        for k, e in zip(keys, [v for _, v in nnx.to_flat_state(nnx.state(eager, nnx.RngKey))]):
+        for k, e in zip(keys, [v for _, v in nnx.to_flat_state(nnx.state(eager, nnx.RngKey))], strict=False):
             np.testing.assert_array_equal(jax.random.key_data(k.get_value()), jax.random.key_data(e.get_value()))
     else:
         assert isinstance(kernel, jax.ShapeDtypeStruct)  # abstract until the load
@@ -134,11 +134,11 @@ def test_clip_formula_matches_torch_clip_grad_norm():  # docs/numerics.md §11
     for max_norm, scale in ((0.5, 1.0), (10.0, 0.1), (1.0, 1e-3)):
         gs = [rng.standard_normal(s).astype(np.float32) * scale for s in ((4, 3), (5,))]
         ps = [torch.nn.Parameter(torch.zeros(g.shape)) for g in gs]
-        for p, g in zip(ps, gs):
+        for p, g in zip(ps, gs, strict=True):
             p.grad = torch.tensor(g)
         torch.nn.utils.clip_grad_norm_(ps, max_norm)
         out, _ = clip_by_global_norm_torch(max_norm).update([jnp.asarray(g) for g in gs], None)
-        for p, o in zip(ps, out):
+        for p, o in zip(ps, out, strict=True):
             np.testing.assert_allclose(np.asarray(o), p.grad.numpy(), rtol=1e-6)
 
 
@@ -148,7 +148,7 @@ def test_mask_polarity_matches_torch_sdpa():  # True = attend; causal = lower tr
     from jaxformer.layers import attention as ja
     rng = np.random.RandomState(0)
     q, k, v = (rng.standard_normal((2, 5, 2, 4)) for _ in range(3))
-    t = lambda a: torch.tensor(a).transpose(1, 2)  # noqa: E731
+    t = lambda a: torch.tensor(a).transpose(1, 2)
     ref = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=True).transpose(1, 2)
     ours = ja.dot_product_attention(*(jnp.asarray(a, jnp.float32) for a in (q, k, v)),
                                     mask=ja.make_causal_mask(5), return_weights=True)[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -118,7 +119,7 @@ def test_export_peft_and_merged_hf(fam, bases, lora_ckpts, tmp_path):
     ours = _ours(model)
     out = str(tmp_path / "adapter")
     _cli(["export", lora_ckpts[fam], "--to", "peft", out, "--base-model", bases[fam]])
-    config = json.load(open(os.path.join(out, "adapter_config.json")))
+    config = json.loads(Path(os.path.join(out, "adapter_config.json")).read_text())
     lora = LORAS[fam][0]
     assert (config["peft_type"], config["r"], config["lora_alpha"], config["use_rslora"], config["task_type"],
             config["bias"], config["base_model_name_or_path"]) == \
@@ -145,7 +146,7 @@ def test_export_keys_and_layout(lora_ckpts, tmp_path):
     a = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
     b = tensors["base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"]
     assert a.shape == (4, 32) and b.shape == (32, 4) and len(tensors) == 2 * 7 * 2
-    assert json.load(open(os.path.join(out, "adapter_config.json")))["base_model_name_or_path"] is None
+    assert json.loads(Path(os.path.join(out, "adapter_config.json")).read_text())["base_model_name_or_path"] is None
 
 
 def test_export_merged_flax_and_kept_flax(lora_ckpts, tmp_path):
@@ -269,7 +270,7 @@ def test_peft_options_the_tensors_decide(bases, tmp_path):
     pm = _peft_adapter("llama", bases["llama"], out, seed=6, randomize_b=False, init_lora_weights=False,
                        target_modules=["q_proj", "v_proj", "down_proj"], exclude_modules=["v_proj"],
                        layers_to_transform=[1], layers_pattern="layers")
-    config = json.load(open(os.path.join(out, "adapter_config.json")))
+    config = json.loads(Path(os.path.join(out, "adapter_config.json")).read_text())
     assert (config["init_lora_weights"], config["exclude_modules"], config["layers_to_transform"],
             config["layers_pattern"]) == (False, ["v_proj"], [1], "layers")
     ref = hf_lm_logits(pm, IDS, MASK)

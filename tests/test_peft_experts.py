@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -109,7 +110,7 @@ def test_peft_expert_adapter_both_ways(fam, adapters, tmp_path):
     from jaxformer import checkpoint_io, cli
     from jaxformer.layers.lora import merge_lora, parameter_adapters
     base, src, ref = adapters(fam)
-    config = json.load(open(os.path.join(src, "adapter_config.json")))
+    config = json.loads(Path(os.path.join(src, "adapter_config.json")).read_text())
     assert config["target_parameters"]  # PEFT adapted the experts in place
     model, name, cfg, report = hf.from_pretrained(base, adapter=src, return_report=True)
     lora = report["lora"]
@@ -139,7 +140,7 @@ def test_peft_rank_pattern_decides_the_shapes(adapters, tmp_path):
     import shutil
     base, src, _ = adapters("mixtral")
     shutil.copytree(src, tmp_path / "a")
-    config = json.load(open(tmp_path / "a" / "adapter_config.json"))
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     config["rank_pattern"] = {}
     (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ConversionError, match=r"shape: base_model\.model\.model\.layers\.0\.mlp\.experts\.base_layer"
@@ -220,7 +221,7 @@ def test_expert_adapters_train_in_both_trainers(tmp_path):
                        for ab in "AB"}
     frozen = [np.asarray(x).copy() for x in jax.tree.leaves(jt.state["frozen"])]
     jt.run()
-    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(frozen, jax.tree.leaves(jt.state["frozen"])))
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(frozen, jax.tree.leaves(jt.state["frozen"]), strict=True))
     jp = params_numpy(jt.state)
     assert all(np.abs(jp[k]).max() > 0 for k in jp if k.endswith("_lora.lora_B"))
     tt = TorchTrainer(cfg, str(tmp_path / "torch"), progress=False)

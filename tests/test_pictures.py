@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import struct
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -226,7 +227,7 @@ def read_events(logdir: str) -> list:
     from tensorboardX.proto import event_pb2
     events = []
     for path in sorted(glob.glob(os.path.join(logdir, "**", "*tfevents*"), recursive=True)):
-        data = open(path, "rb").read()
+        data = Path(path).read_bytes()
         pos = 0
         while pos < len(data):
             (n,) = struct.unpack("<Q", data[pos:pos + 8])

@@ -279,7 +279,7 @@ def test_float64_twin_excuses_only_what_float32_cannot_resolve():
     result = api.port(module, inputs)
     ported = api._loaded(result, module)
     tight = Tolerance(1e-12, 0.0)
-    twin = lambda: api.twin64(result, module)  # noqa: E731
+    twin = lambda: api.twin64(result, module)
     report = check_parity(module, ported, inputs, out_tol=tight, grad_tol=tight, twin64=twin,
                           state_map=api.state_map(module, ported))
     assert report.ok, report.message()

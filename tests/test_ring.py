@@ -70,12 +70,12 @@ def test_ring_attention_matches_plain(case):
                                     sinks=sinks if extras else None, **kw)
         return jnp.sum(jnp.sin(out)), out
 
-    grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2, 3), has_aux=True))  # noqa: E731
+    grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2, 3), has_aux=True))
     with jax.set_mesh(_mesh(("context", "tensor") if extras else ("data", "context"))):
         g_ring, out_ring = grad(ring_loss)(q, k, v, sinks)
     g_plain, out_plain = grad(plain_loss)(q, k, v, sinks)
     d_out = float(jnp.max(jnp.abs(out_ring - out_plain)))
-    d_grad = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(g_ring, g_plain))
+    d_grad = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(g_ring, g_plain, strict=True))
     print(f"{case}: max |d out| {d_out:.1e}, max |d grad| {d_grad:.1e}")
     assert d_out <= 2e-6 and d_grad <= 5e-6
     assert float(jnp.max(jnp.abs(out_plain[0, 12:]))) == 0.0 if zigzag else True  # padding rows output 0
@@ -191,7 +191,7 @@ def test_context_parallel_matches_single_device(tmp_path):
             shapes = [tuple(int(d) for d in dims.split(",")) for dims in re.findall(r"\[([\d,]+)\]", m.group(1))]
             whole += [(m.group(2), sh) for sh in shapes if len(sh) >= 3 and sh[-2:] == (16, 32)]
     assert not whole, whole
-    d = max(abs(a - b) for a, b in zip(single, ctx))
+    d = max(abs(a - b) for a, b in zip(single, ctx, strict=False))
     print(f"context 4 x data 2 vs one device, losses {ctx}: max |d loss| {d:.1e}")
     assert len(ctx) == 3 and d <= 1e-5
 
@@ -207,7 +207,7 @@ def test_context_parallel_moe_matches_single_device(tmp_path):
     single, _, _ = _losses(config_from_dict(raw), str(tmp_path / "single"), 3, text=False)
     ctx, text, _ = _losses(config_from_dict({**raw, "parallel": CONTEXT}), str(tmp_path / "context"), 3)
     assert "collective-permute(" in text  # the ring ran
-    assert len(ctx) == 3 and max(abs(a - b) for a, b in zip(single, ctx)) <= 1e-5
+    assert len(ctx) == 3 and max(abs(a - b) for a, b in zip(single, ctx, strict=False)) <= 1e-5
 
 
 # ----------------------------------------------------------------------------- config

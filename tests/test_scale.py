@@ -17,7 +17,7 @@ from jaxformer.train.config import config_from_dict, load_config
 from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps, params_numpy
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_train import FAMILIES, ROOT, run_cfg  # noqa: E402
+from test_train import FAMILIES, ROOT, run_cfg
 
 MESHES = {"data8": dict(data=8), "fsdp8": dict(data=1, fsdp=8), "data2_fsdp2_tensor2": dict(data=2, fsdp=2, tensor=2)}
 SCALE_FAMILIES = ["lm_gpt2", "lm_llama_gqa"] + (["vit"] if "vit" in FAMILIES else [])
@@ -89,7 +89,7 @@ def test_mesh_matches_single_device(family, mesh, single_device_losses, tmp_path
         tr = request.getfixturevalue("fsdp8_trainer") if (family, mesh) == ("lm_llama_gqa", "fsdp8") else \
             JaxTrainer(_cfg(family, MESHES[mesh]), str(tmp_path), progress=False)
         losses = step_losses(tr)
-    diffs = [abs(a - b) for a, b in zip(losses, single_device_losses[family])]
+    diffs = [abs(a - b) for a, b in zip(losses, single_device_losses[family], strict=False)]
     print(f"{family} {mesh}: max per-step loss diff {max(diffs):.1e}, memory {tr.memory_report()}")
     assert len(losses) == 5 and max(diffs) <= 1e-5
 
@@ -103,8 +103,8 @@ def test_pmap_matches_single_device(single_device_losses, tmp_path):
     tr = JaxTrainer(cfg, str(tmp_path), progress=False)
     assert tr.devices == jax.local_device_count() == 8
     losses = [r["loss"] for r in tr.run()]
-    diffs = [abs(a - b) for a, b in zip(losses, single_device_losses["lm_gpt2"])]
-    print("pmap vs single-device loss diffs:", ["%.1e" % d for d in diffs])
+    diffs = [abs(a - b) for a, b in zip(losses, single_device_losses["lm_gpt2"], strict=False)]
+    print("pmap vs single-device loss diffs:", [f"{d:.1e}" for d in diffs])
     assert len(losses) == 5 and max(diffs) <= 1e-5
     assert all(x.devices() == {jax.local_devices()[0]} for x in jax.tree.leaves(tr.state))
     # resuming under pmap: the restored arrays (committed to one device) are placed one copy per
@@ -171,13 +171,14 @@ def test_two_processes_match_single_process(single_device_runs, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs[0][-3000:] + outs[1][-3000:]
-    multi = [json.loads(line) for line in open(wd / "metrics.jsonl")]
+    with open(wd / "metrics.jsonl") as f:
+        multi = [json.loads(line) for line in f]
     single, single_wd = single_device_runs["lm_gpt2"]  # _cfg("lm_gpt2"): this config on one device
-    diffs = [abs(a[k] - b[k]) for a, b in zip(multi, single) for k in ("loss", "eval_loss") if k in a]
-    print("2 processes x 2 devices vs 1 device, per-step loss and eval loss diffs:", ["%.1e" % d for d in diffs])
+    diffs = [abs(a[k] - b[k]) for a, b in zip(multi, single, strict=False) for k in ("loss", "eval_loss") if k in a]
+    print("2 processes x 2 devices vs 1 device, per-step loss and eval loss diffs:", [f"{d:.1e}" for d in diffs])
     assert len(multi) == 5 and len(diffs) == 6 and max(diffs) <= 1e-5
     for i in range(2):  # each process saved its own pipeline state
-        assert json.load(open(wd / "checkpoints" / "5" / "data" / f"process_{i}-of-2.json")) == {"next_index": 5}
+        assert json.loads((wd / "checkpoints" / "5" / "data" / f"process_{i}-of-2.json").read_text()) == {"next_index": 5}
     # the checkpoint both processes wrote restores in a single process
     tr = JaxTrainer(load_config(str(path), ["train.steps=10"]), str(wd), resume=True, progress=False)
     assert tr.start_step == 5
@@ -225,7 +226,7 @@ def test_scan_matches_unrolled_and_remat(family, tmp_path):
             assert scan_prefixes(tr.model), "the scanned model must report its stacked prefix"
     base_losses, base_params = runs["loop"]
     for tag, (losses, params) in runs.items():
-        d = max(abs(a - b) for a, b in zip(losses, base_losses))
+        d = max(abs(a - b) for a, b in zip(losses, base_losses, strict=False))
         p = max(float(np.abs(params[k] - base_params[k]).max()) for k in base_params)
         print(f"{family} {tag}: max loss diff {d:.1e}, max param diff {p:.1e}")
         assert set(params) == set(base_params)

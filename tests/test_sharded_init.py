@@ -21,7 +21,7 @@ from jaxformer.train.jax_trainer import JaxTrainer, params_numpy
 from jaxformer.train.optim import make_optax
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_train import FAMILIES  # noqa: E402
+from test_train import FAMILIES
 
 # (data, fsdp, tensor), devices used
 MESHES = {"fsdp8": ((1, 8, 1), 8), "data2_fsdp2_tensor2": ((2, 2, 2), 8), "tensor4": ((1, 1, 4), 4)}
@@ -46,7 +46,7 @@ def _create(cfg, mesh=None):
     return init_lib.create_state(cfg.model_name, cfg.model, cfg.train.init, cfg.train.seed, tx, sh)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _single(scheme: str, scan: bool = False):
     return _create(_cfg(scheme, scan))
 
@@ -61,7 +61,7 @@ def _assert_same(a, b):
     la, ta = jax.tree_util.tree_flatten_with_path(a)
     lb, tb = jax.tree_util.tree_flatten_with_path(b)
     assert ta == tb
-    for (path, x), (_, y) in zip(la, lb):
+    for (path, x), (_, y) in zip(la, lb, strict=True):
         assert np.array_equal(_host(x), _host(y)), jax.tree_util.keystr(path)
 
 

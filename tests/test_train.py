@@ -84,7 +84,7 @@ def test_trajectory_parity(family, tmp_path):
     jh, th = jt.run(), tt.run()
     assert len(jh) == len(th) == 20
     worst_loss = worst_lr = 0.0
-    for a, b in zip(jh, th):
+    for a, b in zip(jh, th, strict=True):
         scale = max(1.0, abs(b["loss"]))
         worst_loss = max(worst_loss, abs(a["loss"] - b["loss"]) / scale)
         worst_lr = max(worst_lr, abs(a["lr"] - b["lr"]) / max(1.0, abs(b["lr"])))
@@ -104,7 +104,8 @@ def test_trajectory_parity(family, tmp_path):
     # TensorBoard events
     wd = tmp_path / "jax"
     assert load_config(str(wd / "config.yaml")) == cfg
-    lines = [json.loads(line) for line in open(wd / "metrics.jsonl")]
+    with open(wd / "metrics.jsonl") as f:
+        lines = [json.loads(line) for line in f]
     assert [r["step"] for r in lines] == list(range(1, 21))
     assert {"step", "loss", "lr", "grad_norm", "eval_loss"} <= set(lines[-1])
     if family == "classifier_postln":

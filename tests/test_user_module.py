@@ -86,7 +86,7 @@ def run(request):
 
 
 def _worst(a: list[dict], b: list[dict], key: str) -> float:
-    return max(abs(x[key] - y[key]) / max(1.0, abs(y[key])) for x, y in zip(a, b))
+    return max(abs(x[key] - y[key]) / max(1.0, abs(y[key])) for x, y in zip(a, b, strict=True))
 
 
 def test_torch_trainer_follows_the_same_trajectory(run, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -328,7 +329,7 @@ def test_conv_padding_pairs():
 def test_yaml_config_parses_builds_and_fits_its_data(name):
     from jaxformer.config import from_dict
     from jaxformer.train.data import dataset_config_class, load_dataset
-    doc = yaml.safe_load(open(f"configs/{name}.yaml"))
+    doc = yaml.safe_load(Path(f"configs/{name}.yaml").read_text())
     assert set(doc) == {"model", "data", "train", "parallel"}
     model_name, cfg = model_config_from_dict(doc["model"])
     assert model_name == name
@@ -356,7 +357,7 @@ def test_training_refuses_the_pooler_head():
     with it is refused by name before any data is read."""
     from jaxformer.config import ConfigError
     from jaxformer.train.config import config_from_dict
-    doc = yaml.safe_load(open("configs/vit.yaml"))
+    doc = yaml.safe_load(Path("configs/vit.yaml").read_text())
     doc["model"]["head"] = "pooler"
     with pytest.raises(ConfigError, match="model.head='pooler': training needs class logits"):
         config_from_dict(doc)

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,9 +23,9 @@ def walkthrough() -> list[str]:
     """The marked block's commands, from the one user docs page (README.md, docs/*.md) that holds
     the marker."""
     from helpers import user_docs
-    pages = [path for path in user_docs() if MARK in open(path).read()]
+    pages = [path for path in user_docs() if MARK in Path(path).read_text()]
     assert len(pages) == 1, f"the walkthrough marker in one user docs page: {pages}"
-    text = open(pages[0]).read()
+    text = Path(pages[0]).read_text()
     block = re.search(re.escape(MARK) + r"\s*```bash\n(.*?)```", text, re.S)
     assert block, f"{pages[0]}: the walkthrough block and its marker"
     lines = [ln.split("  #")[0].strip() for ln in block[1].splitlines()]

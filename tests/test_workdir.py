@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -44,8 +45,9 @@ def test_log_every_controls_fetches(trained):
     cfg, wd, _, calls = trained
     assert calls == [3, 1, 2, 2]
     assert [r["step"] for r in read_metrics(wd)] == list(range(1, 9))
-    for line in open(os.path.join(wd, "metrics.jsonl")):  # strict JSON
-        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    with open(os.path.join(wd, "metrics.jsonl")) as f:
+        for line in f:  # strict JSON
+            json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
 
 
 def test_model_dirs(trained):
@@ -55,8 +57,8 @@ def test_model_dirs(trained):
     assert sorted(evals) == [4, 8]
     best = min(evals, key=evals.get)
     assert checkpoint_steps(os.path.join(wd, "checkpoints")) == sorted({8, best})
-    last = json.load(open(os.path.join(wd, "model", "last", "metrics.json")))
-    best_info = json.load(open(os.path.join(wd, "model", "best", "metrics.json")))
+    last = json.loads(Path(os.path.join(wd, "model", "last", "metrics.json")).read_text())
+    best_info = json.loads(Path(os.path.join(wd, "model", "best", "metrics.json")).read_text())
     assert last["step"] == 8 and best_info["step"] == best and best_info["eval_loss"] == evals[best]
     from jaxformer.checkpoint_io import load_model
     name, mcfg, model = load_model(os.path.join(wd, "model", "last"))
@@ -69,7 +71,7 @@ def test_orbax_keeps_last_k_and_best_and_refuses_loudly(tmp_path):
     from jaxformer.train.checkpoint import Checkpointer, CheckpointError
     ck = Checkpointer(str(tmp_path / "ck"), keep=1, async_save=False)
     state = {"w": np.zeros(3, np.float32)}
-    for step, loss in zip([1, 2, 3, 4], [3.0, 1.0, 2.0, 4.0]):
+    for step, loss in zip([1, 2, 3, 4], [3.0, 1.0, 2.0, 4.0], strict=True):
         ck.save(step, state, {}, eval_loss=loss)
     assert ck.all_steps() == [2, 4] and ck.best_step() == 2
     with pytest.raises(CheckpointError, match="refused to save step 3"):
@@ -82,18 +84,18 @@ def test_resume_appends_and_eval_cli(trained, tmp_path, capsys):
     cfg, wd, _, _ = trained
     wd2 = str(tmp_path / "w")
     shutil.copytree(wd, wd2)
-    before = open(os.path.join(wd2, "metrics.jsonl")).read()
+    before = Path(os.path.join(wd2, "metrics.jsonl")).read_text()
     t = JaxTrainer(tiny_run_config(steps=10, checkpoint_every=2, eval_every=2, keep_checkpoints=1, log_every=3),
                    wd2, resume=True, progress=False)
     assert t.start_step == 8
     t.run()
-    after = open(os.path.join(wd2, "metrics.jsonl")).read()
+    after = Path(os.path.join(wd2, "metrics.jsonl")).read_text()
     assert after.startswith(before)  # appended, never truncated
     assert [r["step"] for r in read_metrics(wd2)] == list(range(1, 11))
     from jaxformer import cli
     assert cli.main(["eval", wd2, "--step", "best", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    best = json.load(open(os.path.join(wd2, "model", "best", "metrics.json")))
+    best = json.loads(Path(os.path.join(wd2, "model", "best", "metrics.json")).read_text())
     assert out["step"] == best["step"]
     assert abs(out["eval_loss"] - best["eval_loss"]) <= 1e-6 * abs(best["eval_loss"])
     assert cli.main(["eval", wd2, "--step", "10"]) == 0
@@ -113,7 +115,7 @@ def test_nonfinite_step_leaves_state_unchanged(trained):
     new, out = t.train_step(state, batch)
     assert int(out["nonfinite"]) != 0 and not np.isfinite(float(out["loss"]))
     after = jax.device_get({"params": new["params"], "opt_state": new["opt_state"]})
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(new["step"]) == 9
 
@@ -151,7 +153,7 @@ def test_sigterm_saves_and_exits_75(tmp_path):
     assert len(err.strip().splitlines()) == 1 and "stopped by SIGTERM" in err, err
     last = read_metrics(str(wd))[-1]["step"]
     assert checkpoint_steps(str(wd / "checkpoints")) == [last]
-    assert json.load(open(wd / "model" / "last" / "metrics.json"))["step"] == last
+    assert json.loads((wd / "model" / "last" / "metrics.json").read_text())["step"] == last
 
 
 def test_torch_trainer_writes_flax_model(tmp_path):
@@ -167,7 +169,7 @@ def test_torch_trainer_writes_flax_model(tmp_path):
     back = to_torch_state_dict(model)
     for k, v in t.module.state_dict().items():
         assert torch.equal(back[k], v), k
-    assert json.load(open(tmp_path / "model" / "best" / "metrics.json"))["step"] == 2
+    assert json.loads((tmp_path / "model" / "best" / "metrics.json").read_text())["step"] == 2
     assert TINY_RUN["model"]["d_model"] == 32
 
 

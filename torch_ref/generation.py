@@ -140,7 +140,7 @@ def decode_model(model: nn.Module, weights_dtype: str = "fp32") -> nn.Module:
     if weights_dtype not in quant.WEIGHTS_DTYPES:
         raise ValueError(f"weights dtype must be one of {quant.WEIGHTS_DTYPES}, got {weights_dtype!r}")
     out = copy.deepcopy(model).eval()
-    for name, module in list(out.named_modules()):
+    for _, module in list(out.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, quant.QuantizedLinear(child, weights_dtype))
@@ -207,7 +207,7 @@ def lm_prefill(model, ids, slot_mask, cache, chunk: int | None = None):
     return logits[:, -1], cache
 
 
-def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):
+def lm_generate(model, ids, attention_mask=None, gen: GenerationConfig = GenerationConfig()):  # noqa: B008 (a frozen dataclass)
     """Generate after a batch of (left-padded) prompts. ids [B, P] int, attention_mask [B, P]
     (1 = token; None = all) -> tokens [B, N] int32 numpy (pad_id after EOS); with beam search
     (tokens, scores [B])."""
@@ -251,7 +251,7 @@ def _seq2seq_generate(model, src_ids, src_mask, generator, *, gen, cache_len, eo
     return decode_loop(step, cache, logits[:, -1], generator, gen, eos_ids, pad_id)
 
 
-def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig()):
+def seq2seq_generate(model, src_ids, src_mask=None, gen: GenerationConfig = GenerationConfig()):  # noqa: B008 (a frozen dataclass)
     """Translate a batch: src_ids [B, S] int (right-padded with pad_id), src_mask [B, S]
     (None = src_ids != pad_id) -> tokens [B, N] int32 numpy after BOS (pad_id after EOS);
     with beam search (tokens, scores [B])."""
@@ -290,6 +290,6 @@ def _to_numpy(out):
     return out.numpy().astype(np.int32)
 
 
-def generate(model, *args, gen: GenerationConfig = GenerationConfig(), **kw):
+def generate(model, *args, gen: GenerationConfig = GenerationConfig(), **kw):  # noqa: B008 (a frozen dataclass)
     """lm_generate or seq2seq_generate, by the model's type."""
     return (seq2seq_generate if hasattr(model, "encode") else lm_generate)(model, *args, gen=gen, **kw)

@@ -31,7 +31,7 @@ class Lowering:
             raise ValueError(f"attention must be one of {ATTENTION}, got {self.attention!r}")
 
 
-_ACTIVE: contextvars.ContextVar[Lowering] = contextvars.ContextVar("torch_ref_lowering", default=Lowering())
+_ACTIVE: contextvars.ContextVar[Lowering] = contextvars.ContextVar("torch_ref_lowering", default=Lowering())  # noqa: B039 (a frozen dataclass)
 
 
 def active() -> Lowering:

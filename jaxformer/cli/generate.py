@@ -224,7 +224,7 @@ def run(args) -> int:
     texts = None
     if tok is not None:
         texts = [_text(tok, p if name == "lm" else [], [t for t in row if t not in stop])
-                 for p, row in zip(prompts, rows)]
+                 for p, row in zip(prompts, rows, strict=True)]
     if args.json:
         print(json.dumps({"model": name, "framework": args.framework, "weights_dtype": gen.weights_dtype,
                           "tokens": rows, **({"texts": texts} if texts is not None else {}),
@@ -256,7 +256,7 @@ def _module_run(args, model, cfg, gen, prompts, tok) -> int:
         raise GenerateError(f"model.module {cfg.module} does not decode as a causal LM (model(ids [B, T]) -> "
                             f"logits [B, T, V]) at length {len(prompts[0]) + gen.max_new_tokens}: {str(e).splitlines()[0]}") from None
     rows = [_trim(row, eos if gen.stop_at_eos else ()) for row in tokens]
-    texts = [_text(tok, p, r) for p, r in zip(prompts, rows)] if tok is not None else None
+    texts = [_text(tok, p, r) for p, r in zip(prompts, rows, strict=True)] if tok is not None else None
     if args.json:
         print(json.dumps({"model": MODULE, "framework": "jax", "tokens": rows, **({"texts": texts} if texts else {})}))
     elif texts is not None:

@@ -46,7 +46,7 @@ def _origin(module: str) -> str:
     """The file of `module` (for errors), or its name where it has none."""
     try:
         return importlib.util.find_spec(module).origin or module
-    except Exception:  # noqa: BLE001 - only for the message
+    except Exception:  # only for the message
         return module
 
 

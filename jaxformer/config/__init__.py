@@ -6,9 +6,10 @@ Imports neither jax nor torch. Each model config names itself with `name`, and
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from jaxformer.config.attention import QKNorm, Rope, Scores  # noqa: F401
+from jaxformer.config.attention import QKNorm, Rope, Scores  # noqa: F401 (re-exported)
 from jaxformer.config.base import ConfigError, from_dict, replace, to_dict
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.moe import MLAConfig, MoEConfig

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -69,7 +70,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return tuple(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
         if len(args) != len(value):
             raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
-        return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -92,7 +92,7 @@ def eos_ids(eos) -> tuple[int, ...]:
 def _target_token(name: str) -> Rule:
     return Rule(f"{name}_target_token", name,
                 lambda c: isinstance(getattr(c, name), int) and 0 <= getattr(c, name) < c.resolved_tgt_vocab,
-                "must be a token id in [0, {resolved_tgt_vocab}), got {%s!r}" % name)
+                f"must be a token id in [0, {{resolved_tgt_vocab}}), got {{{name}!r}}")
 
 
 _NO_POOLER = Rule("pooler_encoder_only", "pooler", lambda c: not c.pooler,

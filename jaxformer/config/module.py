@@ -117,7 +117,7 @@ def _import_file(path: str, key: str, spec: str):
         sys.modules[name] = module
         try:
             loader_spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - any failure of the user's file, in one line
+        except Exception as e:  # any failure of the user's file, in one line
             del sys.modules[name]
             raise ConfigError(f"{key}: {spec}: importing {path} failed: {type(e).__name__}: "
                               f"{_first_line(e)}") from None
@@ -152,7 +152,7 @@ def load_object(spec: str, key: str):
                 raise ConfigError(f"{key}: {spec}: no module {e.name!r} (run from the folder that holds it, "
                                   "or name a file as FILE.py:NAME)") from None
             raise ConfigError(f"{key}: {spec}: importing {target} failed: {type(e).__name__}: {_first_line(e)}") from None
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise ConfigError(f"{key}: {spec}: importing {target} failed: {type(e).__name__}: {_first_line(e)}") from None
         finally:
             if added:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from jaxformer.config.base import ConfigError, _coerce
 
@@ -66,7 +67,7 @@ def positive_int(v) -> bool:
 def positive(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each named field is an int > 0 (or None, where optional)."""
     return tuple(Rule(f"{n}_positive", n, lambda c, n=n: positive_int(getattr(c, n)),
-                      "must be a positive int, got {%s!r}" % n,
+                      f"must be a positive int, got {{{n}!r}}",
                       (lambda c, n=n: getattr(c, n) is not None) if optional else None) for n in names)
 
 
@@ -74,7 +75,7 @@ def at_most(limits: dict[str, int]) -> tuple[Rule, ...]:
     """Each named field (an int, or None) is at most its limit: sizes no real model comes near,
     which a corrupt or hostile config would otherwise spend minutes or all memory building."""
     return tuple(Rule(f"{n}_real", n, lambda c, n=n, v=v: not positive_int(getattr(c, n)) or getattr(c, n) <= v,
-                      "{%s} is larger than any real model's (at most %d here); a corrupt config?" % (n, v))
+                      f"{{{n}}} is larger than any real model's (at most {v:d} here); a corrupt config?")
                  for n, v in limits.items())
 
 
@@ -86,7 +87,7 @@ def choice(name: str, choices: Iterable[str]) -> Rule:
 
 def probability(*names: str) -> tuple[Rule, ...]:
     return tuple(Rule(f"{n}_probability", n, lambda c, n=n: is_number(getattr(c, n)) and 0.0 <= getattr(c, n) < 1.0,
-                      "must be a probability in [0, 1), got {%s!r}" % n) for n in names)
+                      f"must be a probability in [0, 1), got {{{n}!r}}") for n in names)
 
 
 def number_or_null(name: str, what: str = "null") -> Rule:
@@ -126,7 +127,7 @@ def broken(cfg) -> list[str]:
         try:
             if rule.applies(cfg) and not rule.ok(cfg):
                 out.append(f"{rule.text(cfg)} [{rule.name}]")
-        except Exception as e:  # noqa: BLE001 - a field another broken rule names
+        except Exception as e:  # a field another broken rule names
             out.append(f"{rule.field}: not checked ({type(e).__name__}: {e}) [{rule.name}]")
     return out
 

@@ -145,7 +145,7 @@ class SwinConfig:
         check(len(self.depths) > 0, "depths", "needs at least one stage")
         check(len(self.depths) == len(self.num_heads), "num_heads",
               f"has {len(self.num_heads)} entries but depths has {len(self.depths)}")
-        for i, (d, h) in enumerate(zip(self.depths, self.num_heads)):
+        for i, (d, h) in enumerate(zip(self.depths, self.num_heads, strict=True)):
             check(isinstance(d, int) and d > 0, f"depths[{i}]", f"must be a positive int, got {d!r}")
             check(isinstance(h, int) and h > 0, f"num_heads[{i}]", f"must be a positive int, got {h!r}")
             check(self.stage_dim(i) % h == 0, f"num_heads[{i}]",

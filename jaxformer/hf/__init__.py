@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -297,7 +298,7 @@ def generation_defaults(path: str) -> tuple[dict, list[str]]:
             if v is not None:
                 out["eos_id"] = tuple(ids) if len(ids) > 1 else ids[0]
         elif key in ("max_new_tokens", "top_k", "num_beams"):
-            out[key] = typed(key, (int,), lambda v: v >= (0 if key == "top_k" else 1), "an int")
+            out[key] = typed(key, (int,), lambda v, key=key: v >= (0 if key == "top_k" else 1), "an int")
         elif key in ("temperature", "top_p", "length_penalty"):
             out[key] = float(typed(key, (int, float), lambda v: v == v, "a number"))
         elif key == "do_sample":

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from jaxformer.config import ConfigError
 from jaxformer.config.transformer import LAYER_TYPES
@@ -335,7 +336,7 @@ def rope_to_hf(cfg) -> dict:
     """config.json's rope_theta and rope_parameters (5.x) of a RoPE config; dynamic's length
     is written as max_position_embeddings by the family."""
     s = cfg.rope_scaling
-    f = lambda v: None if v is None else float(v)  # noqa: E731  (HF types these float)
+    f = lambda v: None if v is None else float(v)  # HF types these float
     params = {"rope_type": "default" if s is None else s.rope_type, "rope_theta": f(cfg.rope_base)}
     if s is not None:
         params["factor"] = f(s.factor)

@@ -47,8 +47,9 @@ Class names (id2label) are not kept: export writes LABEL_i names.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

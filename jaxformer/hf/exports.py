@@ -17,8 +17,9 @@ the exported model, UNREAD those no layer reads in the config at hand.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 
 class _Writes:

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -231,7 +232,7 @@ class HFCheckpoint:
         return os.path.join(self.path, name)
 
     def _find_weights(self):
-        has = lambda n: os.path.lexists(os.path.join(self.path, n))  # noqa: E731
+        has = lambda n: os.path.lexists(os.path.join(self.path, n))
         if has(SAFE_INDEX):
             return self._from_index(SAFE_INDEX, "safetensors")
         if has(SAFE_FILE):
@@ -281,7 +282,7 @@ class HFCheckpoint:
     @staticmethod
     def _bin_infos(shard: str, sd: Mapping[str, Any]) -> dict[str, TensorInfo]:
         import torch
-        dtype = lambda t: to_numpy(torch.empty(0, dtype=t)).dtype  # noqa: E731
+        dtype = lambda t: to_numpy(torch.empty(0, dtype=t)).dtype
         return {k: TensorInfo(k, tuple(v.shape), dtype(v.dtype), shard) for k, v in sd.items()}
 
     def shard_keys(self, shard: str) -> list[str]:

@@ -100,7 +100,7 @@ def _ropes(o: Options, max_pos: int, local: bool) -> dict:
         o.problem("rope_parameters", f"key {k!r}: transformers' Gemma3 applies only the per-layer-type "
                   f"entries {list(LAYER_ROPE_KEYS)} (a flat rope_parameters is not applied there)")
     specs = {}
-    for kind, theta_key in zip(LAYER_ROPE_KEYS, ("rope_theta", "rope_local_base_freq")):
+    for kind, theta_key in zip(LAYER_ROPE_KEYS, ("rope_theta", "rope_local_base_freq"), strict=True):
         spec = params.get(kind) or {"rope_type": "default"}
         if not isinstance(spec, dict):
             o.problem("rope_parameters", f"{kind}: expected a mapping")

@@ -111,7 +111,7 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
             p, leaf = f"decoder.layers.{m.group(1)}.self_attn.", m.group(2)
             parts = [x[:, j * d:(j + 1) * d].T if leaf == "weight" else x[j * d:(j + 1) * d]
                      for j in range(3)]
-            return {p + f"{n}_proj.{leaf}": y for n, y in zip("qkv", parts)}
+            return {p + f"{n}_proj.{leaf}": y for n, y in zip("qkv", parts, strict=True)}
         new = None if k == "transformer.lm_head.weight" else RULES.to_torch(k)
         if new is None:
             raise MappingError(f"unmapped: {key} has no jaxformer lm (GPT-2) equivalent")

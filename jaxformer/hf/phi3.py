@@ -161,10 +161,10 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
             if x.ndim != 2 or x.shape[0] != (h + 2 * g) * k:
                 raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{(h + 2 * g) * k}, D] "
                                    f"(q {h} x {k}, then k and v {g} x {k} rows)")
-            return dict(zip((stem + f"{p}_proj.weight" for p in "qkv"), _split(x, [h * k, g * k, g * k])))
+            return dict(zip((stem + f"{p}_proj.weight" for p in "qkv"), _split(x, [h * k, g * k, g * k]), strict=True))
         if x.ndim != 2 or x.shape[0] != 2 * cfg.d_ff:  # rows [gate (F) | up (F)]
             raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{2 * cfg.d_ff}, D] (gate, then up)")
-        return dict(zip((stem + "gate_proj.weight", stem + "up_proj.weight"), _split(x, [cfg.d_ff, cfg.d_ff])))
+        return dict(zip((stem + "gate_proj.weight", stem + "up_proj.weight"), _split(x, [cfg.d_ff, cfg.d_ff]), strict=True))
     return fn
 
 

@@ -23,11 +23,13 @@ checkpoint incrementally (orbax partial saves, one per batch) that
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -308,7 +310,5 @@ def release_free_memory() -> None:
     the resident set creep up batch after batch. A no-op elsewhere."""
     import ctypes
     import ctypes.util
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -53,8 +53,9 @@ LABEL_i names. `relative_position_index` buffers some checkpoints carry are reco
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -21,11 +21,11 @@ from flax import nnx
 
 from jaxformer.config.attention import QKNorm, Rope, Scores
 from jaxformer.layers import kv_cache
-from jaxformer.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
+from jaxformer.layers.dispatch import dot_product_attention  # re-exported
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.kv_cache import KVCache
 from jaxformer.layers.linear import Linear
-from jaxformer.layers.masks import (  # noqa: F401
+from jaxformer.layers.masks import (  # noqa: F401 (re-exported)
     AttentionMask,
     alibi_block,
     combine_masks,
@@ -95,7 +95,7 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
                  attn_dropout: float = 0.0, dropout: float = 0.0, rope: Rope | None = None,
-                 qk_norm: QKNorm | None = None, scores: Scores = Scores(), rngs: nnx.Rngs):
+                 qk_norm: QKNorm | None = None, scores: Scores = Scores(), rngs: nnx.Rngs):  # noqa: B008 (a frozen dataclass)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
             if d_model % num_heads:

@@ -4,7 +4,7 @@ transposes them to torch's [C_out, C_in, k...] (OIHW). Twin: torch_ref/layers/co
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -56,8 +56,6 @@ class FeedForward(nnx.Module):
         # keeps x, sigmoid(x) and its output: 3 [B, T, F] arrays; docs/numerics.md §29)
         act = jax.checkpoint(_gated, static_argnums=0) if self.gate_proj is not None else \
             jax.checkpoint(activation(self.kind))
-        if self.gate_proj is not None:
-            h = act(self.kind, self.gate_proj(x), self.up_proj(x))  # [B, T, F]
-        else:
-            h = act(self.up_proj(x))  # [B, T, F]
+        # h: [B, T, F]
+        h = act(self.kind, self.gate_proj(x), self.up_proj(x)) if self.gate_proj is not None else act(self.up_proj(x))
         return self.dropout(self.down_proj(self.inner_dropout(h)))

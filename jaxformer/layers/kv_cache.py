@@ -148,7 +148,7 @@ def stack_cache(stack, batch: int, length: int, memory: jax.Array | None = None,
     slots = [min(length, window) if is_local else length for is_local in local]
     if not stack.scan_layers:
         return [layer.init_cache(batch, n, memory, dtype, ring=is_local and n == window)
-                for layer, n, is_local in zip(stack.layers, slots, local)]
+                for layer, n, is_local in zip(stack.layers, slots, local, strict=True)]
     n = slots[0] if all(local) else length
     graphdef, state = nnx.split(stack.layers)
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.layers.positional import default_positions
-from jaxformer.layers.scores import alibi_block  # noqa: F401  (re-exported)
+from jaxformer.layers.scores import alibi_block  # re-exported
 
 
 # ----------------------------------------------------------------------------- masks

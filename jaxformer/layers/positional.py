@@ -78,7 +78,7 @@ class RotaryEmbedding(nnx.Module):
             use_long = jnp.max(positions) + 1 > self.scaling.original_max_len
             cos, sin = tables.rope_tables(self.max_len, self.rotary_dim, self.base, self.scaling)
             cos_long, sin_long = tables.rope_tables(self.max_len, self.rotary_dim, self.base, self.scaling, True)
-            take = lambda t: jnp.take(jnp.asarray(t), positions, axis=0)  # noqa: E731
+            take = lambda t: jnp.take(jnp.asarray(t), positions, axis=0)
             return (jnp.where(use_long, take(cos_long), take(cos)),
                     jnp.where(use_long, take(sin_long), take(sin)))
         if self.scaling is None or self.scaling.rope_type != "dynamic":

@@ -5,7 +5,7 @@
 are the only places that hold both trees; torch and torch_ref are imported lazily, inside the
 functions that need them.
 """
-from jaxformer.parity.harness import (  # noqa: F401
+from jaxformer.parity.harness import (  # noqa: F401 (the package's API)
     accepts,
     assert_parity,
     check_parity,
@@ -14,5 +14,5 @@ from jaxformer.parity.harness import (  # noqa: F401
     parity_precision,
     setup_precision,
 )
-from jaxformer.parity.results import GRAD_TOL, OUT_TOL, LeafDiff, ParityError, ParityReport, Referee, Tolerance  # noqa: F401
-from jaxformer.parity.trees import flatten  # noqa: F401
+from jaxformer.parity.results import GRAD_TOL, OUT_TOL, LeafDiff, ParityError, ParityReport, Referee, Tolerance  # noqa: F401 (API)
+from jaxformer.parity.trees import flatten  # noqa: F401 (the package's API)

@@ -237,7 +237,7 @@ case("lm_gpt2_intermediates", "lm_model", model_pair("lm", LMConfig.tiny("gpt2")
 # ---------------------------------------------------------------- BERT options (HF import)
 # Token type embeddings, the embedding LayerNorm and the pooler (TransformerConfig's BERT
 # options) on a Post-LN encoder without a final norm, as jaxformer/hf/bert.py imports BERT.
-from jaxformer.config import TransformerConfig  # noqa: E402
+from jaxformer.config import TransformerConfig
 
 BERT = dict(position="learned", norm="layernorm", norm_eps=1e-12, ffn="gelu", norm_position="post",
             final_norm=False, bias=True, scale_embedding=False, type_vocab_size=2, embed_norm=True,

@@ -32,7 +32,8 @@ import dataclasses
 import inspect
 import re
 import zlib
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -162,7 +163,7 @@ def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed:
     is_mod = isinstance(module, torch.nn.Module)
     if float64:
         module = copy.deepcopy(module).double() if is_mod else module
-        cast = lambda a: a.astype(np.float64) if is_float(a) else a  # noqa: E731
+        cast = lambda a: a.astype(np.float64) if is_float(a) else a
         args = tuple(cast(a) for a in args)
         kwargs = {k: (None if v is None else cast(v)) for k, v in kwargs.items()}
     t_args = [torch.tensor(a, requires_grad=grads and i in float_pos) for i, a in enumerate(args)]
@@ -181,7 +182,7 @@ def _torch_side(module, args, kwargs, float_pos, float_kw, *, grads: bool, seed:
             leaves.update({f"input {i}": t_args[i] for i in float_pos})
             leaves.update({f"input {k}": t_kwargs[k] for k in float_kw})
             got = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-            got = {n: torch.zeros_like(leaf) if g is None else g for (n, leaf), g in zip(leaves.items(), got)}
+            got = {n: torch.zeros_like(leaf) if g is None else g for (n, leaf), g in zip(leaves.items(), got, strict=True)}
             grads_by_name = {n: got[n] for n in params}
             # a frozen parameter (requires_grad False: LoRA's base) has gradient zero by
             # definition; the JAX twin must give zero too (layers/lora.py's stop_gradient)
@@ -391,7 +392,7 @@ def _jax_side(flax_module, is_flax_mod: bool, inp: _Inputs, t_out: dict, float_o
         model = nnx.merge(graphdef, params, jax.tree.map(lambda a: a, rest)) \
             if graphdef is not None else flax_module
         a = list(jnp.asarray(x) for x in inp.args)
-        for i, v in zip(inp.float_pos, f_args):
+        for i, v in zip(inp.float_pos, f_args, strict=True):
             a[i] = v
         kw = {k: (None if v is None else v.item() if v.ndim == 0 else jnp.asarray(v))
               for k, v in inp.kwargs.items()}  # 0-d: flags such as return_intermediates stay static
@@ -430,7 +431,7 @@ def _jax_grads(flax_module, is_flax_mod: bool, inp: _Inputs, g_all) -> dict[str,
         for path, v in nnx.to_flat_state(g_params):
             x = np.asarray(v.get_value() if hasattr(v, "get_value") else v)
             j_grad.update(conv.flax_leaf_to_torch(tuple(path), x, prefixes))
-    for i, g in zip(inp.float_pos, g_args):
+    for i, g in zip(inp.float_pos, g_args, strict=True):
         j_grad[f"input {i}"] = np.asarray(g)
     for k, g in g_kwargs.items():
         j_grad[f"input {k}"] = np.asarray(g)
@@ -502,7 +503,7 @@ def _twin64(o: _Options, inp: _Inputs, float_outs: list, ill: list, outputs: dic
     """The float64 twin's measurement of the leaves in `ill`, in place: the flax module rerun in
     float64 (o.twin64) against torch's float64 answer (results.TWIN64_TOL)."""
     import jax
-    f64 = lambda a: a.astype(np.float64) if is_float(a) else a  # noqa: E731
+    f64 = lambda a: a.astype(np.float64) if is_float(a) else a
     inp64 = _Inputs(tuple(f64(a) for a in inp.args), {k: None if v is None else f64(v) for k, v in inp.kwargs.items()},
                     inp.float_pos, inp.float_kw)
     try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -90,12 +90,12 @@ def _flax_calls(flax_module) -> Iterator[tuple[dict[str, list], dict[str, list]]
         return call
 
     for cls, original in owners.items():
-        setattr(cls, "__call__", wrap(original))
+        cls.__call__ = wrap(original)
     try:
         yield inputs, outputs
     finally:
         for cls, original in owners.items():
-            setattr(cls, "__call__", original)
+            cls.__call__ = original
 
 
 def _torch_calls(module) -> tuple[list[tuple], Callable[[], None]]:
@@ -180,7 +180,7 @@ def first_parting(torch_module, flax_module, args: tuple, kwargs: dict, tol, ren
                             **{k: None if v is None else v.item() if v.ndim == 0 else jnp.asarray(v)
                                for k, v in kwargs.items()})
 
-    kind = lambda name: type(torch_module.get_submodule(name)).__name__  # noqa: E731
+    kind = lambda name: type(torch_module.get_submodule(name)).__name__
     calls: dict[tuple[str, str], int] = {}
     compared, last, agreed = 0, "", set()
     for what, name, parent, value in events:

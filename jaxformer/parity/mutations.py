@@ -16,14 +16,16 @@ import dataclasses
 import functools
 import math
 import sys
-from typing import Any, Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
 class Mutation:
     name: str
     description: str
-    patch: Callable[[], ContextManager]
+    patch: Callable[[], AbstractContextManager]
     cases: tuple[str, ...] = ()  # registry cases that must each fail under the bug
     trajectory: bool = False  # the training-trajectory check must fail under the bug
     grads_too: bool = False  # the named cases must fail on gradients too, not only on outputs
@@ -69,7 +71,7 @@ def patched(owner: Any, name: str, new: Any) -> Iterator[None]:
             setattr(h, name, original)
 
 
-def _wrap_init(cls, **change: Callable[[Any], Any]) -> ContextManager:
+def _wrap_init(cls, **change: Callable[[Any], Any]) -> AbstractContextManager:
     """Patch cls.__init__ so that the arguments named in `change` (given or defaulted) are
     transformed before the original constructor sees them."""
     import inspect
@@ -91,7 +93,7 @@ def _attention():
     return attention
 
 
-def _sdpa_wrapper(transform: Callable) -> ContextManager:
+def _sdpa_wrapper(transform: Callable) -> AbstractContextManager:
     """Patch dot_product_attention with transform(original, q, k, v, **kw)."""
     att = _attention()
     original = att.dot_product_attention
@@ -364,7 +366,7 @@ def _lora_wrong_module():
     original = lora.find_targets
 
     def find_targets(model, cfg):  # the adapter lands on v_proj where q_proj was asked for
-        swap = lambda p: p.replace("q_proj", "v_proj") if isinstance(p, str) else p  # noqa: E731
+        swap = lambda p: p.replace("q_proj", "v_proj") if isinstance(p, str) else p
         return {swap(k): tuple(swap(p) for p in path) for k, path in original(model, cfg).items()}
     return patched(lora, "find_targets", find_targets)
 

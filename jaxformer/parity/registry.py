@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from jaxformer.parity.cases import CASES, Case, case, mirror, run_case  # noqa: F401
+from jaxformer.parity.cases import CASES, Case, case, mirror, run_case  # noqa: F401 (re-exported)
 
 CASE_MODULES = ("jaxformer.parity.cases_layers", "jaxformer.parity.cases_models",
                 "jaxformer.parity.cases_vision", "jaxformer.parity.cases_moe",

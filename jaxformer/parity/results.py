@@ -6,7 +6,8 @@ leaf past its tolerance (`Referee`, docs/numerics.md §32), and the whole report
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -216,5 +217,5 @@ def _compare(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> LeafDiff:
 def judge(jax_value, torch_value, float64_value, tol: Tolerance) -> Referee:
     """The float64 referee's measurement of one leaf (docs/numerics.md §32)."""
     ref = np.asarray(float64_value, np.float64)
-    err = lambda x: float(np.abs(np.asarray(x, np.float64) - ref).max(initial=0))  # noqa: E731
+    err = lambda x: float(np.abs(np.asarray(x, np.float64) - ref).max(initial=0))
     return Referee(err(jax_value), err(torch_value), tol.bound(float(np.abs(ref).max(initial=0))))

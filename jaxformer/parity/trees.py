@@ -3,7 +3,8 @@ compare (jaxformer/parity/harness.py, locate.py)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

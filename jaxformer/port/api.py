@@ -12,7 +12,8 @@ modules renamed as jaxformer.interop names them."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jaxformer.port.emit import RENAMED_LEAVES, Port
 from jaxformer.port.trace import PortError, trace
@@ -141,7 +142,7 @@ def twin64(result: PortResult, torch_module):
     from flax import nnx
     source = result.source.replace("jnp.float32", "jnp.float64")
     model = load_source(source, result.class_name, "jaxformer port, float64 twin")(rngs=nnx.Rngs(0))
-    wide = lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    wide = lambda x: x.astype(jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
     nnx.update(model, jax.tree.map(wide, nnx.state(model)))
     for _, layer in nnx.iter_modules(model):  # flax layers compute in their `dtype` (nnx.Embed's is float32)
         for attr in ("dtype", "param_dtype"):
@@ -182,7 +183,7 @@ def _loaded(result: PortResult, torch_module, seed: int = 0):
     from jaxformer import convert
     from jaxformer.lowering import cheap_tracer_sharding
     cls = load_source(result.source, result.class_name)
-    make = lambda: cls(rngs=nnx.Rngs(seed))  # noqa: E731
+    make = lambda: cls(rngs=nnx.Rngs(seed))
     with cheap_tracer_sharding():  # the abstract build and the RNG program's trace
         model = nnx.eval_shape(make)
     loaded = set(convert.param_leaves(model)) | {tuple(p) for p, _ in nnx.to_flat_state(nnx.state(model, _is_constant))}
@@ -196,7 +197,7 @@ def _loaded(result: PortResult, torch_module, seed: int = 0):
         with cheap_tracer_sharding():
             lowered = jax.jit(values).lower()
         compiled = lowered.compile(_ONE_SHOT if jax.default_backend() == "cpu" else None)
-        for (_, var), value in zip(rest, compiled()):
+        for (_, var), value in zip(rest, compiled(), strict=True):
             var.set_value(value)
     model = load_torch_weights(model, torch_module)
     if any(isinstance(v.get_value(), jax.ShapeDtypeStruct) for _, v in nnx.to_flat_state(nnx.state(model))):

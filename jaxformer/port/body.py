@@ -61,7 +61,7 @@ class Body:
     """The `__call__` of one module, written from `call`. `port` is the port-wide state
     (jaxformer/port/emit.py's Port: weights, dropout rates, signatures, helpers)."""
 
-    def __init__(self, port, call: Call, caller: "Body | None" = None):
+    def __init__(self, port, call: Call, caller: Body | None = None):
         self.port, self.call, self.caller = port, call, caller
         self.lines: list[str] = []
         self.names: dict[Any, str] = {}  # node -> local name
@@ -274,7 +274,8 @@ class Body:
     def write(self) -> None:
         """Parameters, then every statement, then the return."""
         self._parameters()
-        for self.here, item in enumerate(self.items):
+        for here, item in enumerate(self.items):
+            self.here = here
             if isinstance(item, Call):
                 self._submodule(item)
             else:
@@ -286,7 +287,7 @@ class Body:
         # the model's own arguments keep forward's names (callers pass them by keyword: `input`,
         # `type`), renamed only where the written code reads that name itself
         reserved = READ if self.call.parent is None else RESERVED
-        for node, name in zip(self.port.ordered_inputs(self.call), names):
+        for node, name in zip(self.port.ordered_inputs(self.call), names, strict=False):
             self.params.append(self.bind(node, name, reserved))
 
     def _below(self, node) -> list:
@@ -407,9 +408,9 @@ class Body:
         first = self.port.first_call.get(call.path, call)
         if first is call:
             return list(call.outputs)
-        ops = lambda c: [n for n in c.nodes() if op_name(n) not in INLINE_SYM | SKIPPED]  # noqa: E731 - sizes are shared
+        ops = lambda c: [n for n in c.nodes() if op_name(n) not in INLINE_SYM | SKIPPED]  # sizes are shared
         mine, theirs = ops(call), ops(first)
-        if len(mine) != len(theirs) or any(op_name(a) != op_name(b) for a, b in zip(mine, theirs)):
+        if len(mine) != len(theirs) or any(op_name(a) != op_name(b) for a, b in zip(mine, theirs, strict=True)):
             raise PortError(f"cannot port the calls of `{call.path}`: its calls run different ops, and the port "
                             "writes one function per module")
         at = {theirs[mine.index(o)]: o for o in call.outputs}

@@ -343,7 +343,7 @@ class Port(FileText):
         specs = [s for s in self.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
         given = [n for n in self.traced.input_names if self.traced.values[n] is not None]
         nodes = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
-        for spec, input_name in zip(specs, given):
+        for spec, input_name in zip(specs, given, strict=False):
             if input_name == name:
                 return nodes.get(getattr(spec.arg, "name", None)) or _Absent(name)
         return _Absent(name)
@@ -379,7 +379,7 @@ class Port(FileText):
         expression's value the call's outputs (twin_source.call_source)."""
         node = next(n for n in call.nodes() if graph.op_name(n) == "jaxformer_port.twin")
         entry = self.traced.entries[node.args[0]]
-        tensors = dict(zip(entry.names, node.args[1]))
+        tensors = dict(zip(entry.names, node.args[1], strict=False))
         twin = self.twins[call.path]
         wanted = [o.args[1] for o in call.outputs]
         if twin.drops:
@@ -506,9 +506,9 @@ def _argument_names(program, model) -> dict[str, str]:
         names = []
         for i, child in enumerate(args_spec.children()):
             names += [params[i] if i < len(params) else f"arg{i}"] * child.num_leaves
-        for key, child in zip(kwargs_spec.context, kwargs_spec.children()):
+        for key, child in zip(kwargs_spec.context, kwargs_spec.children(), strict=False):
             names += [key] * child.num_leaves
-        for arg, name in zip(sig.inputs, names):
+        for arg, name in zip(sig.inputs, names, strict=False):
             if getattr(arg, "name", None) and arg.name not in out:
                 out[arg.name] = name
     return out

@@ -155,7 +155,7 @@ def _render_tree(spec, leaves, output_class=lambda t: None) -> str:
     keys = spec.context if isinstance(spec.context, (list, tuple)) else None
     if keys is None or len(keys) != len(kids):
         raise PortError(f"cannot port an output of type {spec.type.__name__}")
-    mapping = "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, kids)) + "}"
+    mapping = "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(keys, kids, strict=True)) + "}"
     name = output_class(spec.type)
     return f"{name}({mapping})" if name else mapping
 

@@ -9,7 +9,8 @@ it (the first name `named_parameters` gives a tied weight) and says what kind it
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from jaxformer.port.source import frames, user_frames
 
@@ -24,7 +25,7 @@ class Call:
     path: str  # the module's torch path, '' for the model itself
     module: Any  # the torch module
     key: str  # nn_module_stack's key for this call
-    parent: "Call | None"
+    parent: Call | None
     items: list = dataclasses.field(default_factory=list)
     inputs: list = dataclasses.field(default_factory=list)  # nodes read from outside, first use first
     outputs: list = dataclasses.field(default_factory=list)  # nodes read outside, definition order
@@ -37,7 +38,7 @@ class Call:
             else:
                 yield item
 
-    def calls(self) -> Iterator["Call"]:
+    def calls(self) -> Iterator[Call]:
         """This call and every sub-call, depth first."""
         yield self
         for item in self.items:
@@ -93,7 +94,7 @@ def live(program) -> set:
     return out
 
 
-def build_calls(program, model, weights: dict[str, "Weight"], layer=None) -> Call:
+def build_calls(program, model, weights: dict[str, Weight], layer=None) -> Call:
     """The root Call of `program`'s graph, every live op node placed in the call that ran it.
     `layer(module)`: whether a module is written as one layer (emit.Port.flax_layer's modules):
     views that open its call move out of it."""
@@ -136,12 +137,12 @@ def _hoist_views(call: Call) -> None:
         at += 1
 
 
-def owned(weight: "Weight", path: str) -> bool:
+def owned(weight: Weight, path: str) -> bool:
     """The weight belongs to the module at `path` or one below it."""
     return not path or weight.fqn.startswith(path + ".")
 
 
-def _wire(root: Call, weights: dict[str, "Weight"], needed: set) -> None:
+def _wire(root: Call, weights: dict[str, Weight], needed: set) -> None:
     """Fill every call's inputs and outputs. Weights of the called module (and below) are read
     as its attributes; another module's weight is an input. A value only dead code reads (an
     output of a multi-output op that nothing uses) is not an output."""

@@ -7,7 +7,8 @@ module is one the flax layer computes exactly (explicit eps, padding and use_fas
 False: flax's E[x^2] - E[x]^2 variance is not torch's, docs/numerics.md §42)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _linear(m) -> str:

@@ -9,7 +9,8 @@ input dtype (docs/numerics.md §42)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxformer.port import ops_math, ops_nn, ops_reduce, ops_scatter
 from jaxformer.port.ops_base import INT64_MAX, Unsupported, _axes, _dtype_cast, _keep, bind

@@ -16,7 +16,7 @@ def bind(node) -> dict[str, Any]:
     schema = node.target._schema
     out: dict[str, Any] = {}
     positional = [a for a in schema.arguments if not a.kwarg_only]
-    for i, arg in enumerate(schema.arguments):
+    for arg in schema.arguments:
         if arg in positional and positional.index(arg) < len(node.args):
             out[arg.name] = node.args[positional.index(arg)]
         elif arg.name in node.kwargs:

@@ -4,7 +4,8 @@ by name (randomness, data-dependent shapes). Each formula is the one torch's CPU
 computes (docs/numerics.md §46)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxformer.port.ops_base import Unsupported
 

@@ -4,7 +4,8 @@ pooling, group / instance / batch norm with given statistics, 3-D, transposed an
 computes torch's index and weight tables from static shapes (docs/numerics.md §46)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxformer.port.ops_base import Unsupported
 
@@ -29,10 +30,7 @@ def _resize(mode: str, axes: int, antialias: bool = False):
     with 1/scale (not in/out) and sizes the output floor(in * scale): the helper does both."""
     def emit(c, a):
         x = _input(a)
-        if "scale_factors" in a:
-            scales = a["scale_factors"]
-        else:
-            scales = [a.get(k) for k in _SCALES[axes]]
+        scales = a["scale_factors"] if "scale_factors" in a else [a.get(k) for k in _SCALES[axes]]
         scales = tuple(scales) if scales is not None else (None,) * axes
         size = a.get("output_size")
         if size is None or all(s is not None for s in scales):
@@ -167,7 +165,7 @@ def _conv_padding(c, a, n: int):
             raise Unsupported("padding='same' with a stride other than 1")
         kernel = c.val(a["weight"]).shape[2:]
         pairs = []
-        for k, d in zip(kernel, _n(a.get("dilation", 1), n)):
+        for k, d in zip(kernel, _n(a.get("dilation", 1), n), strict=False):
             total = d * (k - 1)
             pairs.append(total // 2 if total % 2 == 0 else (total // 2, total - total // 2))
         return tuple(pairs)

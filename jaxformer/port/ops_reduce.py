@@ -3,7 +3,8 @@ losses (as HF models compute them in forward), and shape / patch ops (pixel_shuf
 unfold, im2col, diag_embed, searchsorted, embedding_bag, ...)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxformer.port.ops_base import Unsupported, _axes, _dtype_cast, _keep
 

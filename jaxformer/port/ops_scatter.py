@@ -3,7 +3,8 @@ functional: select_scatter, slice_scatter, index_put, ...; scatter and its reduc
 fill, zero): written as JAX's `x.at[...]` updates and `jnp.where`, shapes static."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from jaxformer.port.ops_base import INT64_MAX, Unsupported
 
@@ -43,7 +44,7 @@ def _index_put(c, a):
         at = indices.index(given[0])
         rest = tuple(c.val(x).shape[at + c.ndim(given[0]):])
         shape = tuple(c.val(values).shape)
-        if len(shape) > len(rest) or any(v not in (1, r) for v, r in zip(shape[::-1], rest[::-1])):
+        if len(shape) > len(rest) or any(v not in (1, r) for v, r in zip(shape[::-1], rest[::-1], strict=False)):
             raise Unsupported("index_put of one value per True entry of a boolean mask: a data-dependent count")
         c.helper("torch_mask_put")
         extra = ", accumulate=True" if accumulate else ""

@@ -28,7 +28,7 @@ def frames(node) -> list[tuple[str, int, str, str]]:
             for f, n, fn, code in FRAME.findall(node.meta.get("stack_trace") or "") if not f.startswith(PORT_DIR)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_dir() -> str:
     import torch
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -93,7 +93,7 @@ def _segment(lines: list[str], node) -> str:
     return head + "".join(lines[first + 1:last]) + tail
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_span(cls) -> tuple[str, int, int] | None:
     """(file, first line, last line) of a module class's forward."""
     fn = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))

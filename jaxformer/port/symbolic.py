@@ -8,7 +8,7 @@ semantics (floor division and Python's modulo, as the traced Python computed the
 expression holding any other function is refused by name."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 class NoPythonForm(Exception):
@@ -26,11 +26,11 @@ def _src(e, sym) -> str:
         return sym(e.name)
     if isinstance(e, (bool, sympy.logic.boolalg.BooleanTrue, sympy.logic.boolalg.BooleanFalse)):
         return "True" if bool(e) else "False"
-    if isinstance(e, sympy.Integer) or isinstance(e, int):
+    if isinstance(e, (sympy.Integer, int)):
         return str(int(e))
     if isinstance(e, sympy.Rational):
         return f"({int(e.p)} / {int(e.q)})"
-    if isinstance(e, sympy.Float) or isinstance(e, float):
+    if isinstance(e, (sympy.Float, float)):
         return repr(float(e))
     name = type(e).__name__
     args = [_src(a, sym) for a in e.args]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -550,11 +551,11 @@ def inline_no_grad(program) -> None:
             continue
         enabled, sub, *operands = node.args
         body = getattr(program.graph_module, sub.target)
-        env = dict(zip([n for n in body.graph.nodes if n.op == "placeholder"], operands))
+        env = dict(zip([n for n in body.graph.nodes if n.op == "placeholder"], operands, strict=False))
         with graph.inserting_before(node):
             for inner in body.graph.nodes:
                 if inner.op in ("call_function", "call_method"):
-                    env[inner] = graph.node_copy(inner, lambda n: env[n])
+                    env[inner] = graph.node_copy(inner, lambda n, env=env: env[n])
                 elif inner.op == "output":
                     results = [env[r] for r in inner.args[0]]
             if not enabled:

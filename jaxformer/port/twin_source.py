@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 from jaxformer.port.twins import PLAIN, Entry, Twin, passed, same
 

@@ -30,7 +30,8 @@ import functools
 import importlib
 import inspect
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PLAIN = (type(None), bool, int, float, str)
 INTEROP = ("MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
@@ -123,7 +124,7 @@ def _mirror_spec(module) -> tuple[type, tuple, dict]:
         with torch.random.fork_rng(), torch.device("meta"):
             try:
                 rebuilt = type(module)(*args, **kwargs)
-            except Exception:  # noqa: BLE001 - a candidate the constructor refuses is not the one
+            except Exception:  # a candidate the constructor refuses is not the one
                 continue
         if _shape_of(rebuilt) == want:
             return cls, args, kwargs
@@ -419,7 +420,7 @@ def passed(twin: Twin, call: Call) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the export
-_REGISTRY: dict[int, "Entry"] = {}
+_REGISTRY: dict[int, Entry] = {}
 _KEYS = itertools.count()
 
 
@@ -493,7 +494,7 @@ def opaque(twins: dict[str, Twin], entries: dict[int, Entry], real: bool = False
 
             def run(xs):  # real tensors: on a copy of the module (the export swaps in fake weights)
                 real = twin.real_copy()
-                out = real(**with_tensors(bound.arguments, dict(zip(names, xs))))
+                out = real(**with_tensors(bound.arguments, dict(zip(names, xs, strict=True))))
                 return [t for t in pytree.tree_leaves(out) if t is not None]
             key = next(_KEYS)
             entry = Entry(twin, call, names, run)
@@ -520,7 +521,7 @@ def opaque(twins: dict[str, Twin], entries: dict[int, Entry], real: bool = False
 
 
 @contextlib.contextmanager
-def registered(entries: dict[int, "Entry"]):
+def registered(entries: dict[int, Entry]):
     """The twin op calls of an exported graph (`entries`, filled by `opaque`) registered again
     while the graph is retraced (trace.functional: the op's fake kernel reads its entry)."""
     _REGISTRY.update(entries)

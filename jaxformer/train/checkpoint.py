@@ -18,6 +18,7 @@ expected tree structure, shapes and dtypes.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -154,10 +155,8 @@ class Checkpointer:
         """A failed write: remove its partial folders, then raise the concise form of `e`
         (or `e` itself when it has none). Orbax's background writers of the failed save are let
         finish first: a folder removed while one still writes into it would be left behind."""
-        try:
+        with contextlib.suppress(BaseException):  # the same failure again; `e` is what is raised
             self.manager.wait_until_finished()
-        except BaseException:  # noqa: BLE001 - the same failure again; `e` is what is raised
-            pass
         self._remove_partial()
         err = _concise(e, what)
         if err is e:
@@ -255,7 +254,7 @@ def _check_same(expected, got, step: int) -> None:
     g_leaves, g_tree = jax.tree.flatten(got)
     if e_tree != g_tree:
         raise CheckpointError(f"step {step}: tree structure differs from the model's")
-    for a, b in zip(e_leaves, g_leaves):
+    for a, b in zip(e_leaves, g_leaves, strict=True):
         if tuple(a.shape) != tuple(b.shape) or np.dtype(a.dtype) != np.dtype(b.dtype):
             raise CheckpointError(f"step {step}: leaf {b.shape}/{b.dtype} where {a.shape}/{a.dtype} expected")
         # checked where the shards are: a restored array is never gathered onto one host

@@ -3,12 +3,14 @@
 validation, so a bad override fails exactly like a bad YAML value: with the key named."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -580,10 +582,9 @@ def config_changes(old: Mapping, new: RunConfig) -> tuple[list[str], list[str]]:
     (they fix the checkpoint's shapes and the data it trains on) and train.lora. Allowed: the train section
     (a longer schedule, another eval cadence, ...) and the parallel layout (the checkpoint
     holds unsharded arrays)."""
-    try:  # the stored config with its defaults filled in, as the new one has them
+    # the stored config with its defaults filled in, as the new one has them
+    with contextlib.suppress(ConfigError, TypeError):
         old = config_from_dict(old).to_dict()
-    except (ConfigError, TypeError):
-        pass
     a, b = flatten(old), flatten(new.to_dict())
     breaking, allowed = [], []
     for k in sorted(set(a) | set(b)):

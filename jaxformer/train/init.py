@@ -75,7 +75,7 @@ def _normal(rng, shape: tuple) -> jax.Array:
     return jax.lax.optimization_barrier(jax.random.normal(rng, shape, jnp.float32))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _draw_fn(scheme: str, kind: str, torch_shape: tuple, leaf: str | None, stacked: bool, sharding):
     """The jitted draw of one flax leaf from (seed, crc32 of each of its torch keys): torch
     layout, then flax layout (`leaf`), stacked over the keys when `stacked`, computed directly

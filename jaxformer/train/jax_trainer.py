@@ -40,7 +40,7 @@ from jaxformer.train.config import RunConfig, save_config
 from jaxformer.train.data import pipeline
 from jaxformer.train.logging_utils import MetricsWriter, Progress
 from jaxformer.train.optim import make_optax
-from jaxformer.train.steps import StepFns  # noqa: F401 (cli/eval.py and the benches import it from here)
+from jaxformer.train.steps import StepFns  # cli/eval.py and the benches import it from here
 
 DATA_AXIS = "data"  # pmap's device axis: the one the steps' psum reduces over
 # The jitted steps of this process's recent one-device trainers, by the config they are traced

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,7 +63,7 @@ def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     if not pts:
         return np.zeros(0), np.zeros(0)
-    s, v = zip(*pts)
+    s, v = zip(*pts, strict=True)
     return np.asarray(s, np.float64), np.asarray(v, np.float64)
 
 
@@ -91,7 +91,7 @@ def plot_runs(run_dirs: Sequence[str], out: str, *, title: str = "") -> str:
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(8, 5.5), dpi=80)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (panel, key, log) in zip(axes.flat, PANELS):
+    for ax, (panel, key, log) in zip(axes.flat, PANELS, strict=True):
         drawn = False
         for i, (label, fw, records) in enumerate(runs):
             x, y = series(records, key)

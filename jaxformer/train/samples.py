@@ -101,5 +101,5 @@ def _sample(cfg, model, generate, eval_data) -> str:
     src = np.stack([tokenizer.pad_to(tokenizer.encode(s), src_len) for s in SEQ2SEQ_INPUTS])
     n = min(tc.sample_tokens, 12, max_len - 1)  # ISO dates need 11 tokens with EOS
     out = np.asarray(generate(model, src, gen=GenerationConfig(max_new_tokens=n, strategy="greedy")))
-    lines = [f"  {s!r} -> {tokenizer.decode(o)!r}" for s, o in zip(SEQ2SEQ_INPUTS, out)]
+    lines = [f"  {s!r} -> {tokenizer.decode(o)!r}" for s, o in zip(SEQ2SEQ_INPUTS, out, strict=True)]
     return "samples (greedy):\n" + "\n".join(lines)

@@ -78,7 +78,7 @@ def spec_for(shape: tuple, axes: tuple, mesh: Mesh, rules: dict | None = None) -
     rules = DEFAULT_RULES if rules is None else rules
     out = []
     used: set[str] = set()
-    for size, ax in zip(shape, axes):
+    for size, ax in zip(shape, axes, strict=False):
         if ax is not None and ax not in rules:
             raise ValueError(f"logical axis {ax!r} has no mesh rule; known: {sorted(rules)}")
         names = tuple(n for n in (rules[ax] if ax else ()) if mesh.shape[n] > 1 and n not in used)

@@ -244,7 +244,7 @@ def check_call(cfg, model, batch: dict) -> None:
         return logits_of(m(model_input(batch)))
     try:
         out = jax.eval_shape(call, state, batch)
-    except Exception as e:  # noqa: BLE001 - the user's module failed on the task's inputs: one line
+    except Exception as e:  # the user's module failed on the task's inputs: one line
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
         raise ConfigError(f"{head}: its call on this data's batch ({shapes}) failed: {type(e).__name__}: {first}"[:600]) \

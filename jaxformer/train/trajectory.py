@@ -49,7 +49,7 @@ def trajectory_check(patch=None) -> Outcome:
     tp = {k: v.detach().numpy() for k, v in tt.module.state_dict().items()}
     ratios = {}
     for key in ("loss", "lr", "grad_norm"):
-        ratios[key] = max(abs(a[key] - b[key]) / (RTOL * max(1.0, abs(b[key]))) for a, b in zip(jh, th))
+        ratios[key] = max(abs(a[key] - b[key]) / (RTOL * max(1.0, abs(b[key]))) for a, b in zip(jh, th, strict=False))
     ratios["params"] = max(float(np.abs(jp[k] - tp[k]).max()) for k in tp) / RTOL
     worst = max(ratios, key=ratios.get)
     return Outcome("trajectory", ratios[worst] > 1, ratios[worst],

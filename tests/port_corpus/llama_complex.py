@@ -4,7 +4,6 @@ grouped-query attention by repeat_kv, an additive -inf mask built with torch.ful
 freqs_cis is a plain tensor attribute (neither parameter nor buffer), as in the original."""
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -17,10 +16,10 @@ class ModelArgs:
     dim: int = 32
     n_layers: int = 2
     n_heads: int = 4
-    n_kv_heads: Optional[int] = 2
+    n_kv_heads: int | None = 2
     vocab_size: int = 64
     multiple_of: int = 16  # make SwiGLU hidden layer size multiple of large power of 2
-    ffn_dim_multiplier: Optional[float] = None
+    ffn_dim_multiplier: float | None = None
     norm_eps: float = 1e-5
     max_seq_len: int = 16
 
@@ -116,7 +115,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden_dim: int, multiple_of: int, ffn_dim_multiplier: Optional[float]):
+    def __init__(self, dim: int, hidden_dim: int, multiple_of: int, ffn_dim_multiplier: float | None):
         super().__init__()
         hidden_dim = int(2 * hidden_dim / 3)
         if ffn_dim_multiplier is not None:

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_model, num_heads):
-        super(MultiHeadAttention, self).__init__()
+        super().__init__()
         assert d_model % num_heads == 0
         self.d_model = d_model
         self.num_heads = num_heads
@@ -53,7 +53,7 @@ class MultiHeadAttention(nn.Module):
 
 class PositionalEncoding(nn.Module):
     def __init__(self, d_model, max_len=5000):
-        super(PositionalEncoding, self).__init__()
+        super().__init__()
         pe = torch.zeros(max_len, d_model)
         position = torch.arange(0, max_len, dtype=torch.float).unsqueeze(1)
         div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
@@ -68,7 +68,7 @@ class PositionalEncoding(nn.Module):
 
 class FeedForward(nn.Module):
     def __init__(self, d_model, d_ff=2048, dropout=0.1):
-        super(FeedForward, self).__init__()
+        super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
@@ -79,7 +79,7 @@ class FeedForward(nn.Module):
 
 class EncoderLayer(nn.Module):
     def __init__(self, d_model, num_heads, d_ff=2048, dropout=0.1):
-        super(EncoderLayer, self).__init__()
+        super().__init__()
         self.self_attn = MultiHeadAttention(d_model, num_heads)
         self.ffn = FeedForward(d_model, d_ff, dropout)
         self.norm1 = nn.LayerNorm(d_model)
@@ -96,7 +96,7 @@ class EncoderLayer(nn.Module):
 
 class Encoder(nn.Module):
     def __init__(self, d_model, num_heads, num_layers=6, d_ff=2048, dropout=0.1):
-        super(Encoder, self).__init__()
+        super().__init__()
         self.layers = nn.ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout) for _ in range(num_layers)])
 
     def forward(self, x, mask=None):
@@ -107,7 +107,7 @@ class Encoder(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, d_model, num_heads, d_ff=2048, dropout=0.1):
-        super(DecoderLayer, self).__init__()
+        super().__init__()
         self.self_attn = MultiHeadAttention(d_model, num_heads)
         self.cross_attn = MultiHeadAttention(d_model, num_heads)
         self.ffn = FeedForward(d_model, d_ff, dropout)
@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
 
 class Decoder(nn.Module):
     def __init__(self, d_model, num_heads, num_layers=6, d_ff=2048, dropout=0.1):
-        super(Decoder, self).__init__()
+        super().__init__()
         self.layers = nn.ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout) for _ in range(num_layers)])
 
     def forward(self, x, enc_output, src_mask=None, tgt_mask=None):
@@ -141,7 +141,7 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, src_vocab_size, tgt_vocab_size, d_model=512, num_heads=8, num_layers=6, d_ff=2048,
                  max_len=100, dropout=0.1):
-        super(Transformer, self).__init__()
+        super().__init__()
         self.encoder_embedding = nn.Embedding(src_vocab_size, d_model)
         self.decoder_embedding = nn.Embedding(tgt_vocab_size, d_model)
         self.positional_encoding = PositionalEncoding(d_model, max_len)
@@ -160,7 +160,7 @@ class Transformer(nn.Module):
 
 class PatchEmbedding(nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_channels=3, embed_dim=768):
-        super(PatchEmbedding, self).__init__()
+        super().__init__()
         num_patches = (img_size // patch_size) ** 2  # noqa: F841 (the tutorial computes it and keeps nothing)
         self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
 
@@ -173,7 +173,7 @@ class PatchEmbedding(nn.Module):
 
 class TCNTransformer(nn.Module):
     def __init__(self, input_dim, d_model, num_heads, num_layers, kernel_size=3):
-        super(TCNTransformer, self).__init__()
+        super().__init__()
         self.tcn = nn.Sequential(
             nn.Conv1d(input_dim, d_model, kernel_size, padding=kernel_size // 2),
             nn.ReLU(),

@@ -70,7 +70,7 @@ class RelativeSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, pad: torch.Tensor, position_bias: torch.Tensor | None):
         b, t, _ = x.shape
-        split = lambda y: y.view(b, t, N_HEADS, D_KV).transpose(1, 2)  # noqa: E731
+        split = lambda y: y.view(b, t, N_HEADS, D_KV).transpose(1, 2)
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         scores = torch.einsum("bhqd,bhkd->bhqk", q, k)  # T5: no 1/sqrt(d_kv)
         if position_bias is None:

@@ -241,7 +241,7 @@ class ConVit(nn.Module):
         self.head_drop = nn.Dropout(0.)
         self.head = nn.Linear(embed_dim, num_classes)
         nn.init.trunc_normal_(self.cls_token, std=.02)
-        for n, m in self.named_modules():
+        for n, m in self.named_modules():  # noqa: B007 (as timm writes it: the corpus keeps its source)
             if hasattr(m, 'local_init'):
                 m.local_init()
 
@@ -589,7 +589,7 @@ class ClassAttentionBlock(nn.Module):
         x_norm1 = self.norm1(x)
         x_attn = torch.cat([self.attn(x_norm1), x_norm1[:, 1:]], dim=1)
         x = x + self.drop_path1(self.gamma1 * x_attn)
-        if self.tokens_norm:
+        if self.tokens_norm:  # noqa: SIM108 (as timm writes it: the corpus keeps its source)
             x = self.norm2(x)
         else:
             x = torch.cat([self.norm2(x[:, 0:1]), x[:, 1:]], dim=1)

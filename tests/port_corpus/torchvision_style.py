@@ -20,7 +20,6 @@ sizes, batch 2, BatchNorm running statistics random.
 import math
 from collections import OrderedDict
 from functools import partial
-from typing import List, Optional
 
 import numpy as np
 import torch
@@ -51,7 +50,7 @@ def _randomize(model):
 class MLP(nn.Sequential):
     """torchvision/ops/misc.py MLP."""
 
-    def __init__(self, in_channels, hidden_channels: List[int], norm_layer=None, activation_layer=nn.ReLU,
+    def __init__(self, in_channels, hidden_channels: list[int], norm_layer=None, activation_layer=nn.ReLU,
                  inplace=None, bias=True, dropout=0.0):
         params = {} if inplace is None else {"inplace": inplace}
         layers = []
@@ -69,7 +68,7 @@ class MLP(nn.Sequential):
 
 
 class Permute(nn.Module):
-    def __init__(self, dims: List[int]):
+    def __init__(self, dims: list[int]):
         super().__init__()
         self.dims = dims
 
@@ -104,7 +103,7 @@ def _patch_merging_pad(x: torch.Tensor) -> torch.Tensor:
 
 
 def _get_relative_position_bias(
-    relative_position_bias_table: torch.Tensor, relative_position_index: torch.Tensor, window_size: List[int]
+    relative_position_bias_table: torch.Tensor, relative_position_index: torch.Tensor, window_size: list[int]
 ) -> torch.Tensor:
     N = window_size[0] * window_size[1]
     relative_position_bias = relative_position_bias_table[relative_position_index]  # type: ignore[index]
@@ -139,13 +138,13 @@ def shifted_window_attention(
     qkv_weight: Tensor,
     proj_weight: Tensor,
     relative_position_bias: Tensor,
-    window_size: List[int],
+    window_size: list[int],
     num_heads: int,
-    shift_size: List[int],
+    shift_size: list[int],
     attention_dropout: float = 0.0,
     dropout: float = 0.0,
-    qkv_bias: Optional[Tensor] = None,
-    proj_bias: Optional[Tensor] = None,
+    qkv_bias: Tensor | None = None,
+    proj_bias: Tensor | None = None,
 ):
     B, H, W, C = input.shape
     # pad feature maps to multiples of window size
@@ -191,7 +190,7 @@ def shifted_window_attention(
         attn_mask = attn_mask.view(pad_H // window_size[0], window_size[0], pad_W // window_size[1], window_size[1])
         attn_mask = attn_mask.permute(0, 2, 1, 3).reshape(num_windows, window_size[0] * window_size[1])
         attn_mask = attn_mask.unsqueeze(1) - attn_mask.unsqueeze(2)
-        attn_mask = attn_mask.masked_fill(attn_mask != 0, float(-100.0)).masked_fill(attn_mask == 0, float(0.0))
+        attn_mask = attn_mask.masked_fill(attn_mask != 0, (-100.0)).masked_fill(attn_mask == 0, 0.0)
         attn = attn.view(x.size(0) // num_windows, num_windows, num_heads, x.size(1), x.size(1))
         attn = attn + attn_mask.unsqueeze(1).unsqueeze(0)
         attn = attn.view(-1, num_heads, x.size(1), x.size(1))
@@ -217,7 +216,7 @@ def shifted_window_attention(
 
 
 class ShiftedWindowAttention(nn.Module):
-    def __init__(self, dim: int, window_size: List[int], shift_size: List[int], num_heads: int, qkv_bias=True,
+    def __init__(self, dim: int, window_size: list[int], shift_size: list[int], num_heads: int, qkv_bias=True,
                  proj_bias=True, attention_dropout=0.0, dropout=0.0):
         super().__init__()
         self.window_size = window_size
@@ -296,8 +295,8 @@ class SwinTransformerBlock(nn.Module):
 
 
 class SwinTransformer(nn.Module):
-    def __init__(self, patch_size: List[int], embed_dim: int, depths: List[int], num_heads: List[int],
-                 window_size: List[int], mlp_ratio=4.0, dropout=0.0, attention_dropout=0.0, stochastic_depth_prob=0.0,
+    def __init__(self, patch_size: list[int], embed_dim: int, depths: list[int], num_heads: list[int],
+                 window_size: list[int], mlp_ratio=4.0, dropout=0.0, attention_dropout=0.0, stochastic_depth_prob=0.0,
                  num_classes=1000, norm_layer=None):
         super().__init__()
         self.num_classes = num_classes
@@ -305,7 +304,7 @@ class SwinTransformer(nn.Module):
         if norm_layer is None:
             norm_layer = partial(nn.LayerNorm, eps=1e-5)
 
-        layers: List[nn.Module] = []
+        layers: list[nn.Module] = []
         # split image into non-overlapping patches
         layers.append(
             nn.Sequential(
@@ -321,7 +320,7 @@ class SwinTransformer(nn.Module):
         stage_block_id = 0
         # build SwinTransformer blocks
         for i_stage in range(len(depths)):
-            stage: List[nn.Module] = []
+            stage: list[nn.Module] = []
             dim = embed_dim * 2 ** i_stage
             for i_layer in range(depths[i_stage]):
                 # adjust stochastic depth probability based on the depth of the stage block
@@ -396,7 +395,7 @@ class EncoderBlock(nn.Module):
     """Transformer encoder block."""
 
     def __init__(self, num_heads, hidden_dim, mlp_dim, dropout, attention_dropout,
-                 norm_layer=partial(nn.LayerNorm, eps=1e-6)):
+                 norm_layer=partial(nn.LayerNorm, eps=1e-6)):  # noqa: B008 (torchvision's own default)
         super().__init__()
         self.num_heads = num_heads
 
@@ -425,7 +424,7 @@ class Encoder(nn.Module):
     """Transformer Model Encoder for sequence to sequence translation."""
 
     def __init__(self, seq_length, num_layers, num_heads, hidden_dim, mlp_dim, dropout, attention_dropout,
-                 norm_layer=partial(nn.LayerNorm, eps=1e-6)):
+                 norm_layer=partial(nn.LayerNorm, eps=1e-6)):  # noqa: B008 (torchvision's own default)
         super().__init__()
         # Note that batch_size is on the first dim because
         # we have batch_first=True in nn.MultiAttention() by default
@@ -454,7 +453,7 @@ class VisionTransformer(nn.Module):
     """Vision Transformer as per https://arxiv.org/abs/2010.11929."""
 
     def __init__(self, image_size, patch_size, num_layers, num_heads, hidden_dim, mlp_dim, dropout=0.0,
-                 attention_dropout=0.0, num_classes=1000, norm_layer=partial(nn.LayerNorm, eps=1e-6)):
+                 attention_dropout=0.0, num_classes=1000, norm_layer=partial(nn.LayerNorm, eps=1e-6)):  # noqa: B008 (torchvision's own default)
         super().__init__()
         self.image_size = image_size
         self.patch_size = patch_size
@@ -534,7 +533,7 @@ def vit():
 
 
 # -------------------------------------------------------------------------------------- MobileNetV3
-def _make_divisible(v: float, divisor: int, min_value: Optional[int] = None) -> int:
+def _make_divisible(v: float, divisor: int, min_value: int | None = None) -> int:
     if min_value is None:
         min_value = divisor
     new_v = max(min_value, int(v + divisor / 2) // divisor * divisor)
@@ -587,7 +586,7 @@ class InvertedResidual(nn.Module):
     def __init__(self, input_channels, kernel, expanded_channels, out_channels, use_se, use_hs, stride):
         super().__init__()
         self.use_res_connect = stride == 1 and input_channels == out_channels
-        layers: List[nn.Module] = []
+        layers: list[nn.Module] = []
         activation_layer = nn.Hardswish if use_hs else nn.ReLU
         if expanded_channels != input_channels:
             layers.append(Conv2dNormActivation(input_channels, expanded_channels, kernel_size=1,
@@ -612,7 +611,7 @@ class InvertedResidual(nn.Module):
 class MobileNetV3(nn.Module):
     def __init__(self, num_classes=5, last_channel=32):
         super().__init__()
-        layers: List[nn.Module] = [Conv2dNormActivation(3, 16, kernel_size=3, stride=2, activation_layer=nn.Hardswish)]
+        layers: list[nn.Module] = [Conv2dNormActivation(3, 16, kernel_size=3, stride=2, activation_layer=nn.Hardswish)]
         layers.append(InvertedResidual(16, 3, 16, 16, use_se=True, use_hs=False, stride=2))
         layers.append(InvertedResidual(16, 3, 48, 16, use_se=True, use_hs=True, stride=1))
         lastconv_output_channels = 6 * 16

@@ -11,9 +11,9 @@ from torch import nn
 
 from jaxformer.config.attention import QKNorm, Rope, Scores
 from torch_ref.layers import kv_cache
-from torch_ref.layers.dispatch import dot_product_attention  # noqa: F401 (re-exported)
+from torch_ref.layers.dispatch import dot_product_attention  # re-exported
 from torch_ref.layers.kv_cache import KVCache
-from torch_ref.layers.masks import (  # noqa: F401
+from torch_ref.layers.masks import (  # noqa: F401 (re-exported)
     AttentionMask,
     alibi_block,
     combine_masks,
@@ -60,7 +60,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
                  attn_dropout: float = 0.0, dropout: float = 0.0, rope: Rope | None = None,
-                 qk_norm: QKNorm | None = None, scores: Scores = Scores()):
+                 qk_norm: QKNorm | None = None, scores: Scores = Scores()):  # noqa: B008 (a frozen dataclass)
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:

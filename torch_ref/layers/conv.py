@@ -3,7 +3,7 @@ Weights in torch layout [C_out, C_in, k...] (OIHW). Twin: jaxformer/layers/conv.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

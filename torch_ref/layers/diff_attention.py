@@ -18,7 +18,7 @@ class DifferentialAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, num_heads: int, *, lambda_init: float, num_kv_heads: int | None = None,
                  head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
-                 dropout: float = 0.0, rope: Rope | None = None, scores: Scores = Scores()):
+                 dropout: float = 0.0, rope: Rope | None = None, scores: Scores = Scores()):  # noqa: B008 (a frozen dataclass)
         if scores.sinks:
             raise ValueError("differential attention takes no attention sinks")
         super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias,

@@ -37,10 +37,8 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_ids(ids, self.num_embeddings)
-        if isinstance(self.weight, quant.QuantizedWeight):  # a tied table's bf16/int8 decode copy
-            x = self.weight.lookup(ids)  # [B, T, D]
-        else:
-            x = self.weight[ids]  # [B, T, D]
+        # x: [B, T, D]; a QuantizedWeight is a tied table's bf16/int8 decode copy
+        x = self.weight.lookup(ids) if isinstance(self.weight, quant.QuantizedWeight) else self.weight[ids]
         if self.multiplier is not None:  # sqrt(D) in the stream's dtype, as HF Gemma
             x = x * torch.tensor(self.multiplier, dtype=x.dtype)  # rounds it to its compute dtype (docs/numerics.md §21)
         return x

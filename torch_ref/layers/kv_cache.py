@@ -121,7 +121,7 @@ def stack_cache(stack, batch: int, length: int, memory: torch.Tensor | None = No
     local, window = stack.cfg.local_layers(), stack.cfg.sliding_window
     slots = [min(length, window) if is_local else length for is_local in local]
     return [layer.init_cache(batch, n, memory, dtype, ring=is_local and n == window)
-            for layer, n, is_local in zip(stack.layers, slots, local)]
+            for layer, n, is_local in zip(stack.layers, slots, local, strict=True)]
 
 
 def cache_length(cache: list) -> int | None:

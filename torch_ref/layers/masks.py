@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from torch_ref.layers.positional import default_positions
-from torch_ref.layers.scores import alibi_block  # noqa: F401  (re-exported)
+from torch_ref.layers.scores import alibi_block  # re-exported
 
 
 # ----------------------------------------------------------------------------- masks

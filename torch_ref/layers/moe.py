@@ -195,7 +195,7 @@ class Experts(nn.Module):
             if token.numel() == 0:
                 continue
 
-            def project(name, h):
+            def project(name, h, e=e):
                 b = getattr(self, f"{name}_bias")
                 return F.linear(h, weight[name][e], None if b is None else b[e])
 

@@ -180,7 +180,7 @@ class EncoderLayer(nn.Module):
                 record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
         """record: a dict that receives the sub-layer intermediates (stack.SUBLAYERS names);
         return_attention adds the attention weights to it."""
-        attend = lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,  # noqa: E731
+        attend = lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
                                    mask=mask, bias=bias, positions=positions)
         if self.cfg.parallel_residual:
             return parallel_residual(x, self.attn_norm, attend, self.ffn_norm, ffn_sublayer(self.ffn, record),

@@ -292,7 +292,7 @@ def _varying(inputs, *carries):
         mat = getattr(t, "manual_axis_type", None)
         return frozenset(mat.varying) if mat is not None else frozenset(getattr(t, "vma", ()))
     want = frozenset().union(*(axes(a) for a in jax.tree.leaves(inputs)))
-    cast = lambda c: c if c is None or not want - axes(c) else jax.lax.pcast(  # noqa: E731
+    cast = lambda c: c if c is None or not want - axes(c) else jax.lax.pcast(
         c, tuple(sorted(want - axes(c))), to="varying")
     return tuple(cast(c) for c in carries)
 
@@ -325,7 +325,7 @@ def _backward(st: _Static, args: tuple, out, lse, d_out, d_lse=None, slopes_grad
     if d_lse is not None:
         delta = delta - d_lse.astype(jnp.float32)
     # the accumulators' zeros come from delta, so XLA builds them in the backward pass (§38)
-    f32 = lambda a: None if a is None else _zeros_from(delta, a.shape)  # noqa: E731
+    f32 = lambda a: None if a is None else _zeros_from(delta, a.shape)
 
     def q_block(carry, i):
         dq_all, dk, dv, dbias, dslopes, dsinks = carry
@@ -378,7 +378,7 @@ def _backward(st: _Static, args: tuple, out, lse, d_out, d_lse=None, slopes_grad
     carry0 = _varying((q, k, v, bias, sinks, slopes, parts, d_out, lse, d_lse),
                       f32(q), f32(k), f32(v), f32(bias), f32(slopes if slopes_grad else None), f32(sinks))
     (dq, dk, dv, dbias, dslopes, dsinks), visits = jax.lax.scan(q_block, carry0, jnp.arange(nq, dtype=jnp.int32))
-    cast = lambda d, a: None if a is None or d is None else d.astype(a.dtype)  # noqa: E731
+    cast = lambda d, a: None if a is None or d is None else d.astype(a.dtype)
     grads = (cast(dq, q), cast(dk, k), cast(dv, v), cast(dbias, bias), cast(dsinks, sinks), cast(dslopes, slopes))
     return grads, jnp.sum(visits)
 

@@ -128,7 +128,7 @@ def _chunked_sum_fwd(st: _Static, state, h, labels, weights):
 def _chunked_sum_bwd(st: _Static, res, g):
     state, h, labels, weights = res
     g_loss = g[0]  # `correct` is a count: no gradient
-    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+    floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
 
     def body(acc, xs):
         h_c, y_c, w_c = xs

@@ -267,7 +267,7 @@ def _ring(axis: str, n: int, scale: float, softcap: float | None, causal: bool, 
     step needs neither its own (out_i, lse_i) nor a forward recomputation. The block's dk, dv are
     added to a buffer that travels with the block; one last ppermute brings each buffer home."""
     ring = [(j, (j + 1) % n) for j in range(n)]
-    shift = lambda tree: jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), tree)  # noqa: E731
+    shift = lambda tree: jax.tree.map(lambda a: jax.lax.ppermute(a, axis, ring), tree)
     prepare = functools.partial(_step_args, scale=scale, softcap=softcap, causal=causal, blocks=blocks)
     forward = functools.partial(_ring_forward, prepare, shift, n)
 
@@ -317,7 +317,7 @@ def _ring_backward(prepare, shift, n: int, res, cts):
     q, k, v, q_parts, k_parts, window, slopes, out, lse = res  # out, lse padded: [B, Tp, G, R, .]
     b, t, h, _ = q.shape
     tp, g, r = out.shape[1], out.shape[2], out.shape[3]
-    pad = lambda a: jnp.pad(a, [(0, 0), (0, tp - t)] + [(0, 0)] * (a.ndim - 2))  # noqa: E731
+    pad = lambda a: jnp.pad(a, [(0, 0), (0, tp - t)] + [(0, 0)] * (a.ndim - 2))
     d_out = pad(cts[0].reshape(b, t, g, r, -1))  # [B, Tp, G, R, Kv]
     d_lse = pad(cts[1].reshape(b, t, g, r))  # [B, Tp, G, R]
     d_lse = jnp.moveaxis(jnp.where(jnp.isfinite(lse), d_lse, 0.0), 1, 3)  # [B, G, R, Tp]; 0 on unseen rows

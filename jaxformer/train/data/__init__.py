@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -55,7 +55,7 @@ import os
 import re
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -511,7 +511,7 @@ def _bounded_env_class():
             _check_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja2's signature)
+        def call(__self, __context, __obj, *args, **kwargs):  # jinja2's signature
             _check_call(__obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 

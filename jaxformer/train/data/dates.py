@@ -71,7 +71,7 @@ def load(cfg: Config, seed: int):
     for split_days, n in ((days[~is_eval], cfg.train_examples), (days[is_eval], cfg.eval_examples)):
         picks = rng.choice(split_days, size=n)
         fmts = rng.integers(0, len(FORMATS), size=n)
-        ex = [_example(dt.date.fromordinal(int(o)), int(f), cfg) for o, f in zip(picks, fmts)]
+        ex = [_example(dt.date.fromordinal(int(o)), int(f), cfg) for o, f in zip(picks, fmts, strict=True)]
         out.append({"src": np.stack([e[0] for e in ex]), "tgt_in": np.stack([e[1] for e in ex]),
                     "tgt_out": np.stack([e[2] for e in ex])})
     return out[0], out[1]

@@ -11,8 +11,8 @@ to eval), normalize true (standardise with train-split statistics).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 

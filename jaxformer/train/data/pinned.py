@@ -47,7 +47,7 @@ def _folder():
     return resources.files("jaxformer.train.data") / "embedded"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def text(name: str) -> str:
     """The pinned text `name` (a PINNED key), its hash checked; ValueError naming the file if it
     is missing, unreadable or altered."""

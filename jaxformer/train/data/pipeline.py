@@ -36,7 +36,7 @@ at the checkpoint's step, which gives the same batches.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import grain
 import numpy as np

@@ -42,7 +42,7 @@ import hashlib
 import json
 import os
 import sys
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -474,9 +474,9 @@ class _Feeder:
             if idx:
                 texts = [batch[i][1] for i in idx]
                 enc = self.tok.encode_batch(texts) if specials else [self._plain(t) for t in texts]
-                for i, e in zip(idx, enc):
+                for i, e in zip(idx, enc, strict=True):
                     ids[i] = e
-        for (where, _, first, last), e in zip(batch, ids):
+        for (where, _, first, last), e in zip(batch, ids, strict=True):
             if first and e.size and e[-1] == self.tok.eos_id:
                 e = e[:-1]  # a post-processor's own trailing eos (T5's </s>): the writer adds one
             if first and last and where == "train":

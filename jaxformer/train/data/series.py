@@ -23,8 +23,8 @@ target_channels [0], stride 1, eval_fraction 0.2, noise 0.1.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -172,7 +173,7 @@ class SlowHFTokenizer(Tokenizer):
         h = hashlib.sha256()
         for name in sorted(os.listdir(directory)):
             if name in HF_TOKENIZER_FILES or name in ("special_tokens_map.json", "added_tokens.json"):
-                h.update(name.encode() + b"\0" + open(os.path.join(directory, name), "rb").read())
+                h.update(name.encode() + b"\0" + Path(os.path.join(directory, name)).read_bytes())
         self._sha = h.hexdigest()
 
     @property

@@ -41,7 +41,7 @@ import json
 import os
 import sys
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -29,7 +29,7 @@ def update_score_bias(module, load, rate: float) -> None:
     layers = [m for m in module.modules() if isinstance(m, MoE)]
     assert len(layers) == load.shape[0], (len(layers), tuple(load.shape))
     with torch.no_grad():
-        for moe, row in zip(layers, load):
+        for moe, row in zip(layers, load, strict=True):
             moe.router.score_bias.add_(rate * torch.sign(row.mean() - row))
 
 

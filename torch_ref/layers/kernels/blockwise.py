@@ -162,7 +162,7 @@ class _Blockwise(torch.autograd.Function):
                 dv[:, k0:k1] += torch.einsum("bgrqs,bqgrk->bsgk", p, doi.float())
             if dsinks is not None:  # d / d sink = -sum over rows of p_sink * D
                 dsinks -= (torch.exp(sinks.float()[None, :, :, None] - lse_i) * delta_i).sum(dim=(0, 3))
-        cast = lambda d, a: None if a is None else d.to(a.dtype)  # noqa: E731
+        cast = lambda d, a: None if a is None else d.to(a.dtype)
         return (cast(dq, q5), cast(dk, k), cast(dv, v), cast(dbias, bias), cast(dsinks, sinks),
                 cast(dslopes, slopes), None)
 
