@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # every process, CLI subprocesses included, and print its host-discovery warnings to stderr.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from jaxformer.parity import setup_precision  # noqa: E402
+from jaxformer.parity import setup_precision
 
 setup_precision()
 __import__("torch").set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -30,7 +30,7 @@ __import__("torch").set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # with float decay rates (adam bias correction), which strict mode rejects.
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -77,3 +77,18 @@ def whole_replica_saves():
     th.register_type_handler(jax.Array, th.ArrayHandler(use_replica_parallel=False), override=True)
     yield
     th.register_type_handler(jax.Array, default, override=True)
+
+
+# The files whose tests are the longest (seconds each, fixtures of whole ports and training runs;
+# measured per file with --durations=0, docs/testing.md), run first. pytest-xdist's worksteal
+# hands each worker a contiguous half of the collected order and then balances by stealing from
+# the other's queue end: with the long tests first, the queue ends hold short ones, so the two
+# workers finish together instead of one idling while the other runs a 40 s test collected last
+# (alphabetically, test_walkthrough and test_user_module* were).
+LONG_FIRST = ("test_walkthrough.py", "test_user_module_tasks.py", "test_user_module.py", "test_scale.py",
+              "test_port_corpus.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: the rest keep their order
