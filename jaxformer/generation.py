@@ -465,3 +465,31 @@ def module_generate(model, ids, gen: GenerationConfig = GenerationConfig(), eos:
             return logits_at(buf, p + i), buf
         return decode_loop(step, buf, logits_at(buf, p - 1), key, gen, eos, pad_id)
     return np.asarray(jax.jit(run)(state, jnp.asarray(ids, jnp.int32), jax.random.key(gen.seed)))
+
+
+# ----------------------------------------------------------------------------- memory, predicted
+def request_bytes(name: str, cfg, batch: int, prompt_len: int, gen: GenerationConfig) -> dict[str, int]:
+    """The arrays a generate call of `batch` prompts of up to `prompt_len` tokens allocates
+    beyond the weights, from shapes alone (nothing is allocated): the KV cache (batch x beams
+    rows of the cache length, ring layers their window; jax.eval_shape of the model's own
+    init_cache on an abstract model, so every cache form is counted as built), the prefill's
+    float32 logits [B', P or prefill_chunk, V], and, for beam search, the beams' token buffers.
+    A lower bound (the activations of one layer come on top), as training's state check is:
+    a request it refuses cannot fit. -> {part: bytes}."""
+    from jaxformer.models import abstract_model
+    rows = batch * (gen.num_beams if gen.strategy == "beam" else 1)
+    start = 1 if name == "seq2seq" else 0
+    cache_len = check_lengths(0 if name == "seq2seq" else prompt_len, gen, cfg.max_len, start)
+    graphdef, state = nnx.split(abstract_model(name, cfg))  # the state's leaves: ShapeDtypeStructs
+    if name == "seq2seq":  # the cross-attention keys/values are projected from the memory
+        memory = jax.ShapeDtypeStruct((rows, prompt_len, cfg.d_model), jnp.float32)
+        cache = jax.eval_shape(lambda st, m: nnx.merge(graphdef, st).init_cache(m, cache_len), state, memory)
+        chunk, vocab = 1, getattr(cfg, "tgt_vocab_size", None) or cfg.vocab_size
+    else:
+        cache = jax.eval_shape(lambda st: nnx.merge(graphdef, st).init_cache(rows, cache_len), state)
+        chunk, vocab = min(prompt_len, gen.prefill_chunk or prompt_len), cfg.vocab_size
+    leaves = [x for x in jax.tree.leaves(cache) if hasattr(x, "shape")]
+    return {"KV cache": sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in leaves),
+            "prefill logits": rows * max(chunk, 1) * vocab * 4,
+            "tokens": rows * (cache_len + gen.max_new_tokens) * 4 * (2 if gen.strategy == "beam" else 1)}
+

@@ -62,3 +62,42 @@ def test_cli_generate_errors_clearly(tmp_path, capsys):
     rc = cli.main(["generate", "--weights", str(p), "--ids", "--prompt", "5 6", "--prefill-chunk", "0"])
     err = capsys.readouterr().err
     assert rc == 2 and "prefill_chunk: must be a positive int, got 0" in err and len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- memory, predicted
+@pytest.mark.parametrize("kind,key", [("lm", "llama_gqa"), ("lm", "t5bias_sliding_window"), ("seq2seq", "separate_untied_pre")])
+def test_request_bytes_counts_the_cache_generate_builds(kind, key):
+    """request_bytes' KV cache, from shapes alone, is the bytes of the cache the model builds
+    (a sliding-window LM's ring layers hold their window, seq2seq its cross-attention keys)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    cfg = (LMS if kind == "lm" else S2S)[key]
+    _, model = pair(kind, cfg)
+    gen = GenerationConfig(max_new_tokens=9, strategy="beam", num_beams=3)
+    parts = jgen.request_bytes(kind, cfg, 2, 7, gen)
+    cache = model.init_cache(6, 7 + 9) if kind == "lm" else model.init_cache(jnp.zeros((6, 7, cfg.d_model)), 1 + 9)
+    built = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(cache) if hasattr(x, "shape"))
+    assert parts["KV cache"] == built > 0, (parts, built)
+
+
+def test_cli_generate_refuses_a_request_that_cannot_fit(tmp_path, capsys, monkeypatch):
+    """Issue 51 §4: before the cache is allocated, the request's bytes against the memory
+    available: one line with the numbers (exit 2) when it cannot fit, the run when it can."""
+    from jaxformer import memory
+    cfg = LMS["gpt2"]
+    t, _ = pair("lm", cfg)
+    p = tmp_path / "lm.safetensors"
+    convert.write_safetensors(str(p), {k: v.numpy() for k, v in t.state_dict().items()},
+                              {"format": "pt", **convert.model_metadata("lm", cfg)})
+    argv = ["generate", "--weights", str(p), "--ids", "--prompt", "5 6 7", "--prompt", "8", "--max-new-tokens", "6",
+            "--strategy", "beam", "--num-beams", "4"]
+    need = sum(jgen.request_bytes("lm", cfg, 2, 3, GenerationConfig(max_new_tokens=6, strategy="beam",
+                                                                   num_beams=4)).values())
+    monkeypatch.setattr(memory, "available_bytes", lambda host=False: (need - 1, "this host"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "generating 6 tokens for 8 row(s) of up to 3 prompt tokens (KV cache" in err[0] \
+        and "fewer prompts, beams or --max-new-tokens" in err[0], err
+    monkeypatch.setattr(memory, "available_bytes", lambda host=False: (need, "this host"))
+    assert cli.main(argv) == 0

@@ -4,7 +4,7 @@ string naming a module, as importlib and the registries use) goes down, never up
     0. the package root (jaxformer/__init__.py) is the facade: `jaxformer.load` may reach any
        rank, but only inside functions, so `import jaxformer` stays framework-free
     1. config, tables, fileio                                 framework-free
-    2. lowering (jax only); then layers; then models      jax / flax
+    2. lowering, memory (jax only); then layers; then models   jax / flax
     3. convert; then interop (torch.nn import); then checkpoint_io, generation, parity
     4. hf, train, port                                       (none imports another)
     5. cli, __main__
@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RANK = {
     "jaxformer": 1, "jaxformer.config": 1, "jaxformer.tables": 1, "jaxformer.fileio": 1,
-    "jaxformer.lowering": 1.5, "jaxformer.layers": 2, "jaxformer.models": 2.5,
+    "jaxformer.lowering": 1.5, "jaxformer.memory": 1.5, "jaxformer.layers": 2, "jaxformer.models": 2.5,
     "jaxformer.convert": 3, "jaxformer.module_weights": 3.3, "jaxformer.checkpoint_io": 3.5, "jaxformer.generation": 3.5,
     "jaxformer.parity": 3.5, "jaxformer.interop": 3.25,
     "jaxformer.hf": 4, "jaxformer.train": 4, "jaxformer.port": 4,

@@ -144,6 +144,21 @@ def _load_model_dir(directory: str, name, cfg, framework: str, step=None):
     return dir_name, dir_cfg, model
 
 
+def _check_request_fits(name, cfg, prompts, gen, framework: str) -> None:
+    """Before the cache is allocated (issue 51 §4): generation.request_bytes against the memory
+    available now, the weights already loaded (torch's on the host); one line with the numbers
+    when it cannot fit, not an out-of-memory kill."""
+    from jaxformer import memory
+    from jaxformer.generation import request_bytes
+    prompt_len = max((len(p) for p in prompts), default=0)
+    parts = request_bytes(name, cfg, len(prompts), prompt_len, gen)
+    rows = len(prompts) * (gen.num_beams if gen.strategy == "beam" else 1)
+    sizes = ", ".join(f"{k} {v / 2**30:,.2f} GiB" for k, v in parts.items())
+    memory.check_bytes(sum(parts.values()), f"generating {gen.max_new_tokens} tokens for {rows} row(s) of up to "
+                         f"{prompt_len} prompt tokens ({sizes})", host=framework == "torch",
+                         advice="fewer prompts, beams or --max-new-tokens")
+
+
 def generation_config(args, weights: str):
     """The GenerationConfig of the flags; an HF dir's generation_config.json supplies the
     settings a flag leaves unset (its unimplemented keys are printed to stderr)."""
@@ -204,6 +219,7 @@ def run(args) -> int:
             raise GenerateError(f"the tokenizer ({tok.spec}, vocab {tok.vocab_size}) gives id {top}, "
                                 f"outside the model's vocab of {cfg.vocab_size}: is it the model's "
                                 "tokenizer? (--tokenizer SPEC)")
+    _check_request_fits(name, cfg, prompts, gen, args.framework)
     if args.framework == "jax":
         from jaxformer import generation as g
     else:

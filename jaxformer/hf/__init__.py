@@ -160,6 +160,10 @@ def from_pretrained(path: str, *, seed: int = 0, return_report: bool = False, ma
     model = abstract_model(name, cfg)
     dtype, downcast = resolve_param_dtype(ckpt, param_dtype)
     cast_params(model, dtype)
+    from flax import nnx
+
+    from jaxformer import memory  # before a byte is read (issue 51 §4): the weights as they will be held
+    memory.check_fits(nnx.state(model), f"{arch}'s weights ({dtype})")
     report = convert_stream(ckpt, tensor_fn(ckpt, fam, name, cfg, arch), model, ModelSink(model),
                             allow_downcast=downcast)
     materialize_rng_state(model, seed)
@@ -219,6 +223,7 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
     cast_params(abstract, dtype)
     fn = tensor_fn(ckpt, fam, name, cfg, arch)
     out = os.path.abspath(out)
+    _check_stream_fits(ckpt, abstract, flush_bytes, out, arch)
     with fileio.atomic_dir(out, overwrite=overwrite) as tmp:
         with open(os.path.join(tmp, "model.yaml"), "w") as f:
             yaml.safe_dump(model_yaml(name, to_dict(cfg), dtype), f, sort_keys=False)
@@ -235,6 +240,32 @@ def convert_hf_to_flax(src: str, out: str, *, overwrite: bool = False, flush_byt
     report.update(architecture=arch, model=name, out=out, notes=notes, files=sorted(files), param_dtype=dtype,
                   shards=len(ckpt.shards), bytes=ckpt.nbytes)
     return report
+
+
+def _check_stream_fits(ckpt, abstract, flush_bytes: int, out: str, arch: str) -> None:
+    """Before a byte is read (issue 51 §4): the stream's peak host memory (one batch of
+    flush_bytes, or twice the largest tensor: streaming.py) against the host's available
+    memory, and the output's bytes against the free space where OUT goes; one line with the
+    numbers when either cannot fit, nothing written."""
+    import shutil
+
+    import jax
+    from flax import nnx
+
+    from jaxformer import memory
+    largest = max((int(np.prod(t.shape)) * 4 for t in ckpt.tensors.values()), default=0)  # read as float32
+    memory.check_bytes(max(flush_bytes, 2 * largest), f"converting {arch} (its largest tensor "
+                       f"{largest / 2**30:,.2f} GiB as float32, twice, or one {flush_bytes / 2**30:,.2f} GiB batch)",
+                       host=True, advice="free memory or lower the batch (flush_bytes)")
+    need = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(abstract))
+               if hasattr(x, "shape"))
+    parent = os.path.dirname(out)
+    while parent and not os.path.isdir(parent):  # OUT's first existing folder
+        parent = os.path.dirname(parent)
+    free = shutil.disk_usage(parent or ".").free
+    if need > free:
+        raise ValueError(f"converting {arch} writes {need / 2**30:,.1f} GiB of weights, more than the "
+                         f"{free / 2**30:,.1f} GiB free on {parent}; write OUT elsewhere")
 
 
 def resolve_param_dtype(ckpt, param_dtype: str) -> tuple[str, bool]:

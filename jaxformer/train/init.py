@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import zlib
 
 import jax
@@ -35,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import convert, lowering
+from jaxformer.memory import available_bytes, check_bytes, check_fits  # noqa: F401 (re-exported: the trainers' names)
 from jaxformer.models import build_model
 from jaxformer.train import lora
 
@@ -163,37 +163,7 @@ def abstract_state_of(model, tx) -> dict:
     return jax.eval_shape(f, params, frozen, rest)
 
 
-def available_bytes(host: bool = False) -> tuple[int, str]:
-    """(bytes the arrays may use, where): the local devices' memory limits summed (a state that
-    exceeds it cannot fit however it is sharded), or, on CPU (or host=True), the host's
-    available memory (psutil when installed, else os.sysconf)."""
-    devices = jax.local_devices()
-    if devices[0].platform != "cpu" and not host:
-        limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
-        if all(limits):
-            return int(sum(limits)), f"the {len(devices)} local {devices[0].platform} device(s)"
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available), "this host"
-    except ImportError:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this host"
-
-
-def check_fits(abstract, what: str) -> None:
-    """Before anything is allocated: the (abstract) tree's bytes against available_bytes();
-    a ValueError naming both when it cannot fit (a config of sizes a hostile or mistyped file
-    gave would otherwise fail deep inside XLA, or take the machine's memory)."""
-    need = sum(int(np.prod(x.shape)) * getattr(x.dtype, "itemsize", 8) for x in jax.tree.leaves(abstract)
-               if hasattr(x, "shape") and hasattr(x, "dtype"))
-    check_bytes(need, what)
-
-
-def check_bytes(need: int, what: str, host: bool = False) -> None:
-    """ValueError naming both when `need` bytes exceed available_bytes(host)."""
-    have, where = available_bytes(host)
-    if need > have:
-        raise ValueError(f"{what} needs {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
-                         f"available on {where}; check the model's sizes")
+# available_bytes, check_fits, check_bytes: jaxformer/memory.py (the HF import and the CLI use them too)
 
 
 def abstract_state(name: str, model_cfg, seed: int, tx, lora_cfg=None) -> dict:
