@@ -41,6 +41,8 @@ DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_att
                 layer_norm_eps=1e-12, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                 position_embedding_type="absolute", classifier_dropout=None, is_decoder=False,
                 add_cross_attention=False, problem_type=None, pruned_heads={}, tie_word_embeddings=True)
+# XLMRobertaConfig's defaults are RobertaConfig's but for the vocabulary (tests/test_references.py)
+XLM_DEFAULTS = {**DEFAULTS, "vocab_size": 30522}
 IGNORED = {"tie_word_embeddings": "ties *ForMaskedLM's prediction head, which is not imported",
            "bos_token_id": "no generation (tokenizer metadata)", "eos_token_id": "no generation (tokenizer metadata)"}
 HEAD = {"classifier.dense.weight": "pooler.weight", "classifier.dense.bias": "pooler.bias",
@@ -61,7 +63,8 @@ def _strip(key: str, arch: str) -> str | None:
 
 
 def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, TransformerConfig, list[str]]:
-    o = Options(raw, DEFAULTS, family=f"{MODEL_TYPES[arch]} {arch}", ignored=IGNORED)
+    o = Options(raw, XLM_DEFAULTS if arch.startswith("XLM") else DEFAULTS, family=f"{MODEL_TYPES[arch]} {arch}",
+                ignored=IGNORED)
     fields = {**bert.encoder_fields(o, "RoBERTa"), "positions_from_padding": True}
     if arch.endswith("ForMaskedLM"):
         o.notes.append(f"{arch}: the encoder is imported (as transformers' AutoModel loads it); "
@@ -118,5 +121,5 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 
 FAMILY = Family(name="roberta", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
-                hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
+                hf_defaults={a: XLM_DEFAULTS if a.startswith("XLM") else DEFAULTS for a in ARCHITECTURES}, exports=EXPORTS,
                 claims=lambda c: c.positions_from_padding)  # RoBERTa's offset positions
