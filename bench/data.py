@@ -120,7 +120,8 @@ def prepare_throughput(tmp: str, megabytes: int, bpe_vocab: int) -> dict:
     out["bpe_train_s"] = round(time.perf_counter() - t, 2)
     for name, tok in (("bytes", tokenizer.load_tokenizer("bytes")), (f"bpe{bpe_vocab}", bpe)):
         t = time.perf_counter()
-        meta = prepare.prepare([path], tok, os.path.join(tmp, f"prep_{name}"), progress=False)
+        meta = prepare.prepare([path], tok, os.path.join(tmp, f"prep_{name}"),
+                               prepare.PrepareOptions(progress=False))
         dt = time.perf_counter() - t
         n = sum(meta["splits"][s]["tokens"] for s in meta["splits"])
         out[name] = {"tokens": n, "seconds": round(dt, 2), "tokens_per_s": round(n / dt),

@@ -30,7 +30,7 @@ ValueError that names it. What the mapping does and what was measured: docs/nume
 
 Weights are copied by the strict converter (jaxformer.convert) from `torch_state(module)`,
 the module's state dict under jaxformer's names; the same function maps gradients, so
-`assert_parity(..., state_map=...)` compares a torch.nn module with its import leaf by leaf.
+`assert_parity(..., ParityOptions(state_map=...))` compares a torch.nn module with its import leaf by leaf.
 """
 from __future__ import annotations
 

@@ -56,8 +56,8 @@ def test_chat_mask_equals_transformers_assistant_mask(template, tmp_path):
     rows = conversations(12)
     src = write_jsonl(tmp_path / "c.jsonl", rows)
     out = str(tmp_path / "o")
-    P.prepare([src], hf_dir, out, fmt="chat", chat_template=None if template == "chatml" else template,
-              eval_fraction=0, progress=False)
+    P.prepare([src], hf_dir, out, P.PrepareOptions(fmt="chat", chat_template=None if template == "chatml" else template,
+                                                   eval_fraction=0, progress=False))
     d = TokensDir(out)
     assert d.meta["version"] == 2 and d.loss_mask and d.meta["source"]["format"] == "chat"
     hf = AutoTokenizer.from_pretrained(hf_dir)
@@ -80,8 +80,8 @@ def test_chat_mask_is_exactly_the_answers_bytes(tmp_path):
     """Byte ids: each run of mask 1 is one answer and its <|im_end|>, in order; nothing else."""
     rows = conversations(6)
     out = str(tmp_path / "o")
-    P.prepare([write_jsonl(tmp_path / "c.jsonl", rows)], "bytes", out, fmt="chat", chat_template="chatml",
-              eval_fraction=0, progress=False)
+    P.prepare([write_jsonl(tmp_path / "c.jsonl", rows)], "bytes", out,
+              P.PrepareOptions(fmt="chat", chat_template="chatml", eval_fraction=0, progress=False))
     for row, (ids, mask, _) in zip(rows, documents(TokensDir(out)), strict=False):
         edges = np.flatnonzero(np.diff(np.r_[0, mask, 0]))
         runs = [tk.decode(ids[a:b]) for a, b in zip(edges[::2], edges[1::2], strict=True)]
@@ -98,8 +98,8 @@ def test_prompt_completion_and_train_on_prompt(tmp_path):
         tok = tk.load_tokenizer(spec)
         masked, whole = str(tmp_path / f"m{spec == 'bytes'}"), str(tmp_path / f"w{spec == 'bytes'}")
         kw = dict(fmt="prompt_completion", prompt_field="q", completion_field="a", eval_fraction=0, progress=False)
-        P.prepare([src], spec, masked, **kw)
-        P.prepare([src], spec, whole, train_on_prompt=True, **kw)
+        P.prepare([src], spec, masked, P.PrepareOptions(**kw))
+        P.prepare([src], spec, whole, P.PrepareOptions(train_on_prompt=True, **kw))
         dm, dw = TokensDir(masked), TokensDir(whole)
         assert dm.loss_mask and not dw.loss_mask and not any(n.endswith(".mask.npy") for n in os.listdir(whole))
         for row, (ids, mask, sep), (ids_w, _, _) in zip(rows, documents(dm), documents(dw), strict=False):
@@ -113,7 +113,7 @@ def test_prompt_completion_and_train_on_prompt(tmp_path):
 def test_version_1_directories_still_load(tmp_path):
     out = str(tmp_path / "o")
     P.prepare([write_jsonl(tmp_path / "t.jsonl", [{"text": "one doc"}, {"text": "two"}])], "bytes", out,
-              eval_fraction=0, progress=False)
+              P.PrepareOptions(eval_fraction=0, progress=False))
     meta_path = os.path.join(out, "meta.json")
     meta = json.loads(Path(meta_path).read_text())
     assert meta["version"] == 2 and meta["loss_mask"] is False
@@ -174,8 +174,8 @@ def test_prompt_completion_bad_records(tmp_path):
     kw = dict(fmt="prompt_completion", eval_fraction=0, progress=False)
     with pytest.raises(ValueError, match=r"pc.jsonl:2: no field 'completion' \(its fields: prompt\); name it "
                                          "with --completion-field"):
-        P.prepare([src], "bytes", str(tmp_path / "o"), **kw)
-    meta = P.prepare([src], "bytes", str(tmp_path / "o"), skip_bad=True, **kw)
+        P.prepare([src], "bytes", str(tmp_path / "o"), P.PrepareOptions(**kw))
+    meta = P.prepare([src], "bytes", str(tmp_path / "o"), P.PrepareOptions(skip_bad=True, **kw))
     assert meta["source"]["skipped_bad"] == 3 and meta["splits"]["train"]["documents"] == 1
     assert "pc.jsonl:2:" in meta["source"]["first_bad"]
 
@@ -185,8 +185,9 @@ def _masked_run(tmp_path, **train):
     from jaxformer.train.config import config_from_dict
     rows = conversations(48)
     out = str(tmp_path / "data")
-    P.prepare([write_jsonl(tmp_path / "c.jsonl", rows[:40])], "bytes", out, fmt="chat", chat_template="chatml",
-              eval_files=[write_jsonl(tmp_path / "e.jsonl", rows[40:])], progress=False)
+    P.prepare([write_jsonl(tmp_path / "c.jsonl", rows[:40])], "bytes", out,
+              P.PrepareOptions(fmt="chat", chat_template="chatml",
+                               eval_files=[write_jsonl(tmp_path / "e.jsonl", rows[40:])], progress=False))
     model = {"name": "lm", "vocab_size": 259, "max_len": 32, "d_model": 32, "num_heads": 4, "d_ff": 64,
              "num_layers": 2, "dropout": 0.0}
     train = {"steps": 2, "batch_size": 8, "grad_accum_steps": 2, "lr": 3e-3, "warmup_steps": 0,

@@ -138,14 +138,14 @@ def test_prepare_text_modes_bytes(tmp_path):
     lines = [ln for p in paras for ln in p.split("\n")]
     for mode, expected in (("paragraph", paras), ("line", lines), ("file", ["\n\n\n".join(paras) + "\n"])):
         out = str(tmp_path / mode)
-        meta = P.prepare([src], "bytes", out, text_docs=mode, eval_fraction=0, progress=False)
+        meta = P.prepare([src], "bytes", out, P.PrepareOptions(text_docs=mode, eval_fraction=0, progress=False))
         d = TokensDir(out)
         assert docs_of(d, "train", tk.ByteTokenizer()) == expected
         assert meta["splits"]["train"]["documents"] == len(expected) and meta["splits"]["eval"]["documents"] == 0
         assert (d.dtype, d.vocab_size, d.eos_id) == (np.uint16, 259, 2) and d.tokenizer["kind"] == "bytes"
         assert not os.path.exists(os.path.join(out, "tokenizer.json"))
     # bounded shards: the same stream in many files
-    meta = P.prepare([src], "bytes", str(tmp_path / "sharded"), eval_fraction=0, progress=False, shard_tokens=500)
+    meta = P.prepare([src], "bytes", str(tmp_path / "sharded"), P.PrepareOptions(eval_fraction=0, progress=False, shard_tokens=500))
     shards = meta["splits"]["train"]["shards"]
     assert len(shards) == 5 and all(s["tokens"] < 500 + 100 for s in shards)  # a shard ends after a document
     assert docs_of(TokensDir(str(tmp_path / "sharded")), "train", tk.ByteTokenizer()) == paras
@@ -159,10 +159,10 @@ def test_prepare_long_documents_stream_in_pieces(tmp_path, monkeypatch):
     src = write(tmp_path / "long.txt", "\n\n".join(paras))
     for mode, expected in (("paragraph", paras), ("file", ["\n\n".join(paras)])):
         out = str(tmp_path / mode)
-        P.prepare([src], "bytes", out, text_docs=mode, eval_fraction=0, progress=False, batch_bytes=100)
+        P.prepare([src], "bytes", out, P.PrepareOptions(text_docs=mode, eval_fraction=0, progress=False, batch_bytes=100))
         assert docs_of(TokensDir(out), "train", tk.ByteTokenizer()) == expected
     rows = write(tmp_path / "long.jsonl", "".join(json.dumps({"text": p}) + "\n" for p in paras))
-    P.prepare([rows], "bytes", str(tmp_path / "j"), eval_fraction=0, progress=False)
+    P.prepare([rows], "bytes", str(tmp_path / "j"), P.PrepareOptions(eval_fraction=0, progress=False))
     assert docs_of(TokensDir(str(tmp_path / "j")), "train", tk.ByteTokenizer()) == paras
 
 
@@ -177,7 +177,7 @@ def test_prepare_jsonl_parquet_arrow_with_bpe(tmp_path):
                  "".join(json.dumps({"id": i, "body": p}) + "\n" + ("\n" if i % 7 == 0 else "")
                          for i, p in enumerate(paras)))
     out = str(tmp_path / "bpe")
-    meta = P.prepare([rows], "bpe:300", out, field="body", eval_fraction=0.2, progress=False)
+    meta = P.prepare([rows], "bpe:300", out, P.PrepareOptions(field="body", eval_fraction=0.2, progress=False))
     d = TokensDir(out)
     tok = tk.load_tokenizer(os.path.join(out, "tokenizer.json"))
     assert meta["vocab_size"] == tok.vocab_size == 300 and d.eos_id == tok.eos_id == 2
@@ -191,7 +191,7 @@ def test_prepare_jsonl_parquet_arrow_with_bpe(tmp_path):
     tj = os.path.join(out, "tokenizer.json")
     for name in ("d.parquet", "saved"):
         o = str(tmp_path / name.replace(".", "_"))
-        P.prepare([str(tmp_path / "in" / name)], tj, o, field="body", eval_fraction=0.2, progress=False)
+        P.prepare([str(tmp_path / "in" / name)], tj, o, P.PrepareOptions(field="body", eval_fraction=0.2, progress=False))
         for split in ("train", "eval"):
             a, b = TokensDir(o).split(split), d.split(split)
             np.testing.assert_array_equal(a.read(0, a.num_tokens), b.read(0, b.num_tokens))
@@ -211,7 +211,7 @@ def test_post_processor_specials_per_document(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "PIECE_BYTES", 64)
     paras = paragraphs(3) + ["\n".join(paragraphs(4))]  # the last one is read in pieces
     src = write(tmp_path / "a.txt", "\n\n".join(p.replace("\n", " ") for p in paras[:3]) + "\n\n" + paras[3])
-    P.prepare([src], path, str(tmp_path / "o"), eval_fraction=0, progress=False)
+    P.prepare([src], path, str(tmp_path / "o"), P.PrepareOptions(eval_fraction=0, progress=False))
     s = TokensDir(str(tmp_path / "o")).split("train")
     ids = s.read(0, s.num_tokens)
     assert (ids == bos).sum() == 4 and (ids == 0).sum() == 4 and ids[0] == bos and ids[-1] == 0
@@ -223,9 +223,9 @@ def test_eval_split_is_deterministic_by_content_or_files(tmp_path):
     paras = paragraphs(200)
     a = write(tmp_path / "a.txt", "\n\n".join(paras))
     b = write(tmp_path / "b.txt", "\n\n".join(reversed(paras)))  # same documents, another order
-    m1 = P.prepare([a], "bytes", str(tmp_path / "o1"), eval_fraction=0.1, progress=False)
-    P.prepare([a], "bytes", str(tmp_path / "o2"), eval_fraction=0.1, progress=False)
-    P.prepare([b], "bytes", str(tmp_path / "o3"), eval_fraction=0.1, progress=False)
+    m1 = P.prepare([a], "bytes", str(tmp_path / "o1"), P.PrepareOptions(eval_fraction=0.1, progress=False))
+    P.prepare([a], "bytes", str(tmp_path / "o2"), P.PrepareOptions(eval_fraction=0.1, progress=False))
+    P.prepare([b], "bytes", str(tmp_path / "o3"), P.PrepareOptions(eval_fraction=0.1, progress=False))
     for name in ("train-00000.npy", "eval-00000.npy"):
         assert (tmp_path / "o1" / name).read_bytes() == (tmp_path / "o2" / name).read_bytes()
     bt = tk.ByteTokenizer()
@@ -233,12 +233,12 @@ def test_eval_split_is_deterministic_by_content_or_files(tmp_path):
     assert sorted(ev1) == sorted(ev3) and 8 <= len(ev1) <= 35 and m1["source"]["eval_fraction"] == 0.1
     # --eval FILE: that file is the eval split, the input all train
     e = write(tmp_path / "e.txt", "held out one\n\nheld out two\n")
-    meta = P.prepare([a], "bytes", str(tmp_path / "o4"), eval_files=[e], progress=False)
+    meta = P.prepare([a], "bytes", str(tmp_path / "o4"), P.PrepareOptions(eval_files=[e], progress=False))
     d = TokensDir(str(tmp_path / "o4"))
     assert docs_of(d, "eval", bt) == ["held out one", "held out two"] and meta["splits"]["train"]["documents"] == 200
     # two documents and a fraction that picks neither: the last one is held out
     small = write(tmp_path / "s.txt", "first doc\n\nsecond doc\n")
-    meta = P.prepare([small], "bytes", str(tmp_path / "o5"), eval_fraction=1e-9, progress=False)
+    meta = P.prepare([small], "bytes", str(tmp_path / "o5"), P.PrepareOptions(eval_fraction=1e-9, progress=False))
     assert meta["source"]["eval_held_out_last"] and docs_of(TokensDir(str(tmp_path / "o5")), "eval", bt) == ["second doc"]
 
 
@@ -319,7 +319,7 @@ def test_generate_text_with_the_checkpoints_tokenizer(tmp_path, capsys):
     capsys.readouterr()
     # a tokenizer.json checkpoint (as the trainer records it: model.yaml entry + file)
     prep = str(tmp_path / "data")
-    P.prepare([write(tmp_path / "c.txt", "\n\n".join(paragraphs(30)))], "bpe:300", prep, eval_fraction=0, progress=False)
+    P.prepare([write(tmp_path / "c.txt", "\n\n".join(paragraphs(30)))], "bpe:300", prep, P.PrepareOptions(eval_fraction=0, progress=False))
     tok = tk.load_tokenizer(prep)
     cfg, model = _tiny_lm(320)
     checkpoint_io.save_model(model, "lm", cfg, str(tmp_path / "bpe"), tokenizer=tok.describe(),

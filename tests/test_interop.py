@@ -18,7 +18,7 @@ from flax import nnx
 from torch import nn
 
 from jaxformer import interop
-from jaxformer.parity import assert_parity
+from jaxformer.parity import ParityOptions, assert_parity
 
 B, T, S, D, H = 2, 5, 4, 16, 4
 
@@ -53,7 +53,7 @@ def check(module: nn.Module, torch_call, flax_call, inputs: dict, case: str, **f
         inner = interop.torch_state(module, {k.removeprefix("inner."): v for k, v in sd.items()})
         return {f"inner.{k}": v for k, v in inner.items()}
     return assert_parity(TorchCall(module, torch_call), FlaxCall(imported, flax_call), inputs,
-                         convert=False, state_map=state_map, case=case)
+                         ParityOptions(convert=False, state_map=state_map, case=case))
 
 
 def seq_first(x):  # [B, T, D] <-> [T, B, D]

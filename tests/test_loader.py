@@ -146,7 +146,8 @@ def data_dir(tmp_path_factory):
     text = stdlib_docs.corpus()[:80000]
     (d / "in.txt").write_text(text)
     bpe = tokenizer.train_bpe([p for p in text.split("\n\n") if p.strip()], VOCAB)
-    meta = prepare.prepare([str(d / "in.txt")], bpe, str(d / "tok"), eval_fraction=0.15, progress=False)
+    meta = prepare.prepare([str(d / "in.txt")], bpe, str(d / "tok"),
+                           prepare.PrepareOptions(eval_fraction=0.15, progress=False))
     assert meta["vocab_size"] == VOCAB and meta["tokenizer"]["file"] == "tokenizer.json"
     return str(d / "tok")
 

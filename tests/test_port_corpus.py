@@ -36,7 +36,7 @@ import pytest
 import torch
 from port_corpus import CORPUS, EXTRA, EXTRA_JAXFORMER, JAXFORMER, REFUSED, dropout_mlp
 
-from jaxformer.parity.harness import OUT_TOL, check_parity
+from jaxformer.parity.harness import OUT_TOL, ParityOptions, check_parity
 
 MAX_PARAMS = 200_000  # tiny models only: the suite has a 15-minute budget on 2 cores
 
@@ -81,8 +81,8 @@ def _check_port(name, module, inputs, result, ported) -> None:
     # those keys (state dict and gradients alike), nothing else. The float64 twin is the port's
     # check's (jaxformer.port.api.check; docs/numerics.md §45)
     rename = state_map(module, ported)
-    report = check_parity(module, ported, inputs, case=f"port:{name}", state_map=rename,
-                          twin64=lambda: twin64(result, module))
+    report = check_parity(module, ported, inputs, ParityOptions(case=f"port:{name}", state_map=rename,
+                                                                twin64=lambda: twin64(result, module)))
     print(report.row())
     assert report.ok, report.message()
     # nothing passes by comparing nothing: every output leaf and every trainable parameter's

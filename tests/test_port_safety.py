@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from flax import nnx
 
-from jaxformer.parity.harness import check_parity
+from jaxformer.parity.harness import ParityOptions, check_parity
 from jaxformer.parity.results import OUT_TOL, Tolerance
 from jaxformer.port import PortError, api, from_torch, port, trace
 
@@ -193,7 +193,7 @@ def test_frozen_parameters_are_state_no_optimiser_sees():
     ported = from_torch(module, inputs)
     trained = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(ported, nnx.Param))}
     assert trained == {"lin.kernel", "lin.bias"}
-    report = check_parity(module, ported, inputs, state_map=api.state_map(module, ported))
+    report = check_parity(module, ported, inputs, ParityOptions(state_map=api.state_map(module, ported)))
     assert report.ok and "gradient not compared: gain, table.weight" in " ".join(report.notes)
     optimizer = nnx.Optimizer(ported, __import__("optax").sgd(0.1), wrt=nnx.Param)
     before = np.asarray(ported.gain[...])
@@ -280,17 +280,18 @@ def test_float64_twin_excuses_only_what_float32_cannot_resolve():
     ported = api._loaded(result, module)
     tight = Tolerance(1e-12, 0.0)
     twin = lambda: api.twin64(result, module)
-    report = check_parity(module, ported, inputs, out_tol=tight, grad_tol=tight, twin64=twin,
-                          state_map=api.state_map(module, ported))
+    report = check_parity(module, ported, inputs, ParityOptions(out_tol=tight, grad_tol=tight, twin64=twin,
+                                                                state_map=api.state_map(module, ported)))
     assert report.ok, report.message()
     judged = report.row()["referee"]
     assert judged and all(r["excused"] and r["side"] == "both" and r["twin_err"] < 1e-12 for r in judged.values())
     bad = api.PortResult(result.source.replace("approximate=False", "approximate=True"), result.class_name, [])
-    report = check_parity(module, ported, inputs, out_tol=tight, grad_tol=tight,
-                          twin64=lambda: api.twin64(bad, module), state_map=api.state_map(module, ported))
+    report = check_parity(module, ported, inputs, ParityOptions(out_tol=tight, grad_tol=tight,
+                                                                twin64=lambda: api.twin64(bad, module),
+                                                                state_map=api.state_map(module, ported)))
     assert not report.ok
     assert all("different functions" in leaf.referee.describe() for leaf in report.outputs.values())
-    assert check_parity(module, ported, inputs, state_map=api.state_map(module, ported)).ok  # defaults: no twin
+    assert check_parity(module, ported, inputs, ParityOptions(state_map=api.state_map(module, ported))).ok  # no twin
 
 
 # ----------------------------------------------------------------------------- source lines, sizes

@@ -55,7 +55,7 @@ def test_sample_of_a_tokens_run_uses_its_tokenizer(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text(text)
     bpe = tokenizer.train_bpe([p for p in text.split("\n\n") if p.strip()], 400)
-    prepare.prepare([str(src)], bpe, str(tmp_path / "tok"), eval_fraction=0.3, progress=False)
+    prepare.prepare([str(src)], bpe, str(tmp_path / "tok"), prepare.PrepareOptions(eval_fraction=0.3, progress=False))
     cfg = load_config("lm", ["data.name=tokens", f"data.path={tmp_path / 'tok'}", "data.seq_len=32",
                              "model.vocab_size=400", "train.sample_tokens=3"])
     tok = tokenizer.load_tokenizer(str(tmp_path / "tok"))

@@ -105,13 +105,14 @@ def run(args) -> int:
 
 
 def _prepare(args) -> int:
-    from jaxformer.train.data.prepare import prepare
-    meta = prepare(args.input, args.tokenizer, args.out, field=args.field, text_docs=args.text_docs,
-                   eval_fraction=args.eval_fraction, eval_files=args.eval_files, dtype=args.dtype,
-                   eos_token=args.eos_token, overwrite=args.overwrite, progress=not args.no_progress,
-                   fmt=args.fmt, chat_template=args.chat_template, prompt_field=args.prompt_field,
-                   completion_field=args.completion_field, train_on_prompt=args.train_on_prompt,
-                   skip_bad=args.skip_bad)
+    from jaxformer.train.data.prepare import PrepareOptions, prepare
+    options = PrepareOptions(field=args.field, text_docs=args.text_docs, eval_fraction=args.eval_fraction,
+                             eval_files=args.eval_files or (), dtype=args.dtype, eos_token=args.eos_token,
+                             overwrite=args.overwrite, progress=not args.no_progress, fmt=args.fmt,
+                             chat_template=args.chat_template, prompt_field=args.prompt_field,
+                             completion_field=args.completion_field, train_on_prompt=args.train_on_prompt,
+                             skip_bad=args.skip_bad)
+    meta = prepare(args.input, args.tokenizer, args.out, options)
     if args.json:
         print(json.dumps(meta))
         return 0

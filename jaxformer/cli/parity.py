@@ -90,12 +90,12 @@ def _factory(spec: str):
 
 def run_pair(spec: str, name_map=None):
     """check_parity on the (torch, flax, inputs) that spec's factory returns."""
-    from jaxformer.parity.harness import check_parity
+    from jaxformer.parity.harness import ParityOptions, check_parity
     made = _factory(spec)()
     if not (isinstance(made, (tuple, list)) and len(made) == 3):
         raise ValueError(f"--pair {spec!r}: the factory must return (torch module, flax module, inputs)")
     torch_module, flax_module, inputs = made
-    return check_parity(torch_module, flax_module, inputs, case=spec, name_map=name_map or None)
+    return check_parity(torch_module, flax_module, inputs, ParityOptions(case=spec, name_map=name_map or None))
 
 
 def _fmt(v) -> str:

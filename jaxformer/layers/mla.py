@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering, tables
-from jaxformer.config.attention import Rope
+from jaxformer.config.attention import Rope, Scores
 from jaxformer.config.moe import MLAConfig
 from jaxformer.layers.dispatch import dense_mask, dot_product_attention
 from jaxformer.layers.kernels import quant
@@ -75,8 +75,9 @@ class MultiHeadLatentAttention(nnx.Module):
         bias: biases on q_a_proj and kv_a_proj_with_mqa (HF attention_bias); q_proj, q_b_proj
             and kv_b_proj never have one.  out_bias: the o_proj bias; None = bias.
         attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
-        scale: base score scale; None = qk_head_dim ** -0.5 (YaRN's mscale_all_dim still applies).
-        softcap: attention logit soft-capping (see dispatch.dot_product_attention).
+        scores: a config.Scores (scale, softcap; no sinks): the base score scale (None =
+            qk_head_dim ** -0.5; YaRN's mscale_all_dim still applies) and attention logit
+            soft-capping (see dispatch.dot_product_attention).
     Shapes: x [B, T, D], mask bool broadcastable to [B, H, T, S], bias float likewise,
     positions [B, T] -> [B, T, D] (and weights [B, H, T, S] with return_weights).
     With cache (init_cache) and cache_index (int scalar, may be traced), the T new tokens are
@@ -86,10 +87,12 @@ class MultiHeadLatentAttention(nnx.Module):
 
     def __init__(self, d_model: int, num_heads: int, mla: MLAConfig, *, rope: Rope, bias: bool = False,
                  out_bias: bool | None = None, attn_dropout: float = 0.0, dropout: float = 0.0,
-                 scale: float | None = None, softcap: float | None = None, rngs: nnx.Rngs):
+                 scores: Scores = Scores(), rngs: nnx.Rngs):  # noqa: B008 (a frozen dataclass)
+        if scores.sinks:
+            raise ValueError("multi-head latent attention takes no attention sinks")
         h, n, r, v, c = num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
-        self.num_heads, self.mla, self.softcap = num_heads, mla, softcap
-        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope.scaling, scale)
+        self.num_heads, self.mla, self.softcap = num_heads, mla, scores.softcap
+        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope.scaling, scores.scale)
         if mla.q_lora_rank is None:
             self.q_proj = Linear(d_model, h * (n + r), use_bias=False, axes=("embed", "heads"), rngs=rngs)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None

@@ -56,8 +56,8 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = Fal
         return MultiHeadLatentAttention(
             cfg.d_model, cfg.num_heads, cfg.mla, rope=Rope(cfg.max_len, cfg.rope_base, cfg.rope_scaling),
             bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
-            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, scale=cfg.score_scale,
-            softcap=cfg.attn_logit_softcap, rngs=rngs)
+            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
+            scores=Scores(cfg.score_scale, cfg.attn_logit_softcap), rngs=rngs)
     use_rope = self_attn and cfg.position == "rope"
     rope_base, rope_scaling = cfg.layer_rope(local)
     qk_norm = QKNorm(cfg.norm, cfg.norm_eps, cfg.qk_norm_full) if cfg.qk_norm or cfg.qk_norm_full else None

@@ -6,6 +6,7 @@ are the only places that hold both trees; torch and torch_ref are imported lazil
 functions that need them.
 """
 from jaxformer.parity.harness import (  # noqa: F401 (the package's API)
+    ParityOptions,
     accepts,
     assert_parity,
     check_parity,

@@ -134,14 +134,14 @@ def run_case(c: Case, seed: int = 0, reference: bool = False, locate: bool = Tru
     """check_parity on one case; reference=True also measures each side against float64;
     locate=False skips naming the submodule where a failing case parts first."""
     from jaxformer import lowering
-    from jaxformer.parity.harness import check_parity
+    from jaxformer.parity.harness import ParityOptions, check_parity
     torch_module, flax_module = c.build(seed)
     inputs = c.inputs(np.random.RandomState(seed))
     state_map = None if c.state_map is None else (lambda sd: c.state_map(torch_module, sd))
     with lowering.tracing(**dict(c.lowering)):  # check_parity traces the JAX side inside
-        return check_parity(torch_module, flax_module, inputs, out_tol=c.out_tol, grad_tol=c.grad_tol,
-                            grads=c.grads, case=c.name, seed=seed, reference=reference, locate=locate,
-                            state_map=state_map)
+        return check_parity(torch_module, flax_module, inputs,
+                            ParityOptions(out_tol=c.out_tol, grad_tol=c.grad_tol, grads=c.grads, case=c.name,
+                                          seed=seed, reference=reference, locate=locate, state_map=state_map))
 
 
 # ----------------------------------------------------------------------------- input makers

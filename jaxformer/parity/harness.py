@@ -21,14 +21,16 @@ being slices and reshapes, to the gradients alike (jaxformer.interop.torch_state
 A float leaf past its tolerance is judged again against torch rerun in float64 (the referee,
 docs/numerics.md §32): it passes when jaxformer is within tolerance of float64 and no farther
 from it than torch fp32 is, and the report names the side that is off.
-With `reference=True` the torch module also runs in float64 (a deep copy), and the report holds
-each framework's distance from that reference (`spread`): how the defaults were measured.
+The settings are a ParityOptions. With `reference=True` the torch module also runs in float64
+(a deep copy), and the report holds each framework's distance from that reference (`spread`):
+how the defaults were measured.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import re
 import zlib
@@ -226,11 +228,52 @@ def _run_once(fn, *args):
 
 
 # ----------------------------------------------------------------------------- main entry
-def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
-                 out_tol: Tolerance = OUT_TOL, grad_tol: Tolerance = GRAD_TOL, convert: bool = True,
-                 grads: bool = True, case: str = "custom", seed: int = 0, name_map=None,
-                 reference: bool = False, state_map=None, referee: bool = True,
-                 locate: bool = True, twin64: Callable | None = None) -> ParityReport:
+@dataclasses.dataclass(frozen=True)
+class ParityOptions:
+    """check_parity's settings; the defaults: tolerances OUT_TOL and GRAD_TOL, weights converted,
+    gradients compared, the referee and locate on.
+
+    out_tol, grad_tol: per-leaf Tolerance(atol, rtol) for outputs and gradients.
+    convert: copy torch's weights into the flax module first (strict converter).
+    grads: also compare the gradients (False: outputs only).
+    case: the report's name for the check.  seed: the loss projection's seed.
+    name_map: torch key -> converter key (see `name_mapper`: None, a callable, or regex rules),
+        when the names differ; `rename` is it as a function.
+    reference: also run torch in float64 and fill `report.spread`.
+    state_map: {torch name: tensor} -> {key: tensor}, applied before name_map to the state
+        dict and to the parameter gradients (a fused tensor split into its parts).
+    referee: when a float leaf fails against torch fp32, rerun torch in float64 and judge
+        that leaf against it (docs/numerics.md §32): it passes when jaxformer is within
+        tolerance of float64 and no farther from it than torch fp32 is. Only failing
+        checks pay for the rerun; each judged leaf carries `LeafDiff.referee`.
+    locate: on a failure, run both trees once more recording every submodule's output and
+        name the first that parts (`report.parting`; jaxformer/parity/locate.py).
+    twin64: a callable returning the flax module as a float64 twin (its weights torch's in
+        float64), called inside `jax.enable_x64`. Where both fp32 answers of a leaf are past
+        tolerance of float64 (ill-conditioned), the referee runs the twin and excuses the
+        leaf when it gives torch's float64 answer (results.TWIN64_TOL; docs/numerics.md §44).
+    """
+    out_tol: Tolerance = OUT_TOL
+    grad_tol: Tolerance = GRAD_TOL
+    convert: bool = True
+    grads: bool = True
+    case: str = "custom"
+    seed: int = 0
+    name_map: Any = None
+    reference: bool = False
+    state_map: Callable | None = None
+    referee: bool = True
+    locate: bool = True
+    twin64: Callable | None = None
+
+    @functools.cached_property
+    def rename(self) -> Callable[[str], str]:
+        """name_map as a function (name_mapper); a bad rule raises ValueError."""
+        return name_mapper(self.name_map)
+
+
+def check_parity(torch_module: Callable, flax_module: Callable, inputs,
+                 options: ParityOptions | None = None) -> ParityReport:
     """Run both modules on the same inputs and compare outputs and gradients (see module doc).
 
     Args:
@@ -238,25 +281,11 @@ def check_parity(torch_module: Callable, flax_module: Callable, inputs, *,
         flax_module: its nnx.Module twin (or any callable on jax arrays).
         inputs: numpy arrays, as a dict of keyword arguments or a tuple of positional ones.
             Float arrays get gradients; integer/bool arrays are passed as they are.
-        out_tol, grad_tol: per-leaf Tolerance(atol, rtol) for outputs and gradients.
-        convert: copy torch's weights into the flax module first (strict converter).
-        name_map: torch key -> converter key (see `name_mapper`), when the names differ.
-        state_map: {torch name: tensor} -> {key: tensor}, applied before name_map to the state
-            dict and to the parameter gradients (a fused tensor split into its parts).
-        reference: also run torch in float64 and fill `report.spread`.
-        referee: when a float leaf fails against torch fp32, rerun torch in float64 and judge
-            that leaf against it (docs/numerics.md §32): it passes when jaxformer is within
-            tolerance of float64 and no farther from it than torch fp32 is. Only failing
-            checks pay for the rerun; each judged leaf carries `LeafDiff.referee`.
-        locate: on a failure, run both trees once more recording every submodule's output and
-            name the first that parts (`report.parting`; jaxformer/parity/locate.py).
-        twin64: a callable returning the flax module as a float64 twin (its weights torch's in
-            float64), called inside `jax.enable_x64`. Where both fp32 answers of a leaf are past
-            tolerance of float64 (ill-conditioned), the referee runs the twin and excuses the
-            leaf when it gives torch's float64 answer (results.TWIN64_TOL; docs/numerics.md §44).
+        options: a ParityOptions (tolerances, conversion, name maps, referee, ...); None: its
+            defaults.
     """
-    opts = _Options(out_tol, grad_tol, convert, grads, case, seed, name_mapper(name_map), reference, state_map,
-                    referee, locate, twin64)
+    opts = ParityOptions() if options is None else options
+    _ = opts.rename  # name_map's rules checked before anything runs
     with parity_precision():
         return _check(torch_module, flax_module, inputs, opts)
 
@@ -279,24 +308,7 @@ class _Inputs:
                    [k for k, v in kwargs.items() if v is not None and is_float(v)])
 
 
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    """check_parity's settings (its docstring); rename: name_map as a function."""
-    out_tol: Tolerance
-    grad_tol: Tolerance
-    convert: bool
-    grads: bool
-    case: str
-    seed: int
-    rename: Callable[[str], str]
-    reference: bool
-    state_map: Callable | None
-    referee: bool
-    locate: bool
-    twin64: Callable | None = None
-
-
-def _check(torch_module, flax_module, inputs, o: _Options) -> ParityReport:
+def _check(torch_module, flax_module, inputs, o: ParityOptions) -> ParityReport:
     """The phases: set both modules up, run torch, run JAX, compare, referee, locate."""
     import torch
     problems: list[str] = []
@@ -334,7 +346,7 @@ def _check(torch_module, flax_module, inputs, o: _Options) -> ParityReport:
     return ParityReport(o.case, ok, outputs, grad_leaves, problems, o.out_tol, o.grad_tol, spread, parting, notes)
 
 
-def _held_frozen(torch_module, flax_module, j_grad: Mapping, o: _Options) -> dict[str, str]:
+def _held_frozen(torch_module, flax_module, j_grad: Mapping, o: ParityOptions) -> dict[str, str]:
     """{gradient key: torch name} of the torch parameters with requires_grad=False that the flax
     module holds as state outside nnx.Param (a ported file's `Frozen`): trained by neither side,
     so their gradient is not compared. A frozen parameter the flax side holds as an nnx.Param
@@ -354,7 +366,7 @@ def _held_frozen(torch_module, flax_module, j_grad: Mapping, o: _Options) -> dic
     return out
 
 
-def _set_up(torch_module, flax_module, is_torch_mod: bool, is_flax_mod: bool, o: _Options) -> None:
+def _set_up(torch_module, flax_module, is_torch_mod: bool, is_flax_mod: bool, o: ParityOptions) -> None:
     """Both in eval mode; torch's weights copied into the flax module (strict converter)."""
     from jaxformer import convert as conv
     if is_torch_mod:
@@ -461,7 +473,7 @@ def _compare_leaves(j: dict, t: dict, tol: Tolerance, kind: str, problems: list[
     return leaves
 
 
-def _referee(torch_module, inp: _Inputs, o: _Options, float_outs: list, *sides) -> tuple[dict[str, float], list[str]]:
+def _referee(torch_module, inp: _Inputs, o: ParityOptions, float_outs: list, *sides) -> tuple[dict[str, float], list[str]]:
     """The float64 referee (docs/numerics.md §32), run only where a float leaf failed (or for
     `reference`): judges each failing leaf in place. sides: (leaves, jax, torch, tol) for the
     outputs and the gradients. -> (spread, notes)."""
@@ -498,7 +510,7 @@ def _referee(torch_module, inp: _Inputs, o: _Options, float_outs: list, *sides) 
     return spread, notes
 
 
-def _twin64(o: _Options, inp: _Inputs, float_outs: list, ill: list, outputs: dict, r_out: dict, r_grad: dict,
+def _twin64(o: ParityOptions, inp: _Inputs, float_outs: list, ill: list, outputs: dict, r_out: dict, r_grad: dict,
             notes: list[str]) -> None:
     """The float64 twin's measurement of the leaves in `ill`, in place: the flax module rerun in
     float64 (o.twin64) against torch's float64 answer (results.TWIN64_TOL)."""
@@ -531,9 +543,9 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:300] if lines else type(e).__name__
 
 
-def assert_parity(torch_module, flax_module, inputs, **kw) -> ParityReport:
+def assert_parity(torch_module, flax_module, inputs, options: ParityOptions | None = None) -> ParityReport:
     """check_parity, raising ParityError (with the worst offenders named) when it fails."""
-    r = check_parity(torch_module, flax_module, inputs, **kw)
+    r = check_parity(torch_module, flax_module, inputs, options)
     if not r.ok:
         raise ParityError(r.message())
     return r

@@ -125,10 +125,10 @@ def check(torch_module, flax_module, inputs: Mapping[str, Any], *, case: str = "
     """check_parity of the port against torch: outputs and every parameter's gradient, a leaf
     past tolerance judged by the float64 referee and, given the port's `result`, by its float64
     twin where both fp32 answers are off float64 (docs/numerics.md §44)."""
-    from jaxformer.parity.harness import check_parity
+    from jaxformer.parity.harness import ParityOptions, check_parity
     twin = None if result is None else (lambda: twin64(result, torch_module))
-    return check_parity(torch_module, flax_module, dict(inputs), case=case,
-                        state_map=state_map(torch_module, flax_module), twin64=twin)
+    return check_parity(torch_module, flax_module, dict(inputs),
+                        ParityOptions(case=case, state_map=state_map(torch_module, flax_module), twin64=twin))
 
 
 def twin64(result: PortResult, torch_module):

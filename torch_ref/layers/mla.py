@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from jaxformer import tables
-from jaxformer.config.attention import Rope
+from jaxformer.config.attention import Rope, Scores
 from jaxformer.config.moe import MLAConfig
 from torch_ref.layers.dispatch import dense_mask, dot_product_attention
 from torch_ref.layers.kernels import quant
@@ -37,11 +37,13 @@ class MultiHeadLatentAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, mla: MLAConfig, *, rope: Rope, bias: bool = False,
                  out_bias: bool | None = None, attn_dropout: float = 0.0, dropout: float = 0.0,
-                 scale: float | None = None, softcap: float | None = None):
+                 scores: Scores = Scores()):  # noqa: B008 (a frozen dataclass)
         super().__init__()
+        if scores.sinks:
+            raise ValueError("multi-head latent attention takes no attention sinks")
         h, n, r, v, c = num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.kv_lora_rank
-        self.num_heads, self.mla, self.softcap = num_heads, mla, softcap
-        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope.scaling, scale)
+        self.num_heads, self.mla, self.softcap = num_heads, mla, scores.softcap
+        self.scale = tables.mla_softmax_scale(mla.qk_head_dim, rope.scaling, scores.scale)
         if mla.q_lora_rank is None:
             self.q_proj = nn.Linear(d_model, h * (n + r), bias=False)
             self.q_a_proj = self.q_a_layernorm = self.q_b_proj = None

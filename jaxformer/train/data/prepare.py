@@ -1,7 +1,7 @@
 """`jaxformer data prepare`: text files -> a tokens directory (jaxformer/train/data/tokens.py)
 that `data.name: tokens` trains from.
 
-    meta = prepare(["a.txt", "b.jsonl"], "bpe:8000", "data/mine", field="text")
+    meta = prepare(["a.txt", "b.jsonl"], "bpe:8000", "data/mine", PrepareOptions(field="text"))
 
 Inputs, by file name:
     *.jsonl, *.ndjson, *.json  JSON lines: one object per line, its `field` (default "text") a document
@@ -38,11 +38,12 @@ tokenizer are checked before any input is read.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -373,56 +374,78 @@ def _check_request(inputs: list[str], eval_files: list[str], tokenizer, out: str
     return fraction
 
 
-def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
-            text_docs: str = "paragraph", eval_fraction: float | None = None,
-            eval_files: list[str] | None = None, dtype: str | None = None,
-            eos_token: str | None = None, overwrite: bool = False, progress: bool = True,
-            shard_tokens: int = SHARD_TOKENS, batch_bytes: int = BATCH_BYTES, fmt: str = "text",
-            chat_template: str | None = None, prompt_field: str | None = None,
-            completion_field: str | None = None, train_on_prompt: bool = False,
-            skip_bad: bool = False) -> dict:
+@dataclasses.dataclass(frozen=True)
+class PrepareOptions:
+    """prepare's options: the `jaxformer data prepare` flags (cli/data.py; fmt is --format,
+    eval_files --eval, progress the opposite of --no-progress).
+
+    field: the JSON key / Parquet-Arrow column of a document (None: "text"; fmt "chat": the
+    messages key, None: "messages"). text_docs: how
+    plain text splits into documents: "paragraph", "line" or "file". eval_fraction: the
+    held-out fraction of documents (None: 0.01; 0 = no eval split); eval_files: whole files
+    for the eval split instead. dtype: "uint16"/"uint32" (None: the smallest that holds the
+    vocab). eos_token: the document separator for a tokenizer that names none. overwrite:
+    replace an existing `out`. progress: a progress bar on stderr. shard_tokens, batch_bytes:
+    the writer's shard size and the text per tokenizer call (throughput; bench/data.py).
+    fmt "text" | "prompt_completion" | "chat" and the options after it: data/chat.py
+    (chat_template: a TEMPLATES name or a Jinja file, None: the tokenizer's own; prompt_field,
+    completion_field: the record's keys; train_on_prompt: no loss mask; skip_bad: skip and
+    count bad records, meta's source.skipped_bad)."""
+    field: str | None = None
+    text_docs: str = "paragraph"
+    eval_fraction: float | None = None
+    eval_files: Sequence[str] = ()
+    dtype: str | None = None
+    eos_token: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+    shard_tokens: int = SHARD_TOKENS
+    batch_bytes: int = BATCH_BYTES
+    fmt: str = "text"
+    chat_template: str | None = None
+    prompt_field: str | None = None
+    completion_field: str | None = None
+    train_on_prompt: bool = False
+    skip_bad: bool = False
+
+
+def prepare(inputs: list[str], tokenizer, out: str, options: PrepareOptions | None = None) -> dict:
     """Tokenize `inputs` into the tokens directory `out` (module docstring) and return its meta.
 
     tokenizer: a SPEC (tokenizer.load_tokenizer, or "bpe:VOCAB" to train one on the train
-    documents) or a Tokenizer. eval_fraction: the held-out fraction of documents (default
-    0.01; 0 = no eval split); eval_files: whole files for the eval split instead. dtype:
-    "uint16"/"uint32" (default: the smallest that holds the vocab). eos_token: the document
-    separator for a tokenizer that names none. shard_tokens, batch_bytes: the writer's shard
-    size and the text per tokenizer call (throughput; bench/data.py). fmt "prompt_completion" |
-    "chat" and the options after it: data/chat.py (chat_template: a TEMPLATES name or a Jinja
-    file, default the tokenizer's own; skip_bad: skip and count bad records, meta's
-    source.skipped_bad)."""
+    documents) or a Tokenizer. options: a PrepareOptions (None: every default)."""
+    o = PrepareOptions() if options is None else options
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    eval_files = list(eval_files or [])
-    fraction = _check_request(inputs, eval_files, tokenizer, out, eval_fraction=eval_fraction, text_docs=text_docs,
-                              field=field, overwrite=overwrite, fmt=fmt, chat_template=chat_template,
-                              chat=(prompt_field, completion_field, train_on_prompt, skip_bad))
+    eval_files = list(o.eval_files or [])
+    fraction = _check_request(inputs, eval_files, tokenizer, out, eval_fraction=o.eval_fraction, text_docs=o.text_docs,
+                              field=o.field, overwrite=o.overwrite, fmt=o.fmt, chat_template=o.chat_template,
+                              chat=(o.prompt_field, o.completion_field, o.train_on_prompt, o.skip_bad))
     out = os.path.abspath(out)
-    tok = resolve_tokenizer(tokenizer, dtype, eos_token)
+    tok = resolve_tokenizer(tokenizer, o.dtype, o.eos_token)
     records = None
-    if fmt != "text":
+    if o.fmt != "text":
         from jaxformer.train.data.chat import Records
-        records = Records(fmt, tok, tokenizer, chat_template=chat_template, field=field,
-                          prompt_field=prompt_field, completion_field=completion_field,
-                          train_on_prompt=train_on_prompt, skip_bad=skip_bad)
+        records = Records(o.fmt, tok, tokenizer, chat_template=o.chat_template, field=o.field,
+                          prompt_field=o.prompt_field, completion_field=o.completion_field,
+                          train_on_prompt=o.train_on_prompt, skip_bad=o.skip_bad)
     split = Split(fraction)
     total = sum(input_bytes(p) for p in inputs + eval_files)
-    kw = dict(field=field, text_docs=text_docs)
+    kw = dict(field=o.field, text_docs=o.text_docs)
 
     if isinstance(tok, int):  # bpe:VOCAB: train on the train documents (first pass)
-        tok = _train_bpe(inputs, split, tok, str(tokenizer), total, progress, kw)
-        if dtype is not None:
-            resolve_tokenizer(tok, dtype, None)
+        tok = _train_bpe(inputs, split, tok, str(tokenizer), total, o.progress, kw)
+        if o.dtype is not None:
+            resolve_tokenizer(tok, o.dtype, None)
 
     source = {"inputs": [os.path.abspath(p) for p in inputs],
               "eval_files": [os.path.abspath(p) for p in eval_files],
-              "eval_fraction": fraction, "text_docs": text_docs, "field": field,
-              "tokenizer_spec": tokenizer if isinstance(tokenizer, str) else tok.spec, "format": fmt}
-    bar = _progress(total, "prepare", progress)
+              "eval_fraction": fraction, "text_docs": o.text_docs, "field": o.field,
+              "tokenizer_spec": tokenizer if isinstance(tokenizer, str) else tok.spec, "format": o.fmt}
+    bar = _progress(total, "prepare", o.progress)
     try:
         with TokensWriter(out, vocab_size=tok.vocab_size, eos_id=tok.eos_id, bos_id=tok.bos_id,
-                          tokenizer=tok.describe(), dtype=dtype, source=source, overwrite=overwrite,
-                          shard_tokens=shard_tokens, loss_mask=records is not None and not train_on_prompt) as w:
+                          tokenizer=tok.describe(), dtype=o.dtype, source=source, overwrite=o.overwrite,
+                          shard_tokens=o.shard_tokens, loss_mask=records is not None and not o.train_on_prompt) as w:
             feed = _Feeder(w, tok, bar)
             if records is not None:
                 for path, fixed in [(p, None) for p in inputs] + [(p, "eval") for p in eval_files]:
@@ -438,7 +461,7 @@ def prepare(inputs: list[str], tokenizer, out: str, *, field: str | None = None,
                 for item in stream(inputs, eval_files, split, advance=_advance(bar), **kw):
                     batch.append(item)
                     size += len(item[1])
-                    if size >= batch_bytes or len(batch) >= BATCH_DOCS:
+                    if size >= o.batch_bytes or len(batch) >= BATCH_DOCS:
                         feed(batch)
                         batch, size = [], 0
                 feed(batch)
