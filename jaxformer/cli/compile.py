@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--prompt-len", type=int, default=None, help="decode: prompt length (default data.seq_len)")
     p.add_argument("--cache-len", type=int, default=None, help="decode: KV-cache slots (default model.max_len)")
     p.add_argument("--json", action="store_true", help="also print the report as one JSON object on the last line")
+    p.add_argument("--no-check-tips", dest="check_tips", action="store_false",
+                   help="when it does not fit, name the settings that would help without compiling each")
 
 
 def _gib(n) -> str:
@@ -87,7 +89,7 @@ def run(args) -> int:
         chips = len(aot.devices_for(args.topology))
         return _does_not_fit(f"the compiler needs {_gib(e.needed) if e.needed else 'more than HBM'} for "
                              f"temporaries beside the state's {_gib(state)} per chip, > {_gib(hbm)} HBM",
-                             args, e.largest, aot.advice(cfg, args.step, chips, by))
+                             args, e.largest, _tips(args, aot.tips(cfg, args.step, chips, by)))
     print(text_report(report), flush=True)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "largest"}, default=float), flush=True)
@@ -95,8 +97,46 @@ def run(args) -> int:
         by = report["bytes_per_chip"]
         return _does_not_fit(f"{_gib(by['total'])} per chip (temporaries {_gib(by['temp'])}) > "
                              f"{_gib(report['hbm_per_chip_bytes'])} HBM", args, report["largest"],
-                             aot.advice(cfg, args.step, report["chips"], by))
+                             _tips(args, aot.tips(cfg, args.step, report["chips"], by)))
     return 0
+
+
+def _tips(args, tips: list) -> str:
+    """The tips' words, each that one setting expresses checked by compiling the config with it
+    (issue 51 §4): "(checked: fits, X per chip)" or "(checked: X per chip, does not fit
+    alone)"; where none fits alone, all of them together are compiled too. --no-check-tips:
+    the words alone."""
+    from jaxformer.train import aot
+    from jaxformer.train.config import load_config
+    if not args.check_tips:
+        return ", ".join(label for label, _ in tips) or "more chips"
+
+    def check(sets: list[str]) -> tuple[bool, str]:
+        try:
+            r = aot.compile_report(load_config(args.config, [*args.overrides, *sets]), args.topology, args.step,
+                                   packed=args.packed, prompt_len=args.prompt_len, cache_len=args.cache_len)
+        except aot.DoesNotFit as e:
+            return False, f"the compiler needs {_gib(e.needed)} for temporaries" if e.needed else "over HBM"
+        except ValueError as e:  # ConfigError included: the setting does not combine with the config
+            return False, f"refused: {str(e).splitlines()[0]}"
+        return r["fits"], f"{_gib(r['bytes_per_chip']['total'])} per chip"
+
+    checkable = [(label, sets) for label, sets in tips if sets]
+    print(f"does not fit; compiling with each of {len(checkable)} setting(s) that may help", flush=True)
+    words, any_fits = [], False
+    for label, sets in tips:
+        if not sets:
+            words.append(label)
+            continue
+        fits, what = check(sets)
+        any_fits |= fits
+        words.append(f"{label} (checked: fits, {what})" if fits else f"{label} (checked: {what}, does not fit alone)")
+    if not any_fits and len(checkable) > 1:
+        merged = list(dict.fromkeys(s for _, sets in checkable for s in sets))
+        fits, what = check(merged)
+        words.append(f"all of these together (checked: fits, {what})" if fits
+                     else f"all of these together (checked: {what}, does not fit)")
+    return ", ".join(words) or "more chips"
 
 
 def _does_not_fit(why: str, args, largest, tips: str) -> int:

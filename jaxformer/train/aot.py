@@ -541,30 +541,44 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
     return report
 
 
-def advice(cfg: RunConfig, step: str, chips: int, by: dict) -> str:
+def tips(cfg: RunConfig, step: str, chips: int, by: dict) -> list[tuple[str, list[str]]]:
     """The settings that would lower the bytes per chip (`by`: bytes_per_chip, temp may be the
-    compiler's figure) of a config that does not fit."""
-    tips = []
+    compiler's figure) of a config that does not fit: [(what to say, the --set overrides that
+    apply it)]; an empty override list for advice no one setting expresses."""
+    out = []
     cfg = as_mesh_run(cfg)
     tc, m = cfg.train, cfg.parallel.mesh
     if step == "train":
-        keep_least = "train.remat_policy=nothing_saveable (each layer recomputed, only its input kept)"
-        offload = "train.remat_policy=offload_layer_inputs (each layer's input kept in host memory)"
+        keep_least = ("train.remat_policy=nothing_saveable (each layer recomputed, only its input kept)",
+                      ["train.remat=true", "train.remat_policy=nothing_saveable"])
+        scan = [] if getattr(cfg.model, "scan_layers", False) else ["model.scan_layers=true"]
+        offload = ("train.remat_policy=offload_layer_inputs (each layer's input kept in host memory)",
+                   ["train.remat=true", "train.remat_policy=offload_layer_inputs", *scan])
         if by.get("temp", 0) > by.get("params", 0) and not tc.remat:
-            tips.append("train.remat=true with " + (f"train.remat_policy={tc.remat_policy}"
-                                                    if tc.remat_policy == "offload_layer_inputs" else keep_least))
+            policy = tc.remat_policy if tc.remat_policy == "offload_layer_inputs" else "nothing_saveable"
+            label = "train.remat=true with " + (f"train.remat_policy={tc.remat_policy}"
+                                                if tc.remat_policy == "offload_layer_inputs" else keep_least[0])
+            out.append((label, ["train.remat=true", f"train.remat_policy={policy}"]))
         elif tc.remat and tc.remat_policy not in ("nothing_saveable", "offload_layer_inputs"):
-            tips.append(keep_least)
+            out.append(keep_least)
         elif tc.remat and tc.remat_policy == "nothing_saveable":
-            tips.append(offload if getattr(cfg.model, "scan_layers", False) else "model.scan_layers=true with " + offload)
+            out.append(offload if not scan else ("model.scan_layers=true with " + offload[0], offload[1]))
         if m.fsdp != -1 and m.fsdp < chips:
-            tips.append("a larger parallel.mesh.fsdp (params and optimizer state split over it)")
+            others = m.expert * m.context * m.tensor
+            out.append(("a larger parallel.mesh.fsdp (params and optimizer state split over it)",
+                        ["parallel.mode=mesh", "parallel.mesh.data=1", f"parallel.mesh.fsdp={max(1, chips // others)}"]))
         if tc.micro_batch > 1:
-            tips.append("a smaller train.batch_size or more train.grad_accum_steps")
+            out.append(("a smaller train.batch_size or more train.grad_accum_steps",
+                        [f"train.grad_accum_steps={2 * tc.grad_accum_steps}"] if tc.micro_batch % 2 == 0 else []))
         if tc.precision != "bf16":
-            tips.append("train.precision=bf16")
+            out.append(("train.precision=bf16", ["train.precision=bf16"]))
         if tc.attention == "plain":
-            tips.append("train.attention=splash (no [B, H, T, T] scores)")
+            out.append(("train.attention=splash (no [B, H, T, T] scores)", ["train.attention=splash"]))
     else:
-        tips.append("a smaller train.batch_size, --cache-len or --prompt-len, or a larger parallel.mesh.tensor")
-    return ", ".join(tips) or "more chips"
+        out.append(("a smaller train.batch_size, --cache-len or --prompt-len, or a larger parallel.mesh.tensor", []))
+    return out
+
+
+def advice(cfg: RunConfig, step: str, chips: int, by: dict) -> str:
+    """tips' words, joined."""
+    return ", ".join(label for label, _ in tips(cfg, step, chips, by)) or "more chips"
