@@ -20,6 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 from jaxformer.train.config import TrainConfig
 
@@ -592,3 +593,23 @@ def test_quantized_matmul_matches_float64_dequantized_product():
         got_t = tq.matmul(torch.from_numpy(x), tq.reduce_weight(torch.from_numpy(w), dtype)).numpy()
         for got in (got_j, got_t):
             assert np.abs(got - ref).max() <= 1e-5 * max(1.0, np.abs(ref).max()), dtype
+
+
+# ----------------------------------------------------------------------------- weight decay's mask
+@pytest.mark.parametrize(("kind", "key"), [("lm", "gpt2"), ("lm", "llama_gqa"), ("lm", "alibi_postln"),
+                                           ("seq2seq", "separate_untied_pre")])
+def test_decay_mask_is_the_hf_trainers_rule(kind, key):
+    """train.optim.decay_mask (weight decay on parameters with >= 2 dims; norms and biases
+    exempt) against transformers' Trainer.get_decay_parameter_names on the torch twin (its own
+    rule: no LayerNorm modules, no names with bias / norm): the same parameters decay."""
+    from generation_helpers import LMS, S2S, pair
+    from transformers import Trainer
+
+    from jaxformer import convert
+    from jaxformer.train.config import TrainConfig
+    from jaxformer.train.optim import decay_mask
+    t, j = pair(kind, (LMS if kind == "lm" else S2S)[key])
+    mask = decay_mask(nnx.state(j, nnx.Param), TrainConfig())
+    ours = {convert.torch_key(p) for p, v in nnx.to_flat_state(mask) if v.get_value()}
+    theirs = set(Trainer.get_decay_parameter_names(None, t))
+    assert ours == theirs and ours, sorted(ours ^ theirs)
