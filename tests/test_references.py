@@ -381,6 +381,15 @@ STRIPPED = {
                                                           sliding_window=4)),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=_V, n_embd=32, n_layer=2, n_head=4, n_positions=32,
                                                    bos_token_id=1, eos_token_id=2)),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(_TINY, num_experts=4, num_experts_per_tok=2,
+                                                                moe_intermediate_size=16,
+                                                                shared_expert_intermediate_size=24)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(_TINY, head_dim=8, num_experts=4,
+                                                                num_experts_per_tok=2, moe_intermediate_size=16)),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(
+        _TINY, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+        v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=12,
+        n_shared_experts=1, first_k_dense_replace=1)),
 }
 _KEEP = {"architectures", "model_type"}
 
@@ -430,6 +439,10 @@ def _hf_view(c) -> dict:
     for k in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
         if hasattr(c, k):
             view[k] = getattr(c, k)
+    if c.model_type == "deepseek_v3":  # MLA: its own widths (head_dim is the rope part's there)
+        del view["head_dim"], view["rotary_dim"]
+        view["mla"] = {k: getattr(c, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                  "qk_rope_head_dim", "v_head_dim", "rope_interleave")}
     return view
 
 
@@ -441,6 +454,11 @@ def _our_view(cfg, hf_view: dict) -> dict:
     if "rope_base" in hf_view:
         view["rope_base"] = float(cfg.rope_base)
         view["rotary_dim"] = cfg.resolved_rotary_dim
+    if "mla" in hf_view:
+        del view["head_dim"]
+        view.pop("rotary_dim", None)
+        view["mla"] = {k: getattr(cfg.mla, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                         "qk_rope_head_dim", "v_head_dim", "rope_interleave")}
     if "rope_local_base" in hf_view:
         view["rope_local_base"] = float(cfg.rope_base if cfg.rope_local_base is None else cfg.rope_local_base)
     for k, ours in (("query_pre_attn_scalar", "query_pre_attn_scalar"), ("attn_logit_softcapping", "attn_logit_softcap"),
