@@ -631,3 +631,26 @@ def test_decay_mask_is_the_hf_trainers_rule(kind, key):
     ours = {convert.torch_key(p) for p, v in nnx.to_flat_state(mask) if v.get_value()}
     theirs = set(Trainer.get_decay_parameter_names(None, t))
     assert ours == theirs and ours, sorted(ours ^ theirs)
+
+
+# ----------------------------------------------------------------------------- sampling filters
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 0.9), (0.7, 0, 0.5), (1.3, 5, 1.0),
+                                                             (0.8, 7, 0.8), (1.0, 1, 1.0), (1.0, 0, 0.05)])
+def test_filter_logits_keeps_what_transformers_warpers_keep(temperature, top_k, top_p):
+    """generation.filter_logits (both trees run it by the same rule) against transformers' own
+    logits processors in generate's order (TemperatureLogitsWarper, TopKLogitsWarper,
+    TopPLogitsWarper): the same tokens survive, and the kept values are logits / temperature."""
+    import jax.numpy as jnp
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    from jaxformer.generation import filter_logits
+    rng = np.random.default_rng(11)
+    logits = (rng.normal(0, 3, (6, 50))).astype(np.float32)
+    ours = np.asarray(filter_logits(jnp.asarray(logits), temperature=temperature, top_k=top_k, top_p=top_p))
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)]
+                                  + ([TopKLogitsWarper(top_k)] if top_k else [])
+                                  + ([TopPLogitsWarper(top_p)] if top_p < 1.0 else []))
+    theirs = warpers(torch.zeros((6, 1), dtype=torch.long), torch.from_numpy(logits.copy())).numpy()
+    kept = np.isfinite(ours)
+    assert (kept == np.isfinite(theirs)).all(), (kept.sum(-1), np.isfinite(theirs).sum(-1))
+    np.testing.assert_allclose(ours[kept], theirs[kept], rtol=1e-6)
