@@ -406,8 +406,9 @@ def test_mutation_is_undone_in_modules_imported_during_it():
 
 def _catalogue():
     from jaxformer.parity.mutations import MUTATIONS
+    from jaxformer.train.shared_checks import SHARED_MUTATIONS
     from jaxformer.train.trajectory import TRAIN_MUTATIONS
-    return {**MUTATIONS, **TRAIN_MUTATIONS}
+    return {**MUTATIONS, **TRAIN_MUTATIONS, **SHARED_MUTATIONS}
 
 
 def test_self_test_catalogue_is_complete(capsys):

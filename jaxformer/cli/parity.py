@@ -135,10 +135,13 @@ def _row(name: str, fn) -> dict:
 
 def _self_test(args) -> int:
     from jaxformer.parity.mutations import MUTATIONS, self_test
+    from jaxformer.train.shared_checks import SHARED_MUTATIONS, run_shared_mutation
     from jaxformer.train.trajectory import TRAIN_MUTATIONS, run_trajectory_mutation
+    extra = {**TRAIN_MUTATIONS, **SHARED_MUTATIONS}
     if args.list:
-        for m in {**MUTATIONS, **TRAIN_MUTATIONS}.values():
-            print(f"{m.name:34s} {', '.join(m.cases) or 'trajectory'}: {m.description}")
+        for m in {**MUTATIONS, **extra}.values():
+            checks = ", ".join(m.cases) or ("shared code: " + m.reference.__name__ if m.reference else "trajectory")
+            print(f"{m.name:34s} {checks}: {m.description}")
         return 0
 
     def show(o):
@@ -148,7 +151,8 @@ def _self_test(args) -> int:
 
     if not args.json:
         print(f"{'bug':34s} {'result':7s} worst |diff| / tolerance, per check")
-    outcomes = self_test(args.mutation, trajectory=run_trajectory_mutation, extra=TRAIN_MUTATIONS, progress=show)
+    outcomes = self_test(args.mutation, trajectory=run_trajectory_mutation, extra=extra, progress=show,
+                         reference=run_shared_mutation)
     killed = sum(o.caught for o in outcomes)
     if args.json:
         print(json.dumps([{"mutation": o.mutation, "caught": o.caught, "worst_ratio": o.worst_ratio,

@@ -29,6 +29,9 @@ class Mutation:
     cases: tuple[str, ...] = ()  # registry cases that must each fail under the bug
     trajectory: bool = False  # the training-trajectory check must fail under the bug
     grads_too: bool = False  # the named cases must fail on gradients too, not only on outputs
+    # code both trees share: a check against an outside reference (worst |diff| / tolerance),
+    # run with the bug planted (jaxformer/train/shared_checks.py)
+    reference: Callable[[], float] | None = None
 
 
 @dataclasses.dataclass
@@ -482,10 +485,11 @@ def run_on_cases(m: Mutation, seed: int = 0) -> Outcome:
 
 
 def self_test(mutations=None, trajectory: Callable[[Mutation], Outcome] | None = None,
-              extra: dict[str, Mutation] | None = None, progress: Callable[[Outcome], None] | None = None
-              ) -> list[Outcome]:
+              extra: dict[str, Mutation] | None = None, progress: Callable[[Outcome], None] | None = None,
+              reference: Callable[[Mutation], Outcome] | None = None) -> list[Outcome]:
     """Run every mutation against its checks. `trajectory(m)` runs a trajectory-flagged mutation
-    (jaxformer/train/trajectory.py); `extra` adds mutations defined above this package."""
+    (jaxformer/train/trajectory.py), `reference(m)` one in shared code (train/shared_checks.py);
+    `extra` adds mutations defined above this package."""
     catalogue = {**MUTATIONS, **(extra or {})}
     names = list(catalogue) if mutations is None else list(mutations)
     out = []
@@ -493,7 +497,11 @@ def self_test(mutations=None, trajectory: Callable[[Mutation], Outcome] | None =
         if n not in catalogue:
             raise ValueError(f"unknown mutation {n!r}; known: {', '.join(catalogue)}")
         m = catalogue[n]
-        if m.trajectory:
+        if m.reference is not None:
+            if reference is None:
+                raise ValueError(f"mutation {n} needs the reference check")
+            o = reference(m)
+        elif m.trajectory:
             if trajectory is None:
                 raise ValueError(f"mutation {n} needs the trajectory check")
             o = trajectory(m)
