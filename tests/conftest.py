@@ -86,7 +86,7 @@ def whole_replica_saves():
 # workers finish together instead of one idling while the other runs a 40 s test collected last
 # (alphabetically, test_walkthrough and test_user_module* were).
 LONG_FIRST = ("test_walkthrough.py", "test_user_module_tasks.py", "test_user_module.py", "test_scale.py",
-              "test_port_corpus.py")
+              "test_faults.py", "test_port_corpus.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import time
 
 import jax
@@ -31,9 +32,9 @@ from flax import nnx
 from jaxformer import lowering
 from jaxformer.config.module import MODULE
 from jaxformer.train import data as data_lib
+from jaxformer.train import faults, tasks
 from jaxformer.train import init as init_lib
 from jaxformer.train import lora as lora_lib
-from jaxformer.train import tasks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.checkpoint import Checkpointer
 from jaxformer.train.config import RunConfig, save_config
@@ -174,12 +175,33 @@ class JaxTrainer:
         self.last_eval: dict = {}
         self.history: list[dict] = []
         self.stopped_by: str | None = None  # "SIGTERM" when a preemption signal ended the run
+        self.preemption_grace: float | None = None  # seconds a preemption stop may take (faults.py)
 
     def _setup(self, model, ckpt_dir: str, resume: bool) -> None:
-        cfg, tc, workdir = self.cfg, self.cfg.train, self.workdir
-        # random-access sources; grain reads them in run() (train/data/pipeline.py)
-        self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, tc.seed)
+        """The run's parts, phase by phase (each reads what the ones before it set); the run
+        writes its config, checkpoints and metrics only from _setup_claim on."""
+        self._setup_data()
+        given = self._setup_model(model)
+        key, cached = self._setup_optimizer(given)
+        self._setup_parallel(cached)
+        self._setup_state(given, resume, key, cached)
+        newer = self._setup_resume(ckpt_dir, resume)
+        self._setup_claim()
+        self._setup_checkpoints(ckpt_dir, newer)
+        self._setup_metrics(resume)
+
+    def _setup_data(self) -> None:
+        """The random-access sources (grain reads them in run(); train/data/pipeline.py) and the
+        tokenizer they were made with."""
+        cfg = self.cfg
+        self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, cfg.train.seed)
         self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
+
+    def _setup_model(self, model) -> bool:
+        """self.model: the config's, abstract (the state is created later, directly in its
+        shardings), or a caller's (`model`; adapters added under train.lora unless it has
+        them, and a module's call checked against the task). -> whether a caller gave it."""
+        cfg, tc = self.cfg, self.cfg.train
         given = model is not None
         if not given:  # abstract: the state is created below, directly in its shardings
             model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), tc.seed, tc.lora)
@@ -189,6 +211,13 @@ class JaxTrainer:
         self.model = model
         if given and cfg.model_name == MODULE:  # a caller's module: its call and logits against the task
             tasks.check_call(cfg, model, pipeline.read_rows(self.train_data, np.arange(min(2, len(self.train_data)))))
+        return given
+
+    def _setup_optimizer(self, given: bool):
+        """The optimiser and its schedule (a cached config's own), the abstract train state and
+        the check that it fits. -> (key, cached): this config's _STEPS key (None: not cached)
+        and its cached (StepFns, train step, eval step), or None."""
+        cfg, tc = self.cfg, self.cfg.train
         _, params, _, _ = lora_lib.split(self.model)  # what trains: the adapters under train.lora
         from jaxformer.convert import scan_prefixes
         key = _steps_key(cfg) if not given and cfg.parallel.mode == "none" else None
@@ -199,6 +228,13 @@ class JaxTrainer:
             make_optax(tc, params, scan_prefixes(self.model))
         self.abstract_state = init_lib.abstract_state_of(self.model, self.tx)
         init_lib.check_fits(self.abstract_state, "the train state (parameters and optimiser state)")
+        return key, cached
+
+    def _setup_parallel(self, cached) -> None:
+        """The parallel mode: pmap's local devices (the batch checked against them) or a mesh
+        and the state's shardings (_setup_mesh); the step functions for it; the rows of each
+        batch this process reads."""
+        cfg, tc = self.cfg, self.cfg.train
         self.mode = cfg.parallel.mode
         self.mesh = None
         self.devices = None  # pmap: the number of local devices the steps are mapped over
@@ -220,12 +256,22 @@ class JaxTrainer:
         self.eval_rows = pipeline.process_rows(tc.batch_size, 1, *self.readers)
         self.batches = None  # the train iterator, while run() runs
         self.data_state: dict | None = None  # the checkpoint's pipeline state, on resume
+
+    def _setup_state(self, given: bool, resume: bool, key, cached) -> None:
+        """The train state (_initial_state: a restore's target on resume) and the wrapped train
+        and eval steps, kept in _STEPS under `key`."""
         self.state = self._initial_state(given, resume)
         self.train_step, self.eval_step = cached[1:] if cached else self._wrap_steps()
         if key is not None and cached is None:
             _STEPS[key] = (self.fns, self.train_step, self.eval_step)
             while len(_STEPS) > _STEPS_KEPT:
                 _STEPS.pop(next(iter(_STEPS)))
+
+    def _setup_resume(self, ckpt_dir: str, resume: bool) -> list[int]:
+        """The step to start from, the skipped steps and the best eval loss so far; on resume the
+        newest checkpoint restored into the state (read-only until the resumed step is
+        accepted), with the pipeline's saved state. -> the saved steps past the restored one."""
+        tc, workdir = self.cfg.train, self.workdir
         self.start_step = 0
         self.skipped_steps = 0
         self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
@@ -244,18 +290,29 @@ class JaxTrainer:
             self.skipped_steps = int(record.get("skipped_steps", 0))
             newer = [s for s in checkpoint_steps(ckpt_dir) if s > self.start_step]
             workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
-        # accepted: from here on the run writes
+        return newer
+
+    def _setup_claim(self) -> None:
+        """The run accepted: from here on it writes (the workdir's lock claimed, the config's
+        changes on resume printed, config.yaml saved)."""
         if self.lock is not None:
             self.lock.claim()
             for line in self.config_changes:
                 print(f"resume: changed {line}", flush=True)
         if self.primary:
-            save_config(cfg, os.path.join(workdir, "config.yaml"))
+            save_config(self.cfg, os.path.join(self.workdir, "config.yaml"))
+
+    def _setup_checkpoints(self, ckpt_dir: str, newer: list[int]) -> None:
+        """The checkpointer the run saves with, and `newer` (_setup_resume's) deleted."""
+        tc = self.cfg.train
         self.ckpt = Checkpointer(ckpt_dir, keep=tc.keep_checkpoints, async_save=tc.async_checkpoint,
                                  primary=self.primary)
         for s in newer:  # unreadable steps past the restored one would block saving those steps
             self.ckpt.manager.delete(s)
-        self.metrics = MetricsWriter(workdir, resume_step=self.start_step if resume else None,
+
+    def _setup_metrics(self, resume: bool) -> None:
+        """metrics.jsonl and TensorBoard, continued from the resumed step on resume."""
+        self.metrics = MetricsWriter(self.workdir, resume_step=self.start_step if resume else None,
                                      enabled=self.primary)
 
     def _wrap_steps(self):
@@ -513,24 +570,34 @@ class JaxTrainer:
         compiled = self._compilations()
         t_block = None  # start of the current timed block; None until the first step finished
         on_mesh = jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
-        stop = workdir_lib.StopSignal()  # SIGTERM: save at the current step and end cleanly
+        # Preemption (jaxformer/train/faults.py). One process: SIGTERM sets a flag, and the run
+        # saves the step it is at and ends. Several: JAX's preemption sync manager owns SIGTERM
+        # (a Python handler would replace its C++ one, and each process would stop at its own
+        # step), and every process stops at the step it agrees on; NoticeWatch starts the grace
+        # watchdog when any process's notice reaches the coordination service.
+        multi = jax.process_count() > 1
+        watchdog = faults.GraceWatchdog(self.preemption_grace)
+        stop = workdir_lib.StopSignal(signals=() if multi else (signal.SIGTERM,), on_signal=watchdog.start)
+        notice = faults.NoticeWatch(watchdog) if multi else contextlib.nullcontext()
+        faults.RUN.ckpt_dir, faults.RUN.workdir, faults.RUN.step = self.ckpt.directory, self.workdir, step
         try:
             self.batches = self._train_iterator()
-            with on_mesh, stop:
+            with on_mesh, stop, notice:
                 while step < tc.steps:
                     batch, batch_items = next(self.batches)  # already on the devices
                     state, out = self.train_step(state, batch)
                     step += 1
+                    faults.RUN.step = step
                     pending.append(out)
                     if t_block is None:  # the first step compiles: wait for it, time from its end
                         jax.block_until_ready(out)
                         t_block, compiled, untimed = time.perf_counter(), self._compilations(), len(pending)
                     else:
                         items += batch_items
-                    # multi-host preemption goes through orbax/JAX's sync point so every process
-                    # stops at the same step; one host needs only the signal flag
-                    stopping = stop.requested or (jax.process_count() > 1
-                                                  and self.ckpt.manager.reached_preemption(step))
+                    # several processes: orbax/JAX's sync point, asked at every step with the steps
+                    # run so far (the same count on every process: 0, the sync manager's own start,
+                    # before the first, so a notice during start-up stops at this run's first step)
+                    stopping = stop.requested or (multi and self.ckpt.manager.reached_preemption(step - self.start_step))
                     is_eval = step % tc.eval_every == 0 or step == tc.steps
                     is_ckpt = step % tc.checkpoint_every == 0 or step == tc.steps or stopping
                     if not (is_eval or is_ckpt or step % tc.log_every == 0):
@@ -552,7 +619,7 @@ class JaxTrainer:
                     items = 0
                     saved = self._save(state, step, is_ckpt and step != saved, is_eval or is_ckpt, saved)
                     if stopping:
-                        self.stopped_by = stop.name or "preemption"
+                        self.stopped_by = stop.name or "a preemption notice"
                         break
                     t_block = time.perf_counter()  # the next block starts after this host work
                 self.metrics.write_hparams(self.cfg.to_dict(), self.last_eval, step)  # TensorBoard

@@ -226,10 +226,13 @@ class StopSignal:
     training loop checks once per step; the loop then saves a checkpoint at that step and ends
     cleanly. A flag rather than work in the handler: the handler may run in the middle of a
     step or of an orbax write. Only installable from the main thread; elsewhere it stays inert.
-    A second SIGTERM while stopping gets the default action (terminate)."""
+    A second SIGTERM while stopping gets the default action (terminate). `on_signal(name)`, if
+    given, is called from the handler (the grace watchdog's start: jaxformer/train/faults.py).
+    `signals=()`: inert (a multi-process run, where JAX's preemption sync manager owns SIGTERM)."""
 
-    def __init__(self, signals=(signal.SIGTERM,)):
+    def __init__(self, signals=(signal.SIGTERM,), on_signal=None):
         self.signals = signals
+        self.on_signal = on_signal
         self.name: str | None = None
         self._old: dict = {}
 
@@ -240,6 +243,8 @@ class StopSignal:
     def _handle(self, signum, frame) -> None:
         self.name = signal.Signals(signum).name
         signal.signal(signum, signal.SIG_DFL)
+        if self.on_signal is not None:
+            self.on_signal(self.name)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

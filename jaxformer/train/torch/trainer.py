@@ -136,41 +136,74 @@ class TorchTrainer:
         self.lock, self.config_changes = workdir_lib.open_workdir(workdir, cfg, resume=resume, overwrite=overwrite,
                                              has_checkpoint=bool(torch_checkpoint_steps(self.ckpt_dir)))
         try:
-            tc = cfg.train
-            torch.manual_seed(tc.seed)
-            # the JAX trainer's sources and grain pipeline (one process): the same batches
-            self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, tc.seed)
-            self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
-            self.batches = None
-            self.data_state: dict | None = None
-            self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
-            if module is None:
-                check_fits_torch(cfg)
-            self.module = module if module is not None else build_torch_model(cfg)
-            adapt_torch(self.module, tc.lora, tc.seed)  # a caller's module gets adapters too
-            self.opt, self.sched = make_torch_optimizer(tc, self.module)
-            self.start_step = 0
-            self.skipped_steps = 0
-            self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
-            if resume:
-                self.start_step = self._restore()
-                workdir_lib.check_tokenizer(self.trained_tokenizer, self.tokenizer, workdir)
-                workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
+            self._setup(module, resume)
         except BaseException:
             self.lock.release(remove=True)
             raise
-        self.lock.claim()
-        for line in self.config_changes:
-            print(f"resume: changed {line}", flush=True)
-        save_config(cfg, os.path.join(workdir, "config.yaml"))
-        self.metrics = MetricsWriter(workdir, resume_step=self.start_step if resume else None)
+        self._setup_claim()
+        self._setup_metrics(resume)
         self.progress_enabled = progress
-        self.autocast = tc.precision == "bf16"
+        self.autocast = cfg.train.precision == "bf16"
         self.pad_id = getattr(cfg.model, "pad_id", 0)
         self.moe = tasks.moe_of(cfg.model) if cfg.model_name == "lm" else None
         self.history: list[dict] = []
         self.last_eval: dict = {}
         self.stopped_by: str | None = None
+        self.preemption_grace: float | None = None  # seconds a SIGTERM stop may take (train/faults.py)
+
+    def _setup(self, module, resume: bool) -> None:
+        """The run's parts before it writes, phase by phase (JaxTrainer._setup's order)."""
+        torch.manual_seed(self.cfg.train.seed)
+        self._setup_data()
+        self._setup_model(module)
+        self._setup_optimizer()
+        self._setup_resume(resume)
+
+    def _setup_data(self) -> None:
+        """The JAX trainer's sources and grain pipeline (one process): the same batches."""
+        cfg = self.cfg
+        self.train_data, self.eval_data = data_lib.load_sources(cfg.data_name, cfg.data, cfg.train.seed)
+        self.tokenizer, self.tokenizer_file = data_lib.tokenizer_info(cfg.data_name, cfg.data)
+        self.batches = None
+        self.data_state: dict | None = None
+        self.trained_tokenizer: dict | None = None  # the resumed checkpoint's
+
+    def _setup_model(self, module) -> None:
+        """self.module: the config's (checked to fit first) or a caller's, with adapters under
+        train.lora (a caller's module gets them too)."""
+        cfg, tc = self.cfg, self.cfg.train
+        if module is None:
+            check_fits_torch(cfg)
+        self.module = module if module is not None else build_torch_model(cfg)
+        adapt_torch(self.module, tc.lora, tc.seed)  # a caller's module gets adapters too
+
+    def _setup_optimizer(self) -> None:
+        """The optimiser and its schedule over the module's trainable parameters."""
+        self.opt, self.sched = make_torch_optimizer(self.cfg.train, self.module)
+
+    def _setup_resume(self, resume: bool) -> None:
+        """The step to start from, the skipped steps and the best eval loss so far; on resume
+        the newest checkpoint restored (_restore), its tokenizer and step checked."""
+        tc, workdir = self.cfg.train, self.workdir
+        self.start_step = 0
+        self.skipped_steps = 0
+        self.best_eval = workdir_lib.best_eval_loss(workdir) if resume else float("inf")
+        if resume:
+            self.start_step = self._restore()
+            workdir_lib.check_tokenizer(self.trained_tokenizer, self.tokenizer, workdir)
+            workdir_lib.check_resumed_step(self.start_step, tc.steps, workdir)
+
+    def _setup_claim(self) -> None:
+        """The run accepted: from here on it writes (the workdir's lock claimed, the config's
+        changes on resume printed, config.yaml saved)."""
+        self.lock.claim()
+        for line in self.config_changes:
+            print(f"resume: changed {line}", flush=True)
+        save_config(self.cfg, os.path.join(self.workdir, "config.yaml"))
+
+    def _setup_metrics(self, resume: bool) -> None:
+        """metrics.jsonl and TensorBoard, continued from the resumed step on resume."""
+        self.metrics = MetricsWriter(self.workdir, resume_step=self.start_step if resume else None)
 
     # ------------------------------------------------------------------ checkpoints
     def _save(self, step: int) -> None:
@@ -324,7 +357,8 @@ class TorchTrainer:
         bar = Progress(tc.steps, self.start_step, unit, enabled=self.progress_enabled)
         step = self.start_step
         self._pending: list[dict] = []
-        stop = workdir_lib.StopSignal()
+        from jaxformer.train import faults
+        stop = workdir_lib.StopSignal(on_signal=faults.GraceWatchdog(self.preemption_grace).start)
         try:
             self.batches = iter(pipeline.train_dataset(
                 self.train_data, batch_size=tc.batch_size, seed=tc.seed, steps=tc.steps,
