@@ -133,22 +133,25 @@ def test_cli_json_and_does_not_fit(capsys):
 
 def test_does_not_fit_tips_are_checked_by_compiling(capsys):
     """Issue 51 §4: each tip one setting expresses is compiled with it, and the tip says whether
-    it fits then. 16 sequences of 16384 tokens on v5e:2x2 with the plain path: 48 GiB of
-    temporaries (the [B, H, T, T] scores); remat and a smaller micro-batch lower that but not
-    under 16 GiB, splash fits."""
+    it fits then. 4 sequences of 16384 tokens, one per chip of v5e:2x2 (pure FSDP: no fsdp tip),
+    16 heads, the plain path: the [B, H, T, T] scores need ~48 GiB of temporaries; remat lowers that
+    but not under 16 GiB, a halved micro-batch is refused by the config (2 rows over 4 chips),
+    splash fits. Three compiles."""
     tiny = [s for s in TINY if not s.startswith(("data.seq_len", "model.max_len", "train.batch_size"))]
     args = ["compile", "--config", "llama", "--topology", "v5e:2x2"] + [f"--set={s}" for s in tiny] + [
-        "--set=data.seq_len=16384", "--set=model.max_len=16384", "--set=train.batch_size=16",
-        "--set=train.attention=plain"]
+        "--set=data.seq_len=16384", "--set=model.max_len=16384", "--set=train.batch_size=4", "--set=model.num_heads=16",
+        "--set=train.attention=plain", "--set=parallel.mode=mesh", "--set=parallel.mesh.data=1",
+        "--set=parallel.mesh.fsdp=-1"]
     assert main(args) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert len(err) == 2, err
-    assert "compiling with each of 4 setting(s) that may help" in captured.out
+    assert "compiling with each of 3 setting(s) that may help" in captured.out
     assert "train.attention=splash (no [B, H, T, T] scores) (checked: fits, " in err[1], err[1]
     assert "train.remat_policy=nothing_saveable (each layer recomputed, only its input kept) (checked: the " \
            "compiler needs" in err[1] and "does not fit alone" in err[1], err[1]
-    assert "all of these together" not in err[1]  # one fits alone
+    assert "more train.grad_accum_steps (checked: refused: " in err[1], err[1]
+    assert "all of these together" not in err[1] and "a larger parallel.mesh.fsdp" not in err[1]  # one fits alone
 
 
 def test_gpu_target_compiles_without_a_gpu():
