@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers import cli_env
-from workdir_helpers import TINY_RUN, child_run_dict, tiny_run_config
+from workdir_helpers import TINY_RUN, child_run_dict, tiny_run_config, wait_for_logged_steps
 
 from jaxformer.train.jax_trainer import JaxTrainer, checkpoint_steps
 from jaxformer.train.logging_utils import read_metrics
@@ -138,11 +137,7 @@ def test_sigterm_saves_and_exits_75(tmp_path):
                              str(wd), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cli_env())
     try:
-        deadline = time.monotonic() + 300  # generous: start-up and compiles on a loaded machine
-        while not (wd / "metrics.jsonl").exists() or len((wd / "metrics.jsonl").read_text().splitlines()) < 2:
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.monotonic() < deadline, "no step logged after 300 s"
-            time.sleep(0.05)
+        wait_for_logged_steps(proc, wd, 2)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
     finally:

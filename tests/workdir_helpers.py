@@ -66,3 +66,19 @@ def writing_compilation_cache():
         jax.config.update("jax_compilation_cache_dir", None)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", before)
         compilation_cache.reset_cache()
+
+
+def wait_for_logged_steps(proc, workdir, n: int, timeout: float = 300.0) -> None:
+    """Poll until the training child `proc` has logged `n` steps in workdir/metrics.jsonl
+    (generous `timeout`: start-up and compiles on a loaded machine); fail with the child's
+    stderr if it exits first."""
+    import time
+    path = os.path.join(str(workdir), "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError), open(path) as f:
+            if sum(1 for _ in f) >= n:
+                return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, f"no step {n} logged after {timeout:g} s"
+        time.sleep(0.05)
