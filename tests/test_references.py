@@ -493,6 +493,93 @@ def test_hf_config_with_defaults_absent_reads_as_transformers(key, tmp_path):
     check_hf_logits(f"stripped {key}", hf_lm_logits(hf_model, ids, mask), lm_logits(model, ids, mask), mask)
 
 
+# the encoders, T5 and the vision families, stripped the same way: (model class, config class,
+# tiny config, input kind); their outputs (hidden states on real tokens, logits) are compared
+_TINY_ENC = dict(vocab_size=_V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                 max_position_embeddings=32)
+_TINY_IMG = dict(image_size=16, patch_size=4, num_channels=3, num_labels=5)
+STRIPPED_OTHER = {
+    "bert": ("BertModel", "BertConfig", dict(_TINY_ENC), "text"),
+    "roberta": ("RobertaForSequenceClassification", "RobertaConfig", dict(_TINY_ENC, num_labels=3), "text"),
+    "xlm_roberta": ("XLMRobertaModel", "XLMRobertaConfig", dict(_TINY_ENC), "text"),
+    "modernbert": ("ModernBertModel", "ModernBertConfig", dict(_TINY_ENC, num_hidden_layers=4, pad_token_id=0,
+                                                               bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                                               sep_token_id=2, local_attention=4), "text"),
+    "t5": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=_V, d_model=24, d_kv=6, d_ff=40, num_layers=2,
+                                                          num_heads=4, decoder_start_token_id=0), "seq2seq"),
+    "vit": ("ViTForImageClassification", "ViTConfig", dict(_TINY_IMG, hidden_size=16, num_hidden_layers=2,
+                                                           num_attention_heads=2, intermediate_size=32), "image"),
+    "swin": ("SwinForImageClassification", "SwinConfig", dict(_TINY_IMG, patch_size=2, embed_dim=8, depths=[2, 2],
+                                                              num_heads=[2, 4], window_size=4), "image"),
+    "dinov2": ("Dinov2ForImageClassification", "Dinov2Config", dict(_TINY_IMG, hidden_size=16, num_hidden_layers=2,
+                                                                     num_attention_heads=2), "image"),
+}
+
+
+def _strip_defaults(path: str, config_cls) -> list[str]:
+    """config.json at `path` without the keys whose value equals `config_cls()`'s -> those keys."""
+    defaults = config_cls().to_dict()
+    with open(os.path.join(path, "config.json")) as f:
+        raw = json.load(f)
+    dropped = sorted(k for k, v in raw.items() if k not in _KEEP and k in defaults and defaults[k] == v)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({k: v for k, v in raw.items() if k not in dropped}, f, indent=1)
+    return dropped
+
+
+@pytest.mark.parametrize("key", list(STRIPPED_OTHER))
+def test_encoder_t5_vision_config_with_defaults_absent_reads_as_transformers(key, tmp_path):
+    """The encoders (BERT, RoBERTa, XLM-R, ModernBERT), T5 and the vision families (ViT, Swin,
+    DINOv2) from a config.json stripped of every value equal to the transformers class default:
+    jaxformer's import gives transformers' own outputs for the model loaded from the same file
+    (hidden states on real tokens of a padded batch, or logits; fp32, 1e-5 x max(1, max |out|)),
+    so every default it fills in (norm eps, activation, type vocabulary, T5's buckets and
+    feed-forward, ModernBERT's global/local pattern and RoPE bases, Swin's MLP ratio, ...)
+    acts as transformers' does."""
+    import transformers
+    from helpers import hf_encoder_outputs, jit_call, randomize
+    from hf_helpers import encoder_batch
+
+    from jaxformer import hf as jhf
+    from jaxformer.parity import setup_precision
+    setup_precision()
+    model_cls, config_cls, tiny, kind = STRIPPED_OTHER[key]
+    cls, ccls = getattr(transformers, model_cls), getattr(transformers, config_cls)
+    randomize(cls(ccls(**tiny)), seed=7).save_pretrained(str(tmp_path))
+    dropped = _strip_defaults(str(tmp_path), ccls)
+    assert dropped, "nothing stripped: the test would not see a default"
+    hf_model = cls.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    model, _, _ = jhf.from_pretrained(str(tmp_path))
+    print(f"{key}: stripped {dropped}")
+    if kind == "text":
+        ids, mask = encoder_batch(_V, hf_model.config.pad_token_id or 0)
+        ref = hf_encoder_outputs(hf_model, ids, mask)
+        ours = jit_call(model, jnp.asarray(ids), jnp.asarray(mask))
+        ours = [np.asarray(x) for x in (ours if isinstance(ours, tuple) else (ours,))]
+        real = mask.astype(bool)
+        pairs = [((r[real], o[real]) if r.ndim == 3 else (r, o)) for r, o in zip(ref, ours, strict=True)]
+    elif kind == "seq2seq":
+        rs = np.random.RandomState(3)
+        src, tgt = rs.randint(2, _V, size=(2, 12)), rs.randint(2, _V, size=(2, 6))
+        src_mask = np.ones_like(src)
+        src_mask[1, :4] = 0
+        tgt[:, 0] = 0
+        with torch.no_grad():
+            ref = hf_model(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(src_mask),
+                           decoder_input_ids=torch.from_numpy(tgt)).logits.numpy()
+        pairs = [(ref, np.asarray(jit_call(model, jnp.asarray(src), jnp.asarray(tgt), jnp.asarray(src_mask))))]
+    else:
+        nchw = np.random.RandomState(3).standard_normal((2, 3, 16, 16)).astype(np.float32)
+        with torch.no_grad():
+            ref = hf_model(torch.from_numpy(nchw)).logits.numpy()
+        pairs = [(ref, np.asarray(jit_call(model, jnp.asarray(nchw.transpose(0, 2, 3, 1)))))]
+    assert len(pairs) >= 1
+    for r, o in pairs:
+        d, scale = float(np.abs(r - o).max()), max(1.0, float(np.abs(r).max()))
+        print(f"stripped {key}: max |diff| vs transformers {d:.2e} (max |out| {scale:.2f})")
+        assert d <= 1e-5 * scale, (key, d)
+
+
 def _family_defaults():
     """(family module, architecture, model_type, its DEFAULTS) of every HF family with a
     DEFAULTS table (jaxformer/hf/*.py), one entry per model_type."""
