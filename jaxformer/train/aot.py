@@ -296,7 +296,8 @@ def _compiler_bytes(text: str) -> float | None:
 def _compile(name: str, fn, args, mesh, state_bytes: dict, largest: list) -> tuple[object, float, list, float]:
     """Trace, lower and compile `fn` for the TPU mesh (traced for the TPU platform) ->
     (compiled, seconds, kernels, the jaxpr's FLOPs). A program over the chip's HBM raises
-    DoesNotFit."""
+    DoesNotFit; any other memory the compiler runs out of (a Pallas kernel's VMEM) raises
+    ValueError with the compiler's own message."""
     t0 = time.perf_counter()
     try:
         platform = "gpu" if mesh.devices.flat[0].platform in ("gpu", "cuda") else "tpu"
@@ -307,6 +308,9 @@ def _compile(name: str, fn, args, mesh, state_bytes: dict, largest: list) -> tup
         text = str(e)
         if "RESOURCE_EXHAUSTED" not in text:
             raise
+        if not re.search(r"\bhbm\b", text, re.IGNORECASE):  # another memory (a kernel's VMEM...): its own words
+            raise ValueError(f"{name}: the {platform.upper()} compiler refused the program: "
+                             f"{text.strip().split(': ', 1)[-1]}") from None
         m = re.search(r"required for [^(]*\(([^)]+)\) exceeds available HBM \(([^)]+)\)", text)
         needed = _compiler_bytes(m.group(1)) if m else None
         raise DoesNotFit(f"{name}: the TPU compiler ran out of HBM: {text.splitlines()[0].split(': ', 1)[-1]}",
@@ -419,6 +423,17 @@ def attention_choices(kernels: list) -> list[dict]:
     return out
 
 
+def roofline_of(flops: float, hbm_bytes: float, collective_bytes: float, chip: Chip) -> dict:
+    """One run of a program on one chip, each part at the chip's peak rate (perfect overlap):
+    FLOPs over peak bf16 FLOP/s, HBM bytes over HBM bandwidth, collective bytes over ICI
+    bandwidth; bound_s is the largest, bound_by names it."""
+    roofline = {"compute_s": flops / chip.peak_flops, "hbm_s": hbm_bytes / chip.hbm_bytes_per_s,
+                "collective_s": collective_bytes / chip.ici_bytes_per_s}
+    roofline["bound_s"] = max(roofline.values())
+    roofline["bound_by"] = max(("compute_s", "hbm_s", "collective_s"), key=roofline.get)[:-2]
+    return roofline
+
+
 def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, tokens: int,
                    kernel_flops: float = 0.0) -> dict:
     """The figures of one compiled program, per chip.
@@ -444,11 +459,7 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
     arg, out, alias, temp = (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
                              mem.temp_size_in_bytes)
     total = arg + out - alias + temp + mem.generated_code_size_in_bytes
-    coll_bytes = sum(v["bytes"] for v in coll.values())
-    roofline = {"compute_s": flops / chip.peak_flops, "hbm_s": hbm_bytes / chip.hbm_bytes_per_s,
-                "collective_s": coll_bytes / chip.ici_bytes_per_s}
-    roofline["bound_s"] = max(roofline.values())
-    roofline["bound_by"] = max(("compute_s", "hbm_s", "collective_s"), key=roofline.get)[:-2]
+    roofline = roofline_of(flops, hbm_bytes, sum(v["bytes"] for v in coll.values()), chip)
     loops = len(re.findall(r" while\(", hlo))
     whole = cost["optimal_seconds"] > 0 and loops == 0
     est = cost["optimal_seconds"] if whole else roofline["bound_s"]
