@@ -253,6 +253,76 @@ def test_mask_fill_with_real_scores_far_below_minus_1e4():
         assert np.abs(w - w_ref).max() <= 1e-5
 
 
+def _far_below_self_case(n: int = 128, seen: int = 40):
+    """The same far-below case as self-attention over n = 128 tokens (the splash kernel's block):
+    every query is the one above, `seen` keys visible (scores ~-3e4), the rest masked as padding
+    (scores +3e4, values +100). -> q [1, n, 1, 4], k, v [1, n, 1, 4], visible [n]."""
+    rs = np.random.RandomState(4)
+    q = np.zeros((1, n, 1, 4), np.float32)
+    q[..., 0] = 200.0
+    k = np.zeros((1, n, 1, 4), np.float32)
+    k[0, :, 0, 0] = -300.0 + rs.randint(-64, 64, size=n) / 64.0
+    visible = np.zeros(n, bool)
+    visible[rs.choice(n, seen, replace=False)] = True
+    k[0, ~visible, 0, 0] = 300.0
+    v = rs.standard_normal((1, n, 1, 4)).astype(np.float32)
+    v[0, ~visible] += 100.0
+    return q, k, v, visible
+
+
+def test_mask_fill_far_below_on_the_kernel_and_decode_paths():
+    """The attention paths beyond the dense ones, with visible scores near -3e4 and masked keys
+    that would score +3e4, against the float64 softmax that excludes masked keys exactly: JAX
+    blockwise, Pallas' splash kernel (interpret mode), ring attention on a 2-device context
+    mesh, the explicit path with attention sinks, the decode layout (keys head-major, one
+    query, the elementwise path), and the torch twins of blockwise, ring (2 shards) and sinks.
+    A -1e4 fill would leave the masked keys with weight ~1 (output ~100 off)."""
+    import jax
+
+    from jaxformer import lowering
+    from jaxformer.layers import dispatch as jd
+    from jaxformer.layers.kernels import blockwise, ring
+    from jaxformer.layers.masks import AttentionMask
+    from torch_ref.layers import dispatch as td
+    from torch_ref.layers.kernels import blockwise as tblockwise
+    from torch_ref.layers.kernels import ring as tring
+    from torch_ref.layers.masks import AttentionMask as TMask
+    q, k, v, visible = _far_below_self_case()
+    n = q.shape[1]
+    _, out_ref = _softmax_ref(q[:, :1], k, v, visible)  # every query row is the same
+    _, out_bad = _softmax_ref(q[:, :1], k, v, visible, fill=-1e4)
+    assert np.abs(out_bad - out_ref).max() > 50
+    slots = np.arange(n, dtype=np.int32)[None]
+    mask = AttentionMask(slots, slots, k_valid=jnp.asarray(visible[None]))
+    tmask = TMask(torch.from_numpy(slots), torch.from_numpy(slots), k_valid=torch.from_numpy(visible[None]))
+    jq, jk, jv = (jnp.asarray(x) for x in (q, k, v))
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    no_sink = np.full((1,), -1e30, np.float32)  # a sink column of weight 0: the same softmax
+    results = {
+        "jax blockwise": blockwise.blockwise_attention(jq, jk, jv, mask, block_q=32, block_k=32),
+        "jax splash (interpret)": blockwise._splash(jq, jk, jv, mask, bias=None, scale=None, softcap=None,
+                                                    sinks=None, interpret=True),
+        "jax explicit, sinks": jd.dot_product_attention(jq, jk, jv, mask=jnp.asarray(visible[None, None, None]),
+                                                        sinks=jnp.asarray(no_sink)),
+        "torch blockwise": tblockwise.blockwise_attention(tq, tk, tv, tmask),
+        "torch ring (2 shards)": tring.ring_attention(tq, tk, tv, tmask, shards=2),
+        "torch explicit, sinks": td.dot_product_attention(tq, tk, tv, mask=torch.from_numpy(visible[None, None, None]),
+                                                          sinks=torch.from_numpy(no_sink)),
+    }
+    context = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    with jax.set_mesh(context), lowering.tracing(context_axis="context", attention="blockwise"):
+        results["jax ring (2 devices)"] = jax.jit(lambda q, k, v: ring.ring_attention(q, k, v, mask))(jq, jk, jv)
+    with lowering.tracing(elementwise_attention=True):  # one decode step over a head-major cache
+        results["jax decode layout"] = jd.dot_product_attention(
+            jq[:, :1], jnp.swapaxes(jk, 1, 2), jnp.swapaxes(jv, 1, 2), mask=jnp.asarray(visible[None, None, None]),
+            kv_head_major=True)
+    for name, got in results.items():
+        got = np.asarray(got)[0, :, 0]  # [T, K]
+        d = float(np.abs(got - out_ref[None]).max())
+        print(f"mask fill, scores ~-3e4: {name} max |out - float64 ref| {d:.1e}")
+        assert d <= 1e-4, (name, d)
+
+
 # ----------------------------------------------------------------------------- (c) grad norm
 def test_clip_by_global_norm_matches_torch_clip_grad_norm():
     """jaxformer.train.optim.clip_by_global_norm_torch (the JAX trainer's clipping) against
