@@ -741,6 +741,113 @@ def test_sinusoid_table_matches_vaswani_float64():
         assert np.abs(got - ref).max() <= 1e-6, (length, d)
 
 
+def _rope_reference(kind: str, d: int, base: float, opts: dict) -> tuple[list[float], float]:
+    """RoPE inverse frequencies and cos/sin factor in float64, written element by element from
+    the papers and their reference code, sharing nothing with jaxformer.tables: Su et al. 2021
+    (theta_i = base^(-2i/d)); position interpolation, Chen et al. 2023 (theta_i / s); Llama 3.1
+    (Meta's apply_scaling: wavelengths beyond old/low divided by s, below old/high kept, a
+    smooth blend between); YaRN, Peng et al. 2023 with its reference code's correction range
+    and linear ramp over dimension indices, attention factor 0.1 ln s + 1 (DeepSeek's
+    mscale / mscale_all_dim ratio); LongRoPE (Phi-3: per-frequency divisors, factor
+    sqrt(1 + ln s / ln old))."""
+    theta = [base ** (-2.0 * i / d) for i in range(d // 2)]
+    s = opts.get("factor", 1.0)
+    if kind == "linear":
+        return [t / s for t in theta], 1.0
+    if kind == "llama3":
+        old, low, high = opts["original_max_len"], opts["low_freq_factor"], opts["high_freq_factor"]
+        out = []
+        for t in theta:
+            wavelen = 2 * math.pi / t
+            if wavelen < old / high:
+                out.append(t)
+            elif wavelen > old / low:
+                out.append(t / s)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                out.append((1 - smooth) * t / s + smooth * t)
+        return out, 1.0
+    if kind == "yarn":
+        old = opts["original_max_len"]
+
+        def dim_of(rotations):  # the dimension whose wavelength fits `rotations` times in old
+            return d * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        lo, hi = dim_of(opts.get("beta_fast", 32.0)), dim_of(opts.get("beta_slow", 1.0))
+        if opts.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, d - 1)
+        out = []
+        for i, t in enumerate(theta):
+            gamma = min(1.0, max(0.0, (i - lo) / (hi - lo)))  # 0: extrapolate (keep), 1: interpolate
+            out.append(t * (1 - gamma) + t / s * gamma)
+        temp = lambda m: 0.1 * m * math.log(s) + 1.0
+        factor = temp(opts["mscale"]) / temp(opts["mscale_all_dim"]) if "mscale" in opts else temp(1.0)
+        return out, factor
+    if kind == "longrope":
+        ext = opts["short_factor"]
+        return [t / e for t, e in zip(theta, ext, strict=True)], math.sqrt(1 + math.log(s) / math.log(
+            opts["original_max_len"]))
+    return theta, 1.0
+
+
+ROPE_CASES = {
+    "plain": (None, {}),
+    "linear": ("linear", dict(factor=4.0)),
+    "llama3": ("llama3", dict(factor=8.0, original_max_len=64, low_freq_factor=1.0, high_freq_factor=4.0)),
+    "yarn": ("yarn", dict(factor=4.0, original_max_len=64)),
+    "yarn_untruncated": ("yarn", dict(factor=3.0, original_max_len=48, beta_fast=16.0, beta_slow=2.0,
+                                      truncate=False)),
+    "yarn_deepseek_mscale": ("yarn", dict(factor=40.0, original_max_len=64, mscale=0.707, mscale_all_dim=0.707)),
+    "longrope": ("longrope", dict(factor=4.0, original_max_len=64,
+                                  short_factor=[1.0 + 0.25 * i for i in range(16)],
+                                  long_factor=[2.0 + 0.5 * i for i in range(16)])),
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_rope_tables_match_the_papers_float64(case):
+    """tables.rope_tables (both trees' cos/sin) against the float64 formulas of _rope_reference
+    at a head width of 32, base 10000, positions 0..511: the float32 tables within one rounding
+    (3e-7 x the factor). Planted: a YaRN ramp one dimension late, llama3's band edges swapped, a
+    linear factor applied twice: each moves some entry by far more."""
+    from jaxformer.config import RopeScaling
+    from jaxformer.tables import rope_tables
+    kind, opts = ROPE_CASES[case]
+    d, base, n = 32, 10000.0, 512
+    scaling = None if kind is None else RopeScaling(rope_type=kind, **opts)
+    cos, sin = rope_tables(n, d, base, scaling)
+    inv, factor = _rope_reference(kind, d, base, opts)
+    angles = np.arange(n, dtype=np.float64)[:, None] * np.asarray(inv)[None]
+    ref_cos, ref_sin = np.cos(angles) * factor, np.sin(angles) * factor
+    for got, ref in ((cos, ref_cos), (sin, ref_sin)):
+        assert got.shape == (n, d)
+        np.testing.assert_array_equal(got[:, : d // 2], got[:, d // 2:])  # rotate-half: frequency i twice
+        err = float(np.abs(got[:, : d // 2] - ref).max())
+        print(f"rope {case}: max |table - float64| {err:.1e} (factor {factor:.4f})")
+        assert err <= 3e-7 * factor, (case, err)
+
+
+def test_dynamic_rope_base_matches_ntk_formula_float64():
+    """Dynamic NTK scaling (the base grows once the call's largest position + 1 = L exceeds the
+    original length m: base * (s L / m - (s - 1))^(d / (d - 2))) in RotaryEmbedding.cos_sin
+    against that formula in float64, for a call below m (plain frequencies) and beyond it. The
+    run computes in float32 (as transformers does): 4.1e-7 measured at L = 40, bound 2e-6."""
+    from jaxformer.config import RopeScaling
+    from jaxformer.layers.positional import RotaryEmbedding
+    d, base, m, s = 16, 10000.0, 16, 2.0
+    rope = RotaryEmbedding(d, 64, base, RopeScaling(rope_type="dynamic", factor=s, original_max_len=m))
+    for length in (12, 40):
+        grown = base if length <= m else base * (s * length / m - (s - 1)) ** (d / (d - 2))
+        inv = np.array([grown ** (-2.0 * i / d) for i in range(d // 2)])
+        positions = np.arange(length)
+        cos, sin = rope.cos_sin(jnp.asarray(positions[None]))
+        angles = positions[:, None] * inv[None]
+        err = max(float(np.abs(np.asarray(cos)[0, :, : d // 2] - np.cos(angles)).max()),
+                  float(np.abs(np.asarray(sin)[0, :, : d // 2] - np.sin(angles)).max()))
+        print(f"dynamic rope, L={length}: max |table - float64| {err:.1e}")
+        assert err <= 2e-6, (length, err)
+
+
 @pytest.mark.parametrize(("n_in", "n_out"), [(4, 7), (7, 4), (5, 5), (3, 16)])
 def test_bicubic_weights_equal_torch_interpolate(n_in, n_out):
     """tables.bicubic_weights (position-table resampling, DINOv2/ViT) against torch's own
