@@ -981,3 +981,51 @@ def test_image_decode_matches_transformers_image_processor(channels, size, norma
     d = float(np.abs(ours - ref).max())
     print(f"decode {channels}ch {size}px normalize={normalize}: max |ours - ViTImageProcessor| {d:.1e}")
     assert d <= 1e-6, d
+
+
+# ----------------------------------------------------------------------------- data: bytes, packing
+def test_byte_tokenizer_is_byt5s():
+    """The byte tokenizer (id = UTF-8 byte + 3; pad 0, bos 1, eos 2) against transformers'
+    ByT5Tokenizer, whose byte ids are the same (bytes from 3; its specials are pad 0, eos 1,
+    unk 2): encode on random text with 1-4 byte characters; decode on the same ids with specials
+    mixed in (both drop ids below 3); on invalid UTF-8 ours writes U+FFFD where ByT5 drops the
+    bytes (errors="replace" against "ignore"), and is otherwise equal."""
+    import transformers
+
+    from jaxformer.train.data import tokenizer as bt
+    byt5 = transformers.ByT5Tokenizer()
+    assert byt5.convert_tokens_to_ids("a") == bt.OFFSET + ord("a") and byt5.pad_token_id == bt.PAD
+    rs = np.random.RandomState(0)
+    chars = [chr(c) for c in (*range(32, 127), 0xE9, 0x3B1, 0x4E2D, 0x1F917, 0x10348)]
+    for n in (0, 1, 17, 200):
+        text = "".join(rs.choice(chars, size=n))
+        ids = bt.encode(text)
+        assert ids.tolist() == byt5(text, add_special_tokens=False).input_ids
+        mixed = np.insert(ids, rs.randint(0, len(ids) + 1, size=3), [bt.EOS, bt.PAD, bt.BOS])
+        assert bt.decode(mixed) == byt5.decode(mixed.tolist(), skip_special_tokens=True) == text
+    bad = [3 + 0xFF, 3 + ord("h"), 3 + 0xE2, 3 + 0x82, 3 + ord("i")]
+    assert bt.decode(bad).replace("\ufffd", "") == byt5.decode(bad, skip_special_tokens=True) == "hi"
+
+
+def test_packed_segment_ids_are_transformers_flattening_seq_idx():
+    """tokens_data.segment_ids (a packed window's document ids: a new document after each eos)
+    against transformers' DataCollatorWithFlattening(return_seq_idx=True) on the same window cut
+    into its documents (each ending at its eos; the window's first and last documents may be
+    partial): ours = seq_idx + 1, and its position_ids restart where our segments change."""
+    from transformers import DataCollatorWithFlattening
+
+    from jaxformer.train.data.tokens_data import segment_ids
+    eos = 1
+    rs = np.random.RandomState(1)
+    collate = DataCollatorWithFlattening(return_seq_idx=True, return_tensors="np")
+    for eos_at in ([], [0], [5, 6, 20], [31], list(range(0, 32, 3))):
+        window = rs.randint(3, 50, size=32)
+        window[eos_at] = eos
+        cuts = [i + 1 for i in eos_at if i + 1 < len(window)]
+        docs = [d for d in np.split(window, cuts) if len(d)]
+        ref = collate([{"input_ids": d.tolist()} for d in docs])
+        assert ref["input_ids"][0].tolist() == window.tolist()
+        ours = segment_ids(window, eos)
+        assert ours.tolist() == (ref["seq_idx"][0] + 1).tolist(), (eos_at, ours, ref["seq_idx"])
+        starts = np.flatnonzero(ref["position_ids"][0] == 0)
+        assert starts.tolist() == np.flatnonzero(np.diff(ours, prepend=0)).tolist()
