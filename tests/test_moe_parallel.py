@@ -14,6 +14,7 @@ from flax import nnx
 
 from jaxformer.config.moe import MoEConfig
 from jaxformer.layers import moe as jmoe
+from jaxformer.layers.sow import capture
 from jaxformer.train.sharding import make_mesh
 
 D = 32
@@ -42,9 +43,8 @@ def _run(m, x, mesh=None):
     graphdef, params, rest = nnx.split(m, nnx.Param, ...)
 
     def f(params, x):
-        record = {}
-        y = nnx.merge(graphdef, params, rest)(x, record=record)
-        return jnp.sum(y * jnp.cos(jnp.arange(D))), (y, record)
+        y, aux = capture(lambda m, h: m(h))(nnx.merge(graphdef, params, rest), x)  # its sown router logits, load
+        return jnp.sum(y * jnp.cos(jnp.arange(D))), (y, aux)
 
     fn = jax.jit(jax.value_and_grad(f, argnums=(0, 1), has_aux=True))
     if mesh is None:

@@ -35,6 +35,7 @@ from jaxformer.config.moe import MoEConfig
 from jaxformer.layers.ffn import GATED, FeedForward, activation
 from jaxformer.layers.kernels import moe_parallel, partitioning
 from jaxformer.layers.linear import Linear
+from jaxformer.layers.sow import capturing, sow
 
 EXPERT_GATED = GATED + ("swiglu_clamped",)
 
@@ -326,9 +327,9 @@ class MoE(nnx.Module):
     shared_expert scaled by sigmoid(shared_expert_gate(x))).
 
     Args: d_model D; cfg MoEConfig; dropout on the output (as FeedForward's).
-    Shapes: x [B, T, D] -> [B, T, D]. With `record` (a dict), the router's logits [B, T, E]
-    float32 go to record["router_logits"] and the routed assignments per expert [E] float32
-    (before any capacity drop) to record["expert_load"] (models/lm.py return_aux).
+    Shapes: x [B, T, D] -> [B, T, D]. Under a capture (layers/sow.py) it sows the router's
+    logits [B, T, E] float32 as "router_logits" and the routed assignments per expert [E]
+    float32 (before any capacity drop) as "expert_load" (models/lm.py return_aux).
     """
 
     def __init__(self, d_model: int, cfg: MoEConfig, *, dropout: float = 0.0, rngs: nnx.Rngs):
@@ -343,7 +344,7 @@ class MoE(nnx.Module):
             if cfg.shared_expert_gate else None
         self.dropout = nnx.Dropout(dropout, rngs=rngs)
 
-    def __call__(self, x: jax.Array, record: dict | None = None) -> jax.Array:
+    def __call__(self, x: jax.Array) -> jax.Array:
         b, t, d = x.shape
         h = x.reshape(b * t, d)  # [N, D]
         on_mesh = moe_parallel.expert_mesh(b * t)
@@ -358,10 +359,10 @@ class MoE(nnx.Module):
             if self.shared_expert_gate is not None:
                 shared = jax.nn.sigmoid(self.shared_expert_gate(h)) * shared
             out = out + shared
-        if record is not None:
-            record["router_logits"] = logits.reshape(b, t, -1)
-            record["expert_load"] = load if load is not None else \
-                jnp.bincount(idx.reshape(-1), length=self.cfg.num_experts).astype(jnp.float32)
+        if capturing(self):
+            sow(self, "router_logits", logits.reshape(b, t, -1))
+            sow(self, "expert_load", load if load is not None else
+                jnp.bincount(idx.reshape(-1), length=self.cfg.num_experts).astype(jnp.float32))
         return self.dropout(out.reshape(b, t, d))
 
 

@@ -1,12 +1,14 @@
 """How a stack runs its layers: a Python loop, or (scan_layers) one lax.scan over params stacked
 on a leading layer axis; remat (jax.checkpoint with train.remat's policy) around each layer; and
-what each layer records (named intermediates, the MoE's auxiliary outputs). The stacks in
-transformer.py call these. Twin: torch_ref/layers/stack.py (the loop and the records; torch has
-no scan or remat here).
+what each layer sows (named intermediates, the MoE's auxiliary outputs), collected per layer by
+sow.capture (nnx.capture). The stacks in transformer.py call these. Twin:
+torch_ref/layers/stack.py (the loop and the captures; torch has no scan or remat here).
 
-A layer is run as call(layer, x, record, local): `record` is None or a dict the layer fills with
-its sub-layer outputs (SUBLAYERS) and an MoE's AUX outputs; `local` says whether it is a
-sliding-window layer (layer_flags).
+A layer is run as call(layer, x, local), `local` saying whether it is a sliding-window layer
+(layer_flags). When the stack's caller wants intermediates or aux outputs, each call runs under
+sow.capture: inside the scan's body under scan_layers, inside the jax.checkpoint'd function
+under remat, so the sown values leave those transforms as explicit outputs and never as module
+state. The layer sows its sub-layer outputs (SUBLAYERS) and a sparse layer's MoE its AUX outputs.
 """
 from __future__ import annotations
 
@@ -17,12 +19,16 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import lowering
 from jaxformer.config import ConfigError, TransformerConfig
+from jaxformer.layers import sow
 from jaxformer.layers.kernels import partitioning, ring
 
-# the sub-layer intermediates of one layer, in depth order (transformer.py's docstring)
-SUBLAYERS = ("attn_weights", "attn", "attn_residual", "cross_attn_weights", "cross_attn",
-             "cross_attn_residual", "ffn")
-# what a sparse layer's MoE puts in its record (models/lm.py return_aux)
+# the sub-layer intermediates of one layer in depth order (transformer.py's docstring): output
+# name -> the name the layer sows it under (a sub-layer's output as "<name>_output": the bare
+# names "cross_attn" and "ffn" are the layer's submodules', sow.py)
+SUBLAYERS = {"attn_weights": "attn_weights", "attn": "attn_output", "attn_residual": "attn_residual",
+             "cross_attn_weights": "cross_attn_weights", "cross_attn": "cross_attn_output",
+             "cross_attn_residual": "cross_attn_residual", "ffn": "ffn_output"}
+# what a sparse layer's MoE sows (models/lm.py return_aux)
 AUX = ("router_logits", "expert_load")
 
 
@@ -71,28 +77,27 @@ def check_alike(cfg: TransformerConfig, options: list[dict]) -> None:
 
 
 def run_layers(stack, x, call, intermediates: dict | None, aux: dict | None = None):
-    """x -> call(layer, x, record, local) for every layer of `stack` (a stack module: its
-    `layers`, `cfg`, `scan_layers`, `remat_policy`), as a Python loop or (scan_layers) one
-    lax.scan over the stacked params. With remat_policy, each layer's activations are
-    recomputed in the backward pass (jax.checkpoint with that policy), also inside the scan.
-    With intermediates, call fills `record` (else None) with the layer's sub-layer outputs,
-    stored as "layers.i.<name>" (SUBLAYERS order) before "layers.i". With `aux` (a dict), the
-    sparse layers' AUX records go to it, stacked in layer order ([n_sparse, ...])."""
+    """x -> call(layer, x, local) for every layer of `stack` (a stack module: its `layers`,
+    `cfg`, `scan_layers`, `remat_policy`), as a Python loop or (scan_layers) one lax.scan over
+    the stacked params. With remat_policy, each layer's activations are recomputed in the
+    backward pass (jax.checkpoint with that policy), also inside the scan. With intermediates
+    (a dict), each layer's sown sub-layer outputs go to it as "layers.i.<name>" (SUBLAYERS
+    order) before "layers.i". With `aux` (a dict), the sparse layers' sown AUX outputs go to
+    it, stacked in layer order ([n_sparse, ...])."""
     policy = lowering.remat_policy(stack.remat_policy)
     keep = intermediates is not None
-    want = keep or aux is not None
+    run = sow.capture(call) if keep or aux is not None else lambda *a: (call(*a), {})
     flags = layer_flags(stack.cfg, stack.scan_layers)
     if not stack.scan_layers:
-        records = []
+        layer_aux = []
         for i, layer in enumerate(stack.layers):
-            record = {} if want else None
-            x = _remat_call(layer, x, call, policy, record, flags[i]) if policy else call(layer, x, record, flags[i])
+            x, layer_sown = _remat_call(layer, x, run, policy, flags[i]) if policy else run(layer, x, flags[i])
             x = ring.shard_sequence(x)  # split over the context axis between layers, if any
             if keep:
-                store_layer(intermediates, i, record, x)
-            records.append(record)
+                store_layer(intermediates, f"layers.{i}", layer_sown, x)
+            layer_aux.append(aux_of(layer_sown))
         for k in AUX if aux is not None else ():
-            found = [r[k] for r in records if k in r]
+            found = [a[k] for a in layer_aux if k in a]
             if found:
                 aux[k] = jnp.stack(found)
         return x
@@ -103,20 +108,20 @@ def run_layers(stack, x, call, intermediates: dict | None, aux: dict | None = No
         h = checkpoint_name(h, lowering.LAYER_INPUT)  # what an offloading policy keeps on the host
         layer_state, local = (xs, flags[0]) if uniform else xs
         layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
-        record = {} if want else None
-        h = ring.shard_sequence(call(layer, h, record, local))  # split over the context axis, if any
-        return h, ((h if keep else None, record), nnx.state(layer))
+        h, layer_sown = run(layer, h, local)
+        h = ring.shard_sequence(h)  # split over the context axis, if any
+        return h, ((h if keep else None, layer_sown), nnx.state(layer))
 
     if policy:
         body = jax.checkpoint(body, policy=policy)
     x, (ys, new_state) = jax.lax.scan(body, x, state if uniform else (state, flags))
     nnx.update(stack.layers, new_state)  # advanced dropout RNG counts
-    hs, records = ys  # stacked along a leading layer axis
+    hs, sown = ys  # stacked along a leading layer axis
     if aux is not None:
-        aux.update({k: records[k] for k in AUX if k in records})
+        aux.update(aux_of(sown))
     if keep:
         for i in range(stack.cfg.num_layers):
-            store_layer(intermediates, i, {k: v[i] for k, v in records.items()}, hs[i])
+            store_layer(intermediates, f"layers.{i}", {k: v[i] for k, v in sown.items()}, hs[i])
     return x
 
 
@@ -146,28 +151,33 @@ def scan_cached(stack, x, cache: dict, call, intermediates: dict | None, flags):
     return x, new_cache
 
 
-def _remat_call(layer, x, call, policy, record: dict | None = None, local: bool = False):
-    """call(layer, x, record, local) under jax.checkpoint, threading the layer's state (dropout
-    RNG) through; with `record`, the recorded sub-layer outputs come out too."""
+def _remat_call(layer, x, run, policy, local: bool = False):
+    """run(layer, x, local) -> (y, sown) under jax.checkpoint, threading the layer's state
+    (dropout RNG) through; the sown values come out of the checkpoint as outputs."""
     graphdef, state = nnx.split(layer)
 
     def f(state, h):
         h = checkpoint_name(h, lowering.LAYER_INPUT)  # what an offloading policy keeps on the host
         inner = nnx.merge(graphdef, jax.tree.map(lambda a: a, state))
-        rec = {} if record is not None else None
-        y = call(inner, h, rec, local)
-        return y, rec, nnx.state(inner)
+        y, sown = run(inner, h, local)
+        return y, sown, nnx.state(inner)
 
-    y, rec, new_state = jax.checkpoint(f, policy=policy)(state, x)
+    y, sown, new_state = jax.checkpoint(f, policy=policy)(state, x)
     nnx.update(layer, new_state)
-    if record is not None:
-        record.update(rec)
-    return y
+    return y, sown
 
 
-def store_layer(intermediates: dict, i: int, record: dict, x) -> None:
-    """layers.i.<sub-layer> in SUBLAYERS (depth) order, then layers.i itself."""
-    for name in SUBLAYERS:
-        if name in record:
-            intermediates[f"layers.{i}.{name}"] = record[name]
-    intermediates[f"layers.{i}"] = x
+def store_layer(intermediates: dict, prefix: str, sown: dict, x) -> None:
+    """prefix.<sub-layer> from the layer's sown values in SUBLAYERS (depth) order, then prefix
+    (e.g. "layers.3") itself: x."""
+    for name, sown_as in SUBLAYERS.items():
+        if sown_as in sown:
+            intermediates[f"{prefix}.{name}"] = sown[sown_as]
+    intermediates[prefix] = x
+
+
+def aux_of(sown: dict) -> dict:
+    """The AUX outputs among a layer's sown values, in AUX order, by their own names (the MoE's
+    "ffn.router_logits" -> "router_logits")."""
+    by_name = {k.rsplit(".", 1)[-1]: v for k, v in sown.items()}
+    return {k: by_name[k] for k in AUX if k in by_name}

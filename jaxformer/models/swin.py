@@ -23,13 +23,14 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config.vision import SwinConfig
+from jaxformer.layers import stack
 from jaxformer.layers.attention import key_projection
 from jaxformer.layers.dispatch import dot_product_attention
 from jaxformer.layers.ffn import FeedForward
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import LayerNorm
-from jaxformer.layers.transformer import put_record
+from jaxformer.layers.sow import capture, sow
 from jaxformer.models.common import check_values
 from jaxformer.models.vit import PatchEmbedding, check_images
 from jaxformer.tables import relative_position_index, shift_mask
@@ -120,9 +121,10 @@ class SwinBlock(nnx.Module):
         # stochastic depth: one keep/drop per example (timm's DropPath), scaled by 1/keep
         self.drop_path = nnx.Dropout(drop_path, broadcast_dims=(1, 2, 3), rngs=rngs)
 
-    def __call__(self, x: jax.Array, record: dict | None = None) -> jax.Array:
-        """record: a dict that receives the sub-layer outputs "attn" (before the residual add),
-        "attn_residual" and "ffn" (before its add)."""
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Under a capture (layers/sow.py) the block sows its sub-layer outputs as the stacks'
+        layers do (stack.SUBLAYERS): "attn_output" (before the residual add), "attn_residual"
+        and "ffn_output" (before its add)."""
         b, h, w, c = x.shape
         window, shift = effective_window(h, w, self.window_size, self.shift)
         shortcut = x
@@ -138,10 +140,10 @@ class SwinBlock(nnx.Module):
         x = window_reverse(windows, window, hp, wp)  # [B, hp, wp, C]
         if shift:
             x = jnp.roll(x, (shift, shift), axis=(1, 2))
-        x = shortcut + self.drop_path(put_record(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
-        put_record(record, "attn_residual", x)
+        x = shortcut + self.drop_path(sow(self, "attn_output", x[:, :h, :w]))  # [B, h, w, C]
+        sow(self, "attn_residual", x)
         # 3) MLP
-        return x + self.drop_path(put_record(record, "ffn", self.ffn(self.ffn_norm(x))))
+        return x + self.drop_path(sow(self, "ffn_output", self.ffn(self.ffn_norm(x))))
 
 
 class PatchMerging(nnx.Module):
@@ -178,7 +180,7 @@ class SwinTransformer(nnx.Module):
 
     Shapes: images [B, H, W, C] (any H, W) -> logits [B, num_classes]. With
     return_intermediates, also {"patch_embed", "stages.s.blocks.b.attn" (.attn_residual, .ffn:
-    the sub-layers, as SwinBlock records them), "stages.s.blocks.b", "stages.s" (after merging),
+    the sub-layers, as SwinBlock sows them), "stages.s.blocks.b", "stages.s" (after merging),
     "final_norm": [B, h, w, C] maps; "pooled": [B, C]}.
     """
 
@@ -203,10 +205,8 @@ class SwinTransformer(nnx.Module):
         x = self.embed_dropout(x)
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage.blocks):
-                record = {} if return_intermediates else None
-                x = block(x, record)  # [B, h, w, C]
-                inter.update({f"stages.{s}.blocks.{i}.{k}": v for k, v in (record or {}).items()})
-                inter[f"stages.{s}.blocks.{i}"] = x
+                x, sown = capture(lambda blk, h: blk(h))(block, x) if return_intermediates else (block(x), {})
+                stack.store_layer(inter, f"stages.{s}.blocks.{i}", sown, x)  # [B, h, w, C]
             if stage.downsample is not None:
                 x = stage.downsample(x)  # [B, h/2, w/2, 2C]
             inter[f"stages.{s}"] = x

@@ -24,6 +24,7 @@ from torch import nn
 from jaxformer.config import ConfigError
 from jaxformer.config.moe import MoEConfig
 from torch_ref.layers.ffn import GATED, FeedForward, activation
+from torch_ref.layers.sow import capturing, sow
 
 EXPERT_GATED = GATED + ("swiglu_clamped",)
 
@@ -211,9 +212,9 @@ class MoE(nn.Module):
     shared_expert scaled by sigmoid(shared_expert_gate(x))).
 
     Args: d_model D; cfg MoEConfig; dropout on the output (as FeedForward's).
-    Shapes: x [B, T, D] -> [B, T, D]. With `record` (a dict), the router's logits [B, T, E]
-    float32 go to record["router_logits"] and the routed assignments per expert [E] float32
-    (before any capacity drop) to record["expert_load"] (models/lm.py return_aux).
+    Shapes: x [B, T, D] -> [B, T, D]. Under a capture (layers/sow.py) it sows the router's
+    logits [B, T, E] float32 as "router_logits" and the routed assignments per expert [E]
+    float32 (before any capacity drop) as "expert_load" (models/lm.py return_aux).
     """
 
     def __init__(self, d_model: int, cfg: MoEConfig, *, dropout: float = 0.0):
@@ -228,7 +229,7 @@ class MoE(nn.Module):
         self.shared_expert_gate = nn.Linear(d_model, 1, bias=False) if cfg.shared_expert_gate else None
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         h = x.reshape(b * t, d)  # [N, D]
         logits, weights, idx = self.router(h)
@@ -238,9 +239,9 @@ class MoE(nn.Module):
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(h)) * shared
             out = out + shared
-        if record is not None:
-            record["router_logits"] = logits.reshape(b, t, -1)
-            record["expert_load"] = torch.bincount(idx.reshape(-1), minlength=self.cfg.num_experts).float()
+        if capturing(self):
+            sow(self, "router_logits", logits.reshape(b, t, -1))
+            sow(self, "expert_load", torch.bincount(idx.reshape(-1), minlength=self.cfg.num_experts).float())
         return self.dropout(out.reshape(b, t, d))
 
 

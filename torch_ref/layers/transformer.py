@@ -14,7 +14,8 @@ query itself; with a KV cache their cache is a ring of window slots (docs/numeri
 The dropout on the sublayer output lives inside the sublayer (MultiHeadAttention.dropout,
 FeedForward.dropout).
 
-Named intermediates (return_intermediates=True on a stack), per layer i, in depth order:
+Named intermediates (return_intermediates=True on a stack), per layer i, in depth order (a
+layer sows them, layers/sow.py, under stack.SUBLAYERS' names; the stack collects them):
   layers.i.attn_weights        [B, H, T, T] self-attention weights (return_attention=True only)
   layers.i.attn                [B, T, D] self-attention sub-layer output, before the residual add
   layers.i.attn_residual       [B, T, D] after the add (and the norm, Post-LN)
@@ -41,6 +42,7 @@ from torch_ref.layers.mla import MultiHeadLatentAttention
 from torch_ref.layers.moe import MoE
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import T5RelativePositionBias, default_positions
+from torch_ref.layers.sow import sow
 
 
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = False) -> MultiHeadAttention:
@@ -78,11 +80,6 @@ def make_ffn(cfg: TransformerConfig, *, sparse: bool = False) -> FeedForward | M
                        inner_dropout=cfg.ffn_dropout, dropout=cfg.dropout)
 
 
-def ffn_sublayer(ffn, record: dict | None):
-    """The FFN as a sublayer; an MoE also puts its router logits and expert load in `record`."""
-    return (lambda h: ffn(h, record=record)) if isinstance(ffn, MoE) else ffn
-
-
 def _norm(cfg: TransformerConfig):
     return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
 
@@ -105,23 +102,21 @@ def _layer_scale(cfg: TransformerConfig):
     return LayerScale(cfg.d_model, init=cfg.layer_scale) if cfg.layer_scale is not None else None
 
 
-def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, record: dict | None = None,
-             name: str = "", post_norm=None, layer_scale=None) -> torch.Tensor:
+def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, post_norm=None,
+             layer_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply `sublayer` with its residual connection in the configured norm position (sandwich:
     `post_norm` on the sublayer's output too; post_sublayer: `norm` is None, only `post_norm`;
     `layer_scale` scales the sublayer's output). The residual stream keeps x's dtype (a
-    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). With `record`,
-    the sublayer's output (before the add) goes to record[name]. norm None under Pre-LN: the
-    sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
+    bf16-compute sublayer adds into an fp32 stream, as under torch autocast). -> (the new
+    stream, the sublayer's output before the add: what the layer sows). norm None under
+    Pre-LN: the sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
     pre = cfg.norm_position != "post"
     h = sublayer(norm(x) if pre and norm is not None else x).to(x.dtype)
     if layer_scale is not None:
         h = layer_scale(h)
     if post_norm is not None:
         h = post_norm(h)
-    if record is not None:
-        record[name] = h
-    return x + h if pre else norm(x + h)
+    return (x + h if pre else norm(x + h)), h
 
 
 def _pre_norm(cfg: TransformerConfig):
@@ -135,26 +130,21 @@ def _post_norm(cfg: TransformerConfig):
     return _norm(cfg) if cfg.norm_position in ("sandwich", "post_sublayer") else None
 
 
-def parallel_residual(x, attn_norm, attn, ffn_norm, ffn, record: dict | None = None):
+def parallel_residual(x, attn_norm, attn, ffn_norm, ffn):
     """GPT-NeoX's parallel block (use_parallel_residual): both sublayers read the layer input,
-    x + attn(attn_norm(x)) + ffn(ffn_norm(x)), summed in HF's order (docs/numerics.md §35)."""
-    a = put_record(record, "attn", attn(attn_norm(x)).to(x.dtype))
-    f = put_record(record, "ffn", ffn(ffn_norm(x)).to(x.dtype))
-    return f + a + x
+    x + attn(attn_norm(x)) + ffn(ffn_norm(x)), summed in HF's order (docs/numerics.md §35).
+    -> (the sum, the attn output, the ffn output: what the layer sows)."""
+    a = attn(attn_norm(x)).to(x.dtype)
+    f = ffn(ffn_norm(x)).to(x.dtype)
+    return f + a + x, a, f
 
 
-def put_record(record: dict | None, name: str, value):
-    """record[name] = value when recording intermediates; -> value either way."""
-    if record is not None:
-        record[name] = value
-    return value
-
-
-def _attend(attn, record: dict | None, name: str, return_attention: bool, h, *args, **kw):
-    """attn(h, *args, **kw); with return_attention, its weights [B, H, T, S] go to record[name]."""
+def _attend(layer: nn.Module, attn, name: str, return_attention: bool, h, *args, **kw):
+    """attn(h, *args, **kw); with return_attention, `layer` sows its weights [B, H, T, S] as `name`."""
     if not return_attention:
         return attn(h, *args, **kw)
-    out, record[name] = attn(h, *args, return_weights=True, **kw)
+    out, weights = attn(h, *args, return_weights=True, **kw)
+    sow(layer, name, weights)
     return out
 
 
@@ -177,19 +167,22 @@ class EncoderLayer(nn.Module):
         self.ffn_layer_scale = _layer_scale(cfg)
 
     def forward(self, x: torch.Tensor, *, mask=None, bias=None, positions=None,
-                record: dict | None = None, return_attention: bool = False) -> torch.Tensor:
-        """record: a dict that receives the sub-layer intermediates (stack.SUBLAYERS names);
-        return_attention adds the attention weights to it."""
-        attend = lambda h: _attend(self.self_attn, record, "attn_weights", return_attention, h,
+                return_attention: bool = False) -> torch.Tensor:
+        """Under a capture (layers/sow.py) the layer sows its sub-layer intermediates
+        (stack.SUBLAYERS' names); return_attention adds the attention weights."""
+        attend = lambda h: _attend(self, self.self_attn, "attn_weights", return_attention, h,
                                    mask=mask, bias=bias, positions=positions)
         if self.cfg.parallel_residual:
-            return parallel_residual(x, self.attn_norm, attend, self.ffn_norm, ffn_sublayer(self.ffn, record),
-                                     record)
-        x = residual(self.cfg, self.attn_norm, attend, x, record, "attn", self.post_attn_norm,
-                     self.attn_layer_scale)
-        put_record(record, "attn_residual", x)
-        return residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
-                        self.post_ffn_norm, self.ffn_layer_scale)
+            x, a, f = parallel_residual(x, self.attn_norm, attend, self.ffn_norm, self.ffn)
+            sow(self, "attn_output", a)
+            sow(self, "ffn_output", f)
+            return x
+        x, h = residual(self.cfg, self.attn_norm, attend, x, self.post_attn_norm, self.attn_layer_scale)
+        sow(self, "attn_output", h)
+        sow(self, "attn_residual", x)
+        x, h = residual(self.cfg, self.ffn_norm, self.ffn, x, self.post_ffn_norm, self.ffn_layer_scale)
+        sow(self, "ffn_output", h)
+        return x
 
 
 class DecoderLayer(nn.Module):
@@ -223,13 +216,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
-                cache_index=None, record: dict | None = None, return_attention: bool = False,
-                mode: str | None = None):
+                cache_index=None, return_attention: bool = False, mode: str | None = None):
+        """Under a capture (layers/sow.py) the layer sows its sub-layer intermediates
+        (stack.SUBLAYERS' names); return_attention adds the attention weights."""
         new_cache = {}
 
         def self_block(h):
             if cache is None:
-                return _attend(self.self_attn, record, "attn_weights", return_attention, h,
+                return _attend(self, self.self_attn, "attn_weights", return_attention, h,
                                mask=mask, bias=bias, positions=positions)
             out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
                                                     cache=cache["self"], cache_index=cache_index,
@@ -238,27 +232,29 @@ class DecoderLayer(nn.Module):
 
         def cross_block(h):
             if cache is None:
-                return _attend(self.cross_attn, record, "cross_attn_weights", return_attention, h,
+                return _attend(self, self.cross_attn, "cross_attn_weights", return_attention, h,
                                memory, mask=memory_mask, bias=memory_bias)
             out, new_cache["cross"] = self.cross_attn(h, mask=memory_mask, bias=memory_bias,
                                                       cache=cache["cross"])
             return out
 
         if self.cfg.parallel_residual:  # no cross-attention (checked in __init__)
-            x = parallel_residual(x, self.attn_norm, self_block, self.ffn_norm, ffn_sublayer(self.ffn, record),
-                                  record)
+            x, a, f = parallel_residual(x, self.attn_norm, self_block, self.ffn_norm, self.ffn)
+            sow(self, "attn_output", a)
+            sow(self, "ffn_output", f)
             return x if cache is None else (x, new_cache)
-        x = residual(self.cfg, self.attn_norm, self_block, x, record, "attn", self.post_attn_norm,
-                     self.attn_layer_scale)
-        put_record(record, "attn_residual", x)
+        x, h = residual(self.cfg, self.attn_norm, self_block, x, self.post_attn_norm, self.attn_layer_scale)
+        sow(self, "attn_output", h)
+        sow(self, "attn_residual", x)
         if self.cross_attn is not None:
             if memory is None and cache is None:
                 raise ValueError("DecoderLayer with cross-attention needs `memory`")
-            x = residual(self.cfg, self.cross_attn_norm, cross_block, x, record, "cross_attn",
-                         self.post_cross_attn_norm, self.cross_attn_layer_scale)
-            put_record(record, "cross_attn_residual", x)
-        x = residual(self.cfg, self.ffn_norm, ffn_sublayer(self.ffn, record), x, record, "ffn",
-                     self.post_ffn_norm, self.ffn_layer_scale)
+            x, h = residual(self.cfg, self.cross_attn_norm, cross_block, x, self.post_cross_attn_norm,
+                            self.cross_attn_layer_scale)
+            sow(self, "cross_attn_output", h)
+            sow(self, "cross_attn_residual", x)
+        x, h = residual(self.cfg, self.ffn_norm, self.ffn, x, self.post_ffn_norm, self.ffn_layer_scale)
+        sow(self, "ffn_output", h)
         return x if cache is None else (x, new_cache)
 
     def init_cache(self, batch: int, length: int, memory: torch.Tensor | None = None,
@@ -329,8 +325,8 @@ class Encoder(_Stack):
         _check_attention_flags(return_intermediates, return_attention)
         record, bias, positions = self.mask_record(x, mask, positions)
         window, inter = self.cfg.sliding_window, {} if return_intermediates else None
-        x = stack.run_layers(self, x, lambda layer, h, rec, local: layer(
-            h, mask=record.for_layer(local, window), bias=bias, positions=positions, record=rec,
+        x = stack.run_layers(self, x, lambda layer, h, local: layer(
+            h, mask=record.for_layer(local, window), bias=bias, positions=positions,
             return_attention=return_attention), inter)
         return self.finish(x, inter)
 
@@ -358,7 +354,7 @@ class Decoder(_Stack):
     def forward(self, x, memory=None, *, mask=None, memory_mask=None, positions=None,
                 return_intermediates: bool = False, cache: list | None = None, cache_index=None,
                 return_attention: bool = False, aux: dict | None = None):
-        """aux: a dict that receives the sparse layers' router logits and expert load (AUX,
+        """aux: a dict that receives the sparse layers' sown router logits and expert load (AUX,
         stacked [n_sparse, ...]; stack.run_layers); not with a cache."""
         _check_attention_flags(return_intermediates, return_attention)
         if return_attention and cache is not None:
@@ -371,9 +367,9 @@ class Decoder(_Stack):
         if mode == kv_cache.TRAIN:
             record, bias, positions = self.mask_record(x, mask, positions)
             window = self.cfg.sliding_window
-            x = stack.run_layers(self, x, lambda layer, h, rec, local: layer(
+            x = stack.run_layers(self, x, lambda layer, h, local: layer(
                 h, memory, mask=record.for_layer(local, window), bias=bias, memory_mask=memory_mask,
-                positions=positions, record=rec, return_attention=return_attention), inter, aux)
+                positions=positions, return_attention=return_attention), inter, aux)
             return self.finish(x, inter)
         x, new_cache = self.cached_layers(x, memory, mask, memory_mask, positions, cache, cache_index, mode, inter)
         out = self.finish(x, inter)

@@ -14,11 +14,12 @@ from torch import nn
 
 from jaxformer.config.vision import SwinConfig
 from jaxformer.tables import relative_position_index, shift_mask
+from torch_ref.layers import stack
 from torch_ref.layers.attention import key_projection
 from torch_ref.layers.dispatch import dot_product_attention
 from torch_ref.layers.ffn import FeedForward
 from torch_ref.layers.norm import LayerNorm
-from torch_ref.layers.transformer import put_record
+from torch_ref.layers.sow import capture, sow
 from torch_ref.models.common import check_values
 from torch_ref.models.vit import PatchEmbedding, check_images
 
@@ -114,9 +115,10 @@ class SwinBlock(nn.Module):
         # stochastic depth: one keep/drop per example (timm's DropPath), scaled by 1/keep
         self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, record: dict | None = None) -> torch.Tensor:
-        """record: a dict that receives the sub-layer outputs "attn" (before the residual add),
-        "attn_residual" and "ffn" (before its add)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Under a capture (layers/sow.py) the block sows its sub-layer outputs as the stacks'
+        layers do (stack.SUBLAYERS): "attn_output" (before the residual add), "attn_residual"
+        and "ffn_output" (before its add)."""
         b, h, w, c = x.shape
         window, shift = effective_window(h, w, self.window_size, self.shift)
         shortcut = x
@@ -132,10 +134,10 @@ class SwinBlock(nn.Module):
         x = window_reverse(windows, window, hp, wp)  # [B, hp, wp, C]
         if shift:
             x = torch.roll(x, (shift, shift), dims=(1, 2))
-        x = shortcut + self.drop_path(put_record(record, "attn", x[:, :h, :w]))  # [B, h, w, C]
-        put_record(record, "attn_residual", x)
+        x = shortcut + self.drop_path(sow(self, "attn_output", x[:, :h, :w]))  # [B, h, w, C]
+        sow(self, "attn_residual", x)
         # 3) MLP
-        return x + self.drop_path(put_record(record, "ffn", self.ffn(self.ffn_norm(x))))
+        return x + self.drop_path(sow(self, "ffn_output", self.ffn(self.ffn_norm(x))))
 
 
 class PatchMerging(nn.Module):
@@ -194,10 +196,8 @@ class SwinTransformer(nn.Module):
         x = self.embed_dropout(x)
         for s, stage in enumerate(self.stages):
             for i, block in enumerate(stage.blocks):
-                record = {} if return_intermediates else None
-                x = block(x, record)  # [B, h, w, C]
-                inter.update({f"stages.{s}.blocks.{i}.{k}": v for k, v in (record or {}).items()})
-                inter[f"stages.{s}.blocks.{i}"] = x
+                x, sown = capture(lambda blk, h: blk(h))(block, x) if return_intermediates else (block(x), {})
+                stack.store_layer(inter, f"stages.{s}.blocks.{i}", sown, x)  # [B, h, w, C]
             if stage.downsample is not None:
                 x = stage.downsample(x)  # [B, h/2, w/2, 2C]
             inter[f"stages.{s}"] = x
