@@ -34,7 +34,7 @@ OVER = {
         "MultiHeadAttention's constructor (above) with lambda_init",
     ("torch_ref/layers/transformer.py", "DecoderLayer.forward"):
         "the line-by-line twin of jaxformer's DecoderLayer.__call__ (a call's inputs, caches and "
-        "recording, not options)",
+        "return_attention, not options)",
     ("jaxformer/train/init.py", "create_state"):
         "the train state's inputs (model, init scheme, seed, optimiser, shardings, and what it "
         "starts from: params, rest, a LoRA base); its callers are JaxTrainer._initial_state's",
