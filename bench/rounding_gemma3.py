@@ -35,7 +35,7 @@ def _rope64(module, x, position_ids, layer_type):
     cfg = module.config
     params = cfg.rope_parameters[layer_type]
     assert params.get("rope_type", "default") == "default", params
-    dim = cfg.head_dim
+    dim = cfg.attention.head_dim
     inv = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     ang = position_ids[..., None].to(torch.float64) * inv
     emb = torch.cat((ang, ang), dim=-1)

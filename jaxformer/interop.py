@@ -380,13 +380,12 @@ def _stack_config(stack: nn.Module, where: str) -> TransformerConfig:
             raise ValueError(f"{where}.layers.{i} differs from layers.0 in {diff}; jaxformer's stacks "
                              "repeat one layer config")
     cfg = configs[0]
-    fields = dict(cfg.__dict__, num_layers=len(configs), final_norm=stack.norm is not None)
     if stack.norm is not None:
         final = _norm_fields({"norm": stack.norm}, where)
-        if (final["norm_eps"], final["norm_bias"]) != (cfg.norm_eps, cfg.norm_bias):
+        if (final["norm_eps"], final["norm_bias"]) != (cfg.norms.norm_eps, cfg.norms.norm_bias):
             raise ValueError(f"{where}.norm: eps {final['norm_eps']} / bias {final['norm_bias']} differ "
-                             f"from the layers' ({cfg.norm_eps} / {cfg.norm_bias}); jaxformer's share one")
-    return TransformerConfig(**fields)
+                             f"from the layers' ({cfg.norms.norm_eps} / {cfg.norms.norm_bias}); jaxformer's share one")
+    return cfg.replace(num_layers=len(configs), final_norm=stack.norm is not None)
 
 
 def _check_type(module, where: str = "module") -> None:

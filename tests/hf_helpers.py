@@ -124,7 +124,12 @@ _forward = nnx.jit(lambda m, i, k: m(i, k))
 
 
 def check_fields(obj, expect: dict, what: str) -> None:
+    """expect's keys are dotted attributes; a record field may be named by its flat key (the
+    tables keep them), read at its record path (TransformerConfig.FLAT_PATHS)."""
+    paths = getattr(type(obj), "FLAT_PATHS", {})
     for key, want in expect.items():
+        head, dot, rest = key.partition(".")
+        key = paths.get(head, head) + dot + rest
         got = attr(obj, key)
         assert got == want, f"{what}.{key}: {got!r}, expected {want!r}"
 

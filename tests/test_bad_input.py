@@ -151,7 +151,7 @@ TRAIN_ROWS = [
         setup=_tiny, absent=("w",)),
     Row("train_resume_changed_model", [*TRAIN, "--resume", "--set", "model.d_model=64",
                                        "--set", "model.num_heads=2"],
-        "model.d_model: 32 -> 64; model.num_heads: 4 -> 2", setup=_stub_run, protect=("w",)),
+        "model.attention.num_heads: 4 -> 2; model.d_model: 32 -> 64", setup=_stub_run, protect=("w",)),
     Row("train_resume_steps_not_above_checkpoint", [*TRAIN, "--resume"],
         "train.steps=4 is at or below the checkpoint's step 4", setup=_stub_run, protect=("w",)),
     Row("train_workdir_locked", TRAIN, "in use by pid 4242 on otherhost", setup=_locked, protect=("w",)),

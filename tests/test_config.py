@@ -10,13 +10,13 @@ from jaxformer.config import ConfigError, TransformerConfig, from_dict, model_co
 @pytest.mark.parametrize("kw, field", [
     (dict(d_model=30, num_heads=4), "d_model"),
     (dict(num_layers=0), "num_layers"),
-    (dict(d_ff=-1), "d_ff"),
-    (dict(ffn="swish"), "ffn"),
-    (dict(norm_position="middle"), "norm_position"),
-    (dict(num_kv_heads=3), "num_kv_heads"),
+    (dict(d_ff=-1), "feedforward.d_ff"),
+    (dict(ffn="swish"), "feedforward.kind"),
+    (dict(norm_position="middle"), "norms.norm_position"),
+    (dict(num_kv_heads=3), "attention.num_kv_heads"),
     (dict(dropout=1.5), "dropout"),
-    (dict(norm_eps=0.0), "norm_eps"),
-    (dict(position="rope", d_model=36, num_heads=4), "head_dim"),
+    (dict(norm_eps=0.0), "norms.norm_eps"),
+    (dict(position="rope", d_model=36, num_heads=4), "attention.head_dim"),
     (dict(pad_id=1000), "pad_id"),
 ])
 def test_invalid_values_name_the_field(kw, field):
@@ -43,7 +43,7 @@ def test_unknown_model_name():
 
 def test_configs_are_frozen_and_yaml_floats_parse():
     cfg = from_dict(TransformerConfig, {"norm_eps": "1e-6", "num_kv_heads": None})
-    assert cfg.norm_eps == 1e-6
+    assert cfg.norms.norm_eps == 1e-6
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 8
 
@@ -66,7 +66,7 @@ def test_tiny_presets_have_the_expected_fields():
     assert to_dict(ClassifierConfig.tiny()) == to_dict(ClassifierConfig(**_TINY))
     assert to_dict(Seq2SeqConfig.tiny()) == to_dict(Seq2SeqConfig(**_TINY))
     # overrides win, flavours too
-    assert LMConfig.tiny("llama", num_kv_heads=1, max_len=64).num_kv_heads == 1
+    assert LMConfig.tiny("llama", num_kv_heads=1, max_len=64).attention.num_kv_heads == 1
     assert LMConfig.tiny("gpt2", max_len=64).max_len == 64
     with pytest.raises(ConfigError, match="^flavour:"):
         LMConfig.tiny("gpt3")
@@ -107,7 +107,7 @@ def test_every_packaged_config_parses():
     assert {"lm", "llama", "moe"} <= set(names)
     for name in names:
         assert load_config(name).model_name
-    moe = load_config("moe").model.moe
+    moe = load_config("moe").model.feedforward.moe
     assert moe.aux_loss_coef > 0 and moe.z_loss_coef > 0  # the aux losses are on
 
 
@@ -213,7 +213,8 @@ def test_each_rule_is_named_by_explain_and_refused_by_the_config(key):
     rule = next(r for r in rules_of(cls) if r.name == name)
     lines = explain(cls, data)
     if name in _TYPED_BY_YAML:  # YAML's type check refuses first; the rule guards Python callers
-        assert lines == [f"{rule.field}: expected a float, got {data[rule.field]!r}"]
+        flat = {v: k for k, v in TransformerConfig.FLAT_PATHS.items()}.get(rule.field, rule.field)
+        assert lines == [f"{rule.field}: expected a float, got {data[flat]!r}"]
     else:
         assert any(line.endswith(f"[{name}]") for line in lines), lines
     nested = any(isinstance(v, dict) for v in data.values())
@@ -228,8 +229,9 @@ def test_config_cli_explains_every_broken_rule_and_prints_a_valid_config(capsys)
                "--set", "model.rel_num_buckets=2", "--explain"])
     out = capsys.readouterr().out.splitlines()
     assert rc == 1
-    assert out == ["model.num_kv_heads: num_heads=4 must be a multiple of num_kv_heads=3 [kv_heads_divide_heads]",
-                   "model.rel_num_buckets: T5 buckets need >= 4, got 2 [t5_buckets]", "2 broken rule(s)"]
+    assert out == ["model.attention.num_kv_heads: num_heads=4 must be a multiple of num_kv_heads=3 "
+                   "[kv_heads_divide_heads]",
+                   "model.positions.rel_num_buckets: T5 buckets need >= 4, got 2 [t5_buckets]", "2 broken rule(s)"]
     assert main(["config", "--config", "llama", "--explain"]) == 0
     assert capsys.readouterr().out.strip() == "the config breaks no rule"
     assert main(["config", "--config", "llama", "--set", "train.steps=7"]) == 0

@@ -128,7 +128,7 @@ def test_lossy_downcast_is_reported():
 
 def test_failed_model_build_with_wrong_config_reports_shapes():
     t = tbuild("encoder", CFG, seed=0)  # the torch side alone: no JAX model to build
-    j = twin(lambda: jbuild("encoder", TransformerConfig(**{**to_dict(CFG), "d_ff": 48}), seed=0), 0)
+    j = twin(lambda: jbuild("encoder", CFG.replace(d_ff=48), seed=0), 0)
     with pytest.raises(ConversionError) as e:
         load_torch_state_dict(j, t.state_dict())
     # up_proj.weight, up_proj.bias and down_proj.weight of each layer, nothing else

@@ -133,7 +133,7 @@ def test_a_wrong_mapping_is_caught(hf_dirs, tmp_path):
     hf_model, path = hf_dirs["gpt2"]
     bad = _copy_with_config(path, tmp_path / "g", activation_function="gelu")
     model, _, cfg = hf.from_pretrained(bad)
-    assert cfg.ffn == "gelu"
+    assert cfg.feedforward.kind == "gelu"
     assert max_diff("gpt2", hf_outputs(hf_model, "gpt2"), our_outputs(model, "gpt2")) > 10 * TOL  # 2.4e-4
 
 
@@ -194,7 +194,7 @@ def test_export_without_hf_equivalent_is_an_error(tmp_path):
     from jaxformer.config.models import ClassifierConfig, LMConfig
     from jaxformer.models import abstract_model
     cases = [("lm", LMConfig(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=1, position="alibi"),
-              "position='alibi'"),
+              "positions.kind='alibi'"),
              ("classifier", ClassifierConfig(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_layers=1),
               "type_vocab_size=0")]
     for name, cfg, msg in cases:

@@ -33,7 +33,7 @@ def test_published_gemma2_config_imports_as_without_its_extra_keys():
     _, cfg, _ = gemma2.config_from_hf(GEMMA_2_2B, "Gemma2ForCausalLM")
     bare = {k: v for k, v in GEMMA_2_2B.items() if k not in ("hidden_act", "cache_implementation")}
     assert cfg == gemma2.config_from_hf(bare, "Gemma2ForCausalLM")[1]
-    assert cfg.ffn == "geglu_tanh" and cfg.query_pre_attn_scalar == 256
+    assert cfg.feedforward.kind == "geglu_tanh" and cfg.attention.query_pre_attn_scalar == 256
 
 
 def test_gemma2_hidden_act_that_disagrees_is_refused_by_name():
@@ -142,7 +142,7 @@ def test_cli_round_trip_of_a_gemma2_import_loads_in_transformers(tmp_path):
         assert cli.main(["convert", "--from", "hf", str(tmp_path / "hf"), "--to", "flax", flax]) == 0
     spec_file = os.path.join(flax, "model.yaml")
     spec = yaml.safe_load(Path(spec_file).read_text())
-    spec["model"]["query_pre_attn_scalar"] = 20.0
+    spec["model"]["attention"]["query_pre_attn_scalar"] = 20.0
     Path(spec_file).write_text(yaml.safe_dump(spec))
     outs = [str(tmp_path / "back"), str(tmp_path / "exported")]
     with contextlib.redirect_stdout(io.StringIO()):

@@ -132,9 +132,9 @@ def test_legacy_rope_scaling_wins_over_rope_parameters(tmp_path_factory):
     fam, arch = hf.family_for_architecture(raw)
     _, cfg, _ = fam.config_from_hf(raw, arch)
     theirs = T.LlamaConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")})
-    assert theirs.rope_parameters["rope_type"] == cfg.rope_scaling.rope_type == "linear"
-    assert theirs.rope_parameters["factor"] == cfg.rope_scaling.factor == 3.0
-    assert theirs.rope_parameters["rope_theta"] == cfg.rope_base == 321.0
+    assert theirs.rope_parameters["rope_type"] == cfg.positions.rope_scaling.rope_type == "linear"
+    assert theirs.rope_parameters["factor"] == cfg.positions.rope_scaling.factor == 3.0
+    assert theirs.rope_parameters["rope_theta"] == cfg.positions.rope_base == 321.0
 
 
 def test_gpt2_position_ids_match_hf(tmp_path):

@@ -51,8 +51,8 @@ def test_default_pattern_ropes_and_torch_ref_decode(tmp_path_factory):
     through a window of 4) gives HF generate's first 6 ids (jaxformer's equal HF's:
     tests/test_hf_table.py)."""
     hf_model, _, (model, name, cfg) = built(DEFAULT, tmp_path_factory)
-    assert cfg.rope_base == 1e6 and cfg.rope_scaling == RopeScaling("linear", 8.0)
-    assert cfg.rope_local_base == 1e4 and cfg.rope_local_scaling is None
+    assert cfg.positions.rope_base == 1e6 and cfg.positions.rope_scaling == RopeScaling("linear", 8.0)
+    assert cfg.positions.rope_local_base == 1e4 and cfg.positions.rope_local_scaling is None
     ref = hf_generate(hf_model, IDS, MASK, 6)
     t = tbuild(name, cfg).eval()
     t.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in convert.flax_to_torch_arrays(model).items()})
@@ -65,8 +65,8 @@ def test_pattern2_ropes_and_bf16(tmp_path_factory, tmp_path):
     bfloat16 give HF's float32 logits on them (the sqrt(D) factor stays float32, as for
     Gemma2, docs/numerics.md §21)."""
     hf_model, _, (_, _, cfg) = built(PATTERN2, tmp_path_factory)
-    assert (cfg.rope_base, cfg.rope_scaling, cfg.rope_local_base) == (500.0, None, 50.0)
-    assert cfg.rope_local_scaling == RopeScaling("linear", 2.0) and cfg.final_logit_softcap == 3.0
+    assert (cfg.positions.rope_base, cfg.positions.rope_scaling, cfg.positions.rope_local_base) == (500.0, None, 50.0)
+    assert cfg.positions.rope_local_scaling == RopeScaling("linear", 2.0) and cfg.final_logit_softcap == 3.0
     copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     hf32 = T.AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16"), dtype=torch.float32).eval()
     model16, _, _ = hf.from_pretrained(str(tmp_path / "bf16"), param_dtype="auto")
@@ -114,7 +114,7 @@ def test_unimplemented_options_are_refused_by_name(tmp_path_factory):
             hf.gemma3.config_from_hf({**raw, **changes}, "Gemma3ForCausalLM")
     for changes, word in ((dict(attn_logit_softcap=5.0), "attn_logit_softcap"),
                           (dict(qk_norm=False, rope_local_base=None, rope_local_scaling=None), None)):
-        bad = dataclasses.replace(cfg, **changes)
+        bad = cfg.replace(**changes)
         if word is None:  # without q/k norms or a local RoPE it is Gemma2's
             assert hf.exporter("lm", bad) is hf.gemma2.FAMILY
             continue

@@ -36,9 +36,9 @@ def test_legacy_rotary_keys_and_refusals(tmp_path_factory):
     legacy = {k: v for k, v in raw.items() if k != "rope_parameters"}
     fam, arch = hf.family_for_architecture(raw)
     _, cfg, _ = fam.config_from_hf({**legacy, "rotary_pct": 0.5, "rotary_emb_base": 700}, arch)
-    assert (cfg.rotary_dim, cfg.rope_base) == (12, 700.0)
+    assert (cfg.positions.rotary_dim, cfg.positions.rope_base) == (12, 700.0)
     _, cfg, _ = fam.config_from_hf({**legacy, "rotary_pct": 1.0}, arch)
-    assert cfg.rotary_dim is None  # the whole head
+    assert cfg.positions.rotary_dim is None  # the whole head
     fn = fam.tensor_fn("lm", cfg, arch)  # older files' head name and buffers (untied config)
     x = np.zeros((V, 48), np.float32)
     assert list(fn("embed_out.weight", x)) == ["lm_head.weight"]

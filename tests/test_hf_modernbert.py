@@ -48,8 +48,8 @@ def test_a_narrower_window_or_one_rope_base_is_caught(tmp_path_factory):
     hf_model, _, (model, _, cfg) = built(row("modernbert/model_w4_every2"), tmp_path_factory)
     ids, mask = row("modernbert/model_w4_every2").inputs()
     ref = hf_encoder_outputs(hf_model, ids, mask)[0]
-    for change in (dict(sliding_window=cfg.sliding_window - 1), dict(rope_local_base=None)):
-        wrong = build_model("encoder", dataclasses.replace(cfg, **change), seed=0)
+    for change in (dict(sliding_window=cfg.attention.sliding_window - 1), dict(rope_local_base=None)):
+        wrong = build_model("encoder", cfg.replace(**change), seed=0)
         nnx.update(wrong, nnx.state(model, nnx.Param))
         out = np.asarray(jit_call(wrong, jnp.asarray(ids), jnp.asarray(mask)))
         assert np.abs(out - ref)[mask.astype(bool)].max() > 1e-3, change
@@ -110,8 +110,8 @@ def test_published_config_keys_are_accepted():
                pad_token_id=50283, position_embedding_type="absolute", sep_token_id=50282, tie_word_embeddings=True,
                torch_dtype="float32", transformers_version="4.48.0.dev0", vocab_size=50368)
     name, cfg, notes = modernbert.config_from_hf(raw, "ModernBertForMaskedLM")
-    assert cfg.local_layers() == (False, True, True, False) and cfg.sliding_window == 65
-    assert (cfg.rope_base, cfg.rope_local_base, cfg.ffn, cfg.norm_eps) == (160000.0, 10000.0, "geglu", 1e-5)
+    assert cfg.local_layers() == (False, True, True, False) and cfg.attention.sliding_window == 65
+    assert (cfg.positions.rope_base, cfg.positions.rope_local_base, cfg.feedforward.kind, cfg.norms.norm_eps) == (160000.0, 10000.0, "geglu", 1e-5)
     assert any("layer_norm_eps=2e-05" in n for n in notes)
 
 

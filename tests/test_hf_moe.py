@@ -41,10 +41,10 @@ def family(arch: str):
 def test_mixtral_config():
     _, cfg, notes = mixtral.config_from_hf(hf_config("MixtralForCausalLM", num_local_experts=5, sliding_window=7,
                                                      router_aux_loss_coef=0.02), "MixtralForCausalLM")
-    moe = cfg.moe
+    moe = cfg.feedforward.moe
     assert (moe.num_experts, moe.top_k, moe.router, moe.d_expert, moe.norm_topk_prob) == (5, 3, "softmax_topk", 24, True)
     assert (moe.dense_layers, moe.num_shared_experts, moe.aux_loss_coef) == ((), 0, 0.02)
-    assert cfg.sliding_window == 7 and cfg.rope_base == 1e6 and cfg.num_kv_heads == 2
+    assert cfg.attention.sliding_window == 7 and cfg.positions.rope_base == 1e6 and cfg.attention.num_kv_heads == 2
     assert any("output_router_logits" in n for n in notes)
 
 
@@ -54,15 +54,15 @@ def test_qwen_moe_config(arch):
                     num_hidden_layers=5, norm_topk_prob=True, **({"shared_expert_intermediate_size": 14}
                                                                    if arch.startswith("Qwen2") else {}))
     _, cfg, _ = qwen_moe.config_from_hf(raw, arch)
-    moe = cfg.moe
+    moe = cfg.feedforward.moe
     # sparse: (i + 1) % 2 == 0 and i not in [3] -> layer 1 only
     assert moe.dense_layers == (0, 2, 3, 4) and cfg.sparse_layers() == (False, True, False, False, False)
-    assert (moe.num_experts, moe.top_k, moe.d_expert, moe.norm_topk_prob, cfg.d_ff) == (7, 3, 10, True, 24)
+    assert (moe.num_experts, moe.top_k, moe.d_expert, moe.norm_topk_prob, cfg.feedforward.d_ff) == (7, 3, 10, True, 24)
     if arch.startswith("Qwen2"):
         assert (moe.num_shared_experts, moe.resolved_d_shared, moe.shared_expert_gate) == (1, 14, True)
-        assert cfg.resolved_qkv_bias and not cfg.resolved_out_bias and not cfg.qk_norm
+        assert cfg.resolved_qkv_bias and not cfg.resolved_out_bias and not cfg.attention.qk_norm
     else:
-        assert moe.num_shared_experts == 0 and cfg.qk_norm
+        assert moe.num_shared_experts == 0 and cfg.attention.qk_norm
     # export writes a config transformers reads back to the same model
     out = qwen_moe.config_to_hf("lm", cfg)
     assert export_problems(qwen_moe.FAMILY, "lm", cfg) == []
@@ -92,7 +92,7 @@ def test_expert_count_alias_must_agree():
         qwen_moe.config_from_hf(raw, "Qwen3MoeForCausalLM")
     raw = hf_config("Qwen3MoeForCausalLM", num_experts=5)
     raw["num_experts"] = raw.pop("num_local_experts")  # published checkpoints' spelling
-    assert qwen_moe.config_from_hf(raw, "Qwen3MoeForCausalLM")[1].moe.num_experts == 5
+    assert qwen_moe.config_from_hf(raw, "Qwen3MoeForCausalLM")[1].feedforward.moe.num_experts == 5
 
 
 def test_export_refuses_what_hf_cannot_express():
@@ -100,7 +100,7 @@ def test_export_refuses_what_hf_cannot_express():
     import dataclasses
     for change, named in ((dict(norm_topk_prob=False), "norm_topk_prob"), (dict(capacity_factor=1.0), "capacity_factor"),
                           (dict(dense_layers=(0,)), "dense_layers"), (dict(router="topk_softmax"), "router")):
-        bad = dataclasses.replace(cfg, moe=dataclasses.replace(cfg.moe, **change))
+        bad = cfg.replace(moe=dataclasses.replace(cfg.feedforward.moe, **change))
         assert any(named in p for p in export_problems(mixtral.FAMILY, "lm", bad)), change
 
 

@@ -53,12 +53,12 @@ def test_longrope_regimes_and_generation_match_hf(tag, tmp_path_factory):
     check_generate(hf_model, model, IDS[part], MASK[part], greedy=n)
     check_generate(hf_model, model, IDS, MASK, beam=beam)
     # crossing original_max mid-generation: refused in both trees (§34)
-    within = cfg.rope_scaling.original_max_len - 7 + 1  # 7 + within - 1 = original_max
+    within = cfg.positions.rope_scaling.original_max_len - 7 + 1  # 7 + within - 1 = original_max
     check_longrope_switch(cfg, 7, GenerationConfig(max_new_tokens=within))
     with pytest.raises(ValueError, match="prefill_chunk: longrope"):  # chunks would switch on their own
         generate(model, IDS, MASK, gen=GenerationConfig(max_new_tokens=2, prefill_chunk=4))
     for run, m in ((generate, model), (tgen.generate, tbuild(name, cfg))):
-        with pytest.raises(ValueError, match=f"crosses original_max_len={cfg.rope_scaling.original_max_len}"):
+        with pytest.raises(ValueError, match=f"crosses original_max_len={cfg.positions.rope_scaling.original_max_len}"):
             run(m, ids, mask, gen=GenerationConfig(max_new_tokens=within + 1))
 
 
@@ -90,4 +90,4 @@ def test_refusals_name_the_option_and_legacy_names_load(tmp_path_factory):
     legacy["rope_scaling"] = dict(raw["rope_parameters"], type="su", original_max_position_embeddings=99)
     del legacy["rope_scaling"]["rope_type"]
     _, got, notes = phi3.config_from_hf(legacy, "Phi3ForCausalLM")
-    assert got == want and got.rope_scaling.original_max_len == 9 and any("99" in n for n in notes)
+    assert got == want and got.positions.rope_scaling.original_max_len == 9 and any("99" in n for n in notes)

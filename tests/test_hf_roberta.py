@@ -11,8 +11,6 @@ measured difference (fp32, -s prints them): 7.2e-7 (max |out| 1.6; roberta_model
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -44,7 +42,7 @@ def test_positions_counted_from_zero_are_caught(tmp_path_factory):
     (BERT's) move every real token's output."""
     hf_model, _, (model, _, cfg) = built(row("roberta/roberta_model_pooler"), tmp_path_factory)
     ids, mask = row("roberta/roberta_model_pooler").inputs()
-    plain = build_model("encoder", dataclasses.replace(cfg, positions_from_padding=False), seed=0)
+    plain = build_model("encoder", cfg.replace(positions_from_padding=False), seed=0)
     nnx.update(plain, nnx.state(model, nnx.Param))
     wrong = np.asarray(jit_call(plain, jnp.asarray(ids), jnp.asarray(mask))[0])
     ref = hf_encoder_outputs(hf_model, ids, mask)[0]
@@ -59,7 +57,7 @@ def test_masked_lm_imports_as_its_encoder():
     sd = hf_model.state_dict()
     arch = "XLMRobertaForMaskedLM"
     name, cfg, notes = roberta.config_from_hf(hf_model.config.to_dict(), arch, tuple(sd))
-    assert name == "encoder" and not cfg.pooler and any("lm_head" in n for n in notes)
+    assert name == "encoder" and not cfg.bert.pooler and any("lm_head" in n for n in notes)
     fn = roberta.tensor_fn(name, cfg, arch)
     mapped = {}
     for k, x in sd.items():

@@ -92,9 +92,9 @@ def _call(model, src, tgt, mask):
 def test_forward_matches_hf(tag, saved):
     hf_model, path = saved[tag]
     model, name, cfg, report = hf.from_pretrained(path, return_report=True)
-    assert name == "seq2seq" and cfg.position == "t5" and cfg.attn_scale == 1.0
+    assert name == "seq2seq" and cfg.positions.kind == "t5" and cfg.attention.attn_scale == 1.0
     assert cfg.tie_output == (tag != "v11") and cfg.scale_decoder_output == (tag != "v11")
-    assert cfg.ffn == ("geglu_tanh" if tag == "v11" else "relu") and cfg.bos_id == 0
+    assert cfg.feedforward.kind == ("geglu_tanh" if tag == "v11" else "relu") and cfg.bos_id == 0
     ref, ours = _hf_logits(hf_model), np.asarray(_call(model, jnp.asarray(SRC), jnp.asarray(TGT), jnp.asarray(SRC_MASK)))
     d, top = float(np.abs(ref - ours).max()), float(np.abs(ref).max())
     print(f"[t5 vs HF] {tag}: max |logit diff| {d:.2e}, max |logit| {top:.2f}")
@@ -218,7 +218,7 @@ def test_distinct_embedding_copy_is_refused(saved, tmp_path):
 
 def test_export_refuses_a_non_t5_seq2seq():
     from jaxformer.config.models import LMConfig
-    with pytest.raises(ConversionError, match="position='sinusoidal'"):  # Vaswani: no T5 export
+    with pytest.raises(ConversionError, match="positions.kind='sinusoidal'"):  # Vaswani: no T5 export
         hf.exporter("seq2seq", Seq2SeqConfig.tiny())
     with pytest.raises(ConversionError, match="attn_scale"):  # a T5-style score scale elsewhere
         hf.exporter("lm", LMConfig.tiny("llama", attn_scale=1.0))

@@ -123,7 +123,7 @@ def test_latent_cache_holds_the_latent_and_rope_key_only():
         assert tuple(cache[0]["self"]["k_rope"].shape) == (B, 1, 16, MLA_Q_LORA.qk_rope_head_dim)
     latent = cache_bytes_per_token(j.init_cache(B, 16), B, 16)
     assert latent == cfg.num_layers * 4 * MLA_Q_LORA.latent_values_per_token()
-    expanded = cfg.num_layers * 4 * MLA_Q_LORA.expanded_values_per_token(cfg.num_heads)
+    expanded = cfg.num_layers * 4 * MLA_Q_LORA.expanded_values_per_token(cfg.attention.num_heads)
     # DeepSeek-V3 (61 layers, 128 heads, bf16): 70,272 bytes per token against 4,997,120
     v3 = MLAConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536)
     v3_latent, v3_full = 61 * 2 * v3.latent_values_per_token(), 61 * 2 * v3.expanded_values_per_token(128)

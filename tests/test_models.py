@@ -93,9 +93,9 @@ def toy_size(cfg):
     its architecture kept and its sizes shrunk to a toy's, so both trees build it here; fp32."""
     if cfg.d_model <= 1024:
         return cfg
-    moe = cfg.moe and dataclasses.replace(cfg.moe, num_experts=4, top_k=2, d_expert=32)
-    return dataclasses.replace(cfg, vocab_size=300, d_model=64, num_heads=4, num_kv_heads=2,
-                               head_dim=16 if cfg.head_dim else None, d_ff=96, num_layers=2, moe=moe,
+    moe = cfg.feedforward.moe and dataclasses.replace(cfg.feedforward.moe, num_experts=4, top_k=2, d_expert=32)
+    return cfg.replace(vocab_size=300, d_model=64, num_heads=4, num_kv_heads=2,
+                               head_dim=16 if cfg.attention.head_dim else None, d_ff=96, num_layers=2, moe=moe,
                                dtype="float32")  # the check below is an fp32 one
 
 

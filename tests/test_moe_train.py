@@ -72,7 +72,7 @@ def test_aux_terms_compose_per_micro_batch():
     def reference(model, toks):  # one program: CE, load balance, z-loss of a batch
         out = model(toks[:, :-1], return_aux=True)
         logits, aux = out.logits, out.aux
-        losses = moe_aux_losses(aux["router_logits"], None, cfg.model.moe)
+        losses = moe_aux_losses(aux["router_logits"], None, cfg.model.feedforward.moe)
         logp = jax.nn.log_softmax(logits, -1)
         ce = -jnp.mean(jnp.take_along_axis(logp, toks[:, 1:, None], -1))
         return ce, losses["load_balance"], losses["z_loss"]
@@ -80,7 +80,7 @@ def test_aux_terms_compose_per_micro_batch():
     halves = [reference(model, jnp.asarray(h)) for h in (tokens[:4], tokens[4:])]
     ces, lbs = [float(h[0]) for h in halves], [float(h[1]) for h in halves]
     _, lb_all, z_all = map(float, reference(model, jnp.asarray(tokens)))
-    m = cfg.model.moe
+    m = cfg.model.feedforward.moe
     np.testing.assert_allclose(float(out["moe_load_balance"]), np.mean(lbs), rtol=1e-6)
     np.testing.assert_allclose(float(out["moe_z_loss"]), z_all, rtol=1e-6)
     assert abs(np.mean(lbs) - lb_all) > 1e-6  # the split matters for load_balance (not for z)
@@ -172,7 +172,7 @@ def test_expert_parallel_matches_single_device(parallel, moe_single_device, tmp_
         # the MoE layer's dispatch and return (forward, and their transposes in the backward)
         assert len(ops["all-to-all"]) >= 4
         n = cfg.train.batch_size * cfg.data.seq_len  # the micro-batch's tokens
-        moved = [shape for shape in ops["all-gather"] if {n, n * cfg.model.moe.top_k} & set(shape)]
+        moved = [shape for shape in ops["all-gather"] if {n, n * cfg.model.feedforward.moe.top_k} & set(shape)]
         assert not moved, f"routed activations all-gathered: {moved}"
 
 
@@ -214,7 +214,7 @@ def test_packaged_moe_config_trains(tmp_path):
     cfg = load_config("moe", ["train.steps=2", "train.batch_size=4", "train.eval_every=2",
                               "train.eval_batches=1", "train.checkpoint_every=2", "train.async_checkpoint=false",
                               "model.num_layers=2", "data.seq_len=16"])
-    m = cfg.model.moe
+    m = cfg.model.feedforward.moe
     assert m.aux_loss_coef > 0 and m.z_loss_coef > 0
     hist = JaxTrainer(cfg, str(tmp_path), progress=False).run()
     assert {"moe_load_balance", "moe_z_loss", "eval_loss"} <= set(hist[-1])

@@ -123,7 +123,7 @@ def test_train_dropout_sets_every_rate():
     from jaxformer.train.jax_trainer import model_config_for_training
     cfg = tiny_run_config(dropout=0.3)
     m = model_config_for_training(cfg)
-    assert m.dropout == m.attn_dropout == m.ffn_dropout == m.embed_dropout == 0.3
+    assert m.dropout == m.attention.attn_dropout == m.feedforward.ffn_dropout == m.embed_dropout == 0.3
 
 
 def test_sigterm_saves_and_exits_75(tmp_path):

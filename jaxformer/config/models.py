@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxformer.config.base import ConfigError, check, check_choice, check_positive
+from jaxformer.config.base import ConfigError, check, check_choice, check_positive, layered
 from jaxformer.config.rules import Rule, as_tuples, choice, is_number, number_or_null, positive
 from jaxformer.config.transformer import TransformerConfig
 
@@ -95,7 +95,7 @@ def _target_token(name: str) -> Rule:
                 f"must be a token id in [0, {{resolved_tgt_vocab}}), got {{{name}!r}}")
 
 
-_NO_POOLER = Rule("pooler_encoder_only", "pooler", lambda c: not c.pooler,
+_NO_POOLER = Rule("pooler_encoder_only", "bert.pooler", lambda c: not c.bert.pooler,
                   "only the encoder and classifier have a pooler")
 
 
@@ -129,14 +129,14 @@ class ClassifierConfig(TransformerConfig):
         choice("pooling", POOLINGS), choice("dtype", COMPUTE_DTYPES), choice("pooler_act", POOLER_ACTIVATIONS),
         Rule("pooler_options_need_pooler", "pooler_act",
              lambda c: (c.pooler_act, c.pooler_bias, c.pooler_norm) == ("tanh", True, False),
-             "pooler_act / pooler_bias / pooler_norm describe the pooler; set pooler: true",
-             when=lambda c: not c.pooler),
+             "pooler_act / pooler_bias / pooler_norm describe the pooler; set bert.pooler: true",
+             when=lambda c: not c.bert.pooler),
     )
 
     @classmethod
     def tiny(cls, **overrides) -> ClassifierConfig:
         """TINY_SIZES with the class defaults (Post-LN, [CLS] pooling), for tests."""
-        return cls(**{**TINY_SIZES, **overrides})
+        return layered(cls, TINY_SIZES, overrides)
 
 
 @dataclass(frozen=True)
@@ -186,12 +186,12 @@ class Seq2SeqConfig(TransformerConfig):
     @classmethod
     def tiny(cls, **overrides) -> Seq2SeqConfig:
         """TINY_SIZES with the class defaults (Post-LN, shared and tied embeddings), for tests."""
-        return cls(**{**TINY_SIZES, **overrides})
+        return layered(cls, TINY_SIZES, overrides)
 
     @classmethod
     def t5(cls, **overrides) -> Seq2SeqConfig:
         """T5_FLAVOUR (v1.0) at the class's default sizes."""
-        return cls(**{**T5_FLAVOUR, **overrides})
+        return layered(cls, T5_FLAVOUR, overrides)
 
     def encoder_config(self) -> TransformerConfig:
         return stack_config(self)
@@ -231,27 +231,27 @@ class LMConfig(TransformerConfig):
     @classmethod
     def gpt2(cls, **overrides) -> LMConfig:
         """GPT2_FLAVOUR at the class's default sizes."""
-        return cls(**{**GPT2_FLAVOUR, **overrides})
+        return layered(cls, GPT2_FLAVOUR, overrides)
 
     @classmethod
     def llama(cls, **overrides) -> LMConfig:
         """LLAMA_FLAVOUR at the class's default sizes (num_kv_heads 2: pass num_kv_heads with
         a num_heads that 2 does not divide)."""
-        return cls(**{**LLAMA_FLAVOUR, **overrides})
+        return layered(cls, LLAMA_FLAVOUR, overrides)
 
     @classmethod
     def gpt2_small(cls, **overrides) -> LMConfig:
         """GPT-2 small (124M): HF GPT2Config()'s sizes, 1024 positions, <|endoftext|> (50256)
         as bos and eos."""
-        return cls.gpt2(**{**dict(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
-                                  max_len=1024, pad_id=0, bos_id=50256, eos_id=50256), **overrides})
+        return layered(cls, GPT2_FLAVOUR, dict(vocab_size=50257, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                                               max_len=1024, pad_id=0, bos_id=50256, eos_id=50256), overrides)
 
     @classmethod
     def tiny(cls, flavour: str | None = None, **overrides) -> LMConfig:
         """TINY_SIZES in the named flavour ("gpt2", "llama"; None = the class defaults), for tests."""
         check(flavour is None or flavour in LM_FLAVOURS, "flavour",
               f"must be one of {tuple(LM_FLAVOURS)} or None, got {flavour!r}")
-        return cls(**{**TINY_SIZES, **LM_FLAVOURS.get(flavour, {}), **overrides})
+        return layered(cls, TINY_SIZES, LM_FLAVOURS.get(flavour, {}), overrides)
 
     def decoder_config(self) -> TransformerConfig:
         return stack_config(self)
@@ -372,7 +372,7 @@ def check_longrope_switch(cfg, prompt_len: int, gen: GenerationConfig) -> None:
     jaxformer keeps the cached keys rotated with the short ones, so the ids could differ
     (docs/numerics.md §34). A prompt longer than original_max_len, or a generation that stays
     within it, computes what HF does."""
-    scaling = getattr(cfg, "rope_scaling", None)
+    scaling = cfg.positions.rope_scaling if hasattr(cfg, "positions") else None
     if scaling is None or scaling.rope_type != "longrope":
         return
     last = prompt_len + gen.max_new_tokens - 1  # the longest sequence a decode step feeds
@@ -389,12 +389,12 @@ def check_prefill_chunk(cfg, gen: GenerationConfig) -> None:
     that drops tokens over capacity (its capacity counts the tokens of one call), and RoPE
     scaling that depends on the call's largest position (dynamic, longrope: an early chunk
     would rotate with another scaling than the one pass; docs/numerics.md §20, §34)."""
-    scaling = getattr(cfg, "rope_scaling", None)
+    scaling = cfg.positions.rope_scaling if hasattr(cfg, "positions") else None
     if gen.prefill_chunk is not None and scaling is not None and scaling.rope_type in ("dynamic", "longrope"):
         raise ValueError(f"prefill_chunk: {scaling.rope_type} RoPE scaling picks its frequencies from the "
                          "largest position of each call, so chunks would rotate the prompt differently "
                          "from the one-pass prefill; use no prefill_chunk")
-    moe = getattr(cfg, "moe", None)
+    moe = cfg.feedforward.moe if hasattr(cfg, "feedforward") else None
     if gen.prefill_chunk is not None and moe is not None and moe.capacity_factor is not None:
         raise ValueError(f"prefill_chunk: an MoE with capacity_factor={moe.capacity_factor} drops tokens per "
                          "call, so chunks would route differently from the one-pass prefill; use a "

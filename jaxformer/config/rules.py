@@ -12,9 +12,10 @@ import dataclasses
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
-from jaxformer.config.base import ConfigError, _coerce
+from jaxformer.config.base import ConfigError, _coerce, nest_flat
 
 
 @dataclass(frozen=True)
@@ -64,35 +65,44 @@ def positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
+def _last(path: str) -> str:
+    """A rule's name from its field's path: `attention.sliding_window` -> `sliding_window`."""
+    return path.rsplit(".", 1)[-1]
+
+
 def positive(*names: str, optional: bool = False) -> tuple[Rule, ...]:
     """Each named field is an int > 0 (or None, where optional)."""
-    return tuple(Rule(f"{n}_positive", n, lambda c, n=n: positive_int(getattr(c, n)),
+    return tuple(Rule(f"{_last(n)}_positive", n, lambda c, n=n: positive_int(attrgetter(n)(c)),
                       f"must be a positive int, got {{{n}!r}}",
-                      (lambda c, n=n: getattr(c, n) is not None) if optional else None) for n in names)
+                      (lambda c, n=n: attrgetter(n)(c) is not None) if optional else None) for n in names)
 
 
 def at_most(limits: dict[str, int]) -> tuple[Rule, ...]:
     """Each named field (an int, or None) is at most its limit: sizes no real model comes near,
     which a corrupt or hostile config would otherwise spend minutes or all memory building."""
-    return tuple(Rule(f"{n}_real", n, lambda c, n=n, v=v: not positive_int(getattr(c, n)) or getattr(c, n) <= v,
+    return tuple(Rule(f"{_last(n)}_real", n, lambda c, n=n, v=v: not positive_int(attrgetter(n)(c))
+                      or attrgetter(n)(c) <= v,
                       f"{{{n}}} is larger than any real model's (at most {v:d} here); a corrupt config?")
                  for n, v in limits.items())
 
 
-def choice(name: str, choices: Iterable[str]) -> Rule:
+def choice(name: str, choices: Iterable[str], rule: str | None = None) -> Rule:
+    """The field is one of `choices`; `rule` names the rule (default: the field's last part)."""
     choices = tuple(choices)
-    return Rule(f"{name}_choice", name, lambda c: getattr(c, name) in choices,
+    return Rule(rule or f"{_last(name)}_choice", name, lambda c: attrgetter(name)(c) in choices,
                 f"must be one of {choices}, got {{{name}!r}}")
 
 
 def probability(*names: str) -> tuple[Rule, ...]:
-    return tuple(Rule(f"{n}_probability", n, lambda c, n=n: is_number(getattr(c, n)) and 0.0 <= getattr(c, n) < 1.0,
+    return tuple(Rule(f"{_last(n)}_probability", n,
+                      lambda c, n=n: is_number(attrgetter(n)(c)) and 0.0 <= attrgetter(n)(c) < 1.0,
                       f"must be a probability in [0, 1), got {{{n}!r}}") for n in names)
 
 
 def number_or_null(name: str, what: str = "null") -> Rule:
     """The field is a number > 0 or None."""
-    return Rule(f"{name}_positive_or_null", name, lambda c: getattr(c, name) is None or positive_number(getattr(c, name)),
+    return Rule(f"{_last(name)}_positive_or_null", name,
+                lambda c: attrgetter(name)(c) is None or positive_number(attrgetter(name)(c)),
                 f"must be a number > 0 or {what}, got {{{name}!r}}")
 
 
@@ -138,6 +148,10 @@ def explain(cls: type, data: Mapping[str, Any], prefix: str = "") -> list[str]:
     would be valid. A class without RULES is checked by building it (its first error)."""
     if not isinstance(data, Mapping):
         return [f"{prefix.rstrip('.') or cls.__name__}: expected a mapping, got {data!r}"]
+    try:
+        data = nest_flat(cls, data, prefix)
+    except ConfigError as e:
+        return [str(e)]
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     problems = [f"{prefix}{k}: unknown key for {cls.__name__}" for k in sorted(set(data) - set(fields))]

@@ -99,9 +99,9 @@ def read_config(ckpt, max_len: int | None = None) -> tuple[Any, str, str, Any, l
                                        else f"config.json: {text}")) from None
     cfg = _untie_distinct_head(ckpt, fam, name, cfg, notes)
     if max_len is not None and max_len != cfg.max_len:
-        if getattr(cfg, "position", None) != "rope":
+        if getattr(getattr(cfg, "positions", None), "kind", None) != "rope":
             raise ConfigError(f"max_len={max_len}: only a RoPE model's context can differ from the "
-                              f"checkpoint's ({cfg.max_len}, position={getattr(cfg, 'position', None)!r})")
+                              f"checkpoint's ({cfg.max_len}, positions.kind={getattr(getattr(cfg, 'positions', None), 'kind', None)!r})")
         import dataclasses
         notes.append(f"max_len={max_len} (config.json max_position_embeddings={cfg.max_len})")
         cfg = dataclasses.replace(cfg, max_len=max_len)

@@ -335,9 +335,9 @@ def rope_from_hf(o: Options, max_pos: int, default_theta: float = 10000.0, *, pa
 def rope_to_hf(cfg) -> dict:
     """config.json's rope_theta and rope_parameters (5.x) of a RoPE config; dynamic's length
     is written as max_position_embeddings by the family."""
-    s = cfg.rope_scaling
+    s = cfg.positions.rope_scaling
     f = lambda v: None if v is None else float(v)  # HF types these float
-    params = {"rope_type": "default" if s is None else s.rope_type, "rope_theta": f(cfg.rope_base)}
+    params = {"rope_type": "default" if s is None else s.rope_type, "rope_theta": f(cfg.positions.rope_base)}
     if s is not None:
         params["factor"] = f(s.factor)
     if s is not None and s.rope_type in ("llama3", "yarn"):
@@ -348,7 +348,7 @@ def rope_to_hf(cfg) -> dict:
         params.update(beta_fast=f(s.beta_fast), beta_slow=f(s.beta_slow), truncate=s.truncate)
         params.update({k: f(getattr(s, k)) for k in ("attention_factor", "mscale", "mscale_all_dim")
                        if getattr(s, k) is not None})
-    return {"rope_theta": f(cfg.rope_base), "rope_parameters": params}
+    return {"rope_theta": f(cfg.positions.rope_base), "rope_parameters": params}
 
 
 def typed_for_hf(hf_config: dict, defaults: Mapping[str, Any]) -> dict:
@@ -377,7 +377,7 @@ def typed_for_hf(hf_config: dict, defaults: Mapping[str, Any]) -> dict:
 
 def hf_max_positions(cfg) -> int:
     """max_position_embeddings to write: dynamic scaling's length, else max_len."""
-    s = cfg.rope_scaling
+    s = cfg.positions.rope_scaling
     return s.original_max_len if s is not None and s.rope_type == "dynamic" else cfg.max_len
 
 

@@ -209,12 +209,12 @@ EXPORTS = {"lm": dict(
 
 
 def claims(c) -> bool:
-    return c.mla is not None
+    return c.attention.mla is not None
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     """What DeepseekV3Config.save_pretrained writes (transformers 5.24), ints as ints."""
-    moe, mla = cfg.moe, cfg.mla
+    moe, mla = cfg.feedforward.moe, cfg.attention.mla
     out = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": MODEL_TYPE, **llama.common_config_to_hf(cfg)}
     out.update(
         head_dim=mla.qk_rope_head_dim, qk_head_dim=mla.qk_head_dim, q_lora_rank=mla.q_lora_rank,

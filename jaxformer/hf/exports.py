@@ -62,11 +62,34 @@ IGNORED_BY_ALL = {
 }
 # Fields no layer reads where `unread(cfg)` holds (a family that declares one checks it itself)
 UNREAD = {
-    "norm_bias": lambda c: c.norm != "layernorm",  # RMSNorm has no bias
-    "rope_base": lambda c: c.position != "rope",
-    "rel_num_buckets": lambda c: c.position != "t5",  # T5's relative position buckets
-    "rel_max_distance": lambda c: c.position != "t5",
+    "norms.norm_bias": lambda c: c.norms.kind != "layernorm",  # RMSNorm has no bias
+    "positions.rope_base": lambda c: c.positions.kind != "rope",
+    "positions.rel_num_buckets": lambda c: c.positions.kind != "t5",  # T5's relative position buckets
+    "positions.rel_max_distance": lambda c: c.positions.kind != "t5",
 }
+
+
+def by_path(exports: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """A declaration keyed by record path: the flat key of a record field (`sliding_window`, as
+    families declare them) -> its path (`attention.sliding_window`), through the config's
+    FLAT_PATHS (config/base.py's shim); other keys as they are."""
+    paths = getattr(cls, "FLAT_PATHS", None) or {}
+    return {paths.get(k, k): v for k, v in exports.items()}
+
+
+def leaves(cfg) -> list[tuple[str, dataclasses.Field, Any]]:
+    """(path, field, value) of each field of `cfg`, a record's fields by their path
+    (`attention.sliding_window`); nested configs (moe, mla) stay one leaf."""
+    paths = getattr(type(cfg), "FLAT_PATHS", None) or {}
+    records = {p.split(".")[0] for p in paths.values()}
+    out = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in records:
+            out += [(f"{f.name}.{g.name}", g, getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            out.append((f.name, f, value))
+    return out
 
 
 class _Attributes(Mapping):
@@ -98,8 +121,9 @@ def problems(exports: Mapping[str, Any], cfg, uncovered: Callable[[str, Any], st
     """What of `cfg` the declaration `exports` cannot write, one line each. uncovered(label,
     value) -> the refusal of a field away from its default that `exports` does not cover."""
     out = []
-    for f in dataclasses.fields(cfg):
-        key, value, label = f.name, getattr(cfg, f.name), prefix + f.name
+    exports = by_path(exports, type(cfg))
+    for key, f, value in leaves(cfg):
+        label = prefix + key
         spec = exports.get(key, dataclasses.MISSING)
         if spec is dataclasses.MISSING:
             if not (key in IGNORED_BY_ALL or at_default(f, value) or key in UNREAD and UNREAD[key](cfg)):

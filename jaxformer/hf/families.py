@@ -60,8 +60,8 @@ FAMILIES: tuple[Family, ...] = (
 def export_problems(fam: Family, name: str, cfg) -> list[str]:
     """What of `cfg` the family cannot write (its declaration, hf/exports.py), one line each."""
     def uncovered(label: str, value) -> str:
-        writers = sorted(f.name for f in FAMILIES if f is not fam and label in f.exports.get(name, {})
-                         and declared.covers(f.exports[name], label, value))
+        writers = sorted(f.name for f in FAMILIES if f is not fam and name in f.exports
+                         and declared.covers(declared.by_path(f.exports[name], type(cfg)), label, value))
         return (f"{label}={value!r} ({fam.name} writes no such option"
                 + (f"; only {' and '.join(writers)} export it)" if writers else ")"))
     return declared.problems(fam.exports[name], cfg, uncovered)

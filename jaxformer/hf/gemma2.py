@@ -112,31 +112,31 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 EXPORTS = {"lm": dict(
     llama.DECODER, norm="rmsnorm_offset", norm_position="sandwich", scale_embedding=True, sliding_window=WRITES,
     layer_types=WRITES, attn_logit_softcap=WRITES, final_logit_softcap=WRITES, **llama.biases("ffn"),
-    ffn=Need(lambda c: c.ffn in ACTIVATIONS.values(), f"ffn={{ffn!r}} (Gemma2ForCausalLM gates with "
+    ffn=Need(lambda c: c.feedforward.kind in ACTIVATIONS.values(), f"feedforward.kind={{feedforward.kind!r}} (Gemma2ForCausalLM gates with "
              f"{sorted(ACTIVATIONS.values())})"),
-    query_pre_attn_scalar=Need(lambda c: c.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
+    query_pre_attn_scalar=Need(lambda c: c.attention.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
                                "(Gemma2ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))"))}
 
 
 def claims(c) -> bool:
-    return c.norm == "rmsnorm_offset" or c.norm_position == "sandwich"
+    return c.norms.kind == "rmsnorm_offset" or c.norms.norm_position == "sandwich"
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     eos = list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id
-    types = list(cfg.layer_types) if cfg.layer_types is not None else [
+    types = list(cfg.attention.layer_types) if cfg.attention.layer_types is not None else [
         "sliding_attention" if local else "full_attention" for local in cfg.local_layers()]
     # HF builds the sliding mask even when no layer uses it: a window as long as the context
-    window = cfg.sliding_window if cfg.sliding_window is not None else cfg.max_len
+    window = cfg.attention.sliding_window if cfg.attention.sliding_window is not None else cfg.max_len
     return {"architectures": ["Gemma2ForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.feedforward.d_ff, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.attention.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
             "head_dim": cfg.resolved_head_dim,
-            "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.ffn),
-            "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norm_eps, **rope_to_hf(cfg),
-            "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attn_dropout,
-            "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
-            "final_logit_softcapping": cfg.final_logit_softcap, "attn_logit_softcapping": cfg.attn_logit_softcap,
+            "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.feedforward.kind),
+            "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norms.norm_eps, **rope_to_hf(cfg),
+            "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attention.attn_dropout,
+            "query_pre_attn_scalar": cfg.attention.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
+            "final_logit_softcapping": cfg.final_logit_softcap, "attn_logit_softcapping": cfg.attention.attn_logit_softcap,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
             "pad_token_id": cfg.pad_id, "initializer_range": 0.02, "dtype": "float32"}
 

@@ -161,37 +161,38 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 # Gemma2's with q/k norms, no score soft cap, and the sliding layers' own RoPE
 EXPORTS = {"lm": dict(
     gemma2.EXPORTS["lm"], qk_norm=True, attn_logit_softcap=None, rope_local_base=WRITES, rope_local_scaling=WRITES,
-    ffn=Need(lambda c: c.ffn in ACTIVATIONS.values(), f"ffn={{ffn!r}} (Gemma3ForCausalLM gates with "
+    ffn=Need(lambda c: c.feedforward.kind in ACTIVATIONS.values(), f"feedforward.kind={{feedforward.kind!r}} (Gemma3ForCausalLM gates with "
              f"{sorted(ACTIVATIONS.values())})"),
-    query_pre_attn_scalar=Need(lambda c: c.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
+    query_pre_attn_scalar=Need(lambda c: c.attention.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
                                "(Gemma3ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))"),
-    d_model=Need(lambda c: c.d_model % c.num_heads == 0, "d_model={d_model} with num_heads={num_heads} "
+    d_model=Need(lambda c: c.d_model % c.attention.num_heads == 0, "d_model={d_model} with attention.num_heads={attention.num_heads} "
                  "(Gemma3TextConfig needs hidden_size divisible by num_attention_heads)"))}
 
 
 def claims(c) -> bool:  # Gemma's norms with q/k norms or two RoPEs
-    return gemma2.claims(c) and (c.qk_norm or c.rope_local_base is not None)
+    return gemma2.claims(c) and (c.attention.qk_norm or c.positions.rope_local_base is not None)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     eos = list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id
-    types = list(cfg.layer_types) if cfg.layer_types is not None else [
+    types = list(cfg.attention.layer_types) if cfg.attention.layer_types is not None else [
         "sliding_attention" if local else "full_attention" for local in cfg.local_layers()]
     # HF builds the sliding mask even when no layer uses it: a window as long as the context
-    window = cfg.sliding_window if cfg.sliding_window is not None else cfg.max_len
+    window = cfg.attention.sliding_window if cfg.attention.sliding_window is not None else cfg.max_len
     local_base, local_scaling = cfg.layer_rope(True)
     ropes = {"full_attention": rope_to_hf(cfg)["rope_parameters"],
-             "sliding_attention": rope_to_hf(SimpleNamespace(rope_base=local_base, rope_scaling=local_scaling))[
+             "sliding_attention": rope_to_hf(SimpleNamespace(
+                 positions=SimpleNamespace(rope_base=local_base, rope_scaling=local_scaling)))[
                  "rope_parameters"]}
     cap = cfg.final_logit_softcap
     return {"architectures": ["Gemma3ForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
+            "hidden_size": cfg.d_model, "intermediate_size": cfg.feedforward.d_ff, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.attention.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
             "head_dim": cfg.resolved_head_dim,
-            "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.ffn),
-            "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norm_eps, "rope_parameters": ropes,
-            "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attn_dropout,
-            "query_pre_attn_scalar": cfg.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
+            "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.feedforward.kind),
+            "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norms.norm_eps, "rope_parameters": ropes,
+            "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attention.attn_dropout,
+            "query_pre_attn_scalar": cfg.attention.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
             "final_logit_softcapping": None if cap is None else float(cap), "attn_logit_softcapping": None,
             "use_bidirectional_attention": False, "tie_word_embeddings": cfg.tie_embeddings,
             "bos_token_id": cfg.bos_id, "eos_token_id": eos, "pad_token_id": cfg.pad_id, "initializer_range": 0.02,

@@ -131,20 +131,20 @@ EXPORTS = {"lm": dict(
                                                                     "attends fully"),
     ffn_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False, attn_logit_softcap=None,
     query_pre_attn_scalar=None, final_logit_softcap=None, **llama.biases("qkv", "out", "ffn", want=True),
-    ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} (GPT-2 activations: {exportable_ffns()})"),
-    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
-                      "num_kv_heads={num_kv_heads} (GPT-2 has no grouped-query attention)"),
-    head_dim=Need(lambda c: c.resolved_head_dim * c.num_heads == c.d_model,
-                  "head_dim={head_dim} (GPT-2 needs d_model / num_heads)"))}
+    ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(), f"feedforward.kind={{feedforward.kind!r}} (GPT-2 activations: {exportable_ffns()})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
+                      "attention.num_kv_heads={attention.num_kv_heads} (GPT-2 has no grouped-query attention)"),
+    head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
+                  "attention.head_dim={attention.head_dim} (GPT-2 needs d_model / num_heads)"))}
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     return {"architectures": ["GPT2LMHeadModel"], "model_type": MODEL_TYPE,
             "vocab_size": cfg.vocab_size, "n_positions": cfg.max_len, "n_embd": cfg.d_model,
-            "n_layer": cfg.num_layers, "n_head": cfg.num_heads, "n_inner": cfg.d_ff,
-            "activation_function": ffn_to_hf(cfg.ffn), "resid_pdrop": cfg.dropout,
-            "embd_pdrop": cfg.embed_dropout, "attn_pdrop": cfg.attn_dropout,
-            "layer_norm_epsilon": cfg.norm_eps, "scale_attn_weights": True,
+            "n_layer": cfg.num_layers, "n_head": cfg.attention.num_heads, "n_inner": cfg.feedforward.d_ff,
+            "activation_function": ffn_to_hf(cfg.feedforward.kind), "resid_pdrop": cfg.dropout,
+            "embd_pdrop": cfg.embed_dropout, "attn_pdrop": cfg.attention.attn_dropout,
+            "layer_norm_epsilon": cfg.norms.norm_eps, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
             "add_cross_attention": False, "tie_word_embeddings": cfg.tie_embeddings,
             "bos_token_id": cfg.bos_id,

@@ -127,7 +127,7 @@ def config_from_hf(raw: dict, arch: str, keys=()) -> tuple[str, LMConfig, list[s
 
 def tensor_fn(name: str, cfg: LMConfig, arch: str):
     """HF key, array -> {torch_ref key: array}, or None for a skipped buffer / tied head."""
-    h, k = cfg.num_heads, cfg.resolved_head_dim
+    h, k = cfg.attention.num_heads, cfg.resolved_head_dim
 
     def fn(key: str, x: np.ndarray):
         if key in ("lm_head.weight", "embed_out.weight") and cfg.tie_embeddings:
@@ -155,8 +155,8 @@ EXPORTS = {"lm": dict(
     norm_eps=WRITES, rope_base=WRITES, rope_scaling=llama.ROPE_SCALING, rotary_dim=WRITES,
     parallel_residual=WRITES, attn_dropout=WRITES, dropout=WRITES, tie_embeddings=WRITES, bos_id=WRITES,
     eos_id=WRITES, pad_id=WRITES, bias=WRITES, attn_qkv_bias=WRITES,
-    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attn_qkv_bias={resolved_qkv_bias} "
-                       "with attn_out_bias={resolved_out_bias} (GPT-NeoX's attention_bias covers query_key_value "
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attention.attn_qkv_bias={resolved_qkv_bias} "
+                       "with attention.attn_out_bias={resolved_out_bias} (GPT-NeoX's attention_bias covers query_key_value "
                        "and dense)"),
     **llama.biases("ffn", want=True),
     position="rope", norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, scale_embedding=False,
@@ -164,15 +164,15 @@ EXPORTS = {"lm": dict(
     qk_norm_full=False, attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
     embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, "embed_dropout={embed_dropout} (GPT-NeoX needs "
                        "dropout={dropout}: one hidden_dropout)"),
-    ffn=Need(lambda c: c.ffn in exportable_ffns(), f"ffn={{ffn!r}} (GPT-NeoX activations: {exportable_ffns()})"),
-    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
-                      "num_kv_heads={num_kv_heads} (GPT-NeoX has no grouped-query attention)"),
-    head_dim=Need(lambda c: c.resolved_head_dim * c.num_heads == c.d_model,
-                  "head_dim={head_dim} (GPT-NeoX needs d_model / num_heads)"))}
+    ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(), f"feedforward.kind={{feedforward.kind!r}} (GPT-NeoX activations: {exportable_ffns()})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
+                      "attention.num_kv_heads={attention.num_kv_heads} (GPT-NeoX has no grouped-query attention)"),
+    head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
+                  "attention.head_dim={attention.head_dim} (GPT-NeoX needs d_model / num_heads)"))}
 
 
 def claims(c) -> bool:
-    return c.position == "rope" and (c.norm == "layernorm" or c.parallel_residual)
+    return c.positions.kind == "rope" and (c.norms.kind == "layernorm" or c.norms.parallel_residual)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
@@ -180,18 +180,18 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
     rope["partial_rotary_factor"] = partial_factor(cfg.resolved_rotary_dim, cfg.resolved_head_dim)
     eos = list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-            "intermediate_size": cfg.d_ff, "hidden_act": ffn_to_hf(cfg.ffn), "rope_parameters": rope,
-            "attention_dropout": cfg.attn_dropout, "hidden_dropout": cfg.dropout,
-            "max_position_embeddings": hf_max_positions(cfg), "layer_norm_eps": cfg.norm_eps,
-            "use_parallel_residual": cfg.parallel_residual, "attention_bias": cfg.resolved_qkv_bias,
+            "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.attention.num_heads,
+            "intermediate_size": cfg.feedforward.d_ff, "hidden_act": ffn_to_hf(cfg.feedforward.kind), "rope_parameters": rope,
+            "attention_dropout": cfg.attention.attn_dropout, "hidden_dropout": cfg.dropout,
+            "max_position_embeddings": hf_max_positions(cfg), "layer_norm_eps": cfg.norms.norm_eps,
+            "use_parallel_residual": cfg.norms.parallel_residual, "attention_bias": cfg.resolved_qkv_bias,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
             "pad_token_id": cfg.pad_id, "initializer_range": 0.02, "dtype": "float32"}
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
     """torch_ref lm state_dict -> GPTNeoXForCausalLM state_dict (query_key_value per head)."""
-    sd, h, k = dict(sd), cfg.num_heads, cfg.resolved_head_dim
+    sd, h, k = dict(sd), cfg.attention.num_heads, cfg.resolved_head_dim
 
     def take(key: str) -> np.ndarray:
         if key not in sd:

@@ -158,22 +158,22 @@ EXPORTS = {"lm": dict(
 
 
 def claims(c) -> bool:  # only gpt-oss has attention sinks
-    return c.attn_sinks
+    return c.attention.attn_sinks
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
-    m = cfg.moe
+    m = cfg.feedforward.moe
     eos = list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id
-    types = list(cfg.layer_types) if cfg.layer_types is not None else [
+    types = list(cfg.attention.layer_types) if cfg.attention.layer_types is not None else [
         "sliding_attention" if local else "full_attention" for local in cfg.local_layers()]
     return {"architectures": ["GptOssForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
             "hidden_size": cfg.d_model, "intermediate_size": m.d_expert, "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
+            "num_attention_heads": cfg.attention.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
             "head_dim": cfg.resolved_head_dim, "hidden_act": "silu", "max_position_embeddings": hf_max_positions(cfg),
-            "rms_norm_eps": cfg.norm_eps, **rope_to_hf(cfg), "attention_bias": cfg.resolved_qkv_bias,
-            "attention_dropout": cfg.attn_dropout, "layer_types": types,
+            "rms_norm_eps": cfg.norms.norm_eps, **rope_to_hf(cfg), "attention_bias": cfg.resolved_qkv_bias,
+            "attention_dropout": cfg.attention.attn_dropout, "layer_types": types,
             # HF builds the sliding mask even when no layer uses it: a window as long as the context
-            "sliding_window": cfg.sliding_window if cfg.sliding_window is not None else cfg.max_len,
+            "sliding_window": cfg.attention.sliding_window if cfg.attention.sliding_window is not None else cfg.max_len,
             "num_local_experts": m.num_experts, "num_experts_per_tok": m.top_k, "swiglu_alpha": m.swiglu_alpha,
             "swiglu_limit": m.swiglu_limit, "router_aux_loss_coef": m.aux_loss_coef,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,

@@ -113,10 +113,10 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str, rules: Renamer = RULES, what:
 
 
 # ----------------------------------------------------------------------------- export
-ROPE_SCALING = Need(lambda c: c.rope_scaling is None or c.rope_scaling.rope_type != "longrope",
-                    "rope_scaling={rope_scaling.rope_type!r} (only Phi-3 writes longrope)")
+ROPE_SCALING = Need(lambda c: c.positions.rope_scaling is None or c.positions.rope_scaling.rope_type != "longrope",
+                    "positions.rope_scaling={positions.rope_scaling.rope_type!r} (only Phi-3 writes longrope)")
 SAME_ATTENTION_BIAS = Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias,
-                           "attn_qkv_bias={resolved_qkv_bias} with attn_out_bias={resolved_out_bias} (one "
+                           "attention.attn_qkv_bias={resolved_qkv_bias} with attention.attn_out_bias={resolved_out_bias} (one "
                            "attention_bias covers all four attention projections)")
 _BIAS_FIELDS = {"qkv": "attn_qkv_bias", "out": "attn_out_bias", "ffn": "ffn_bias"}
 
@@ -144,11 +144,11 @@ DECODER = dict(
 def common_config_to_hf(cfg: LMConfig) -> dict:
     """The config.json keys LLaMA, Qwen2 and Qwen3 share."""
     eos = list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id
-    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
-            "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.feedforward.d_ff,
+            "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.attention.num_heads,
             "num_key_value_heads": cfg.resolved_kv_heads, "head_dim": cfg.resolved_head_dim,
-            "hidden_act": ffn_to_hf(cfg.ffn), "max_position_embeddings": hf_max_positions(cfg),
-            "rms_norm_eps": cfg.norm_eps, **rope_to_hf(cfg), "attention_dropout": cfg.attn_dropout,
+            "hidden_act": ffn_to_hf(cfg.feedforward.kind), "max_position_embeddings": hf_max_positions(cfg),
+            "rms_norm_eps": cfg.norms.norm_eps, **rope_to_hf(cfg), "attention_dropout": cfg.attention.attn_dropout,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
             "pad_token_id": cfg.pad_id, "initializer_range": 0.02, "dtype": "float32"}
 
@@ -165,4 +165,4 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 FAMILY = Family(name="llama", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
                 hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports={"lm": DECODER},
-                claims=lambda c: c.position == "rope", embed_keys=EMBED_KEYS)
+                claims=lambda c: c.positions.kind == "rope", embed_keys=EMBED_KEYS)

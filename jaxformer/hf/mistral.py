@@ -53,7 +53,7 @@ EXPORTS = {"lm": dict(llama.DECODER, sliding_window=WRITES, layer_types=None, **
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     return {"architectures": ["MistralForCausalLM"], "model_type": MODEL_TYPE, **llama.common_config_to_hf(cfg),
-            "sliding_window": cfg.sliding_window}
+            "sliding_window": cfg.attention.sliding_window}
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dict[str, np.ndarray]:
@@ -63,4 +63,4 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 FAMILY = Family(name="mistral", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
                 hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
-                claims=lambda c: c.position == "rope" and c.sliding_window is not None, embed_keys=EMBED_KEYS)
+                claims=lambda c: c.positions.kind == "rope" and c.attention.sliding_window is not None, embed_keys=EMBED_KEYS)

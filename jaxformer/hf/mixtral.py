@@ -170,14 +170,14 @@ EXPORTS = {"lm": dict(
 
 
 def claims(c) -> bool:
-    return c.moe is not None
+    return c.feedforward.moe is not None
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     out = {"architectures": ["MixtralForCausalLM"], "model_type": MODEL_TYPE, **llama.common_config_to_hf(cfg),
-           "sliding_window": cfg.sliding_window, "num_local_experts": cfg.moe.num_experts,
-           "router_jitter_noise": 0.0, **moe_config_to_hf(cfg.moe)}
-    out["intermediate_size"] = cfg.moe.d_expert
+           "sliding_window": cfg.attention.sliding_window, "num_local_experts": cfg.feedforward.moe.num_experts,
+           "router_jitter_noise": 0.0, **moe_config_to_hf(cfg.feedforward.moe)}
+    out["intermediate_size"] = cfg.feedforward.moe.d_expert
     return out
 
 

@@ -178,7 +178,7 @@ def _strip(key: str, arch: str) -> str | None:
 
 
 def tensor_fn(name: str, cfg, arch: str):
-    d, f = cfg.d_model, cfg.d_ff
+    d, f = cfg.d_model, cfg.feedforward.d_ff
 
     def fn(key: str, x: np.ndarray):
         if arch != "ModernBertModel" and not key.startswith("model."):
@@ -212,16 +212,16 @@ ENCODER = dict(
     norm_eps=WRITES, norm_bias=WRITES, pad_id=WRITES, attn_dropout=WRITES, embed_dropout=WRITES, ffn_dropout=WRITES,
     sliding_window=WRITES, layer_types=WRITES, rope_base=WRITES, rope_local_base=WRITES, bias=WRITES,
     attn_qkv_bias=WRITES, ffn_bias=WRITES,
-    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attn_out_bias={resolved_out_bias}: q/k/v "
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attention.attn_out_bias={resolved_out_bias}: q/k/v "
                        "and output biases differ (ModernBERT's attention_bias sets both)"),
     position="rope", norm="layernorm", norm_position="pre", final_norm=True, first_attn_norm=False, embed_norm=True,
     scale_embedding=False, type_vocab_size=0, positions_from_padding=False, rope_scaling=None, qk_norm=False,
     attn_logit_softcap=None, query_pre_attn_scalar=None, moe=None, mla=None, attn_sinks=False, dropout=0.0,
     head_dim=None, pooler=False,
-    ffn=Need(lambda c: c.ffn in set(GATED.values()),
-             f"ffn={{ffn!r}} (ModernBERT's MLP is gated: {sorted(set(GATED.values()))})"),
-    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
-                      "num_kv_heads={num_kv_heads} (ModernBERT has no grouped-query attention)"))
+    ffn=Need(lambda c: c.feedforward.kind in set(GATED.values()),
+             f"feedforward.kind={{feedforward.kind!r}} (ModernBERT's MLP is gated: {sorted(set(GATED.values()))})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
+                      "attention.num_kv_heads={attention.num_kv_heads} (ModernBERT has no grouped-query attention)"))
 # The head: dense + activation + norm (export float32 models)
 EXPORTS = {"encoder": ENCODER, "classifier": dict(
     ENCODER, num_classes=WRITES, classifier_dropout=WRITES, pooling=WRITES, pooler_bias=WRITES, pooler=True,
@@ -233,19 +233,19 @@ EXPORTS = {"encoder": ENCODER, "classifier": dict(
 def config_to_hf(name: str, cfg) -> dict:
     arch = "ModernBertModel" if name == "encoder" else "ModernBertForSequenceClassification"
     local = cfg.local_layers()
-    act = next(k for k, v in GATED.items() if v == cfg.ffn)
-    local_base = cfg.rope_base if cfg.rope_local_base is None else cfg.rope_local_base
+    act = next(k for k, v in GATED.items() if v == cfg.feedforward.kind)
+    local_base = cfg.positions.rope_base if cfg.positions.rope_local_base is None else cfg.positions.rope_local_base
     out = {"architectures": [arch], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
-           "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.num_layers,
-           "num_attention_heads": cfg.num_heads, "hidden_activation": act,
-           "max_position_embeddings": cfg.max_len, "norm_eps": cfg.norm_eps, "norm_bias": cfg.norm_bias,
+           "hidden_size": cfg.d_model, "intermediate_size": cfg.feedforward.d_ff, "num_hidden_layers": cfg.num_layers,
+           "num_attention_heads": cfg.attention.num_heads, "hidden_activation": act,
+           "max_position_embeddings": cfg.max_len, "norm_eps": cfg.norms.norm_eps, "norm_bias": cfg.norms.norm_bias,
            "pad_token_id": cfg.pad_id, "bos_token_id": None, "eos_token_id": None, "cls_token_id": None,
            "sep_token_id": None, "attention_bias": cfg.resolved_qkv_bias,
-           "attention_dropout": cfg.attn_dropout, "embedding_dropout": cfg.embed_dropout,
-           "mlp_bias": cfg.resolved_ffn_bias, "mlp_dropout": cfg.ffn_dropout,
+           "attention_dropout": cfg.attention.attn_dropout, "embedding_dropout": cfg.embed_dropout,
+           "mlp_bias": cfg.resolved_ffn_bias, "mlp_dropout": cfg.feedforward.ffn_dropout,
            "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
-           "local_attention": 2 * (cfg.sliding_window - 1) if any(local) else 128,
-           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": float(cfg.rope_base)},
+           "local_attention": 2 * (cfg.attention.sliding_window - 1) if any(local) else 128,
+           "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": float(cfg.positions.rope_base)},
                                "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)}},
            "initializer_range": 0.02, "dtype": "float32"}
     if name == "classifier":
@@ -289,4 +289,4 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 FAMILY = Family(name="modernbert", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
                 hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
-                claims=lambda c: c.position == "rope")  # a RoPE encoder
+                claims=lambda c: c.positions.kind == "rope")  # a RoPE encoder

@@ -149,7 +149,7 @@ def _split(x: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
 
 def tensor_fn(name: str, cfg: LMConfig, arch: str):
     base = llama.tensor_fn(name, cfg, arch, rules=RULES, what="Phi3")
-    k, h, g = cfg.resolved_head_dim, cfg.num_heads, cfg.resolved_kv_heads
+    k, h, g = cfg.resolved_head_dim, cfg.attention.num_heads, cfg.resolved_kv_heads
 
     def fn(key: str, x: np.ndarray):
         stem = FUSED.to_torch(key)
@@ -162,9 +162,9 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
                 raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{(h + 2 * g) * k}, D] "
                                    f"(q {h} x {k}, then k and v {g} x {k} rows)")
             return dict(zip((stem + f"{p}_proj.weight" for p in "qkv"), _split(x, [h * k, g * k, g * k]), strict=True))
-        if x.ndim != 2 or x.shape[0] != 2 * cfg.d_ff:  # rows [gate (F) | up (F)]
-            raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{2 * cfg.d_ff}, D] (gate, then up)")
-        return dict(zip((stem + "gate_proj.weight", stem + "up_proj.weight"), _split(x, [cfg.d_ff, cfg.d_ff]), strict=True))
+        if x.ndim != 2 or x.shape[0] != 2 * cfg.feedforward.d_ff:  # rows [gate (F) | up (F)]
+            raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{2 * cfg.feedforward.d_ff}, D] (gate, then up)")
+        return dict(zip((stem + "gate_proj.weight", stem + "up_proj.weight"), _split(x, [cfg.feedforward.d_ff, cfg.feedforward.d_ff]), strict=True))
     return fn
 
 
@@ -174,32 +174,32 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 EXPORTS = {"lm": dict(
     llama.DECODER, dropout=WRITES, sliding_window=WRITES, rotary_dim=WRITES, layer_types=None,
     **llama.biases("qkv", "out", "ffn"),
-    rope_scaling=Need(lambda c: c.rope_scaling is None or c.rope_scaling.rope_type == "longrope",
-                      "rope_scaling={rope_scaling.rope_type!r} (Phi3ForCausalLM has only longrope)"),
-    head_dim=Need(lambda c: c.head_dim is None or c.head_dim == c.d_model // c.num_heads,
-                  "head_dim={head_dim} (Phi3ForCausalLM's heads are d_model // num_heads wide)"))}
+    rope_scaling=Need(lambda c: c.positions.rope_scaling is None or c.positions.rope_scaling.rope_type == "longrope",
+                      "positions.rope_scaling={positions.rope_scaling.rope_type!r} (Phi3ForCausalLM has only longrope)"),
+    head_dim=Need(lambda c: c.attention.head_dim is None or c.attention.head_dim == c.d_model // c.attention.num_heads,
+                  "attention.head_dim={attention.head_dim} (Phi3ForCausalLM's heads are d_model // num_heads wide)"))}
 
 
 def claims(c) -> bool:  # only Phi-3 has longrope; residual dropout, partial rotary (Phi-4-mini)
-    longrope = c.rope_scaling is not None and c.rope_scaling.rope_type == "longrope"
-    return c.position == "rope" and (longrope or bool(c.dropout) or c.rotary_dim is not None)
+    longrope = c.positions.rope_scaling is not None and c.positions.rope_scaling.rope_type == "longrope"
+    return c.positions.kind == "rope" and (longrope or bool(c.dropout) or c.positions.rotary_dim is not None)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:
     common = llama.common_config_to_hf(cfg)
     del common["head_dim"]  # Phi3Config has none (hidden_size // num_attention_heads)
-    s = cfg.rope_scaling
+    s = cfg.positions.rope_scaling
     out = {"architectures": ["Phi3ForCausalLM"], "model_type": MODEL_TYPE, **common,
-           "sliding_window": cfg.sliding_window, "resid_pdrop": cfg.dropout, "embd_pdrop": 0.0}
+           "sliding_window": cfg.attention.sliding_window, "resid_pdrop": cfg.dropout, "embd_pdrop": 0.0}
     if s is not None and s.rope_type == "longrope":
-        params = {"rope_type": "longrope", "rope_theta": float(cfg.rope_base), "factor": float(s.factor),
+        params = {"rope_type": "longrope", "rope_theta": float(cfg.positions.rope_base), "factor": float(s.factor),
                   "short_factor": list(s.short_factor), "long_factor": list(s.long_factor),
                   "original_max_position_embeddings": int(s.original_max_len)}
         if s.attention_factor is not None:
             params["attention_factor"] = float(s.attention_factor)
         out.update(rope_parameters=params, original_max_position_embeddings=int(s.original_max_len))
-    if cfg.rotary_dim is not None:  # Phi-4-mini's partial rotary (§35)
-        out["rope_parameters"]["partial_rotary_factor"] = partial_factor(cfg.rotary_dim, cfg.resolved_head_dim)
+    if cfg.positions.rotary_dim is not None:  # Phi-4-mini's partial rotary (§35)
+        out["rope_parameters"]["partial_rotary_factor"] = partial_factor(cfg.positions.rotary_dim, cfg.resolved_head_dim)
     return out
 
 

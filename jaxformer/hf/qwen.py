@@ -57,21 +57,21 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 
 # ----------------------------------------------------------------------------- export
 def architecture(cfg) -> str:
-    return "Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM"
+    return "Qwen3ForCausalLM" if cfg.attention.qk_norm else "Qwen2ForCausalLM"
 
 
 # LLaMA's with Qwen3's q/k norms (qk_norm names the architecture) and Qwen's biases
 EXPORTS = {"lm": dict(
     llama.DECODER, qk_norm=WRITES, **llama.biases("ffn"),
-    attn_qkv_bias=Need(lambda c: c.qk_norm or c.resolved_qkv_bias is True,
+    attn_qkv_bias=Need(lambda c: c.attention.qk_norm or c.resolved_qkv_bias is True,
                        "qkv_bias={resolved_qkv_bias} (Qwen2's q/k/v projections have biases)"),
-    attn_out_bias=Need(lambda c: c.resolved_out_bias == (c.resolved_qkv_bias if c.qk_norm else False),
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == (c.resolved_qkv_bias if c.attention.qk_norm else False),
                        "out_bias={resolved_out_bias} with qkv_bias={resolved_qkv_bias} (Qwen3's attention_bias "
                        "covers all four projections; Qwen2's o_proj has none)"))}
 
 
 def claims(c) -> bool:  # q/k norms (Qwen3) or biases on q/k/v only (Qwen2)
-    return c.position == "rope" and (c.qk_norm or c.resolved_qkv_bias != c.resolved_out_bias)
+    return c.positions.kind == "rope" and (c.attention.qk_norm or c.resolved_qkv_bias != c.resolved_out_bias)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:

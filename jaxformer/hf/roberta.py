@@ -122,4 +122,4 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg) -> dict[str, np.
 FAMILY = Family(name="roberta", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
                 hf_defaults={a: XLM_DEFAULTS if a.startswith("XLM") else DEFAULTS for a in ARCHITECTURES}, exports=EXPORTS,
-                claims=lambda c: c.positions_from_padding)  # RoBERTa's offset positions
+                claims=lambda c: c.positions.positions_from_padding)  # RoBERTa's offset positions

@@ -183,7 +183,7 @@ def resolve_checkpoint(ckpt, name: str, cfg: Seq2SeqConfig, notes: list[str]) ->
 
 
 def tensor_fn(name: str, cfg: Seq2SeqConfig, arch: str):
-    rules = _rules(cfg.ffn in ("geglu_tanh", "swiglu"))
+    rules = _rules(cfg.feedforward.kind in ("geglu_tanh", "swiglu"))
 
     def fn(key: str, x: np.ndarray):
         if key in EMBED_COPIES or (key == "lm_head.weight" and cfg.tie_output):
@@ -209,12 +209,12 @@ EXPORTS = {"seq2seq": dict(
     scale_embedding=False, share_embeddings=True, sliding_window=None, qk_norm=False, type_vocab_size=0,
     embed_norm=False, rope_scaling=None, dtype="float32", **llama.biases("qkv", "out", "ffn"),
     layer_types=Ignored("without a sliding_window every layer attends fully"),
-    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.num_heads,
-                      "num_kv_heads={num_kv_heads} (T5 has no grouped-query attention)"),
-    ffn=Need(lambda c: c.ffn in FFN_TO_HF, f"ffn={{ffn!r}} (T5 feed_forward_proj has {sorted(FFN_TO_HF)})"),
+    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
+                      "attention.num_kv_heads={attention.num_kv_heads} (T5 has no grouped-query attention)"),
+    ffn=Need(lambda c: c.feedforward.kind in FFN_TO_HF, f"feedforward.kind={{feedforward.kind!r}} (T5 feed_forward_proj has {sorted(FFN_TO_HF)})"),
     # one dropout_rate: the other three are written as it, which this makes them equal to
-    dropout=Need(lambda c: c.dropout == c.attn_dropout == c.ffn_dropout == c.embed_dropout,
-                 "dropout={dropout}, attn_dropout={attn_dropout}, ffn_dropout={ffn_dropout} and embed_dropout="
+    dropout=Need(lambda c: c.dropout == c.attention.attn_dropout == c.feedforward.ffn_dropout == c.embed_dropout,
+                 "dropout={dropout}, attention.attn_dropout={attention.attn_dropout}, feedforward.ffn_dropout={feedforward.ffn_dropout} and embed_dropout="
                  "{embed_dropout} differ (T5 has one dropout_rate)"),
     attn_dropout=WRITES, ffn_dropout=WRITES, embed_dropout=WRITES,
     tgt_vocab_size=Need(lambda c: not c.tie_output or c.resolved_tgt_vocab == c.vocab_size,
@@ -224,10 +224,10 @@ EXPORTS = {"seq2seq": dict(
 def config_to_hf(name: str, cfg: Seq2SeqConfig) -> dict:
     return {"architectures": ["T5ForConditionalGeneration"], "model_type": MODEL_TYPE,
             "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "d_kv": cfg.resolved_head_dim,
-            "d_ff": cfg.d_ff, "num_layers": cfg.num_layers, "num_decoder_layers": cfg.resolved_decoder_layers,
-            "num_heads": cfg.num_heads, "relative_attention_num_buckets": cfg.rel_num_buckets,
-            "relative_attention_max_distance": cfg.rel_max_distance, "dropout_rate": cfg.dropout,
-            "layer_norm_epsilon": cfg.norm_eps, "feed_forward_proj": FFN_TO_HF[cfg.ffn],
+            "d_ff": cfg.feedforward.d_ff, "num_layers": cfg.num_layers, "num_decoder_layers": cfg.resolved_decoder_layers,
+            "num_heads": cfg.attention.num_heads, "relative_attention_num_buckets": cfg.positions.rel_num_buckets,
+            "relative_attention_max_distance": cfg.positions.rel_max_distance, "dropout_rate": cfg.dropout,
+            "layer_norm_epsilon": cfg.norms.norm_eps, "feed_forward_proj": FFN_TO_HF[cfg.feedforward.kind],
             "scale_decoder_outputs": cfg.scale_decoder_output, "tie_word_embeddings": True,
             "is_encoder_decoder": True, "n_positions": cfg.max_len, "pad_token_id": cfg.pad_id,
             "eos_token_id": cfg.eos_id, "decoder_start_token_id": cfg.bos_id, "initializer_factor": 1.0,
@@ -235,7 +235,7 @@ def config_to_hf(name: str, cfg: Seq2SeqConfig) -> dict:
 
 
 def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: Seq2SeqConfig) -> dict[str, np.ndarray]:
-    return rename_all(sd, _rules(cfg.ffn in ("geglu_tanh", "swiglu")).to_hf, "T5")
+    return rename_all(sd, _rules(cfg.feedforward.kind in ("geglu_tanh", "swiglu")).to_hf, "T5")
 
 
 FAMILY = Family(name="t5", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,

@@ -144,7 +144,7 @@ def stack_cache(stack, batch: int, length: int, memory: jax.Array | None = None,
     cross-attention, the keys/values of memory [B, S, D]. A list of per-layer dicts, or for a
     scanned stack (scan_layers) one dict of stacked leaves [num_layers, B, G, ., K] that the
     cached call scans over (rings only when every layer is a sliding-window one)."""
-    local, window = stack.cfg.local_layers(), stack.cfg.sliding_window
+    local, window = stack.cfg.local_layers(), stack.cfg.attention.sliding_window
     slots = [min(length, window) if is_local else length for is_local in local]
     if not stack.scan_layers:
         return [layer.init_cache(batch, n, memory, dtype, ring=is_local and n == window)

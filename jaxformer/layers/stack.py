@@ -65,12 +65,12 @@ def check_alike(cfg: TransformerConfig, options: list[dict]) -> None:
     one layer's structure)."""
     if len({o["sparse"] for o in options}) > 1:
         raise ConfigError("model.scan_layers: the scanned layers must be alike, but moe.dense_layers "
-                          f"{list(cfg.moe.dense_layers)} mixes dense and MoE layers; set "
+                          f"{list(cfg.feedforward.moe.dense_layers)} mixes dense and MoE layers; set "
                           "scan_layers: false (or make every layer sparse)")
     if len({o["local"] for o in options}) > 1:  # two RoPE tables (§33, §36)
         raise ConfigError(f"model.scan_layers: the scanned layers must be alike, but rope_local_base="
-                          f"{cfg.rope_local_base} gives the sliding-window layers a RoPE of their own "
-                          f"(rope_base={cfg.rope_base} elsewhere); set scan_layers: false")
+                          f"{cfg.positions.rope_local_base} gives the sliding-window layers a RoPE of their own "
+                          f"(rope_base={cfg.positions.rope_base} elsewhere); set scan_layers: false")
     if len({o["attn_norm"] for o in options}) > 1:
         raise ConfigError("model.scan_layers: the scanned layers must be alike, but first_attn_norm=false "
                           "removes layer 0's attn_norm only; set scan_layers: false")

@@ -26,15 +26,15 @@ class TextEmbedding(nnx.Module):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding, rngs=rngs)
-        self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model, rngs=rngs)
-        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02,
+        self.embed_positions = absolute_positions(cfg.positions.kind, cfg.max_len, cfg.d_model, rngs=rngs)
+        self.embed_token_types = Embedding(cfg.bert.type_vocab_size, cfg.d_model, init_std=0.02,
                                            axes=(None, "embed"), rngs=rngs) \
-            if cfg.type_vocab_size else None
-        self.norm = make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias, rngs=rngs) \
-            if cfg.embed_norm else None
+            if cfg.bert.type_vocab_size else None
+        self.norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias, rngs=rngs) \
+            if cfg.bert.embed_norm else None
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.max_len = cfg.max_len
-        self.pad_id = cfg.pad_id if cfg.positions_from_padding else None
+        self.pad_id = cfg.pad_id if cfg.positions.positions_from_padding else None
 
     def __call__(self, ids: jax.Array, positions: jax.Array | None = None,
                  token_type_ids: jax.Array | None = None) -> jax.Array:

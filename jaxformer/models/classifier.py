@@ -27,7 +27,7 @@ class Classifier(nnx.Module):
     token_type_ids [B, T] int (type_vocab_size > 0; None = all 0)
     -> logits [B, num_classes] float32. return_intermediates adds
     {"embeddings", "layers.i.<sub-layer>", "layers.i", "final_norm", "pooled"};
-    return_attention adds "layers.i.attn_weights" [B, H, T, T]. With cfg.pooler (BERT), the pooled
+    return_attention adds "layers.i.attn_weights" [B, H, T, T]. With cfg.bert.pooler (BERT), the pooled
     vector goes through act(pooler(.)) (pooler_act, tanh by default) and then pooler_norm
     (cfg.pooler_norm, ModernBERT's head) before the dropout and the head.
     """
@@ -38,9 +38,9 @@ class Classifier(nnx.Module):
         self.embed = TextEmbedding(stack, rngs=rngs)
         self.encoder = Encoder(stack, rngs=rngs)
         self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=cfg.pooler_bias, axes=("embed", None),
-                             rngs=rngs) if cfg.pooler else None
-        self.pooler_norm = make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias, rngs=rngs) \
-            if cfg.pooler and cfg.pooler_norm else None
+                             rngs=rngs) if cfg.bert.pooler else None
+        self.pooler_norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias, rngs=rngs) \
+            if cfg.bert.pooler and cfg.pooler_norm else None
         head_dropout = cfg.dropout if cfg.classifier_dropout is None else cfg.classifier_dropout
         self.dropout = nnx.Dropout(head_dropout, rngs=rngs)
         self.classifier = Linear(cfg.d_model, cfg.num_classes, use_bias=True, axes=("embed", None), rngs=rngs)

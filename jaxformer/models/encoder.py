@@ -18,7 +18,7 @@ class TextEncoder(nnx.Module):
     """Shapes: ids [B, T] int, attention_mask [B, T] (1 = token, None = all),
     token_type_ids [B, T] int (type_vocab_size > 0; None = all 0) -> [B, T, D].
 
-    With cfg.pooler (BERT's BertModel), returns (hidden [B, T, D], pooled [B, D]) where
+    With cfg.bert.pooler (BERT's BertModel), returns (hidden [B, T, D], pooled [B, D]) where
     pooled = tanh(pooler(hidden[:, 0])), the [CLS] summary.
     """
 
@@ -26,7 +26,7 @@ class TextEncoder(nnx.Module):
         self.cfg = cfg
         self.embed = TextEmbedding(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
-        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, axes=("embed", None), rngs=rngs) if cfg.pooler else None
+        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, axes=("embed", None), rngs=rngs) if cfg.bert.pooler else None
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  token_type_ids: jax.Array | None = None, return_intermediates: bool = False,

@@ -6,8 +6,6 @@ scan). Indices are integer outputs: compared exactly.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from jaxformer.config.models import LMConfig
@@ -154,7 +152,7 @@ left_pad = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], np.int32)
 case("lm_moe_llama", "moe", model_pair("lm", LM_MOE),
      lambda r: {"ids": ids(B, T, 64)(r), "attention_mask": left_pad, "return_aux": np.array(True)})
 case("lm_moe_llama_scan", "moe",
-     model_pair("lm", dataclasses.replace(LM_MOE, num_layers=2, scan_layers=True,
+     model_pair("lm", LM_MOE.replace(num_layers=2, scan_layers=True,
                                           moe=_moe(router="sigmoid_grouped", num_experts=8, top_k=2, n_group=2,
                                                    topk_group=1, num_shared_experts=1))),
      lambda r: {"ids": ids(B, T, 64)(r), "return_aux": np.array(True)})

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from jaxformer.config import ConfigError, from_dict, model_config_from_dict, to_dict
-from jaxformer.config.base import check, check_choice, check_positive, check_prob
+from jaxformer.config import ConfigError, from_dict, model_config_class, model_config_from_dict, to_dict
+from jaxformer.config.base import check, check_choice, check_positive, check_prob, override_path
 from jaxformer.config.lora import _PEFT_OFF, LoRAConfig
 from jaxformer.config.module import MODULE, TASK_FAMILY, TASKS, absolute_spec
 from jaxformer.fileio import yaml_load
@@ -239,6 +239,8 @@ def apply_override(raw: dict, assignment: str) -> None:
         return
     if parts[0] not in SECTIONS or len(parts) < 2:
         raise ConfigError(f"--set {key}: unknown key; it must start with one of {SECTIONS}")
+    if parts[0] == "model" and isinstance(raw.get("model"), dict):  # a flat key of a nested YAML, or back
+        parts = ["model", *_model_override_path(raw["model"], parts[1:])]
     node = raw
     for p in parts[:-1]:
         node = node.setdefault(p, {})
@@ -248,6 +250,17 @@ def apply_override(raw: dict, assignment: str) -> None:
         node[parts[-1]] = yaml_load(value)
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {key}: not a valid YAML value: {getattr(e, 'problem', None) or e}") from None
+
+
+def _model_override_path(model: dict, parts: list[str]) -> list[str]:
+    """--set model.KEY: the path in the model section (config/base.py's override_path), by the
+    section's model class; as given where the name is missing or unknown (the load names it)."""
+    name = model.get("name", MODULE if "module" in model else None)
+    try:
+        cls = model_config_class(name) if isinstance(name, str) else None
+    except ConfigError:
+        cls = None
+    return parts if cls is None else override_path(cls, model, parts)
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
@@ -364,10 +377,10 @@ def check_sections(cfg: RunConfig) -> None:
              f"train.batch_size={t.batch_size} is not divisible by grad_accum_steps="
              f"{t.grad_accum_steps} x parallel.num_devices={n} = {t.grad_accum_steps * n}: use a "
              f"multiple of {t.grad_accum_steps * n}")
-    attn_rate = t.dropout if t.dropout is not None else getattr(m, "attn_dropout", 0.0)
+    attn_rate = t.dropout if t.dropout is not None else getattr(getattr(m, "attention", m), "attn_dropout", 0.0)
     need(t.attention in ("auto", "plain") or not attn_rate,
          f"train.attention={t.attention} does not apply attention dropout ({attn_rate}; it needs the "
-         "plain path's [B, H, T, S] weights): set model.attn_dropout (and train.dropout) to 0, or "
+         "plain path's [B, H, T, S] weights): set model.attention.attn_dropout (and train.dropout) to 0, or "
          "train.attention: plain")
     if p.mesh.context > 1:
         problems += _context_problems(cfg)
@@ -455,11 +468,11 @@ def _context_problems(cfg: RunConfig) -> list[str]:
     if seq is not None and seq % (2 * n):
         out.append(f"data.seq_len={seq} does not divide by 2 x parallel.mesh.context = {2 * n} "
                    "(the zigzag layout gives each context device two equal chunks)")
-    rate = cfg.train.dropout if cfg.train.dropout is not None else getattr(m, "attn_dropout", 0.0)
+    rate = cfg.train.dropout if cfg.train.dropout is not None else getattr(getattr(m, "attention", m), "attn_dropout", 0.0)
     if rate:
         out.append(f"parallel.mesh.context={n}: attention dropout {rate} is not applied by ring attention "
-                   "(it needs the [B, H, T, S] weights); set model.attn_dropout (and train.dropout) to 0")
-    if getattr(m, "position", None) == "t5":
+                   "(it needs the [B, H, T, S] weights); set model.attention.attn_dropout (and train.dropout) to 0")
+    if getattr(getattr(m, "positions", None), "kind", None) == "t5":
         out.append(f"parallel.mesh.context={n}: T5's relative bias is a dense [H, T, S] bias that ring "
                    "attention does not pass around the ring")
     return out
@@ -538,7 +551,6 @@ def load_raw(path: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
 def explain_config(raw: Mapping[str, Any]) -> list[str]:
     """Every problem of a run config's mapping: each rule its model section breaks
     (jaxformer/config/rules.py), then the first problem of the rest as a run would report it."""
-    from jaxformer.config import model_config_class
     from jaxformer.config.rules import explain
     model = raw.get("model")
     if isinstance(model, Mapping) and "name" not in model and "module" in model:

@@ -273,7 +273,7 @@ def model_facts(cfg: RunConfig, params) -> dict:
     the lookup tables left out unless the LM head is the tied table; each MoE expert weight
     scaled by top_k / num_experts) and tokens_per_step."""
     m = cfg.model
-    moe = getattr(m, "moe", None)
+    moe = getattr(getattr(m, "feedforward", None), "moe", None)
     total = active = 0
     tied = getattr(m, "tie_embeddings", False)
     for path, v in nnx.to_flat_state(params):
@@ -303,14 +303,15 @@ def attention_flops(cfg: RunConfig, batch: int, t: int) -> float:
     heads head_dim per layer forward (two matmuls), x3 for forward + backward, halved under a
     causal mask; a sliding-window layer attends to at most `window` keys."""
     m = cfg.model
-    if not hasattr(m, "num_heads"):  # a model.module: its attention's shapes are its own, not counted
+    att = getattr(m, "attention", m)  # a stack config's record, else a vision config's own fields
+    if not hasattr(att, "num_heads"):  # a model.module: its attention's shapes are its own, not counted
         return 0.0
-    head_dim = getattr(m, "head_dim", None) or m.d_model // m.num_heads
+    head_dim = getattr(att, "head_dim", None) or m.d_model // att.num_heads
     total = 0.0
     local = m.local_layers() if hasattr(m, "local_layers") else [False] * m.num_layers
     for is_local in local:
-        keys = min(t, m.sliding_window) if is_local and m.sliding_window else t
-        total += 4 * batch * t * keys * m.num_heads * head_dim * (0.5 if keys == t else 1.0)
+        keys = min(t, att.sliding_window) if is_local and att.sliding_window else t
+        total += 4 * batch * t * keys * att.num_heads * head_dim * (0.5 if keys == t else 1.0)
     return 3 * total
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
+from jaxformer.config.base import replace
 from jaxformer.config.module import MODULE
 from jaxformer.train import data as data_lib
 from jaxformer.train import faults, tasks
@@ -73,10 +74,15 @@ def model_config_for_training(cfg: RunConfig):
     rate of the model (`dropout` and each `*_dropout` field)."""
     mcfg = cfg.model
     if cfg.train.dropout is not None:
-        rates = {f.name: cfg.train.dropout for f in dataclasses.fields(mcfg)
-                 if f.init and (f.name == "dropout" or f.name.endswith("_dropout"))}
-        mcfg = dataclasses.replace(mcfg, **rates)
+        mcfg = replace(mcfg, **dict.fromkeys(dropout_fields(mcfg), cfg.train.dropout))
     return mcfg
+
+
+def dropout_fields(mcfg) -> list[str]:
+    """The dropout rates of a model config: `dropout` and each `*_dropout` field, a record's by
+    its path (`attention.attn_dropout`)."""
+    out = [f.name for f in dataclasses.fields(mcfg) if f.init and (f.name == "dropout" or f.name.endswith("_dropout"))]
+    return out + [p for p in getattr(type(mcfg), "FLAT_PATHS", {}).values() if p.endswith("_dropout")]
 
 
 def build_jax_model(cfg: RunConfig):

@@ -51,7 +51,7 @@ EXPERT_LOAD = "moe_expert_load"  # [n_sparse_layers, E] routed assignments, summ
 
 def moe_of(model_cfg):
     """The model's MoEConfig, or None (dense, or a family without MoE)."""
-    return getattr(model_cfg, "moe", None)
+    return getattr(getattr(model_cfg, "feedforward", None), "moe", None)
 
 
 def moe_terms(aux: dict, moe, count, axis_name: str | None = None) -> dict:

@@ -118,7 +118,7 @@ def stack_cache(stack, batch: int, length: int, memory: torch.Tensor | None = No
     """Per layer of a Decoder: an empty self-attention cache of `length` slots [B, G, L, K] (a
     sliding-window layer: min(length, window) slots, a ring when that is the window) and, with
     cross-attention, the keys/values of memory [B, S, D]."""
-    local, window = stack.cfg.local_layers(), stack.cfg.sliding_window
+    local, window = stack.cfg.local_layers(), stack.cfg.attention.sliding_window
     slots = [min(length, window) if is_local else length for is_local in local]
     return [layer.init_cache(batch, n, memory, dtype, ring=is_local and n == window)
             for layer, n, is_local in zip(stack.layers, slots, local, strict=True)]

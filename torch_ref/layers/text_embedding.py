@@ -26,14 +26,14 @@ class TextEmbedding(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.d_model, scale=cfg.scale_embedding)
-        self.embed_positions = absolute_positions(cfg.position, cfg.max_len, cfg.d_model)
-        self.embed_token_types = Embedding(cfg.type_vocab_size, cfg.d_model, init_std=0.02) \
-            if cfg.type_vocab_size else None
-        self.norm = make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias) \
-            if cfg.embed_norm else None
+        self.embed_positions = absolute_positions(cfg.positions.kind, cfg.max_len, cfg.d_model)
+        self.embed_token_types = Embedding(cfg.bert.type_vocab_size, cfg.d_model, init_std=0.02) \
+            if cfg.bert.type_vocab_size else None
+        self.norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias) \
+            if cfg.bert.embed_norm else None
         self.dropout = nn.Dropout(cfg.embed_dropout)
         self.max_len = cfg.max_len
-        self.pad_id = cfg.pad_id if cfg.positions_from_padding else None
+        self.pad_id = cfg.pad_id if cfg.positions.positions_from_padding else None
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -48,40 +48,40 @@ from torch_ref.layers.sow import sow
 def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = False) -> MultiHeadAttention:
     """The attention of a layer; `local`: a sliding-window layer, which rotates with its own
     RoPE when the config gives one (cfg.layer_rope: Gemma3, ModernBERT; docs/numerics.md §33)."""
-    if cfg.mla is not None:  # multi-head latent attention replaces every self-attention
+    if cfg.attention.mla is not None:  # multi-head latent attention replaces every self-attention
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
         return MultiHeadLatentAttention(
-            cfg.d_model, cfg.num_heads, cfg.mla, rope=Rope(cfg.max_len, cfg.rope_base, cfg.rope_scaling),
+            cfg.d_model, cfg.attention.num_heads, cfg.attention.mla, rope=Rope(cfg.max_len, cfg.positions.rope_base, cfg.positions.rope_scaling),
             bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
-            attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
-            scores=Scores(cfg.score_scale, cfg.attn_logit_softcap))
-    use_rope = self_attn and cfg.position == "rope"
+            attn_dropout=cfg.attention.attn_dropout, dropout=cfg.dropout,
+            scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap))
+    use_rope = self_attn and cfg.positions.kind == "rope"
     rope_base, rope_scaling = cfg.layer_rope(local)
-    qk_norm = QKNorm(cfg.norm, cfg.norm_eps, cfg.qk_norm_full) if cfg.qk_norm or cfg.qk_norm_full else None
-    if cfg.diff_attn is not None:  # two softmax maps per head, subtracted (layers/diff_attention.py)
+    qk_norm = QKNorm(cfg.norms.kind, cfg.norms.norm_eps, cfg.attention.qk_norm_full) if cfg.attention.qk_norm or cfg.attention.qk_norm_full else None
+    if cfg.attention.diff_attn is not None:  # two softmax maps per head, subtracted (layers/diff_attention.py)
         return DifferentialAttention(
-            cfg.d_model, cfg.num_heads, lambda_init=cfg.diff_attn, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            cfg.d_model, cfg.attention.num_heads, lambda_init=cfg.attention.diff_attn, num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
             bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, dropout=cfg.dropout,
             rope=Rope(cfg.max_len, rope_base, rope_scaling) if use_rope else None,
-            scores=Scores(cfg.score_scale, cfg.attn_logit_softcap))
+            scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap))
     return MultiHeadAttention(
-        cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attn_dropout,
-        dropout=cfg.dropout, rope=Rope(cfg.max_len, rope_base, rope_scaling, cfg.rotary_dim) if use_rope else None,
-        qk_norm=qk_norm, scores=Scores(cfg.score_scale, cfg.attn_logit_softcap, cfg.attn_sinks and self_attn))
+        cfg.d_model, cfg.attention.num_heads, num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
+        bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attention.attn_dropout,
+        dropout=cfg.dropout, rope=Rope(cfg.max_len, rope_base, rope_scaling, cfg.positions.rotary_dim) if use_rope else None,
+        qk_norm=qk_norm, scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap, cfg.attention.attn_sinks and self_attn))
 
 
 def make_ffn(cfg: TransformerConfig, *, sparse: bool = False) -> FeedForward | MoE:
     """The dense FFN, or for a sparse layer (cfg.sparse_layers()) the mixture of experts."""
     if sparse:
-        return MoE(cfg.d_model, cfg.moe, dropout=cfg.dropout)
-    return FeedForward(cfg.d_model, cfg.d_ff, kind=cfg.ffn, bias=cfg.resolved_ffn_bias,
-                       inner_dropout=cfg.ffn_dropout, dropout=cfg.dropout)
+        return MoE(cfg.d_model, cfg.feedforward.moe, dropout=cfg.dropout)
+    return FeedForward(cfg.d_model, cfg.feedforward.d_ff, kind=cfg.feedforward.kind, bias=cfg.resolved_ffn_bias,
+                       inner_dropout=cfg.feedforward.ffn_dropout, dropout=cfg.dropout)
 
 
 def _norm(cfg: TransformerConfig):
-    return make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias)
+    return make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias)
 
 
 class LayerScale(nn.Module):
@@ -98,8 +98,8 @@ class LayerScale(nn.Module):
 
 
 def _layer_scale(cfg: TransformerConfig):
-    """The LayerScale on a sublayer's output (None unless cfg.layer_scale is set)."""
-    return LayerScale(cfg.d_model, init=cfg.layer_scale) if cfg.layer_scale is not None else None
+    """The LayerScale on a sublayer's output (None unless cfg.norms.layer_scale is set)."""
+    return LayerScale(cfg.d_model, init=cfg.norms.layer_scale) if cfg.norms.layer_scale is not None else None
 
 
 def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, post_norm=None,
@@ -110,7 +110,7 @@ def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, post_norm=
     bf16-compute sublayer adds into an fp32 stream, as under torch autocast). -> (the new
     stream, the sublayer's output before the add: what the layer sows). norm None under
     Pre-LN: the sublayer reads x itself (ModernBERT's first layer, first_attn_norm=False)."""
-    pre = cfg.norm_position != "post"
+    pre = cfg.norms.norm_position != "post"
     h = sublayer(norm(x) if pre and norm is not None else x).to(x.dtype)
     if layer_scale is not None:
         h = layer_scale(h)
@@ -122,12 +122,12 @@ def residual(cfg: TransformerConfig, norm, sublayer, x: torch.Tensor, post_norm=
 def _pre_norm(cfg: TransformerConfig):
     """The norm before a sublayer (Pre-LN, sandwich) or after the add (Post-LN); None for
     post_sublayer, whose only norm is on the sublayer's output."""
-    return None if cfg.norm_position == "post_sublayer" else _norm(cfg)
+    return None if cfg.norms.norm_position == "post_sublayer" else _norm(cfg)
 
 
 def _post_norm(cfg: TransformerConfig):
     """The norm on a sublayer's output (sandwich, post_sublayer; None otherwise)."""
-    return _norm(cfg) if cfg.norm_position in ("sandwich", "post_sublayer") else None
+    return _norm(cfg) if cfg.norms.norm_position in ("sandwich", "post_sublayer") else None
 
 
 def parallel_residual(x, attn_norm, attn, ffn_norm, ffn):
@@ -172,7 +172,7 @@ class EncoderLayer(nn.Module):
         (stack.SUBLAYERS' names); return_attention adds the attention weights."""
         attend = lambda h: _attend(self, self.self_attn, "attn_weights", return_attention, h,
                                    mask=mask, bias=bias, positions=positions)
-        if self.cfg.parallel_residual:
+        if self.cfg.norms.parallel_residual:
             x, a, f = parallel_residual(x, self.attn_norm, attend, self.ffn_norm, self.ffn)
             sow(self, "attn_output", a)
             sow(self, "ffn_output", f)
@@ -198,7 +198,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, *, cross_attention: bool = True, sparse: bool = False,
                  local: bool = False, attn_norm: bool = True):
         super().__init__()
-        if cross_attention and cfg.parallel_residual:
+        if cross_attention and cfg.norms.parallel_residual:
             raise ValueError("parallel_residual (GPT-NeoX) is for layers without cross-attention")
         self.cfg = cfg
         self.self_attn = make_attention(cfg, self_attn=True, local=local)
@@ -238,7 +238,7 @@ class DecoderLayer(nn.Module):
                                                       cache=cache["cross"])
             return out
 
-        if self.cfg.parallel_residual:  # no cross-attention (checked in __init__)
+        if self.cfg.norms.parallel_residual:  # no cross-attention (checked in __init__)
             x, a, f = parallel_residual(x, self.attn_norm, self_block, self.ffn_norm, self.ffn)
             sow(self, "attn_output", a)
             sow(self, "ffn_output", f)
@@ -272,9 +272,9 @@ class _Stack(nn.Module):
         self.cfg = cfg
         self.causal = causal  # add the causal mask to self-attention (decoders)
         self.rel_bias = T5RelativePositionBias(
-            cfg.rel_num_buckets, cfg.rel_max_distance, cfg.num_heads,
-            bidirectional=not self.causal) if cfg.position == "t5" else None
-        self.final_norm = _norm(cfg) if cfg.final_norm else None
+            cfg.positions.rel_num_buckets, cfg.positions.rel_max_distance, cfg.attention.num_heads,
+            bidirectional=not self.causal) if cfg.positions.kind == "t5" else None
+        self.final_norm = _norm(cfg) if cfg.norms.final_norm else None
 
     def mask_record(self, x: torch.Tensor, mask, positions, offset=0, keys: int | None = None):
         """-> (AttentionMask, bias, positions) of self-attention over x [B, T, D]: the one mask
@@ -283,8 +283,8 @@ class _Stack(nn.Module):
         positions = default_positions(b, t, offset, device=x.device) if positions is None else positions
         record = AttentionMask.of(mask, t, causal=self.causal, offset=offset, keys=keys, device=x.device)
         bias = None
-        if self.cfg.position == "alibi":
-            record = dataclasses.replace(record, alibi_slopes=torch.tensor(tables.alibi_slopes(self.cfg.num_heads),
+        if self.cfg.positions.kind == "alibi":
+            record = dataclasses.replace(record, alibi_slopes=torch.tensor(tables.alibi_slopes(self.cfg.attention.num_heads),
                                                                            device=x.device))
         elif self.rel_bias is not None and keys is None:
             bias = self.rel_bias(positions, positions)
@@ -324,7 +324,7 @@ class Encoder(_Stack):
                 return_attention: bool = False):
         _check_attention_flags(return_intermediates, return_attention)
         record, bias, positions = self.mask_record(x, mask, positions)
-        window, inter = self.cfg.sliding_window, {} if return_intermediates else None
+        window, inter = self.cfg.attention.sliding_window, {} if return_intermediates else None
         x = stack.run_layers(self, x, lambda layer, h, local: layer(
             h, mask=record.for_layer(local, window), bias=bias, positions=positions,
             return_attention=return_attention), inter)
@@ -366,7 +366,7 @@ class Decoder(_Stack):
         mode, inter = kv_cache.mode_of(cache, x.shape[1]), {} if return_intermediates else None
         if mode == kv_cache.TRAIN:
             record, bias, positions = self.mask_record(x, mask, positions)
-            window = self.cfg.sliding_window
+            window = self.cfg.attention.sliding_window
             x = stack.run_layers(self, x, lambda layer, h, local: layer(
                 h, memory, mask=record.for_layer(local, window), bias=bias, memory_mask=memory_mask,
                 positions=positions, return_attention=return_attention), inter, aux)
@@ -379,7 +379,7 @@ class Decoder(_Stack):
         """The layers over their caches (prefill or decode); a layer's mask is the stack's record
         read at the slots its cache's entries hold once this call's tokens are written, one per
         cache layout (see the JAX twin)."""
-        t, window = x.shape[1], self.cfg.sliding_window
+        t, window = x.shape[1], self.cfg.attention.sliding_window
         keys = mask.shape[-1] if mask is not None else t
         record, _, positions = self.mask_record(x, mask, positions, cache_index, keys=keys)
         layouts = {}

@@ -23,7 +23,7 @@ class Classifier(nn.Module):
     Shapes: ids [B, T] int, attention_mask [B, T] (1 = token; None = ids != pad_id),
     token_type_ids [B, T] int (type_vocab_size > 0; None = all 0)
     -> logits [B, num_classes] float32. return_intermediates adds
-    {"embeddings", "layers.i", "final_norm", "pooled"}. With cfg.pooler (BERT), the pooled
+    {"embeddings", "layers.i", "final_norm", "pooled"}. With cfg.bert.pooler (BERT), the pooled
     vector goes through act(pooler(.)) (pooler_act, tanh by default) and then pooler_norm
     (cfg.pooler_norm, ModernBERT's head) before the dropout and the head.
     """
@@ -34,9 +34,9 @@ class Classifier(nn.Module):
         stack = stack_config(cfg)
         self.embed = TextEmbedding(stack)
         self.encoder = Encoder(stack)
-        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.pooler_bias) if cfg.pooler else None
-        self.pooler_norm = make_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.norm_bias) \
-            if cfg.pooler and cfg.pooler_norm else None
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.pooler_bias) if cfg.bert.pooler else None
+        self.pooler_norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias) \
+            if cfg.bert.pooler and cfg.pooler_norm else None
         head_dropout = cfg.dropout if cfg.classifier_dropout is None else cfg.classifier_dropout
         self.dropout = nn.Dropout(head_dropout)
         self.classifier = nn.Linear(cfg.d_model, cfg.num_classes, bias=True)

@@ -16,7 +16,7 @@ class TextEncoder(nn.Module):
     """Shapes: ids [B, T] int, attention_mask [B, T] (1 = token, None = all),
     token_type_ids [B, T] int (type_vocab_size > 0; None = all 0) -> [B, T, D].
 
-    With cfg.pooler (BERT's BertModel), returns (hidden [B, T, D], pooled [B, D]) where
+    With cfg.bert.pooler (BERT's BertModel), returns (hidden [B, T, D], pooled [B, D]) where
     pooled = tanh(pooler(hidden[:, 0])), the [CLS] summary.
     """
 
@@ -25,7 +25,7 @@ class TextEncoder(nn.Module):
         self.cfg = cfg
         self.embed = TextEmbedding(cfg)
         self.encoder = Encoder(cfg)
-        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=True) if cfg.pooler else None
+        self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=True) if cfg.bert.pooler else None
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 token_type_ids: torch.Tensor | None = None, return_intermediates: bool = False,

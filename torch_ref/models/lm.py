@@ -66,7 +66,7 @@ class LM(nn.Module):
                  position_ids=None, return_aux=False, segment_ids=None):
         check_tokens(ids, self.cfg.vocab_size, self.cfg.max_len if cache is None else None)
         b, t = ids.shape
-        if return_aux and self.cfg.moe is None:
+        if return_aux and self.cfg.feedforward.moe is None:
             raise ValueError("return_aux=True needs a mixture-of-experts model (model.moe)")
         slots = t if cache is None else self.decoder.cache_length(cache)  # None: ring caches only
         start = 0 if cache_index is None else cache_index
