@@ -103,12 +103,12 @@ _NO_POOLER = Rule("pooler_encoder_only", "bert.pooler", lambda c: not c.bert.poo
 class ClassifierConfig(TransformerConfig):
     """A Transformer encoder classifier: scaled embeddings, positions, an encoder stack,
     [CLS] (first token) or mean pooling over non-pad tokens, then a linear head. BERT adds
-    pooler=True (dense + tanh on the pooled vector), token types and an embedding norm
-    (TransformerConfig's BERT options).
+    bert.pooler=True (dense + tanh on the pooled vector), token types and an embedding norm
+    (TransformerConfig's `bert` record).
 
     dtype: compute dtype; "bfloat16" runs the matmuls in bf16 (params stay float32).
     pooler_act, pooler_bias, pooler_norm: the pooler's activation, its dense bias, and a norm
-        (`norm`, `norm_eps`, `norm_bias`) after the activation: BERT/RoBERTa's tanh with a
+        (norms.kind, norms.norm_eps, norms.norm_bias) after the activation: BERT/RoBERTa's tanh with a
         bias and no norm (the defaults), ModernBERT's head (GELU, optional bias, LayerNorm).
     """
 

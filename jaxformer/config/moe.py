@@ -1,10 +1,10 @@
 """Configs of mixture-of-experts feed-forwards and multi-head latent attention, shared by both
 trees. Imports neither jax nor torch.
 
-    MoEConfig  `model.moe:` of any stack config (TransformerConfig.moe): the routed experts,
+    MoEConfig  `model.feedforward.moe:` of any stack config (TransformerConfig.feedforward.moe): the routed experts,
                the router's rule, shared experts, dispatch, auxiliary losses and which layers
                are sparse (layers/moe.py in each tree).
-    MLAConfig  `model.mla:` (TransformerConfig.mla): DeepSeek-V2/V3 multi-head latent attention
+    MLAConfig  `model.attention.mla:` (TransformerConfig.attention.mla): DeepSeek-V2/V3 multi-head latent attention
                (layers/mla.py in each tree).
 
 Every family's routing rule is a named value of `router`, never a default:
