@@ -314,71 +314,84 @@ class TransformerConfig(metaclass=FlatKeywords):
         return replace(self, **changes)
 
     RULES = (  # not annotated: a class attribute, never a dataclass field (nor a pseudo-field)
-        *positive("vocab_size", "d_model", "attention.num_heads", "feedforward.d_ff", "num_layers", "max_len", "positions.rel_num_buckets",
-                  "positions.rel_max_distance"),
+        *positive("vocab_size", "d_model", "attention.num_heads", "feedforward.d_ff", "num_layers", "max_len",
+                  "positions.rel_num_buckets", "positions.rel_max_distance"),
         *at_most(SIZE_LIMITS),
         choice("feedforward.kind", FFN_KINDS, "ffn_choice"), choice("norms.kind", NORM_KINDS, "norm_choice"),
         choice("norms.norm_position", NORM_POSITIONS), choice("positions.kind", POSITION_KINDS, "position_choice"),
         *probability("dropout", "attention.attn_dropout", "feedforward.ffn_dropout", "embed_dropout"),
-        Rule("diff_attn_lambda_init", "attention.diff_attn", lambda c: 0 < c.attention.diff_attn < 1, "lambda_init must be in (0, 1), "
-             "got {attention.diff_attn}", when=lambda c: c.attention.diff_attn is not None),
+        Rule("diff_attn_lambda_init", "attention.diff_attn", lambda c: 0 < c.attention.diff_attn < 1,
+             "lambda_init must be in (0, 1), got {attention.diff_attn}",
+             when=lambda c: c.attention.diff_attn is not None),
         *(Rule(f"diff_attn_no_{_last(n)}", n, lambda c, n=n: not attrgetter(n)(c), "is not supported with diff_attn",
-               when=lambda c: c.attention.diff_attn is not None) for n in ("attention.mla", "attention.attn_sinks", "attention.qk_norm", "attention.qk_norm_full",
-                                                                 "attention.attn_dropout", "positions.rotary_dim")),
+               when=lambda c: c.attention.diff_attn is not None)
+          for n in ("attention.mla", "attention.attn_sinks", "attention.qk_norm", "attention.qk_norm_full",
+                    "attention.attn_dropout", "positions.rotary_dim")),
         Rule("diff_attn_even_head", "attention.head_dim", lambda c: c.resolved_head_dim % 2 == 0,
              "diff_attn splits each head in two halves: head_dim {resolved_head_dim} is odd",
              when=lambda c: c.attention.diff_attn is not None),
-        Rule("norm_eps_positive", "norms.norm_eps", lambda c: c.norms.norm_eps > 0, "must be > 0, got {norms.norm_eps}"),
-        Rule("rope_base_positive", "positions.rope_base", lambda c: c.positions.rope_base > 0, "must be > 0, got {positions.rope_base}"),
+        Rule("norm_eps_positive", "norms.norm_eps", lambda c: c.norms.norm_eps > 0,
+             "must be > 0, got {norms.norm_eps}"),
+        Rule("rope_base_positive", "positions.rope_base", lambda c: c.positions.rope_base > 0,
+             "must be > 0, got {positions.rope_base}"),
         number_or_null("attention.attn_scale", "null (1/sqrt(head_dim))"),
-        Rule("one_score_scale", "attention.attn_scale", lambda c: c.attention.attn_scale is None or c.attention.query_pre_attn_scalar is None,
+        Rule("one_score_scale", "attention.attn_scale",
+             lambda c: c.attention.attn_scale is None or c.attention.query_pre_attn_scalar is None,
              "set attn_scale or query_pre_attn_scalar, not both (both set the score scale)"),
         Rule("heads_divide_width", "d_model", lambda c: c.d_model % c.attention.num_heads == 0,
              "d_model={d_model} is not divisible by num_heads={attention.num_heads}",
              when=lambda c: c.attention.head_dim is None and c.attention.mla is None),  # mla: its own widths
         *positive("attention.head_dim", "attention.num_kv_heads", optional=True),
         Rule("kv_heads_divide_heads", "attention.num_kv_heads",
-             lambda c: c.attention.num_kv_heads <= c.attention.num_heads and c.attention.num_heads % c.attention.num_kv_heads == 0,
+             lambda c: (c.attention.num_kv_heads <= c.attention.num_heads
+                        and c.attention.num_heads % c.attention.num_kv_heads == 0),
              "num_heads={attention.num_heads} must be a multiple of num_kv_heads={attention.num_kv_heads}",
              when=lambda c: c.attention.num_kv_heads is not None),
-        Rule("rope_even_head", "attention.head_dim", lambda c: c.resolved_head_dim % 2 == 0, "RoPE needs an even head_dim",
+        Rule("rope_even_head", "attention.head_dim", lambda c: c.resolved_head_dim % 2 == 0,
+             "RoPE needs an even head_dim",
              when=lambda c: c.positions.kind == "rope" and c.attention.mla is None),  # mla rotates qk_rope_head_dim
         # T5's log-spaced buckets divide by log(max_distance / max_exact)
         Rule("t5_buckets", "positions.rel_num_buckets", lambda c: c.positions.rel_num_buckets >= 4,
              "T5 buckets need >= 4, got {positions.rel_num_buckets}", when=lambda c: c.positions.kind == "t5"),
-        Rule("t5_max_distance", "positions.rel_max_distance", lambda c: c.positions.rel_max_distance > c.positions.rel_num_buckets // 2,
+        Rule("t5_max_distance", "positions.rel_max_distance",
+             lambda c: c.positions.rel_max_distance > c.positions.rel_num_buckets // 2,
              lambda c: f"must exceed rel_num_buckets // 2 = {c.positions.rel_num_buckets // 2} (the exact buckets), "
                        f"got {c.positions.rel_max_distance}",
              when=lambda c: c.positions.kind == "t5"),
         *positive("attention.sliding_window", optional=True),
         Rule("layer_types_per_layer", "attention.layer_types",
-             lambda c: len(c.attention.layer_types) == c.num_layers and all(t in LAYER_TYPES for t in c.attention.layer_types),
+             lambda c: (len(c.attention.layer_types) == c.num_layers
+                        and all(t in LAYER_TYPES for t in c.attention.layer_types)),
              "must be {num_layers} entries (num_layers) of " + str(LAYER_TYPES) + ", got {attention.layer_types!r}",
              when=lambda c: c.attention.layer_types is not None),
         Rule("sliding_layers_need_window", "attention.layer_types",
              lambda c: c.attention.sliding_window is not None or "sliding_attention" not in c.attention.layer_types,
              "sliding_attention layers need sliding_window", when=lambda c: c.attention.layer_types is not None),
         number_or_null("attention.attn_logit_softcap"), number_or_null("attention.query_pre_attn_scalar"),
-        Rule("rotary_dim_under_rope", "positions.rotary_dim", lambda c: c.positions.kind == "rope" and c.attention.mla is None,
+        Rule("rotary_dim_under_rope", "positions.rotary_dim",
+             lambda c: c.positions.kind == "rope" and c.attention.mla is None,
              "rotates part of each head under RoPE; position is {positions.kind!r}{with_mla}",
              when=lambda c: c.positions.rotary_dim is not None),
         Rule("rotary_dim_even", "positions.rotary_dim",
-             lambda c: positive_int(c.positions.rotary_dim) and c.positions.rotary_dim <= c.resolved_head_dim and c.positions.rotary_dim % 2 == 0,
+             lambda c: (positive_int(c.positions.rotary_dim) and c.positions.rotary_dim <= c.resolved_head_dim
+                        and c.positions.rotary_dim % 2 == 0),
              "must be an even int in (0, head_dim={resolved_head_dim}], got {positions.rotary_dim!r}",
              when=lambda c: c.positions.rotary_dim is not None),
         Rule("one_qk_norm", "attention.qk_norm_full", lambda c: not (c.attention.qk_norm and c.attention.qk_norm_full),
              "set qk_norm (per head, Qwen3) or qk_norm_full (the full width, OLMo 2), not both"),
-        Rule("qk_norm_full_without_mla", "attention.qk_norm_full", lambda c: not c.attention.qk_norm_full or c.attention.mla is None,
-             "is not supported with mla"),
+        Rule("qk_norm_full_without_mla", "attention.qk_norm_full",
+             lambda c: not c.attention.qk_norm_full or c.attention.mla is None, "is not supported with mla"),
         Rule("parallel_residual_pre_norm", "norms.parallel_residual", lambda c: c.norms.norm_position == "pre",
              "runs both sublayers on pre-norms of the layer input; norm_position is {norms.norm_position!r}",
              when=lambda c: c.norms.parallel_residual),
-        Rule("parallel_residual_plain", "norms.parallel_residual", lambda c: c.norms.layer_scale is None and c.norms.first_attn_norm,
+        Rule("parallel_residual_plain", "norms.parallel_residual",
+             lambda c: c.norms.layer_scale is None and c.norms.first_attn_norm,
              "GPT-NeoX's parallel block has no LayerScale and a norm before both sublayers "
              "(layer_scale null, first_attn_norm true)", when=lambda c: c.norms.parallel_residual),
         Rule("rope_scaling_under_rope", "positions.rope_scaling", lambda c: c.positions.kind == "rope",
              "scales RoPE; position is {positions.kind!r}", when=lambda c: c.positions.rope_scaling is not None),
-        Rule("dynamic_rope_width", "positions.rope_scaling", lambda c: c.resolved_rotary_dim > 2 or c.attention.mla is not None,
+        Rule("dynamic_rope_width", "positions.rope_scaling",
+             lambda c: c.resolved_rotary_dim > 2 or c.attention.mla is not None,
              "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))",
              when=lambda c: c.positions.rope_scaling is not None and c.positions.rope_scaling.rope_type == "dynamic"),
         *(Rule(f"longrope_{n}_per_frequency", "positions.rope_scaling",
@@ -389,24 +402,30 @@ class TransformerConfig(metaclass=FlatKeywords):
           for n in ("short_factor", "long_factor")),
         Rule("positions_from_padding_absolute", "positions.positions_from_padding",
              lambda c: c.positions.kind in ("learned", "sinusoidal"),
-             "offsets absolute position tables; position is {positions.kind!r}", when=lambda c: c.positions.positions_from_padding),
+             "offsets absolute position tables; position is {positions.kind!r}",
+             when=lambda c: c.positions.positions_from_padding),
         Rule("positions_from_padding_fit", "positions.positions_from_padding", lambda c: c.pad_id + 1 < c.max_len,
              lambda c: f"the first position is pad_id + 1 = {c.pad_id + 1}, outside max_len={c.max_len}",
              when=lambda c: c.positions.positions_from_padding),
-        Rule("rope_local_base_positive", "positions.rope_local_base", lambda c: positive_number(c.positions.rope_local_base),
+        Rule("rope_local_base_positive", "positions.rope_local_base",
+             lambda c: positive_number(c.positions.rope_local_base),
              "must be a number > 0 or null (rope_base), got {positions.rope_local_base!r}",
              when=lambda c: c.positions.rope_local_base is not None),
-        Rule("rope_local_base_under_rope", "positions.rope_local_base", lambda c: c.positions.kind == "rope" and c.attention.mla is None,
+        Rule("rope_local_base_under_rope", "positions.rope_local_base",
+             lambda c: c.positions.kind == "rope" and c.attention.mla is None,
              "is the RoPE base of sliding-window layers; position is {positions.kind!r}{with_mla}",
              when=lambda c: c.positions.rope_local_base is not None),
-        Rule("first_attn_norm_pre", "norms.first_attn_norm", lambda c: c.norms.first_attn_norm or c.norms.norm_position == "pre",
+        Rule("first_attn_norm_pre", "norms.first_attn_norm",
+             lambda c: c.norms.first_attn_norm or c.norms.norm_position == "pre",
              "only a Pre-LN stack can drop layer 0's attn_norm; norm_position is {norms.norm_position!r}"),
-        Rule("rope_local_scaling_needs_base", "positions.rope_local_scaling", lambda c: c.positions.rope_local_base is not None,
+        Rule("rope_local_scaling_needs_base", "positions.rope_local_scaling",
+             lambda c: c.positions.rope_local_base is not None,
              "scales the local layers' own RoPE; set rope_local_base with it",
              when=lambda c: c.positions.rope_local_scaling is not None),
         Rule("dynamic_rope_local_width", "positions.rope_local_scaling", lambda c: c.resolved_rotary_dim > 2,
              "dynamic scaling needs a rotated width > 2 (its exponent is K / (K - 2))",
-             when=lambda c: c.positions.rope_local_scaling is not None and c.positions.rope_local_scaling.rope_type == "dynamic"),
+             when=lambda c: (c.positions.rope_local_scaling is not None
+                             and c.positions.rope_local_scaling.rope_type == "dynamic")),
         Rule("type_vocab_size_int", "bert.type_vocab_size",
              lambda c: isinstance(c.bert.type_vocab_size, int) and c.bert.type_vocab_size >= 0,
              "must be an int >= 0 (0 = no token type embeddings), got {bert.type_vocab_size!r}"),
@@ -418,24 +437,29 @@ class TransformerConfig(metaclass=FlatKeywords):
         Rule("layer_scale_not_sandwich", "norms.layer_scale", lambda c: c.norms.norm_position != "sandwich",
              "is not defined with norm_position='sandwich' (the post-norm would rescale it)",
              when=lambda c: c.norms.layer_scale is not None),
-        Rule("dense_layers_in_stack", "feedforward.moe.dense_layers", lambda c: all(i < c.num_layers for i in c.feedforward.moe.dense_layers),
-             "indices must be < num_layers={num_layers}, got {feedforward.moe.dense_layers!r}", when=lambda c: c.feedforward.moe is not None),
-        Rule("mla_rope", "attention.mla", lambda c: c.positions.kind == "rope", "uses decoupled RoPE; position is {positions.kind!r}",
-             when=lambda c: c.attention.mla is not None),
+        Rule("dense_layers_in_stack", "feedforward.moe.dense_layers",
+             lambda c: all(i < c.num_layers for i in c.feedforward.moe.dense_layers),
+             "indices must be < num_layers={num_layers}, got {feedforward.moe.dense_layers!r}",
+             when=lambda c: c.feedforward.moe is not None),
+        Rule("mla_rope", "attention.mla", lambda c: c.positions.kind == "rope",
+             "uses decoupled RoPE; position is {positions.kind!r}", when=lambda c: c.attention.mla is not None),
         # every head reads its own keys, expanded from one shared latent: no key/value groups
-        Rule("mla_no_kv_groups", "attention.num_kv_heads", lambda c: c.attention.num_kv_heads in (None, c.attention.num_heads),
+        Rule("mla_no_kv_groups", "attention.num_kv_heads",
+             lambda c: c.attention.num_kv_heads in (None, c.attention.num_heads),
              "does not apply to mla (keys are per head from the latent); got {attention.num_kv_heads}",
              when=lambda c: c.attention.mla is not None),
         *(Rule(f"mla_no_{_last(n)}", n, lambda c, n=n: attrgetter(n)(c) is None,
                "is not supported with mla (head widths are mla's; no sliding-window ring cache holds a latent)",
-               when=lambda c: c.attention.mla is not None) for n in ("attention.head_dim", "attention.sliding_window", "attention.layer_types")),
+               when=lambda c: c.attention.mla is not None)
+          for n in ("attention.head_dim", "attention.sliding_window", "attention.layer_types")),
         Rule("mla_no_qk_norm", "attention.qk_norm", lambda c: not c.attention.qk_norm, "is not supported with mla",
              when=lambda c: c.attention.mla is not None),
         Rule("mla_no_local_rope", "positions.rope_local_base", lambda c: c.positions.rope_local_base is None,
              "is not supported with mla (no local layers)", when=lambda c: c.attention.mla is not None),
         Rule("mla_dynamic_rope_width", "positions.rope_scaling", lambda c: c.attention.mla.qk_rope_head_dim > 2,
              "dynamic scaling needs qk_rope_head_dim > 2",
-             when=lambda c: c.attention.mla is not None and c.positions.rope_scaling is not None and c.positions.rope_scaling.rope_type == "dynamic"),
+             when=lambda c: (c.attention.mla is not None and c.positions.rope_scaling is not None
+                             and c.positions.rope_scaling.rope_type == "dynamic")),
     )
 
     @property
@@ -449,11 +473,13 @@ class TransformerConfig(metaclass=FlatKeywords):
 
     def sparse_layers(self) -> tuple[bool, ...]:
         """Per layer: is its FFN the mixture of experts (moe), else the dense FFN?"""
-        return (False,) * self.num_layers if self.feedforward.moe is None else self.feedforward.moe.sparse_layers(self.num_layers)
+        return ((False,) * self.num_layers if self.feedforward.moe is None
+                else self.feedforward.moe.sparse_layers(self.num_layers))
 
     @property
     def resolved_head_dim(self) -> int:
-        return self.attention.head_dim if self.attention.head_dim is not None else self.d_model // self.attention.num_heads
+        return (self.attention.head_dim if self.attention.head_dim is not None
+                else self.d_model // self.attention.num_heads)
 
     @property
     def resolved_rotary_dim(self) -> int:
