@@ -101,7 +101,8 @@ def read_config(ckpt, max_len: int | None = None) -> tuple[Any, str, str, Any, l
     if max_len is not None and max_len != cfg.max_len:
         if getattr(getattr(cfg, "positions", None), "kind", None) != "rope":
             raise ConfigError(f"max_len={max_len}: only a RoPE model's context can differ from the "
-                              f"checkpoint's ({cfg.max_len}, positions.kind={getattr(getattr(cfg, 'positions', None), 'kind', None)!r})")
+                              f"checkpoint's ({cfg.max_len}, positions.kind="
+                              f"{getattr(getattr(cfg, 'positions', None), 'kind', None)!r})")
         import dataclasses
         notes.append(f"max_len={max_len} (config.json max_position_embeddings={cfg.max_len})")
         cfg = dataclasses.replace(cfg, max_len=max_len)

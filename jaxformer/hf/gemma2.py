@@ -112,8 +112,8 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 EXPORTS = {"lm": dict(
     llama.DECODER, norm="rmsnorm_offset", norm_position="sandwich", scale_embedding=True, sliding_window=WRITES,
     layer_types=WRITES, attn_logit_softcap=WRITES, final_logit_softcap=WRITES, **llama.biases("ffn"),
-    ffn=Need(lambda c: c.feedforward.kind in ACTIVATIONS.values(), f"feedforward.kind={{feedforward.kind!r}} (Gemma2ForCausalLM gates with "
-             f"{sorted(ACTIVATIONS.values())})"),
+    ffn=Need(lambda c: c.feedforward.kind in ACTIVATIONS.values(),
+             f"feedforward.kind={{feedforward.kind!r}} (Gemma2ForCausalLM gates with {sorted(ACTIVATIONS.values())})"),
     query_pre_attn_scalar=Need(lambda c: c.attention.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
                                "(Gemma2ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))"))}
 
@@ -135,8 +135,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.feedforward.kind),
             "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norms.norm_eps, **rope_to_hf(cfg),
             "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attention.attn_dropout,
-            "query_pre_attn_scalar": cfg.attention.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
-            "final_logit_softcapping": cfg.final_logit_softcap, "attn_logit_softcapping": cfg.attention.attn_logit_softcap,
+            "query_pre_attn_scalar": cfg.attention.query_pre_attn_scalar, "sliding_window": window,
+            "layer_types": types, "final_logit_softcapping": cfg.final_logit_softcap,
+            "attn_logit_softcapping": cfg.attention.attn_logit_softcap,
             "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_id, "eos_token_id": eos,
             "pad_token_id": cfg.pad_id, "initializer_range": 0.02, "dtype": "float32"}
 

@@ -161,11 +161,12 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
 # Gemma2's with q/k norms, no score soft cap, and the sliding layers' own RoPE
 EXPORTS = {"lm": dict(
     gemma2.EXPORTS["lm"], qk_norm=True, attn_logit_softcap=None, rope_local_base=WRITES, rope_local_scaling=WRITES,
-    ffn=Need(lambda c: c.feedforward.kind in ACTIVATIONS.values(), f"feedforward.kind={{feedforward.kind!r}} (Gemma3ForCausalLM gates with "
-             f"{sorted(ACTIVATIONS.values())})"),
+    ffn=Need(lambda c: c.feedforward.kind in ACTIVATIONS.values(),
+             f"feedforward.kind={{feedforward.kind!r}} (Gemma3ForCausalLM gates with {sorted(ACTIVATIONS.values())})"),
     query_pre_attn_scalar=Need(lambda c: c.attention.query_pre_attn_scalar is not None, "query_pre_attn_scalar=None "
                                "(Gemma3ForCausalLM needs a number; head_dim gives 1/sqrt(head_dim))"),
-    d_model=Need(lambda c: c.d_model % c.attention.num_heads == 0, "d_model={d_model} with attention.num_heads={attention.num_heads} "
+    d_model=Need(lambda c: c.d_model % c.attention.num_heads == 0,
+                 "d_model={d_model} with attention.num_heads={attention.num_heads} "
                  "(Gemma3TextConfig needs hidden_size divisible by num_attention_heads)"))}
 
 
@@ -190,9 +191,11 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             "num_attention_heads": cfg.attention.num_heads, "num_key_value_heads": cfg.resolved_kv_heads,
             "head_dim": cfg.resolved_head_dim,
             "hidden_activation": next(k for k, v in ACTIVATIONS.items() if v == cfg.feedforward.kind),
-            "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norms.norm_eps, "rope_parameters": ropes,
-            "attention_bias": cfg.resolved_qkv_bias, "attention_dropout": cfg.attention.attn_dropout,
-            "query_pre_attn_scalar": cfg.attention.query_pre_attn_scalar, "sliding_window": window, "layer_types": types,
+            "max_position_embeddings": hf_max_positions(cfg), "rms_norm_eps": cfg.norms.norm_eps,
+            "rope_parameters": ropes, "attention_bias": cfg.resolved_qkv_bias,
+            "attention_dropout": cfg.attention.attn_dropout,
+            "query_pre_attn_scalar": cfg.attention.query_pre_attn_scalar, "sliding_window": window,
+            "layer_types": types,
             "final_logit_softcapping": None if cap is None else float(cap), "attn_logit_softcapping": None,
             "use_bidirectional_attention": False, "tie_word_embeddings": cfg.tie_embeddings,
             "bos_token_id": cfg.bos_id, "eos_token_id": eos, "pad_token_id": cfg.pad_id, "initializer_range": 0.02,

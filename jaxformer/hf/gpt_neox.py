@@ -155,16 +155,17 @@ EXPORTS = {"lm": dict(
     norm_eps=WRITES, rope_base=WRITES, rope_scaling=llama.ROPE_SCALING, rotary_dim=WRITES,
     parallel_residual=WRITES, attn_dropout=WRITES, dropout=WRITES, tie_embeddings=WRITES, bos_id=WRITES,
     eos_id=WRITES, pad_id=WRITES, bias=WRITES, attn_qkv_bias=WRITES,
-    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attention.attn_qkv_bias={resolved_qkv_bias} "
-                       "with attention.attn_out_bias={resolved_out_bias} (GPT-NeoX's attention_bias covers query_key_value "
-                       "and dense)"),
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias,
+                       "attention.attn_qkv_bias={resolved_qkv_bias} with attention.attn_out_bias={resolved_out_bias} "
+                       "(GPT-NeoX's attention_bias covers query_key_value and dense)"),
     **llama.biases("ffn", want=True),
     position="rope", norm="layernorm", norm_bias=True, norm_position="pre", final_norm=True, scale_embedding=False,
     sliding_window=None, layer_types=None, ffn_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False,
     qk_norm_full=False, attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
     embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, "embed_dropout={embed_dropout} (GPT-NeoX needs "
                        "dropout={dropout}: one hidden_dropout)"),
-    ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(), f"feedforward.kind={{feedforward.kind!r}} (GPT-NeoX activations: {exportable_ffns()})"),
+    ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(),
+             f"feedforward.kind={{feedforward.kind!r}} (GPT-NeoX activations: {exportable_ffns()})"),
     num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
                       "attention.num_kv_heads={attention.num_kv_heads} (GPT-NeoX has no grouped-query attention)"),
     head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
@@ -180,8 +181,9 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
     rope["partial_rotary_factor"] = partial_factor(cfg.resolved_rotary_dim, cfg.resolved_head_dim)
     eos = list(cfg.eos_id) if isinstance(cfg.eos_id, tuple) else cfg.eos_id
     return {"architectures": ["GPTNeoXForCausalLM"], "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.attention.num_heads,
-            "intermediate_size": cfg.feedforward.d_ff, "hidden_act": ffn_to_hf(cfg.feedforward.kind), "rope_parameters": rope,
+            "hidden_size": cfg.d_model, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.attention.num_heads, "intermediate_size": cfg.feedforward.d_ff,
+            "hidden_act": ffn_to_hf(cfg.feedforward.kind), "rope_parameters": rope,
             "attention_dropout": cfg.attention.attn_dropout, "hidden_dropout": cfg.dropout,
             "max_position_embeddings": hf_max_positions(cfg), "layer_norm_eps": cfg.norms.norm_eps,
             "use_parallel_residual": cfg.norms.parallel_residual, "attention_bias": cfg.resolved_qkv_bias,

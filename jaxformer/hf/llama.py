@@ -116,8 +116,9 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str, rules: Renamer = RULES, what:
 ROPE_SCALING = Need(lambda c: c.positions.rope_scaling is None or c.positions.rope_scaling.rope_type != "longrope",
                     "positions.rope_scaling={positions.rope_scaling.rope_type!r} (only Phi-3 writes longrope)")
 SAME_ATTENTION_BIAS = Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias,
-                           "attention.attn_qkv_bias={resolved_qkv_bias} with attention.attn_out_bias={resolved_out_bias} (one "
-                           "attention_bias covers all four attention projections)")
+                           "attention.attn_qkv_bias={resolved_qkv_bias} with "
+                           "attention.attn_out_bias={resolved_out_bias} "
+                           "(one attention_bias covers all four attention projections)")
 _BIAS_FIELDS = {"qkv": "attn_qkv_bias", "out": "attn_out_bias", "ffn": "ffn_bias"}
 
 

@@ -63,4 +63,5 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 FAMILY = Family(name="mistral", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
                 hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
-                claims=lambda c: c.positions.kind == "rope" and c.attention.sliding_window is not None, embed_keys=EMBED_KEYS)
+                claims=lambda c: c.positions.kind == "rope" and c.attention.sliding_window is not None,
+                embed_keys=EMBED_KEYS)

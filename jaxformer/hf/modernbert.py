@@ -212,8 +212,9 @@ ENCODER = dict(
     norm_eps=WRITES, norm_bias=WRITES, pad_id=WRITES, attn_dropout=WRITES, embed_dropout=WRITES, ffn_dropout=WRITES,
     sliding_window=WRITES, layer_types=WRITES, rope_base=WRITES, rope_local_base=WRITES, bias=WRITES,
     attn_qkv_bias=WRITES, ffn_bias=WRITES,
-    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias, "attention.attn_out_bias={resolved_out_bias}: q/k/v "
-                       "and output biases differ (ModernBERT's attention_bias sets both)"),
+    attn_out_bias=Need(lambda c: c.resolved_out_bias == c.resolved_qkv_bias,
+                       "attention.attn_out_bias={resolved_out_bias}: q/k/v and output biases differ "
+                       "(ModernBERT's attention_bias sets both)"),
     position="rope", norm="layernorm", norm_position="pre", final_norm=True, first_attn_norm=False, embed_norm=True,
     scale_embedding=False, type_vocab_size=0, positions_from_padding=False, rope_scaling=None, qk_norm=False,
     attn_logit_softcap=None, query_pre_attn_scalar=None, moe=None, mla=None, attn_sinks=False, dropout=0.0,

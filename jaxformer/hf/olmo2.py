@@ -76,4 +76,5 @@ def state_dict_to_hf(sd: dict[str, np.ndarray], name: str, cfg: LMConfig) -> dic
 FAMILY = Family(name="olmo2", architectures=ARCHITECTURES, model_types=MODEL_TYPES, config_from_hf=config_from_hf,
                 tensor_fn=tensor_fn, config_to_hf=config_to_hf, state_dict_to_hf=state_dict_to_hf,
                 hf_defaults=dict.fromkeys(ARCHITECTURES, DEFAULTS), exports=EXPORTS,
-                claims=lambda c: c.norms.norm_position == "post_sublayer" or c.attention.qk_norm_full, embed_keys=EMBED_KEYS)
+                claims=lambda c: c.norms.norm_position == "post_sublayer" or c.attention.qk_norm_full,
+                embed_keys=EMBED_KEYS)

@@ -163,8 +163,10 @@ def tensor_fn(name: str, cfg: LMConfig, arch: str):
                                    f"(q {h} x {k}, then k and v {g} x {k} rows)")
             return dict(zip((stem + f"{p}_proj.weight" for p in "qkv"), _split(x, [h * k, g * k, g * k]), strict=True))
         if x.ndim != 2 or x.shape[0] != 2 * cfg.feedforward.d_ff:  # rows [gate (F) | up (F)]
-            raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{2 * cfg.feedforward.d_ff}, D] (gate, then up)")
-        return dict(zip((stem + "gate_proj.weight", stem + "up_proj.weight"), _split(x, [cfg.feedforward.d_ff, cfg.feedforward.d_ff]), strict=True))
+            raise MappingError(f"{key}: shape {tuple(x.shape)}, expected [{2 * cfg.feedforward.d_ff}, D] "
+                               "(gate, then up)")
+        return dict(zip((stem + "gate_proj.weight", stem + "up_proj.weight"),
+                        _split(x, [cfg.feedforward.d_ff, cfg.feedforward.d_ff]), strict=True))
     return fn
 
 
@@ -175,7 +177,8 @@ EXPORTS = {"lm": dict(
     llama.DECODER, dropout=WRITES, sliding_window=WRITES, rotary_dim=WRITES, layer_types=None,
     **llama.biases("qkv", "out", "ffn"),
     rope_scaling=Need(lambda c: c.positions.rope_scaling is None or c.positions.rope_scaling.rope_type == "longrope",
-                      "positions.rope_scaling={positions.rope_scaling.rope_type!r} (Phi3ForCausalLM has only longrope)"),
+                      "positions.rope_scaling={positions.rope_scaling.rope_type!r} "
+                      "(Phi3ForCausalLM has only longrope)"),
     head_dim=Need(lambda c: c.attention.head_dim is None or c.attention.head_dim == c.d_model // c.attention.num_heads,
                   "attention.head_dim={attention.head_dim} (Phi3ForCausalLM's heads are d_model // num_heads wide)"))}
 
@@ -199,7 +202,8 @@ def config_to_hf(name: str, cfg: LMConfig) -> dict:
             params["attention_factor"] = float(s.attention_factor)
         out.update(rope_parameters=params, original_max_position_embeddings=int(s.original_max_len))
     if cfg.positions.rotary_dim is not None:  # Phi-4-mini's partial rotary (§35)
-        out["rope_parameters"]["partial_rotary_factor"] = partial_factor(cfg.positions.rotary_dim, cfg.resolved_head_dim)
+        out["rope_parameters"]["partial_rotary_factor"] = partial_factor(cfg.positions.rotary_dim,
+                                                                         cfg.resolved_head_dim)
     return out
 
 

@@ -118,15 +118,20 @@ EXPORTS = {"lm": dict(
     attn_out_bias=Need(lambda c: c.resolved_out_bias == (c.resolved_qkv_bias if c.attention.qk_norm else False),
                        "out_bias={resolved_out_bias} with qkv_bias={resolved_qkv_bias} (Qwen3-MoE's attention_bias "
                        "covers all four projections; Qwen2-MoE's o_proj has none)"),
-    qk_norm=Need(lambda c: c.feedforward.moe is None or (c.feedforward.moe.num_shared_experts == 0 if c.attention.qk_norm else c.feedforward.moe.shared_expert_gate),
-                 "attention.qk_norm={attention.qk_norm} with feedforward.moe.num_shared_experts={feedforward.moe.num_shared_experts}, feedforward.moe.shared_expert_gate="
-                 "{feedforward.moe.shared_expert_gate} (Qwen3-MoE has no shared expert; Qwen2-MoE's is gated)"),
+    qk_norm=Need(lambda c: c.feedforward.moe is None or (c.feedforward.moe.num_shared_experts == 0
+                                                         if c.attention.qk_norm
+                                                         else c.feedforward.moe.shared_expert_gate),
+                 "attention.qk_norm={attention.qk_norm} with "
+                 "feedforward.moe.num_shared_experts={feedforward.moe.num_shared_experts}, "
+                 "feedforward.moe.shared_expert_gate={feedforward.moe.shared_expert_gate} "
+                 "(Qwen3-MoE has no shared expert; Qwen2-MoE's is gated)"),
     moe=Sub(dict(mixtral.MOE, norm_topk_prob=WRITES, dense_layers=WRITES, num_shared_experts=WRITES, d_shared=WRITES,
                  shared_expert_gate=WRITES), missing="Qwen-MoE is a mixture of experts"))}
 
 
 def claims(c) -> bool:  # Qwen's q/k norm, gated shared expert or qkv-only bias
-    return c.feedforward.moe is not None and (c.attention.qk_norm or c.feedforward.moe.shared_expert_gate or c.resolved_qkv_bias != c.resolved_out_bias)
+    return c.feedforward.moe is not None and (c.attention.qk_norm or c.feedforward.moe.shared_expert_gate
+                                              or c.resolved_qkv_bias != c.resolved_out_bias)
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:

@@ -211,11 +211,13 @@ EXPORTS = {"seq2seq": dict(
     layer_types=Ignored("without a sliding_window every layer attends fully"),
     num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
                       "attention.num_kv_heads={attention.num_kv_heads} (T5 has no grouped-query attention)"),
-    ffn=Need(lambda c: c.feedforward.kind in FFN_TO_HF, f"feedforward.kind={{feedforward.kind!r}} (T5 feed_forward_proj has {sorted(FFN_TO_HF)})"),
+    ffn=Need(lambda c: c.feedforward.kind in FFN_TO_HF,
+             f"feedforward.kind={{feedforward.kind!r}} (T5 feed_forward_proj has {sorted(FFN_TO_HF)})"),
     # one dropout_rate: the other three are written as it, which this makes them equal to
     dropout=Need(lambda c: c.dropout == c.attention.attn_dropout == c.feedforward.ffn_dropout == c.embed_dropout,
-                 "dropout={dropout}, attention.attn_dropout={attention.attn_dropout}, feedforward.ffn_dropout={feedforward.ffn_dropout} and embed_dropout="
-                 "{embed_dropout} differ (T5 has one dropout_rate)"),
+                 "dropout={dropout}, attention.attn_dropout={attention.attn_dropout}, "
+                 "feedforward.ffn_dropout={feedforward.ffn_dropout} and embed_dropout={embed_dropout} differ "
+                 "(T5 has one dropout_rate)"),
     attn_dropout=WRITES, ffn_dropout=WRITES, embed_dropout=WRITES,
     tgt_vocab_size=Need(lambda c: not c.tie_output or c.resolved_tgt_vocab == c.vocab_size,
                         "tgt_vocab_size={tgt_vocab_size}: a target vocabulary of its own (T5 shares one table)"))}
@@ -224,7 +226,8 @@ EXPORTS = {"seq2seq": dict(
 def config_to_hf(name: str, cfg: Seq2SeqConfig) -> dict:
     return {"architectures": ["T5ForConditionalGeneration"], "model_type": MODEL_TYPE,
             "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "d_kv": cfg.resolved_head_dim,
-            "d_ff": cfg.feedforward.d_ff, "num_layers": cfg.num_layers, "num_decoder_layers": cfg.resolved_decoder_layers,
+            "d_ff": cfg.feedforward.d_ff, "num_layers": cfg.num_layers,
+            "num_decoder_layers": cfg.resolved_decoder_layers,
             "num_heads": cfg.attention.num_heads, "relative_attention_num_buckets": cfg.positions.rel_num_buckets,
             "relative_attention_max_distance": cfg.positions.rel_max_distance, "dropout_rate": cfg.dropout,
             "layer_norm_epsilon": cfg.norms.norm_eps, "feed_forward_proj": FFN_TO_HF[cfg.feedforward.kind],
