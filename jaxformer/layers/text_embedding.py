@@ -30,7 +30,8 @@ class TextEmbedding(nnx.Module):
         self.embed_token_types = Embedding(cfg.bert.type_vocab_size, cfg.d_model, init_std=0.02,
                                            axes=(None, "embed"), rngs=rngs) \
             if cfg.bert.type_vocab_size else None
-        self.norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias, rngs=rngs) \
+        self.norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias,
+                              rngs=rngs) \
             if cfg.bert.embed_norm else None
         self.dropout = nnx.Dropout(cfg.embed_dropout, rngs=rngs)
         self.max_len = cfg.max_len

@@ -56,24 +56,30 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = Fal
         if not self_attn:
             raise ValueError("mla is self-attention only; a decoder with cross-attention cannot use it")
         return MultiHeadLatentAttention(
-            cfg.d_model, cfg.attention.num_heads, cfg.attention.mla, rope=Rope(cfg.max_len, cfg.positions.rope_base, cfg.positions.rope_scaling),
+            cfg.d_model, cfg.attention.num_heads, cfg.attention.mla,
+            rope=Rope(cfg.max_len, cfg.positions.rope_base, cfg.positions.rope_scaling),
             bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias,
             attn_dropout=cfg.attention.attn_dropout, dropout=cfg.dropout,
             scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap), rngs=rngs)
     use_rope = self_attn and cfg.positions.kind == "rope"
     rope_base, rope_scaling = cfg.layer_rope(local)
-    qk_norm = QKNorm(cfg.norms.kind, cfg.norms.norm_eps, cfg.attention.qk_norm_full) if cfg.attention.qk_norm or cfg.attention.qk_norm_full else None
+    qk_norm = (QKNorm(cfg.norms.kind, cfg.norms.norm_eps, cfg.attention.qk_norm_full)
+               if cfg.attention.qk_norm or cfg.attention.qk_norm_full else None)
     if cfg.attention.diff_attn is not None:  # two softmax maps per head, subtracted (layers/diff_attention.py)
         return DifferentialAttention(
-            cfg.d_model, cfg.attention.num_heads, lambda_init=cfg.attention.diff_attn, num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
+            cfg.d_model, cfg.attention.num_heads, lambda_init=cfg.attention.diff_attn,
+            num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
             bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, dropout=cfg.dropout,
             rope=Rope(cfg.max_len, rope_base, rope_scaling) if use_rope else None,
             scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap), rngs=rngs)
     return MultiHeadAttention(
         cfg.d_model, cfg.attention.num_heads, num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
         bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attention.attn_dropout,
-        dropout=cfg.dropout, rope=Rope(cfg.max_len, rope_base, rope_scaling, cfg.positions.rotary_dim) if use_rope else None,
-        qk_norm=qk_norm, scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap, cfg.attention.attn_sinks and self_attn), rngs=rngs)
+        dropout=cfg.dropout,
+        rope=Rope(cfg.max_len, rope_base, rope_scaling, cfg.positions.rotary_dim) if use_rope else None,
+        qk_norm=qk_norm,
+        scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap, cfg.attention.attn_sinks and self_attn),
+        rngs=rngs)
 
 
 def make_ffn(cfg: TransformerConfig, *, sparse: bool = False, rngs: nnx.Rngs) -> FeedForward | MoE:
@@ -295,7 +301,8 @@ class _Stack(nnx.Module):
         record = AttentionMask.of(mask, t, causal=self.causal, offset=offset, keys=keys)
         bias = None
         if self.cfg.positions.kind == "alibi":
-            record = dataclasses.replace(record, alibi_slopes=jnp.asarray(tables.alibi_slopes(self.cfg.attention.num_heads)))
+            record = dataclasses.replace(
+                record, alibi_slopes=jnp.asarray(tables.alibi_slopes(self.cfg.attention.num_heads)))
         elif self.rel_bias is not None and keys is None:
             bias = self.rel_bias(positions, positions)
         return record, bias, positions

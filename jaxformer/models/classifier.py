@@ -39,7 +39,8 @@ class Classifier(nnx.Module):
         self.encoder = Encoder(stack, rngs=rngs)
         self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=cfg.pooler_bias, axes=("embed", None),
                              rngs=rngs) if cfg.bert.pooler else None
-        self.pooler_norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias, rngs=rngs) \
+        self.pooler_norm = make_norm(cfg.norms.kind, cfg.d_model, eps=cfg.norms.norm_eps, bias=cfg.norms.norm_bias,
+                                     rngs=rngs) \
             if cfg.bert.pooler and cfg.pooler_norm else None
         head_dropout = cfg.dropout if cfg.classifier_dropout is None else cfg.classifier_dropout
         self.dropout = nnx.Dropout(head_dropout, rngs=rngs)

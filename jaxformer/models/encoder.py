@@ -26,7 +26,8 @@ class TextEncoder(nnx.Module):
         self.cfg = cfg
         self.embed = TextEmbedding(cfg, rngs=rngs)
         self.encoder = Encoder(cfg, rngs=rngs)
-        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, axes=("embed", None), rngs=rngs) if cfg.bert.pooler else None
+        self.pooler = Linear(cfg.d_model, cfg.d_model, use_bias=True, axes=("embed", None),
+                             rngs=rngs) if cfg.bert.pooler else None
 
     def __call__(self, ids: jax.Array, attention_mask: jax.Array | None = None, *,
                  token_type_ids: jax.Array | None = None, return_intermediates: bool = False,

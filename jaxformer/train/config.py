@@ -468,7 +468,8 @@ def _context_problems(cfg: RunConfig) -> list[str]:
     if seq is not None and seq % (2 * n):
         out.append(f"data.seq_len={seq} does not divide by 2 x parallel.mesh.context = {2 * n} "
                    "(the zigzag layout gives each context device two equal chunks)")
-    rate = cfg.train.dropout if cfg.train.dropout is not None else getattr(getattr(m, "attention", m), "attn_dropout", 0.0)
+    rate = (cfg.train.dropout if cfg.train.dropout is not None
+            else getattr(getattr(m, "attention", m), "attn_dropout", 0.0))
     if rate:
         out.append(f"parallel.mesh.context={n}: attention dropout {rate} is not applied by ring attention "
                    "(it needs the [B, H, T, S] weights); set model.attention.attn_dropout (and train.dropout) to 0")
