@@ -62,7 +62,8 @@ def test_a_set_override_applies_in_either_form(config, override):
 
 
 def test_a_flat_key_with_its_nested_form_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"^model\.sliding_window and model\.attention\.sliding_window given together"):
+    with pytest.raises(ConfigError, match=r"^model\.sliding_window and model\.attention\.sliding_window "
+                                          r"given together"):
         from_dict(LMConfig, {"sliding_window": 4, "attention": {"sliding_window": 4}}, prefix="model.")
     with pytest.raises(ConfigError, match=r"^sliding_window and attention\.sliding_window given together"):
         LMConfig(sliding_window=4, attention=AttentionOptions())
@@ -91,7 +92,8 @@ def test_rules_and_explain_name_the_record_path():
         LMConfig.tiny(sliding_window=0)
     assert explain(LMConfig, {"sliding_window": 0}, prefix="model.") == [
         "model.attention.sliding_window: must be a positive int, got 0 [sliding_window_positive]"]
-    with pytest.raises(ConfigError, match=r"unknown config key\(s\) model\.attention\.sliding_windw for AttentionOptions"):
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\) model\.attention\.sliding_windw "
+                                          r"for AttentionOptions"):
         from_dict(LMConfig, {"attention": {"sliding_windw": 4}}, prefix="model.")
 
 

@@ -43,13 +43,15 @@ def test_config_maps_and_round_trips():
     assert (moe.num_shared_experts, moe.resolved_d_shared, moe.dense_layers, cfg.feedforward.d_ff) == (1, 12, (0,), 40)
     assert (mla.q_lora_rank, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim) == (
         10, 12, 6, 4, 10)
-    assert mla.rope_interleave and cfg.resolved_qkv_bias and cfg.resolved_out_bias and cfg.attention.num_kv_heads is None
+    assert (mla.rope_interleave and cfg.resolved_qkv_bias and cfg.resolved_out_bias
+            and cfg.attention.num_kv_heads is None)
     s = cfg.positions.rope_scaling
     assert (s.rope_type, s.factor, s.mscale, s.mscale_all_dim, s.original_max_len) == ("yarn", 4.0, 0.9, 1.3, 16)
     assert export_problems(deepseek.FAMILY, "lm", cfg) == []
     assert deepseek.config_from_hf(deepseek.config_to_hf("lm", cfg), ARCH)[1] == cfg
     _, plain, _ = deepseek.config_from_hf(hf_config(q_lora_rank=None, first_k_dense_replace=5), ARCH)
-    assert plain.attention.mla.q_lora_rank is None and plain.feedforward.moe.dense_layers == (0, 1)  # more than num_layers: all dense
+    assert (plain.attention.mla.q_lora_rank is None
+            and plain.feedforward.moe.dense_layers == (0, 1))  # more than num_layers: all dense
 
 
 def test_published_v3_config_json_maps():
@@ -70,7 +72,8 @@ def test_published_v3_config_json_maps():
                transformers_version="4.33.1", use_cache=True, v_head_dim=128, vocab_size=129280)
     keys = ["model.layers.60.mlp.gate.weight", "model.layers.61.eh_proj.weight"]
     _, cfg, notes = deepseek.config_from_hf(raw, ARCH, keys)
-    assert cfg.feedforward.moe.dense_layers == (0, 1, 2) and cfg.feedforward.moe.num_experts == 256 and cfg.positions.rope_scaling.factor == 40
+    assert (cfg.feedforward.moe.dense_layers == (0, 1, 2) and cfg.feedforward.moe.num_experts == 256
+            and cfg.positions.rope_scaling.factor == 40)
     assert any("model.layers.[61] skipped" in n for n in notes)
     with pytest.raises(ConfigError, match="quantization_config"):
         deepseek.config_from_hf(dict(raw, quantization_config={"quant_method": "fp8"}), ARCH, keys)

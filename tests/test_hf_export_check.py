@@ -23,7 +23,8 @@ def test_layer_scale_has_no_place_in_a_llama_export():
     LLaMA (its features), and refused there by name instead of failing at the weight rename."""
     cfg = LMConfig.tiny("llama", layer_scale=0.1)
     assert hf.exporter("lm", cfg.replace(layer_scale=None)) is hf.llama.FAMILY
-    with pytest.raises(ConversionError, match=r"no llama HF equivalent: norms\.layer_scale=0\.1 \(llama writes no such"):
+    with pytest.raises(ConversionError, match=r"no llama HF equivalent: norms\.layer_scale=0\.1 "
+                                              r"\(llama writes no such"):
         hf.exporter("lm", cfg)
 
 
@@ -43,8 +44,8 @@ def test_a_new_config_field_no_family_declares_is_refused():
 
 def test_a_refusal_names_the_families_that_write_the_field():
     cfg = LMConfig.tiny("llama", rotary_dim=4, qk_norm=True)  # Qwen3's q/k norms claim it
-    with pytest.raises(ConversionError, match=r"positions\.rotary_dim=4 \(qwen writes no such option; only gpt_neox and "
-                                              r"phi3 export it\)"):
+    with pytest.raises(ConversionError, match=r"positions\.rotary_dim=4 \(qwen writes no such option; only gpt_neox "
+                                              r"and phi3 export it\)"):
         hf.exporter("lm", cfg)
 
 

@@ -111,7 +111,8 @@ def test_published_config_keys_are_accepted():
                torch_dtype="float32", transformers_version="4.48.0.dev0", vocab_size=50368)
     name, cfg, notes = modernbert.config_from_hf(raw, "ModernBertForMaskedLM")
     assert cfg.local_layers() == (False, True, True, False) and cfg.attention.sliding_window == 65
-    assert (cfg.positions.rope_base, cfg.positions.rope_local_base, cfg.feedforward.kind, cfg.norms.norm_eps) == (160000.0, 10000.0, "geglu", 1e-5)
+    assert (cfg.positions.rope_base, cfg.positions.rope_local_base, cfg.feedforward.kind, cfg.norms.norm_eps) == (
+        160000.0, 10000.0, "geglu", 1e-5)
     assert any("layer_norm_eps=2e-05" in n for n in notes)
 
 

@@ -517,10 +517,10 @@ def _hf_view(c) -> dict:
 
 
 def _our_view(cfg, hf_view: dict) -> dict:
-    view = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, num_layers=cfg.num_layers, num_heads=cfg.attention.num_heads,
-                kv_heads=cfg.resolved_kv_heads, head_dim=cfg.resolved_head_dim, norm_eps=cfg.norms.norm_eps,
-                max_len=cfg.max_len, tie=bool(cfg.tie_embeddings), local=cfg.local_layers(),
-                window=cfg.attention.sliding_window if any(cfg.local_layers()) else None)
+    view = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, num_layers=cfg.num_layers,
+                num_heads=cfg.attention.num_heads, kv_heads=cfg.resolved_kv_heads, head_dim=cfg.resolved_head_dim,
+                norm_eps=cfg.norms.norm_eps, max_len=cfg.max_len, tie=bool(cfg.tie_embeddings),
+                local=cfg.local_layers(), window=cfg.attention.sliding_window if any(cfg.local_layers()) else None)
     if "rope_base" in hf_view:
         view["rope_base"] = float(cfg.positions.rope_base)
         view["rotary_dim"] = cfg.resolved_rotary_dim
@@ -528,9 +528,10 @@ def _our_view(cfg, hf_view: dict) -> dict:
         del view["head_dim"]
         view.pop("rotary_dim", None)
         view["mla"] = {k: getattr(cfg.attention.mla, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                                         "qk_rope_head_dim", "v_head_dim", "rope_interleave")}
+                                                                   "qk_rope_head_dim", "v_head_dim", "rope_interleave")}
     if "rope_local_base" in hf_view:
-        view["rope_local_base"] = float(cfg.positions.rope_base if cfg.positions.rope_local_base is None else cfg.positions.rope_local_base)
+        view["rope_local_base"] = float(cfg.positions.rope_base if cfg.positions.rope_local_base is None
+                                        else cfg.positions.rope_local_base)
     for k, ours in (("query_pre_attn_scalar", cfg.attention.query_pre_attn_scalar),
                     ("attn_logit_softcapping", cfg.attention.attn_logit_softcap),
                     ("final_logit_softcapping", cfg.final_logit_softcap)):
