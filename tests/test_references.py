@@ -1031,3 +1031,28 @@ def test_packed_segment_ids_are_transformers_flattening_seq_idx():
         assert ours.tolist() == (ref["seq_idx"][0] + 1).tolist(), (eos_at, ours, ref["seq_idx"])
         starts = np.flatnonzero(ref["position_ids"][0] == 0)
         assert starts.tolist() == np.flatnonzero(np.diff(ours, prepend=0)).tolist()
+
+
+def test_digits_images_are_pils_nearest_upsampling():
+    """data/digits.load (normalize off) against PIL: each of scikit-learn's 8x8 digits, scaled
+    to [0, 1], upsampled to 16 x 16 by PIL's nearest-neighbour resize (Image.resize NEAREST on
+    the float image), identical; with normalize on, the train split standardised by its own
+    float64 mean and std (the train rows then have mean 0 and std 1 to 1e-6)."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    from jaxformer.train.data import digits
+    raw = load_digits()
+    train, evals = digits.load({"image_size": 16, "normalize": False}, seed=0)
+    assert len(train["labels"]) + len(evals["labels"]) == len(raw.target)
+    by_image = {}
+    for img, label in zip(raw.images, raw.target, strict=True):
+        up = np.asarray(Image.fromarray((img / 16.0).astype(np.float32), mode="F").resize((16, 16),
+                                                                                        Image.Resampling.NEAREST))
+        by_image.setdefault(up.tobytes(), set()).add(int(label))
+    for split in (train, evals):
+        for img, label in zip(split["images"], split["labels"], strict=True):
+            assert int(label) in by_image.get(img[..., 0].tobytes(), set())  # a PIL-upsampled digit, its label
+    norm, _ = digits.load({"image_size": 16}, seed=0)
+    x = norm["images"].astype(np.float64)
+    assert abs(x.mean()) < 1e-6 and abs(x.std() - 1) < 1e-6
