@@ -23,7 +23,8 @@ through `jaxformer compile`'s code (jaxformer/train/aot.py compile_train). Then,
     and collective bytes each over the chip's peak rate, the largest) -- identical for both.
 
 Every time is an ESTIMATE (nothing runs). Nothing is cached: each run compiles every row it
-is asked for.
+is asked for, unless --maxtext-from DIR names an earlier `--keep DIR` run to read MaxText's
+program of a row from (its output then says so for that row).
 
     python bench/maxtext_aot.py --rows llama3_8b          # one row (~5-15 min on 2 cores)
     python bench/maxtext_aot.py --maxtext-python /tmp/maxtext-venv/bin/python
@@ -230,7 +231,17 @@ def _keep(keep: str | None, name: str, side: str, dump: dict | None, hlo: str) -
             json.dump(dump, f)
 
 
-def run_row(name: str, python: str, extra: list[str], timeout: float, keep: str | None = None) -> dict:
+def _kept(keep_from: str | None, name: str) -> tuple[dict | None, str, str]:
+    """MaxText's program as an earlier --keep run wrote it (--maxtext-from), or (None, "", "")."""
+    base = os.path.join(keep_from or "", f"{name}_maxtext")
+    if not keep_from or not os.path.exists(base + ".json"):
+        return None, "", ""
+    with open(base + ".json") as f, open(base + ".hlo.txt") as g:
+        return json.load(f), g.read(), ""
+
+
+def run_row(name: str, python: str, extra: list[str], timeout: float, keep: str | None = None,
+            maxtext_from: str | None = None) -> dict:
     from jaxformer.train import aot, costs
     row = ROWS[name]
     chip = aot.chip_of(row.topology)
@@ -238,7 +249,10 @@ def run_row(name: str, python: str, extra: list[str], timeout: float, keep: str 
            "maxtext_options": list(row.maxtext) + [f"compile_xla_flags={row.vmem_flag}"],
            "jaxformer_sets": list(row.sets) + extra, "differs": row.differs}
     with tempfile.TemporaryDirectory(prefix=f"maxtext_aot_{name}_") as work:
-        m_dump, m_hlo, m_err = compile_maxtext(row, python, work, timeout)
+        m_dump, m_hlo, m_err = _kept(maxtext_from, name)
+        out["maxtext_read_from"] = maxtext_from if m_dump else None
+        if m_dump is None:
+            m_dump, m_hlo, m_err = compile_maxtext(row, python, work, timeout)
         _keep(keep, name, "maxtext", m_dump, m_hlo)
         o_dump, o_hlo, o_err, cfg, facts, kernels = compile_ours(row, work, extra)
         _keep(keep, name, "jaxformer", o_dump, o_hlo)
@@ -304,7 +318,10 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds for one MaxText compile")
     p.add_argument("--keep", metavar="DIR", default=None,
                    help="also write each program's HLO text and compiled.json to DIR/ROW_{jaxformer,maxtext}.* "
-                        "(for reading the HLO afterwards; never read back by this script)")
+                        "(for reading the HLO afterwards)")
+    p.add_argument("--maxtext-from", metavar="DIR", default=None,
+                   help="read MaxText's program of a row from DIR/ROW_maxtext.* (an earlier --keep run) instead of "
+                        "compiling it; the output names DIR for each row read so")
     args = p.parse_args()
     if not os.path.exists(args.maxtext_python):
         p.error(f"no MaxText python at {args.maxtext_python}: build the venv (bench/README.md, 'MaxText venv')")
@@ -316,10 +333,12 @@ def main() -> int:
           "compiler's programs (nothing runs)", flush=True)
     rows = []
     for name in args.rows:
-        r = run_row(name, args.maxtext_python, args.overrides, args.timeout, args.keep)
+        r = run_row(name, args.maxtext_python, args.overrides, args.timeout, args.keep, args.maxtext_from)
         rows.append(r)
         print(f"\n== {name}: {r['topology']} ({r['maxtext_topology']}, {r['chips']} chips), "
               f"{r['tokens_per_step'] / 1e6:.2f} M tokens/step", flush=True)
+        if r["maxtext_read_from"]:
+            print(f"  (MaxText's program read from {r['maxtext_read_from']}, compiled by an earlier --keep run)")
         for side in ("jaxformer", "maxtext"):
             lines = _side(r[side])
             print(f"  {side:9s} " + lines[0] + "".join(f"\n            {ln}" for ln in lines[1:]), flush=True)
