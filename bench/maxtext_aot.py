@@ -259,8 +259,9 @@ def run_row(name: str, python: str, extra: list[str], timeout: float, keep: str 
         chips = len(aot.devices_for(row.topology))
         out["chips"] = chips
         if facts is None:  # ours refused: the model's FLOPs from its abstract params
+            from jaxformer.train import init as init_lib
+            from jaxformer.train import lora as lora_lib
             from jaxformer.train.jax_trainer import model_config_for_training
-            from jaxformer.train import init as init_lib, lora as lora_lib
             model = init_lib.abstract_model(cfg.model_name, model_config_for_training(cfg), 0, cfg.train.lora)
             facts = costs.model_facts(cfg, lora_lib.split(model)[1])
         model_flops = costs.model_flops_per_step(cfg, facts)
@@ -327,8 +328,8 @@ def main() -> int:
         p.error(f"no MaxText python at {args.maxtext_python}: build the venv (bench/README.md, 'MaxText venv')")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor())
+    with open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), platform.processor())
     print(f"jax {jax.__version__}, host {cpu}, {os.cpu_count()} CPUs; every time an ESTIMATE from the TPU "
           "compiler's programs (nothing runs)", flush=True)
     rows = []

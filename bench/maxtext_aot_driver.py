@@ -23,9 +23,9 @@ def main() -> int:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # beside another compile on this host
     import jax
     from maxtext.trainers.pre_train import train_compile as tc
+    from maxtext_aot import read_compiled
 
     from jaxformer.train.costs import jaxpr_flops
-    from maxtext_aot import read_compiled
 
     kept = {}
 
@@ -49,7 +49,7 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     try:
         tc.main(["train_compile", os.path.normpath(base), *options])
-    except Exception as e:  # noqa: BLE001 -- the compiler's own words go back to the bench
+    except Exception as e:  # the compiler's own words go back to the bench
         with open(os.path.join(out_dir, "compiled.json"), "w") as f:
             json.dump({"error": f"{type(e).__name__}: {e}"}, f)
         return 1
