@@ -1,9 +1,10 @@
 """No public function takes more than MAX_PARAMS parameters (issue 49 §9): past that, options
 go in a record (train/data/prepare.py's PrepareOptions, parity/harness.py's ParityOptions,
-config/attention.py's Rope, QKNorm and Scores). Read from the source (ast), so it costs no
-import. Counted: every positional-only, positional and keyword-only parameter but self / cls
-(*args and **kwargs not), of every function or method in jaxformer/ and torch_ref/ whose name
-does not start with "_", and of every __init__. A function still past the limit is listed
+config/attention.py's Rope, QKNorm and Scores, layers/scores.py's ScoreMods, train/init.py's
+StartFrom). Read from the source (ast), so it costs no import. Counted: every
+positional-only, positional and keyword-only parameter but self / cls (*args and **kwargs
+not), of every function or method in jaxformer/ and torch_ref/ whose name does not start
+with "_", and of every __init__. A function still past the limit is listed
 below with its reason; the list may only shrink."""
 from __future__ import annotations
 
@@ -16,15 +17,6 @@ MAX_PARAMS = 10
 
 # (file, qualified name): why it keeps more than MAX_PARAMS parameters
 OVER = {
-    ("jaxformer/layers/dispatch.py", "dot_product_attention"):
-        "the attention primitive: q, k, v and the per-call options of jax.nn.dot_product_attention / "
-        "torch's scaled_dot_product_attention (mask, bias, scale, dropout) with the score modifiers "
-        "(softcap, sinks) and the path's needs (return_weights, kv_head_major, mode); every layer, "
-        "kernel test and parity case calls it by keyword",
-    ("torch_ref/layers/dispatch.py", "dot_product_attention"): "the twin of jaxformer's (above)",
-    ("jaxformer/layers/dispatch.py", "choose_attention"):
-        "attention 'auto''s rule on the same per-call options as dot_product_attention, each a "
-        "reason in the choice",
     ("jaxformer/layers/attention.py", "MultiHeadAttention.__init__"):
         "d_model, heads, projections, two dropouts and the Rope / QKNorm / Scores records, the "
         "constructor interop.twin_spec and the port write (a record of the projections would "
@@ -32,12 +24,6 @@ OVER = {
     ("torch_ref/layers/attention.py", "MultiHeadAttention.__init__"): "the twin of jaxformer's (above)",
     ("jaxformer/layers/diff_attention.py", "DifferentialAttention.__init__"):
         "MultiHeadAttention's constructor (above) with lambda_init",
-    ("torch_ref/layers/transformer.py", "DecoderLayer.forward"):
-        "the line-by-line twin of jaxformer's DecoderLayer.__call__ (a call's inputs, caches and "
-        "return_attention, not options)",
-    ("jaxformer/train/init.py", "create_state"):
-        "the train state's inputs (model, init scheme, seed, optimiser, shardings, and what it "
-        "starts from: params, rest, a LoRA base); its callers are JaxTrainer._initial_state's",
 }
 
 

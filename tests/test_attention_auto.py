@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from jaxformer import lowering
-from jaxformer.layers.dispatch import choose_attention, dot_product_attention
+from jaxformer.layers.dispatch import ScoreMods, choose_attention, dot_product_attention
 from jaxformer.layers.masks import AttentionMask
 from jaxformer.tables import AUTO_BLOCKWISE_MIN_KEYS
 
@@ -53,7 +53,7 @@ CHOICES = {
     "gpu_fp32": (("gpu", 2048, {}), ("blockwise", "cuDNN refused: dtype float32 (bf16 / fp16 only); 2048 keys")),
     "gpu_head_dim_256": (("gpu", 512, {"dtype": jnp.bfloat16, "k": 256}), ("plain", "cuDNN refused: head dim 256")),
     "gpu_packed": (("gpu", 512, {"dtype": jnp.float16, "mask": "segments"}), ("plain", "cuDNN refused: segment ids")),
-    "gpu_softcap": (("gpu", 512, {"dtype": jnp.bfloat16, "softcap": 30.0}), ("plain", "cuDNN refused: soft-cap")),
+    "gpu_softcap": (("gpu", 512, {"dtype": jnp.bfloat16, "scores": ScoreMods(softcap=30.0)}), ("plain", "cuDNN refused: soft-cap")),
     "dense_mask": (("tpu", 256, {"mask": "dense"}), ("plain", "a dense mask: only the plain path takes it")),
     "weights_asked": (("tpu", 2048, {"return_weights": True}), ("plain", "the attention weights asked for")),
     "decode": (("tpu", 2048, {"mode": "decode"}), ("plain", "a KV cache")),

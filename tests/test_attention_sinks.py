@@ -14,7 +14,7 @@ import torch
 from generation_helpers import PROMPTS, N, jitted, pair
 from test_generation_cache import FORMS, _jax_lm_cached, _recompute, _torch_lm_cached
 
-from jaxformer import convert
+from jaxformer import convert, lowering
 from jaxformer import generation as jgen
 from jaxformer.layers import attention as jatt
 from jaxformer.parity.cases_sinks import GPT_OSS_ATTN
@@ -42,9 +42,9 @@ def test_sinks_match_transformers_eager_attention():
                                      additive, scaling=K ** -0.5)
     ref = ref.detach().numpy()  # [B, T, H, K]
     ours_t = tatt.dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), mask=torch.from_numpy(mask),
-                                        sinks=torch.from_numpy(sinks)).numpy()
+                                        scores=tatt.ScoreMods(sinks=torch.from_numpy(sinks))).numpy()
     ours_j = np.asarray(jatt.dot_product_attention(*(jnp.asarray(a) for a in (q, k, v)), mask=jnp.asarray(mask),
-                                                   sinks=jnp.asarray(sinks)))
+                                                   scores=jatt.ScoreMods(sinks=jnp.asarray(sinks))))
     for name, ours in (("torch", ours_t), ("jax", ours_j)):
         d = float(np.abs(ours - ref).max())
         print(f"[sinks vs HF eager] {name}: max |diff| {d:.2e}")
@@ -57,15 +57,16 @@ def test_sinks_match_transformers_eager_attention():
 def test_sinks_take_weight_and_refuse_a_wrong_shape():
     q, k, v, sinks, mask = _inputs()
     args = [jnp.asarray(a) for a in (q, k, v)]
-    with_sinks = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), sinks=jnp.asarray(sinks))
+    with_sinks = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), scores=jatt.ScoreMods(sinks=jnp.asarray(sinks)))
     plain = jatt.dot_product_attention(*args, mask=jnp.asarray(mask))
     assert float(jnp.abs(with_sinks - plain)[:, 2:].max()) > 1e-2  # the sink changes every output
-    _, w = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), sinks=jnp.asarray(sinks), return_weights=True)
+    _, w = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), scores=jatt.ScoreMods(sinks=jnp.asarray(sinks)),
+                                     return_weights=True)
     assert float(w.sum(-1).max()) < 1.0  # the sink keeps its share of each row
     with pytest.raises(ValueError, match="one logit per query head"):
-        jatt.dot_product_attention(*args, sinks=jnp.zeros(G))
+        jatt.dot_product_attention(*args, scores=jatt.ScoreMods(sinks=jnp.zeros(G)))
     with pytest.raises(ValueError, match="one logit per query head"):
-        tatt.dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), sinks=torch.zeros(G))
+        tatt.dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), scores=tatt.ScoreMods(sinks=torch.zeros(G)))
 
 
 @pytest.mark.parametrize("implementation", ["cudnn", "tokamax"])
@@ -74,9 +75,10 @@ def test_sinks_fall_back_from_fused_backends(implementation):
     cuDNN and tokamax would raise, so equal figures prove the fallback)."""
     q, k, v, sinks, mask = _inputs()
     args = [jnp.asarray(a) for a in (q, k, v)]
-    ref = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), sinks=jnp.asarray(sinks))
-    out = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), sinks=jnp.asarray(sinks),
-                                     implementation=implementation)
+    scores = jatt.ScoreMods(sinks=jnp.asarray(sinks))
+    ref = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), scores=scores)
+    with lowering.tracing(fused_attention=implementation):
+        out = jatt.dot_product_attention(*args, mask=jnp.asarray(mask), scores=scores)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
 
 

@@ -73,14 +73,15 @@ def test_residuals_are_o_of_t():
 # ----------------------------------------------------------------------------- the torch twin
 def _torch_variants(t):
     from torch_ref.layers.attention import AttentionMask as TMask
+    from torch_ref.layers.attention import ScoreMods
     valid = torch.arange(t)[None] >= 5
     seg = 1 + (torch.arange(t)[None] >= 11).long()
     causal = TMask.self_attention(1, t, causal=True)
     slopes = torch.tensor(tables.alibi_slopes(H))
     return {"causal_sdpa": (causal, {}),
             "padded_window_sinks": (TMask.self_attention(1, t, causal=True, key_valid=valid).with_window(4),
-                                    {"sinks": torch.tensor([1.0, -0.5])}),
-            "segments_softcap": (TMask.self_attention(1, t, causal=True, segment_ids=seg), {"softcap": 2.0}),
+                                    {"scores": ScoreMods(sinks=torch.tensor([1.0, -0.5]))}),
+            "segments_softcap": (TMask.self_attention(1, t, causal=True, segment_ids=seg), {"scores": ScoreMods(softcap=2.0)}),
             "alibi_bidirectional": (dataclasses.replace(TMask.self_attention(1, t, causal=False), alibi_slopes=slopes),
                                     {})}
 

@@ -105,17 +105,16 @@ def test_decode_layout_is_validated():
 
 
 def test_fused_attention_backend_comes_from_the_argument_or_the_lowering():
-    """The fused path's backend is an argument of dot_product_attention, else the active
-    lowering's fused_attention: on the CPU backend "cudnn" must reach jax and fail there."""
+    """The fused path's backend is the active lowering's fused_attention: on the CPU backend
+    "cudnn" must reach jax and fail there, and an inner context's backend wins."""
     from jaxformer.layers.attention import dot_product_attention
     if jax.default_backend() != "cpu":
         pytest.skip("cuDNN may be present off the CPU backend")
     q = jnp.ones((1, 4, 2, 8))
     plain = dot_product_attention(q, q, q)
-    with pytest.raises(RuntimeError, match="cuDNN"):
-        dot_product_attention(q, q, q, implementation="cudnn")
     with lowering.tracing(fused_attention="cudnn"):
         with pytest.raises(RuntimeError, match="cuDNN"):
             dot_product_attention(q, q, q)
-        np.testing.assert_array_equal(dot_product_attention(q, q, q, implementation="xla"), plain)
+        with lowering.tracing(fused_attention="xla"):
+            np.testing.assert_array_equal(dot_product_attention(q, q, q), plain)
     np.testing.assert_array_equal(dot_product_attention(q, q, q), plain)  # the context is left

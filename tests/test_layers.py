@@ -113,7 +113,8 @@ def test_fused_path_rounds_as_the_explicit_one_under_jit():
 
     def out_and_grads(return_weights):
         def f(q, k, v):
-            out = jattn.dot_product_attention(q, k, v, mask=mask, scale=7 ** -0.5, return_weights=return_weights)
+            out = jattn.dot_product_attention(q, k, v, mask=mask, scores=jattn.ScoreMods(scale=7 ** -0.5),
+                                               return_weights=return_weights)
             return out[0] if return_weights else out
         out, vjp = jax.vjp(f, q, k, v)
         return (out, *vjp(g))

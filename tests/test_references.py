@@ -303,11 +303,11 @@ def test_mask_fill_far_below_on_the_kernel_and_decode_paths():
         "jax splash (interpret)": blockwise._splash(jq, jk, jv, mask, bias=None, scale=None, softcap=None,
                                                     sinks=None, interpret=True),
         "jax explicit, sinks": jd.dot_product_attention(jq, jk, jv, mask=jnp.asarray(visible[None, None, None]),
-                                                        sinks=jnp.asarray(no_sink)),
+                                                        scores=jd.ScoreMods(sinks=jnp.asarray(no_sink))),
         "torch blockwise": tblockwise.blockwise_attention(tq, tk, tv, tmask),
         "torch ring (2 shards)": tring.ring_attention(tq, tk, tv, tmask, shards=2),
         "torch explicit, sinks": td.dot_product_attention(tq, tk, tv, mask=torch.from_numpy(visible[None, None, None]),
-                                                          sinks=torch.from_numpy(no_sink)),
+                                                          scores=td.ScoreMods(sinks=torch.from_numpy(no_sink))),
     }
     context = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
     with jax.set_mesh(context), lowering.tracing(context_axis="context", attention="blockwise"):

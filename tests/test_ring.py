@@ -15,7 +15,7 @@ from helpers import step_losses
 
 from jaxformer import lowering
 from jaxformer.config import ConfigError
-from jaxformer.layers.attention import AttentionMask, dot_product_attention
+from jaxformer.layers.attention import AttentionMask, ScoreMods, dot_product_attention
 from jaxformer.layers.kernels import ring
 from jaxformer.train.config import config_from_dict
 
@@ -62,12 +62,12 @@ def test_ring_attention_matches_plain(case):
     def ring_loss(q, k, v, sinks):
         with lowering.tracing(context_axis="context", attention="blockwise"):
             out = dot_product_attention(q[:, order], k[:, order], v[:, order], mask=ring.permute_mask(mask, order),
-                                        sinks=sinks if extras else None, **kw)[:, back]
+                                        scores=ScoreMods(sinks=sinks if extras else None, **kw))[:, back]
         return jnp.sum(jnp.sin(out)), out
 
     def plain_loss(q, k, v, sinks):
         out = dot_product_attention(q, k, v, mask=mask.dense(), bias=mask.dense_bias(),
-                                    sinks=sinks if extras else None, **kw)
+                                    scores=ScoreMods(sinks=sinks if extras else None, **kw))
         return jnp.sum(jnp.sin(out)), out
 
     grad = lambda f: jax.jit(jax.grad(f, argnums=(0, 1, 2, 3), has_aux=True))
@@ -116,6 +116,7 @@ def test_ring_steps_skip_masked_blocks():
 
 def test_torch_twin_matches_torch_plain():
     from torch_ref.layers.attention import AttentionMask as TMask
+    from torch_ref.layers.attention import ScoreMods as TScoreMods
     from torch_ref.layers.attention import dot_product_attention as tdpa
     from torch_ref.layers.kernels import ring as tring
     q, k, v, sinks = (torch.from_numpy(np.array(a)) for a in _inputs())
@@ -124,7 +125,7 @@ def test_torch_twin_matches_torch_plain():
     np.testing.assert_array_equal(order, ring.zigzag_order(T, 4))
     got = tring.ring_attention(q[:, order], k[:, order], v[:, order], tring.permute_mask(mask, order),
                                sinks=sinks, softcap=3.0, shards=4)[:, np.argsort(order)]
-    want = tdpa(q, k, v, mask=mask.dense(), sinks=sinks, softcap=3.0)
+    want = tdpa(q, k, v, mask=mask.dense(), scores=TScoreMods(sinks=sinks, softcap=3.0))
     d = float((got - want).abs().max())
     print(f"torch ring (4 shards) vs plain: max |d out| {d:.1e}")
     assert d <= 2e-6

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from jaxformer import lowering
-from jaxformer.layers.attention import AttentionMask, dot_product_attention
+from jaxformer.layers.attention import AttentionMask, ScoreMods, dot_product_attention
 from jaxformer.layers.kernels import blockwise
 from jaxformer.parity.results import GRAD_TOL, OUT_TOL
 
@@ -88,7 +88,7 @@ def _check(name):
                                  interpret=True)
 
     def plain(q, k, v, sinks):
-        return dot_product_attention(q, k, v, mask=mask.dense(), softcap=softcap, sinks=sinks)
+        return dot_product_attention(q, k, v, mask=mask.dense(), scores=ScoreMods(softcap=softcap, sinks=sinks))
 
     n = 3 if sinks is None else 4
 

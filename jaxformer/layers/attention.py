@@ -36,6 +36,7 @@ from jaxformer.layers.masks import (  # noqa: F401 (re-exported)
 )
 from jaxformer.layers.norm import make_norm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
+from jaxformer.layers.scores import ScoreMods  # re-exported
 
 
 def key_projection(linear: Linear, x: jax.Array, *, rotated: bool = False) -> jax.Array:
@@ -165,9 +166,9 @@ class MultiHeadAttention(nnx.Module):
         """Step 3: q [B, T, H, K] over k, v ([B, S, G, K], or [B, G, S, K] head_major) -> (out
         [B, T, H, K], weights [B, H, T, S] or None); a variant of the attention itself
         (layers/diff_attention.py) overrides this."""
-        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, kv_head_major=head_major, softcap=self.softcap,
-                                    sinks=None if self.sinks is None else self.sinks[...], mode=mode)
+        scores = ScoreMods(self.scale, self.softcap, None if self.sinks is None else self.sinks[...])
+        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scores=scores, return_weights=return_weights,
+                                    dropout=self.attn_dropout, kv_head_major=head_major, mode=mode)
         return out if return_weights else (out, None)
 
     def __call__(self, x: jax.Array, kv: jax.Array | None = None, *, mask=None,

@@ -23,6 +23,7 @@ from jaxformer.layers.attention import MultiHeadAttention, dot_product_attention
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.norm import RMSNorm
 from jaxformer.layers.positional import RotaryEmbedding
+from jaxformer.layers.scores import ScoreMods
 
 
 class DifferentialAttention(MultiHeadAttention):
@@ -61,8 +62,8 @@ class DifferentialAttention(MultiHeadAttention):
     def attend(self, q, k, v, mask, bias, *, return_weights: bool, head_major: bool, mode: str):
         """1) the two maps' outputs, 2) their difference, 3) the per-head norm, scaled."""
         half = self.head_dim // 2
-        kw = dict(mask=mask, bias=bias, scale=self.scale, return_weights=return_weights,
-                  kv_head_major=head_major, softcap=self.softcap, mode=mode)
+        kw = dict(mask=mask, bias=bias, scores=ScoreMods(self.scale, self.softcap), return_weights=return_weights,
+                  kv_head_major=head_major, mode=mode)
         first = dot_product_attention(q[..., :half], k[..., :half], v, **kw)  # [B, T, H, K]
         second = dot_product_attention(q[..., half:], k[..., half:], v, **kw)
         lam = (jnp.exp(jnp.sum(self.lambda_q1[...] * self.lambda_k1[...]))

@@ -26,14 +26,13 @@ from jaxformer.layers.kernels.blockwise import blockwise_attention, splash_refus
 from jaxformer.layers.kernels.ring import ring_attention
 from jaxformer.layers.kv_cache import TRAIN
 from jaxformer.layers.masks import AttentionMask
-from jaxformer.layers.scores import sink_softmax, soft_cap
+from jaxformer.layers.scores import ScoreMods, sink_softmax, soft_cap
 
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax.Array | None = None,
-                          bias: jax.Array | None = None, scale: float | None = None,
+                          bias: jax.Array | None = None, scores: ScoreMods = ScoreMods(),  # noqa: B008 (a frozen dataclass)
                           return_weights: bool = False, dropout: nnx.Dropout | None = None,
-                          kv_head_major: bool = False, implementation: str | None = None,
-                          softcap: float | None = None, sinks: jax.Array | None = None, mode: str = TRAIN):
+                          kv_head_major: bool = False, mode: str = TRAIN):
     """softmax(q k^T * scale + bias, masked) v  (Vaswani et al. 2017, eq. 1).
 
     Args:
@@ -44,45 +43,44 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
             attention with a context axis, as `lowering.active()` says; made dense otherwise
             (return_weights, active dropout, a KV cache, attention "plain" without a context axis).
         bias: float, broadcastable to [B, H, T, S], added to the scores (ALiBi, T5, user bias).
-        scale: default 1/sqrt(K).
+        scores: the score modifiers (layers/scores.py ScoreMods): scale (default 1/sqrt(K));
+            softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask
+            (Gemma2's attention logit soft-capping, docs/numerics.md §21), explicit path;
+            sinks: [H] logits, one per query head, that join every row's softmax denominator
+            as an extra column with no value (gpt-oss's attention sinks, docs/numerics.md §28),
+            explicit path: neither jax.nn.dot_product_attention nor cuDNN takes a sink, so any
+            fused backend falls back to these XLA ops.
         return_weights: also return the [B, H, T, S] weights (explicit path).
         dropout: applied to the weights; an active dropout forces the explicit path.
         kv_head_major: k, v are [B, G, S, K] (the KV cache layout); takes the explicit path,
             which then needs no transpose of the cache (one step reads it in place).
-        implementation: kernel of the fused path (lowering.fused_attention's backend); None =
-            `lowering.active().fused_attention` (itself None by default: "auto", cuDNN on an
-            NVIDIA GPU where it runs, else XLA).
-        softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask
-            (Gemma2's attention logit soft-capping, docs/numerics.md §21); explicit path.
-        sinks: [H] logits, one per query head, that join every row's softmax denominator as an
-            extra column with no value (gpt-oss's attention sinks, docs/numerics.md §28). The
-            explicit path: neither jax.nn.dot_product_attention nor cuDNN takes a sink, so any
-            `implementation` falls back to these XLA ops.
         mode: the call's kv_cache mode; only a train call's mask goes to a kernel (use_kernel).
+    The fused path's kernel is `lowering.active().fused_attention` (lowering.fused_attention's
+    backend; None by default: "auto", cuDNN on an NVIDIA GPU where it runs, else XLA): pick
+    another with `lowering.tracing(fused_attention=...)`.
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
     switches = lowering.active()  # how this trace lowers the same maths (jaxformer/lowering.py)
     dropout_active = dropout is not None and dropout.rate > 0 and not dropout.deterministic
     attention = switches.attention
     if attention == "auto":  # this call's kernel, then the call as if it had been asked for
-        attention, why = choose_attention(q, k, v, mask, bias=bias, softcap=softcap, sinks=sinks, mode=mode,
+        attention, why = choose_attention(q, k, v, mask, bias=bias, scores=scores, mode=mode,
                                           return_weights=return_weights, dropout_active=dropout_active,
                                           kv_head_major=kv_head_major)
         if attention == "cudnn":
-            out, refused = _cudnn_attention(q, k, v, mask, scale)
+            out, refused = _cudnn_attention(q, k, v, mask, scores.scale)
             if refused is None:
                 with lowering.chosen_because(why):
                     lowering.note_kernel("cudnn")
                 return out
             attention, why = _without_platform_kernel(k.shape[1], f"cuDNN refused at trace time: {refused}")
         with lowering.chosen_because(why), lowering.tracing(attention=attention):
-            return dot_product_attention(q, k, v, mask=mask, bias=bias, scale=scale, return_weights=return_weights,
-                                         dropout=dropout, kv_head_major=kv_head_major, implementation=implementation,
-                                         softcap=softcap, sinks=sinks, mode=mode)
+            return dot_product_attention(q, k, v, mask=mask, bias=bias, scores=scores, return_weights=return_weights,
+                                         dropout=dropout, kv_head_major=kv_head_major, mode=mode)
     if use_kernel(mask, attention, switches.context_axis, mode, return_weights=return_weights,
                   dropout_active=dropout_active, kv_head_major=kv_head_major):
         path = ring_attention if switches.context_axis is not None else blockwise_attention
-        return path(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+        return path(q, k, v, mask, bias=bias, scale=scores.scale, softcap=scores.softcap, sinks=scores.sinks)
     mask, bias = dense_mask(mask, bias)
     if mask is not None:
         if mask.dtype != jnp.bool_:
@@ -94,13 +92,13 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mask: jax
     num_heads, num_kv = q.shape[2], k.shape[1 if kv_head_major else 2]
     if num_heads % num_kv:
         raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scores.scale is None else scores.scale
+    softcap, sinks = scores.softcap, scores.sinks
     if sinks is not None and sinks.shape != (num_heads,):
         raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {sinks.shape}")
     fused = not return_weights and not dropout_active and not kv_head_major
     if fused and softcap is None and sinks is None:
-        return _fused_attention(q, k, v, mask, bias, scale, switches.fused_attention if implementation is None
-                                else implementation)
+        return _fused_attention(q, k, v, mask, bias, scale, switches.fused_attention)
     elementwise = kv_head_major and q.shape[1] == 1 and switches.elementwise_attention
     return _explicit_attention(q, k, v, mask, bias, scale, softcap, sinks, dropout if dropout_active else None,
                                return_weights, kv_head_major, elementwise)
@@ -123,7 +121,7 @@ def use_kernel(mask, attention: str, context_axis, mode: str, *, return_weights:
     return not (return_weights or kv_head_major)
 
 
-def choose_attention(q, k, v, mask, *, bias=None, softcap=None, sinks=None, mode: str = TRAIN,
+def choose_attention(q, k, v, mask, *, bias=None, scores: ScoreMods = ScoreMods(), mode: str = TRAIN,  # noqa: B008 (a frozen dataclass)
                      return_weights: bool = False, dropout_active: bool = False,
                      kv_head_major: bool = False) -> tuple[str, str]:
     """Attention "auto"'s choice for one call -> (kernel, why): a lowering attention switch,
@@ -154,7 +152,7 @@ def choose_attention(q, k, v, mask, *, bias=None, softcap=None, sinks=None, mode
             return "splash", "the TPU kernel takes this call"
         return _without_platform_kernel(k.shape[1], f"splash refused: {refused}")
     if platform == "gpu":
-        refused = cudnn_refusal(q, k, v, mask, bias, softcap, sinks)
+        refused = cudnn_refusal(q, k, v, mask, bias, scores.softcap, scores.sinks)
         if refused is None:
             return "cudnn", "cuDNN flash attention takes this call"
         return _without_platform_kernel(k.shape[1], f"cuDNN refused: {refused}")

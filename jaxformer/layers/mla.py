@@ -48,7 +48,7 @@ from jaxformer.layers.kv_cache import KVCache
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.norm import RMSNorm
 from jaxformer.layers.positional import RotaryEmbedding, default_positions
-from jaxformer.layers.scores import soft_cap
+from jaxformer.layers.scores import ScoreMods, soft_cap
 
 
 def deinterleave(x: jax.Array) -> jax.Array:
@@ -158,8 +158,8 @@ class MultiHeadLatentAttention(nnx.Module):
         k = jnp.concatenate([kv[..., :n], jnp.broadcast_to(k_rope, (b, s, h, r))], axis=-1)  # [B, S, H, N + R]
         # 5) attend, merge heads, project out
         out = dot_product_attention(jnp.concatenate([q_nope, q_rope], axis=-1), k, kv[..., n:], mask=mask,
-                                    bias=bias, scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, softcap=self.softcap)
+                                    bias=bias, scores=ScoreMods(self.scale, self.softcap),
+                                    return_weights=return_weights, dropout=self.attn_dropout)
         out, weights = out if return_weights else (out, None)
         out = self.dropout(self.o_proj(out.reshape(b, t, h * v)))
         if cache is not None:

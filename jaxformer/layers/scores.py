@@ -6,10 +6,24 @@ torch_ref/layers/scores.py.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 
 from jaxformer.layers import special
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreMods:
+    """One attention call's score modifiers: config/attention.py's Scores with the layer's
+    learned sink logits in place of its flag. scale: None = 1/sqrt(K); softcap: scaled scores
+    -> softcap * tanh(scores / softcap) before bias and mask (Gemma2, docs/numerics.md §21);
+    sinks: [H] logits, one per query head, that join every row's softmax denominator as an
+    extra column with no value (gpt-oss, docs/numerics.md §28)."""
+    scale: float | None = None
+    softcap: float | None = None
+    sinks: jax.Array | None = None
 
 
 def soft_cap(scores: jax.Array, cap: float | None) -> tuple[jax.Array, jax.Array | None]:

@@ -119,6 +119,23 @@ def mirror_fn(dotted: str, **fixed) -> Callable[[int], tuple[Any, Any]]:
     return build
 
 
+def sdpa_fn(**fixed) -> Callable[[int], tuple[Any, Any]]:
+    """Builder for layers.attention.dot_product_attention in each tree with fixed keyword
+    arguments; the score modifiers (scale, softcap, sinks), fixed here or among the case's
+    inputs, go into that tree's ScoreMods record."""
+    def build(seed: int):
+        def call(root: str):
+            attention = importlib.import_module(f"{root}.layers.attention")
+
+            def f(*a, **k):
+                k = {**fixed, **k}
+                scores = attention.ScoreMods(**{n: k.pop(n) for n in ("scale", "softcap", "sinks") if n in k})
+                return attention.dot_product_attention(*a, scores=scores, **k)
+            return f
+        return call("torch_ref"), call("jaxformer")
+    return build
+
+
 def model_pair(name: str, cfg) -> Callable[[int], tuple[Any, Any]]:
     """Builder for a registered model: torch_ref.models.build_model / jaxformer.models.build_model."""
     def build(seed: int):

@@ -41,11 +41,11 @@ def kernel(*, causal: bool = True, window: int | None = None, alibi: bool = Fals
 
         def jf(q, k, v, key_valid=None, segment_ids=None, sinks=None, bias=None):
             m = parts(ja, q, key_valid, segment_ids, jnp.asarray(tables.alibi_slopes(q.shape[2])))
-            return ja.dot_product_attention(q, k, v, mask=m, bias=bias, softcap=softcap, sinks=sinks)
+            return ja.dot_product_attention(q, k, v, mask=m, bias=bias, scores=ja.ScoreMods(softcap=softcap, sinks=sinks))
 
         def tf(q, k, v, key_valid=None, segment_ids=None, sinks=None, bias=None):
             m = parts(ta, q, key_valid, segment_ids, torch.tensor(tables.alibi_slopes(q.shape[2])))
-            return ta.dot_product_attention(q, k, v, mask=m, bias=bias, softcap=softcap, sinks=sinks)
+            return ta.dot_product_attention(q, k, v, mask=m, bias=bias, scores=ta.ScoreMods(softcap=softcap, sinks=sinks))
         return tf, jf
     return build
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxformer.config import QKNorm, Rope, RopeScaling, Scores, TransformerConfig
-from jaxformer.parity.cases import case, ids, mirror, mirror_fn, model_pair, normal, padding
+from jaxformer.parity.cases import case, ids, mirror, mirror_fn, model_pair, normal, padding, sdpa_fn
 
 B, T, S, D, H = 2, 6, 5, 32, 4
 K = D // H
@@ -148,7 +148,7 @@ case("mha_gemma2_softcap_scalar", "attention",
             scores=Scores(scale=20.0 ** -0.5, softcap=3.0)),
      lambda r: {"x": normal(B, T, D, scale=2.0)(r), "mask": _causal()})
 case("sdpa_softcap_padding_causal", "attention",
-     mirror_fn("layers.attention.dot_product_attention", softcap=2.0),
+     sdpa_fn(softcap=2.0),
      _with(_qkv(s=T), mask=_pad_mask([6, 4], T) & _causal()))
 for heads in (4, 6, 12):  # 6, 12: not powers of two
     case(f"pos_alibi_{heads}_heads", "positional", mirror_fn("layers.positional.alibi_bias", num_heads=heads),

@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxformer.config import Rope, Scores
 from jaxformer.config.models import LMConfig
-from jaxformer.parity.cases import case, mirror, mirror_fn, normal, padding
+from jaxformer.parity.cases import case, mirror, normal, padding, sdpa_fn
 from jaxformer.parity.cases_models import left_padding, model_pair, token_ids
 
 B, T, D, H = 2, 7, 32, 4
@@ -43,12 +43,12 @@ NO_KEYS = PADDED.copy()
 NO_KEYS[1, 0, 2] = False  # row 2 of batch 1 sees no key: all its weight goes to the sink -> 0
 
 # ---------------------------------------------------------------- the kernel
-sdpa = mirror_fn("layers.attention.dot_product_attention")
+sdpa = sdpa_fn()
+
 case("sdpa_sinks_causal", "attention", sdpa, _with_mask(_qkv(), CAUSAL))
 case("sdpa_sinks_padded_no_visible_key", "attention", sdpa, _with_mask(_qkv(), NO_KEYS))
 case("sdpa_sinks_sliding_gqa", "attention", sdpa, _with_mask(_qkv(g=2), WINDOW))
-case("sdpa_sinks_return_weights", "attention", mirror_fn("layers.attention.dot_product_attention",
-                                                         return_weights=True), _with_mask(_qkv(g=2), PADDED))
+case("sdpa_sinks_return_weights", "attention", sdpa_fn(return_weights=True), _with_mask(_qkv(g=2), PADDED))
 
 # ---------------------------------------------------------------- the module and stacks
 def big_sinks(build):

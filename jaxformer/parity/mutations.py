@@ -130,10 +130,11 @@ def _gelu_tanh():
 
 
 def _scale_by_width():
-    def f(orig, q, k, v, scale=None, **kw):
-        if scale is None:
-            scale = 1.0 / math.sqrt(q.shape[2] * q.shape[3])  # H * K = model width
-        return orig(q, k, v, scale=scale, **kw)
+    def f(orig, q, k, v, scores=None, **kw):
+        scores = _attention().ScoreMods() if scores is None else scores
+        if scores.scale is None:  # H * K = model width
+            scores = dataclasses.replace(scores, scale=1.0 / math.sqrt(q.shape[2] * q.shape[3]))
+        return orig(q, k, v, scores=scores, **kw)
     return _sdpa_wrapper(f)
 
 
@@ -247,12 +248,13 @@ def _masked_rows_mean_v():
 def _sinks_per_kv_head():
     import jax.numpy as jnp
 
-    def f(orig, q, k, v, sinks=None, kv_head_major=False, **kw):
+    def f(orig, q, k, v, scores=None, kv_head_major=False, **kw):
+        sinks = None if scores is None else scores.sinks
         if sinks is not None:  # each query group shares its first head's sink (a [G] sink layout)
             g = k.shape[1 if kv_head_major else 2]
             r = sinks.shape[0] // g
-            sinks = jnp.repeat(sinks.reshape(g, r)[:, 0], r)
-        return orig(q, k, v, sinks=sinks, kv_head_major=kv_head_major, **kw)
+            scores = dataclasses.replace(scores, sinks=jnp.repeat(sinks.reshape(g, r)[:, 0], r))
+        return orig(q, k, v, scores=scores, kv_head_major=kv_head_major, **kw)
     return _sdpa_wrapper(f)
 
 

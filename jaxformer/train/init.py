@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 import math
 import zlib
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -235,15 +237,25 @@ def zero_step(sharding=None):
     return _program("step", "", None, 0, None, sharding, _zeros)()
 
 
-def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=None, params=None,
-                 lora_cfg=None, base_shardings=None, rest=None, abstract_params=None) -> dict:
+@dataclass(frozen=True)
+class StartFrom:
+    """What create_state starts from besides a fresh init. params: init_from's, already placed
+    (under train.lora the base's); rest: init_from's saved buffers, placed; abstract_params: the
+    abstract state's params when the caller has them (else built here)."""
+    params: Any = None
+    rest: Any = None
+    abstract_params: Any = None
+
+
+def create_state(name: str, model_cfg, scheme: str, seed: int, tx, shardings=None, lora_cfg=None,
+                 base_shardings=None, start: StartFrom = StartFrom()) -> dict:
     """The train state {params, opt_state, rest, step} created directly in `shardings` (a tree
     like abstract_state's; None: the default device). No host ever holds a whole tensor of a
-    sharded leaf, and the values do not depend on the shardings. `params` given (init_from,
-    already placed): the state starts from them. `lora_cfg` (train.lora): `params` (or the
-    init) is the base, in `base_shardings`, and adapt_state turns it into the LoRA state. `rest`
-    given (init_from's saved buffers, placed): the state's rest. `abstract_params`: the
-    abstract state's params when the caller has them (else built here)."""
+    sharded leaf, and the values do not depend on the shardings. `start.params` given: the
+    state starts from them. `lora_cfg` (train.lora): those params (or the init) are the base,
+    in `base_shardings`, and adapt_state turns it into the LoRA state. `start.rest` given: the
+    state's rest. `start.abstract_params`: spares building the abstract state here."""
+    params, rest, abstract_params = start.params, start.rest, start.abstract_params
     if lora_cfg is not None:
         if params is None:
             base = nnx.split(abstract_model(name, model_cfg, seed), nnx.Param, ...)[1]

@@ -379,7 +379,7 @@ class JaxTrainer:
                     "step": init_lib.zero_step(mesh_sh["step"])}
         if not tc.init_from and tc.lora is None:
             return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings,
-                                         abstract_params=self.abstract_state["params"])
+                                         start=init_lib.StartFrom(abstract_params=self.abstract_state["params"]))
         # the params init_from loads: the whole model's, or under train.lora the base's
         abstract_params, params_sh = self.abstract_state["params"], (self.shardings or {}).get("params")
         if tc.lora is not None:
@@ -396,8 +396,8 @@ class JaxTrainer:
             rest = init_lib.create_rest(name, mcfg, tc.seed, rest_sh)
             params, rest = load_params_sharded(tc.init_from, abstract_params,
                                                params_sh or init_lib.single_device(abstract_params), rest)
-        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, params,
-                                     lora_cfg=tc.lora, base_shardings=params_sh, rest=rest)
+        return init_lib.create_state(name, mcfg, tc.init, tc.seed, self.tx, self.shardings, lora_cfg=tc.lora,
+                                     base_shardings=params_sh, start=init_lib.StartFrom(params=params, rest=rest))
 
     def _global(self, local_batch: dict, sharding, axis: int) -> dict:
         """Global arrays from each process's own slice of the global batch (dim `axis`, split

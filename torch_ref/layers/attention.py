@@ -24,6 +24,7 @@ from torch_ref.layers.masks import (  # noqa: F401 (re-exported)
 )
 from torch_ref.layers.norm import make_norm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
+from torch_ref.layers.scores import ScoreMods  # re-exported
 
 
 def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False) -> torch.Tensor:
@@ -129,8 +130,9 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q, k, v, mask, bias, *, return_weights: bool, mode: str):
         """Step 3: q [B, T, H, K] over k, v [B, S, G, K] -> (out [B, T, H, K], weights or None);
         a variant of the attention itself (layers/diff_attention.py) overrides this."""
-        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, softcap=self.softcap, sinks=self.sinks, mode=mode)
+        scores = ScoreMods(self.scale, self.softcap, self.sinks)
+        out = dot_product_attention(q, k, v, mask=mask, bias=bias, scores=scores, return_weights=return_weights,
+                                    dropout=self.attn_dropout, mode=mode)
         return out if return_weights else (out, None)
 
     def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None, *, mask=None, bias=None,

@@ -9,6 +9,7 @@ from jaxformer.config.attention import Rope, Scores
 from torch_ref.layers.attention import MultiHeadAttention, dot_product_attention
 from torch_ref.layers.norm import RMSNorm
 from torch_ref.layers.positional import RotaryEmbedding
+from torch_ref.layers.scores import ScoreMods
 
 
 class DifferentialAttention(MultiHeadAttention):
@@ -41,7 +42,7 @@ class DifferentialAttention(MultiHeadAttention):
     def attend(self, q, k, v, mask, bias, *, return_weights: bool, mode: str):
         """1) the two maps' outputs, 2) their difference, 3) the per-head norm, scaled."""
         half = self.head_dim // 2
-        kw = dict(mask=mask, bias=bias, scale=self.scale, return_weights=return_weights, softcap=self.softcap,
+        kw = dict(mask=mask, bias=bias, scores=ScoreMods(self.scale, self.softcap), return_weights=return_weights,
                   mode=mode)
         first = dot_product_attention(q[..., :half], k[..., :half], v, **kw)  # [B, T, H, K]
         second = dot_product_attention(q[..., half:], k[..., half:], v, **kw)

@@ -15,21 +15,20 @@ from torch_ref import lowering
 from torch_ref.layers.kernels.blockwise import blockwise_attention
 from torch_ref.layers.kv_cache import TRAIN
 from torch_ref.layers.masks import AttentionMask
-from torch_ref.layers.scores import sink_softmax, soft_cap
+from torch_ref.layers.scores import ScoreMods, sink_softmax, soft_cap
 
 
 def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                           mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                          scale: float | None = None, return_weights: bool = False,
-                          dropout: nn.Dropout | None = None, softcap: float | None = None,
-                          sinks: torch.Tensor | None = None, mode: str = TRAIN):
+                          scores: ScoreMods = ScoreMods(), return_weights: bool = False,  # noqa: B008 (a frozen dataclass)
+                          dropout: nn.Dropout | None = None, mode: str = TRAIN):
     """softmax(q k^T * scale + bias, masked) v.
 
     Args: q [B, T, H, K]; k, v [B, S, G, K]; mask bool / bias float broadcastable to [B, H, T, S].
+    scores: the score modifiers (layers/scores.py ScoreMods): scale (default 1/sqrt(K));
     softcap: scaled scores -> softcap * tanh(scores / softcap) before bias and mask (Gemma2,
-    docs/numerics.md §21); explicit path.
-    sinks: [H] logits, one per query head, an extra softmax column with no value (gpt-oss,
-    docs/numerics.md §28); explicit path (SDPA takes no sink).
+    docs/numerics.md §21), explicit path; sinks: [H] logits, one per query head, an extra
+    softmax column with no value (gpt-oss, docs/numerics.md §28), explicit path (SDPA takes no sink).
     mode: the call's kv_cache mode; only a train call's mask goes to a kernel (use_kernel).
     Returns: out [B, T, H, K] (and weights [B, H, T, S]).
     """
@@ -39,7 +38,8 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         attention = "blockwise" if k.shape[1] >= lowering.AUTO_BLOCKWISE_MIN_KEYS and not dropout_active else "plain"
     if use_kernel(mask, attention, None, mode, return_weights=return_weights,
                   dropout_active=dropout_active, kv_head_major=False):
-        return blockwise_attention(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, sinks=sinks)
+        return blockwise_attention(q, k, v, mask, bias=bias, scale=scores.scale, softcap=scores.softcap,
+                                   sinks=scores.sinks)
     mask, bias = dense_mask(mask, bias)
     if mask is not None:
         if mask.dtype != torch.bool:
@@ -51,7 +51,8 @@ def dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     num_heads, num_kv = q.shape[2], k.shape[2]
     if num_heads % num_kv:
         raise ValueError(f"query heads {num_heads} are not a multiple of key/value heads {num_kv}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scores.scale is None else scores.scale
+    softcap, sinks = scores.softcap, scores.sinks
     if sinks is not None and tuple(sinks.shape) != (num_heads,):
         raise ValueError(f"sinks must be [H] = ({num_heads},), one logit per query head, got {tuple(sinks.shape)}")
     if not return_weights and softcap is None and sinks is None:

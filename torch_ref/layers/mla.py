@@ -14,7 +14,7 @@ from torch_ref.layers.kernels import quant
 from torch_ref.layers.kv_cache import KVCache
 from torch_ref.layers.norm import RMSNorm
 from torch_ref.layers.positional import RotaryEmbedding, default_positions
-from torch_ref.layers.scores import soft_cap
+from torch_ref.layers.scores import ScoreMods, soft_cap
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +110,8 @@ class MultiHeadLatentAttention(nn.Module):
         k = torch.cat([kv[..., :n], k_rope.expand(b, s, h, r)], dim=-1)  # [B, S, H, N + R]
         # 5) attend, merge heads, project out
         out = dot_product_attention(torch.cat([q_nope, q_rope], dim=-1), k, kv[..., n:], mask=mask,
-                                    bias=bias, scale=self.scale, return_weights=return_weights,
-                                    dropout=self.attn_dropout, softcap=self.softcap)
+                                    bias=bias, scores=ScoreMods(self.scale, self.softcap),
+                                    return_weights=return_weights, dropout=self.attn_dropout)
         out, weights = out if return_weights else (out, None)
         out = self.dropout(self.o_proj(out.reshape(b, t, h * v)))
         if cache is not None:
