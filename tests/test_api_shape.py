@@ -24,6 +24,11 @@ OVER = {
     ("torch_ref/layers/attention.py", "MultiHeadAttention.__init__"): "the twin of jaxformer's (above)",
     ("jaxformer/layers/diff_attention.py", "DifferentialAttention.__init__"):
         "MultiHeadAttention's constructor (above) with lambda_init",
+    ("torch_ref/layers/transformer.py", "DecoderLayer.forward"):
+        "a call's inputs, not options: x, memory, the self- and cross-attention masks and biases "
+        "(memory_bias is what `jaxformer port --layers jaxformer` passes for a float memory_mask of "
+        "nn.TransformerDecoderLayer), positions, the caches and their index, return_attention, mode: "
+        "the twin of jaxformer's DecoderLayer.__call__, the same 11",
 }
 
 

@@ -3,6 +3,7 @@ shared formulas against independent references, the per-leaf tolerance rule (§1
 precision context, name mapping, `jaxformer parity --pair`, and the mutation self-test."""
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import torch
 
 from jaxformer.config.models import LMConfig, Seq2SeqConfig
 from jaxformer.config.vision import SwinConfig
+from jaxformer.layers.scores import ScoreMods
 from jaxformer.parity import check_parity, parity_precision
 from jaxformer.parity.harness import _float64_upcasts
 from torch_ref.models import build_model as tbuild
@@ -249,7 +251,8 @@ def test_referee_excuses_torch_rounding_not_a_bug(capsys):
     # -20) leaks ~1e-5 of gradient into q_proj, nearer float64 than torch's noise but past tolerance
     sdpa = att.dot_product_attention
     with patched(att, "dot_product_attention",
-                 lambda q, k, v, **kw: sdpa(q, k, v, **{**kw, "sinks": jnp.full((q.shape[2],), -20.0)})):
+                 lambda q, k, v, **kw: sdpa(q, k, v, **{**kw, "scores": dataclasses.replace(
+                     kw.get("scores") or ScoreMods(), sinks=jnp.full((q.shape[2],), -20.0))})):
         bad = check_parity(*_one_key_pair())
     q = bad.grads["q_proj.weight"]
     assert not bad.ok and not q.referee.excused and q.referee.jax_err > 5 * q.referee.tol, bad.worst()

@@ -227,7 +227,7 @@ class DecoderLayer(nnx.Module):
         self.ffn_layer_scale = _layer_scale(cfg, rngs)
 
     def __call__(self, x: jax.Array, memory: jax.Array | None = None, *, mask=None, bias=None,
-                 memory_mask=None, positions=None, cache: dict | None = None,
+                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
                  cache_index=None, return_attention: bool = False, mode: str | None = None):
         """Under a capture (layers/sow.py) the layer sows its sub-layer intermediates
         (stack.SUBLAYERS' names); return_attention adds the attention weights."""
@@ -245,8 +245,8 @@ class DecoderLayer(nnx.Module):
         def cross_block(h):
             if cache is None:
                 return _attend(self, self.cross_attn, "cross_attn_weights", return_attention, h,
-                               memory, mask=memory_mask)
-            out, new_cache["cross"] = self.cross_attn(h, mask=memory_mask,
+                               memory, mask=memory_mask, bias=memory_bias)
+            out, new_cache["cross"] = self.cross_attn(h, mask=memory_mask, bias=memory_bias,
                                                       cache=cache["cross"])
             return out
 
