@@ -48,7 +48,10 @@ class Row:
 
     batch: (seed, length, left pad) of an LM's ids, (pad id,) of an encoder's.
     expect: dotted attributes of the imported config (a part ending in "()" is called) -> value.
-    generate: (greedy tokens, beam tokens) compared with HF generate, or None.
+    generate: (greedy tokens, beam tokens) compared with HF generate, or None; beam None = greedy
+        only. Beam search reorders every layer's cache: the rows whose caches differ (a ring, mixed
+        layers, sinks, MLA's latent) run it; rows with plain caches check greedy only (the suite's
+        time budget), beam on plain caches being test_hf_families.test_beam_matches_hf's.
     export: run the round trip (export, transformers load-back, identical logits).
     export_class: the class the export loads as when not hf_class (Mistral without a window).
     keys: HF config attributes equal after the round trip; subset_keys: dicts whose original

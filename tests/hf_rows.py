@@ -134,7 +134,7 @@ rows("gpt_neox", "GPTNeoXForCausalLM", (5, 10, 3), {
     # Pythia's layout: rotary_pct 0.25 of head_dim 24 -> 6, parallel, untied, exact GELU
     "pct25_parallel_untied": dict(config=dict(SMALL, num_attention_heads=2, rotary_pct=0.25, rotary_emb_base=500.0,
                                               use_parallel_residual=True, tie_word_embeddings=False),
-                                  expect=dict(rotary_dim=6, parallel_residual=True), generate=(8, 6)),
+                                  expect=dict(rotary_dim=6, parallel_residual=True), generate=(8, None)),
     # 0.5 of head_dim 12 -> 6, sequential, tied, tanh GELU, no attention biases, linear RoPE scaling
     "pct50_sequential_tied_linear": dict(config=dict(
         SMALL, num_attention_heads=4, hidden_act="gelu_new", use_parallel_residual=False,
@@ -153,7 +153,7 @@ rows("olmo2", "Olmo2ForCausalLM", (6, 9, 2), {
     # GQA (4 heads, 2 kv), head_dim 6 (not 40 / 4), linear RoPE scaling, untied
     "gqa_head_dim6_linear": dict(config=dict(SMALL, num_attention_heads=4, num_key_value_heads=2, head_dim=6,
                                              rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=700.0)),
-                                 expect=dict(OLMO2, resolved_head_dim=6), generate=(8, 6)),
+                                 expect=dict(OLMO2, resolved_head_dim=6), generate=(8, None)),
     # MQA, head_dim 10 with 5 heads (50 != 40), attention biases, tied, yarn, 3 layers
     "mqa_bias_tied_yarn": dict(config=dict(SMALL, num_hidden_layers=3, num_attention_heads=5, num_key_value_heads=1,
                                            head_dim=10, attention_bias=True, tie_word_embeddings=True,
@@ -249,10 +249,10 @@ rows("moe", "MixtralForCausalLM", (5, 11, 3), {
     "qwen2_moe_e7_k2_norm_nobias_step2": MOE(hf_class="Qwen2MoeForCausalLM", config=dict(
         SMALL, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=3, head_dim=6, num_experts=7,
         num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=8, norm_topk_prob=True,
-        qkv_bias=False, decoder_sparse_step=2), expect={"sparse_layers()": (False, True)}, generate=(10, 6)),
+        qkv_bias=False, decoder_sparse_step=2), expect={"sparse_layers()": (False, True)}, generate=(10, None)),
     "qwen3_moe_e5_k3_head12": MOE(hf_class="Qwen3MoeForCausalLM", config=dict(
         SMALL, num_experts=5, num_experts_per_tok=3, moe_intermediate_size=16, head_dim=12),
-        expect={"sparse_layers()": (True, True)}, generate=(10, 6)),
+        expect={"sparse_layers()": (True, True)}, generate=(10, None)),
     "qwen3_moe_e4_k1_norm_bias_dense0": MOE(hf_class="Qwen3MoeForCausalLM", config=dict(
         SMALL, num_hidden_layers=3, num_attention_heads=5, num_key_value_heads=5, head_dim=8, num_experts=4,
         num_experts_per_tok=1, moe_intermediate_size=8, norm_topk_prob=True, attention_bias=True,
