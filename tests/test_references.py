@@ -566,21 +566,20 @@ def test_hf_config_with_defaults_absent_reads_as_transformers(key, tmp_path):
 
 
 # the encoders, T5 and the vision families, stripped the same way: (model class, config class,
-# tiny config, input kind); their outputs (hidden states on real tokens, logits) are compared
+# tiny config, input kind); their outputs (hidden states on real tokens, logits) are compared.
+# RoBERTa, XLM-R and ViT ran here too (within 6e-7) and left for the suite's time: BERT's and
+# DINOv2's readers share theirs (hf/bert.py, hf/vision.py), and their DEFAULTS are compared with
+# AutoConfig below
 _TINY_ENC = dict(vocab_size=_V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
                  max_position_embeddings=32)
 _TINY_IMG = dict(image_size=16, patch_size=4, num_channels=3, num_labels=5)
 STRIPPED_OTHER = {
     "bert": ("BertModel", "BertConfig", dict(_TINY_ENC), "text"),
-    "roberta": ("RobertaForSequenceClassification", "RobertaConfig", dict(_TINY_ENC, num_labels=3), "text"),
-    "xlm_roberta": ("XLMRobertaModel", "XLMRobertaConfig", dict(_TINY_ENC), "text"),
     "modernbert": ("ModernBertModel", "ModernBertConfig", dict(_TINY_ENC, num_hidden_layers=4, pad_token_id=0,
                                                                bos_token_id=1, eos_token_id=2, cls_token_id=1,
                                                                sep_token_id=2, local_attention=4), "text"),
     "t5": ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=_V, d_model=24, d_kv=6, d_ff=40, num_layers=2,
                                                           num_heads=4, decoder_start_token_id=0), "seq2seq"),
-    "vit": ("ViTForImageClassification", "ViTConfig", dict(_TINY_IMG, hidden_size=16, num_hidden_layers=2,
-                                                           num_attention_heads=2, intermediate_size=32), "image"),
     "swin": ("SwinForImageClassification", "SwinConfig", dict(_TINY_IMG, patch_size=2, embed_dim=8, depths=[2, 2],
                                                               num_heads=[2, 4], window_size=4), "image"),
     "dinov2": ("Dinov2ForImageClassification", "Dinov2Config", dict(_TINY_IMG, hidden_size=16, num_hidden_layers=2,
@@ -601,8 +600,7 @@ def _strip_defaults(path: str, config_cls) -> list[str]:
 
 @pytest.mark.parametrize("key", list(STRIPPED_OTHER))
 def test_encoder_t5_vision_config_with_defaults_absent_reads_as_transformers(key, tmp_path):
-    """The encoders (BERT, RoBERTa, XLM-R, ModernBERT), T5 and the vision families (ViT, Swin,
-    DINOv2) from a config.json stripped of every value equal to the transformers class default:
+    """The encoders (BERT, ModernBERT), T5 and the vision families (Swin, DINOv2) from a config.json stripped of every value equal to the transformers class default:
     jaxformer's import gives transformers' own outputs for the model loaded from the same file
     (hidden states on real tokens of a padded batch, or logits; fp32, 1e-5 x max(1, max |out|)),
     so every default it fills in (norm eps, activation, type vocabulary, T5's buckets and
