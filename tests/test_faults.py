@@ -113,15 +113,29 @@ def _params(wd) -> dict:
             jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))}
 
 
+class _Reference:
+    """The STEPS-step two-process run, started in the background when the module's first test
+    asks for it (its processes mostly wait on each other and on start-up, so it overlaps the
+    faulted run the test starts next); `result()` waits for it -> (metrics records, final weights)."""
+
+    def __init__(self, d):
+        self.wd = d / "ref"
+        self.procs = _start(d, self.wd, STEPS)
+        self._result = None
+
+    def result(self):
+        if self._result is None:
+            codes = _finish(self.procs)
+            assert codes == [0, 0], [_stderr(p)[-2000:] for p in self.procs]
+            self._result = read_metrics(str(self.wd)), _params(self.wd)
+        return self._result
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The STEPS-step two-process run: (metrics records, final weights)."""
-    d = tmp_path_factory.mktemp("faults_ref")
-    wd = d / "ref"
-    procs = _start(d, wd, STEPS)
-    codes = _finish(procs)
-    assert codes == [0, 0], [_stderr(p)[-2000:] for p in procs]
-    return read_metrics(str(wd)), _params(wd)
+    ref = _Reference(tmp_path_factory.mktemp("faults_ref"))
+    yield ref
+    _kill(ref.procs)
 
 
 def _resume_matches(tmp_path, wd, uninterrupted, stopped_at=None) -> None:
@@ -131,7 +145,7 @@ def _resume_matches(tmp_path, wd, uninterrupted, stopped_at=None) -> None:
     procs = _start(tmp_path, wd, STEPS, resume=True)
     codes = _finish(procs)
     assert codes == [0, 0], [_stderr(p)[-2000:] for p in procs]
-    records, params = uninterrupted
+    records, params = uninterrupted.result()
     got = read_metrics(str(wd))
     if stopped_at is not None and stopped_at % 4:  # an eval the uninterrupted run did not do there
         assert {k for k in got[stopped_at - 1] if k.startswith("eval_")} == {"eval_loss", "eval_token_accuracy",
@@ -153,10 +167,12 @@ def _no_partial_step(wd) -> None:
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
-def test_lost_peer_ends_the_survivor(sig, tmp_path, uninterrupted):
+def test_lost_peer_ends_the_survivor(sig, tmp_path, request):
     """Process 1 SIGKILLed (dead) or SIGSTOPped (hung) mid-run: process 0 exits 69 within BOUND
     seconds with one line naming process 1 and no traceback; no partial checkpoint; both
     restarted with --resume continue as the uninterrupted run."""
+    # the reference run starts now, beside this one (the SIGSTOP case resumes nothing: none)
+    uninterrupted = request.getfixturevalue("uninterrupted") if sig == "SIGKILL" else None
     wd = tmp_path / "w"
     procs = _start(tmp_path, wd, 100000)
     try:
@@ -221,7 +237,7 @@ def test_preemption_saves_one_agreed_step(tmp_path, uninterrupted):
     if last < STEPS:
         _resume_matches(tmp_path, wd, uninterrupted, stopped_at=last)
     else:
-        records, _ = uninterrupted
+        records, _ = uninterrupted.result()
         losses = [r["loss"] for r in read_metrics(str(wd)) if "loss" in r and r["step"] <= STEPS]
         assert losses == [r["loss"] for r in records if "loss" in r], (losses, records)
 
