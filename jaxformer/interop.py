@@ -47,7 +47,7 @@ from flax import nnx
 from torch import nn
 
 from jaxformer import convert
-from jaxformer.config import TransformerConfig
+from jaxformer.config import Dropouts, Projections, TransformerConfig
 from jaxformer.layers.attention import AttentionMask, MultiHeadAttention, combine_masks
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.linear import Linear
@@ -405,8 +405,8 @@ def twin_spec(module: nn.Module, causal: bool = False) -> tuple[type, tuple, dic
     kind = type(module)
     if kind is nn.MultiheadAttention:
         e = module.embed_dim
-        kw = dict(bias=module.in_proj_bias is not None, out_bias=module.out_proj.bias is not None,
-                  attn_dropout=float(module.dropout))
+        kw = dict(projections=Projections(module.in_proj_bias is not None, module.out_proj.bias is not None),
+                  dropouts=Dropouts(attn=float(module.dropout)))
         torch_only = {k: v for k, v in (("kdim", module.kdim), ("vdim", module.vdim)) if v != e}
         torch_only.update({k: True for k, on in (("add_bias_kv", module.bias_k is not None),
                                                  ("add_zero_attn", bool(module.add_zero_attn))) if on})

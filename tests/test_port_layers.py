@@ -134,6 +134,10 @@ def test_multihead_attention(tag):
     cls = "TorchMultiheadAttention" if slots else "MultiHeadAttention"  # torch.nn's own options: interop's
     assert f"from jaxformer.{'interop' if slots else 'layers.attention'} import {cls}" in src
     assert f"self.attn = {cls}(16, 4," in src
+    # the projections' biases as a config.Projections record, which the file imports
+    projections = "out_bias=True" if MHA_CASES[tag]["kw"].get("bias", True) else "bias=False, out_bias=False"
+    assert f"projections=Projections({projections})" in src
+    assert re.search(r"from jaxformer\.config\.attention import (Dropouts, )?Projections\b", src)
     assert "in_proj" not in src  # the twin holds q/k/v_proj; the loader splits torch's in_proj_weight
     if "padding" in tag:
         assert "torch_masks(key_padding_mask=pad" in src

@@ -9,7 +9,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from jaxformer.config.attention import QKNorm, Rope, Scores  # noqa: F401 (re-exported)
+from jaxformer.config.attention import Dropouts, Projections, QKNorm, Rope, Scores  # noqa: F401 (re-exported)
 from jaxformer.config.base import ConfigError, from_dict, replace, to_dict
 from jaxformer.config.lora import LoRAConfig
 from jaxformer.config.moe import MLAConfig, MoEConfig

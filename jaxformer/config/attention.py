@@ -1,13 +1,35 @@
 """The options of one attention layer, grouped in small frozen records that both trees'
-MultiHeadAttention take (jaxformer/layers/attention.py and its twin): where the rotary
-positions come from (`Rope`), the norms of q and k (`QKNorm`) and how the scores are modified
-before the softmax (`Scores`: scale, soft-capping, sinks; the modifiers' maths is
-layers/scores.py). make_attention fills them from a TransformerConfig."""
+MultiHeadAttention take (jaxformer/layers/attention.py and its twin): the biases of the
+projections (`Projections`), the dropout rates (`Dropouts`), where the rotary positions come
+from (`Rope`), the norms of q and k (`QKNorm`) and how the scores are modified before the
+softmax (`Scores`: scale, soft-capping, sinks; the modifiers' maths is layers/scores.py).
+make_attention fills them from a TransformerConfig."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from jaxformer.config.transformer import RopeScaling
+
+
+@dataclass(frozen=True)
+class Projections:
+    """Biases of the projections: `bias` on q_proj, k_proj and v_proj (and on o_proj when
+    out_bias is None), `out_bias` on o_proj (Qwen2: q/k/v biases, none on o_proj)."""
+    bias: bool = True
+    out_bias: bool | None = None
+
+    @property
+    def resolved_out_bias(self) -> bool:
+        """Whether o_proj has a bias: out_bias, or bias where out_bias is None."""
+        return self.bias if self.out_bias is None else self.out_bias
+
+
+@dataclass(frozen=True)
+class Dropouts:
+    """Dropout rates: `attn` on the attention weights (after the softmax), `out` on the output
+    (after o_proj)."""
+    attn: float = 0.0
+    out: float = 0.0
 
 
 @dataclass(frozen=True)

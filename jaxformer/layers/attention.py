@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config.attention import QKNorm, Rope, Scores
+from jaxformer.config.attention import Dropouts, Projections, QKNorm, Rope, Scores
 from jaxformer.layers import kv_cache
 from jaxformer.layers.dispatch import dot_product_attention  # re-exported
 from jaxformer.layers.kernels import partitioning
@@ -61,9 +61,11 @@ class MultiHeadAttention(nnx.Module):
 
     Args:
         d_model: D.  num_heads: H.  num_kv_heads: G (<= H, divides H); None = H.
-        head_dim: K; None = D // H.  bias: biases on the q/k/v projections (and on o_proj when
-            out_bias is None).  out_bias: the o_proj bias; None = bias.
-        attn_dropout: dropout on the attention weights.  dropout: dropout on the output.
+        head_dim: K; None = D // H.
+        projections: a config.Projections (bias, out_bias): biases on the q/k/v projections
+            (and on o_proj when out_bias is None) and on o_proj.
+        dropouts: a config.Dropouts (attn, out): dropout on the attention weights and on the
+            output.
         rope: a config.Rope (max_len, base, scaling, rotary_dim): rotary positions for
             self-attention; None = none.
         qk_norm: a config.QKNorm (kind, eps, full): norms of q and k before RoPE, per head
@@ -94,9 +96,9 @@ class MultiHeadAttention(nnx.Module):
     slots = 0  # key/value slots appended after the projected keys (interop.TorchMultiheadAttention)
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
-                 attn_dropout: float = 0.0, dropout: float = 0.0, rope: Rope | None = None,
-                 qk_norm: QKNorm | None = None, scores: Scores = Scores(), rngs: nnx.Rngs):  # noqa: B008 (a frozen dataclass)
+                 head_dim: int | None = None, projections: Projections = Projections(),  # noqa: B008 (a frozen dataclass)
+                 dropouts: Dropouts = Dropouts(), rope: Rope | None = None, qk_norm: QKNorm | None = None,  # noqa: B008 (a frozen dataclass)
+                 scores: Scores = Scores(), rngs: nnx.Rngs):  # noqa: B008 (a frozen dataclass)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
             if d_model % num_heads:
@@ -106,13 +108,14 @@ class MultiHeadAttention(nnx.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.softcap = scores.scale, scores.softcap
+        bias = projections.bias
         self.q_proj = Linear(d_model, num_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
         self.k_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
         self.v_proj = Linear(d_model, num_kv_heads * head_dim, use_bias=bias, axes=("embed", "heads"), rngs=rngs)
         # one learned logit per query head in every softmax denominator (gpt-oss), [H]
         self.sinks = partitioning.param(0.02 * jax.random.normal(rngs.params(), (num_heads,)),
                                         (None,)) if scores.sinks else None
-        self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=bias if out_bias is None else out_bias,
+        self.o_proj = Linear(num_heads * head_dim, d_model, use_bias=projections.resolved_out_bias,
                              axes=("heads", "embed"), rngs=rngs)
         # norms of q and k before RoPE: per head (Qwen3), weights [K]; or over all heads at
         # once (qk_norm.full, OLMo 2), weights [H * K] and [G * K]
@@ -123,8 +126,8 @@ class MultiHeadAttention(nnx.Module):
                                     if qk_norm else (None, None))
         self.rope = (RotaryEmbedding(head_dim, rope.max_len, rope.base, rope.scaling, rope.rotary_dim)
                      if rope else None)
-        self.attn_dropout = nnx.Dropout(attn_dropout, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout, rngs=rngs)
+        self.attn_dropout = nnx.Dropout(dropouts.attn, rngs=rngs)
+        self.dropout = nnx.Dropout(dropouts.out, rngs=rngs)
 
     def project_kv(self, kv: jax.Array, value: jax.Array | None = None) -> dict:
         """Keys of kv [B, S, D] and values of value [B, S, D] (None = kv; other widths in

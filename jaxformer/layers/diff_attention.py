@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config.attention import Rope, Scores
+from jaxformer.config.attention import Dropouts, Projections, Rope, Scores
 from jaxformer.layers.attention import MultiHeadAttention, dot_product_attention
 from jaxformer.layers.kernels import partitioning
 from jaxformer.layers.norm import RMSNorm
@@ -29,20 +29,21 @@ from jaxformer.layers.scores import ScoreMods
 class DifferentialAttention(MultiHeadAttention):
     """MultiHeadAttention whose weights are the difference of two softmax maps (module docstring).
 
-    Args (beyond MultiHeadAttention's; no sinks, q/k norms or attention dropout):
+    Args (MultiHeadAttention's, without sinks, q/k norms or attention dropout):
         lambda_init: the constant part of lambda and the output scale's (1 - lambda_init).
+        dropout: the dropout on the output (MultiHeadAttention's dropouts.out).
     Params: q/k/v/o_proj as MultiHeadAttention's (head width K, even), lambda_q1, lambda_k1,
     lambda_q2, lambda_k2 [K/2] (N(0, 0.1^2)), subln.scale [K].
     Shapes: x [B, T, D] -> [B, T, D]; weights [B, H, T, S] (w1 - lambda w2).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, lambda_init: float, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
+                 head_dim: int | None = None, projections: Projections = Projections(),  # noqa: B008 (a frozen dataclass)
                  dropout: float = 0.0, rope: Rope | None = None, scores: Scores = Scores(), rngs: nnx.Rngs):  # noqa: B008 (a frozen dataclass)
         if scores.sinks:
             raise ValueError("differential attention takes no attention sinks")
-        super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias,
-                         out_bias=out_bias, dropout=dropout, scores=scores, rngs=rngs)
+        super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, projections=projections,
+                         dropouts=Dropouts(out=dropout), scores=scores, rngs=rngs)
         if self.head_dim % 2:
             raise ValueError(f"differential attention splits each head in two halves: head_dim {self.head_dim} is odd")
         half = self.head_dim // 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.config import QKNorm, Rope, RopeScaling, Scores, TransformerConfig
+from jaxformer.config import Dropouts, Projections, QKNorm, Rope, RopeScaling, Scores, TransformerConfig
 from jaxformer.parity.cases import case, ids, mirror, mirror_fn, model_pair, normal, padding, sdpa_fn
 
 B, T, S, D, H = 2, 6, 5, 32, 4
@@ -71,11 +71,12 @@ case("mha_self_padding", "attention", mirror("layers.attention.MultiHeadAttentio
 case("mha_cross", "attention", mirror("layers.attention.MultiHeadAttention", D, H),
      lambda r: {"x": normal(B, T, D)(r), "kv": normal(B, S, D)(r), "mask": _pad_mask([5, 2])})
 case("mha_gqa_nobias_causal", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, bias=False),
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, projections=Projections(bias=False)),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
 # T5 (docs/numerics.md §22): unscaled scores plus a position bias, no biases, a head_dim of its own
 case("mha_t5_unscaled_bias", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, head_dim=6, bias=False, scores=Scores(scale=1.0)),
+     mirror("layers.attention.MultiHeadAttention", D, H, head_dim=6, projections=Projections(bias=False),
+            scores=Scores(scale=1.0)),
      lambda r: {"x": normal(B, T, D)(r), "bias": normal(1, H, T, T)(r), "mask": _pad_mask([6, 3], T)})
 case("mha_mqa_head_dim", "attention",
      mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=1, head_dim=12),
@@ -92,7 +93,7 @@ case("mha_rope_long_positions", "attention",
                 "positions": np.sort(r.randint(0, 2048, (B, T)), axis=1).astype(np.int32)})
 # dropout configured but eval mode: both sides must be deterministic (mutation dropout_active_in_eval)
 case("mha_dropout_in_eval", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, attn_dropout=0.1, dropout=0.1),
+     mirror("layers.attention.MultiHeadAttention", D, H, dropouts=Dropouts(attn=0.1, out=0.1)),
      lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 3], T)})
 case("mha_return_weights", "attention", mirror("layers.attention.MultiHeadAttention", D, H),
      lambda r: {"x": normal(B, T, D)(r), "mask": _pad_mask([6, 1], T), "return_weights": True})
@@ -135,8 +136,8 @@ for tag, scaling in {"": None, "_dynamic": ROPE_SCALINGS["dynamic"]}.items():
          lambda r: {"x": normal(B, T, H, 12)(r), "positions": r.randint(0, 64, (B, T)).astype(np.int32)})
 # Qwen2 / Qwen3 attention: q/k/v biases without an o_proj bias; per-head RMSNorm on q and k
 case("mha_qkv_bias_qk_norm_rope", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16), out_bias=False,
-            qk_norm=QKNorm("rmsnorm", 1e-6)),
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16),
+            projections=Projections(out_bias=False), qk_norm=QKNorm("rmsnorm", 1e-6)),
      lambda r: {"x": normal(B, T, D)(r), "mask": _causal()})
 # torch.nn.MultiheadAttention's own options (kdim / vdim, add_bias_kv, add_zero_attn) are
 # interop.TorchMultiheadAttention's: their cases are against nn.MultiheadAttention itself
@@ -144,7 +145,8 @@ case("mha_qkv_bias_qk_norm_rope", "attention",
 # Gemma2 attention: scores scaled by query_pre_attn_scalar ** -0.5, then soft-capped (tanh bends
 # them: inputs of std 2 give |scores| well above the cap of 3), grouped-query, RoPE
 case("mha_gemma2_softcap_scalar", "attention",
-     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16), bias=False,
+     mirror("layers.attention.MultiHeadAttention", D, H, num_kv_heads=2, rope=Rope(16),
+            projections=Projections(bias=False),
             scores=Scores(scale=20.0 ** -0.5, softcap=3.0)),
      lambda r: {"x": normal(B, T, D, scale=2.0)(r), "mask": _causal()})
 case("sdpa_softcap_padding_causal", "attention",

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxformer.config.attention import QKNorm, Rope, Scores
+from jaxformer.config.attention import Dropouts, Projections, QKNorm, Rope, Scores
 from torch_ref.layers import kv_cache
 from torch_ref.layers.dispatch import dot_product_attention  # re-exported
 from torch_ref.layers.kv_cache import KVCache
@@ -38,13 +38,14 @@ def key_projection(linear: nn.Linear, x: torch.Tensor, *, rotated: bool = False)
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE. rope,
-    qk_norm, scores: the config records Rope, QKNorm, Scores (see the JAX twin): rotary
-    positions (rotary_dim: GPT-NeoX, docs/numerics.md §35), q/k norms per head or over all heads
-    (OLMo 2), and the score scale, soft-capping and sinks (a learned per-head logit `sinks` [H]
-    in every softmax denominator, gpt-oss). torch.nn.MultiheadAttention's own options (kdim /
-    vdim, add_bias_kv, add_zero_attn) are the JAX twin's interop subclass; its torch reference
-    is nn.MultiheadAttention itself.
+    """Multi-head attention with separate q/k/v/o projections, GQA and optional RoPE.
+    projections, dropouts, rope, qk_norm, scores: the config records Projections, Dropouts, Rope,
+    QKNorm, Scores (see the JAX twin): the q/k/v and o_proj biases, the dropout on the attention
+    weights and on the output, rotary positions (rotary_dim: GPT-NeoX, docs/numerics.md §35),
+    q/k norms per head or over all heads (OLMo 2), and the score scale, soft-capping and sinks
+    (a learned per-head logit `sinks` [H] in every softmax denominator, gpt-oss).
+    torch.nn.MultiheadAttention's own options (kdim / vdim, add_bias_kv, add_zero_attn) are the
+    JAX twin's interop subclass; its torch reference is nn.MultiheadAttention itself.
     Shapes: x [B, T, D], kv [B, S, D] (None = self-attention), value [B, S, D] (None = kv)
     -> [B, T, D].
 
@@ -59,9 +60,9 @@ class MultiHeadAttention(nn.Module):
     With a cache the call returns (out, new_cache)."""
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
-                 attn_dropout: float = 0.0, dropout: float = 0.0, rope: Rope | None = None,
-                 qk_norm: QKNorm | None = None, scores: Scores = Scores()):  # noqa: B008 (a frozen dataclass)
+                 head_dim: int | None = None, projections: Projections = Projections(),  # noqa: B008 (a frozen dataclass)
+                 dropouts: Dropouts = Dropouts(), rope: Rope | None = None, qk_norm: QKNorm | None = None,  # noqa: B008 (a frozen dataclass)
+                 scores: Scores = Scores()):  # noqa: B008 (a frozen dataclass)
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if head_dim is None:
@@ -72,12 +73,13 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.softcap = scores.scale, scores.softcap
+        bias = projections.bias
         self.q_proj = nn.Linear(d_model, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=bias)
         # one learned logit per query head in every softmax denominator (gpt-oss), [H]
         self.sinks = nn.Parameter(0.02 * torch.randn(num_heads)) if scores.sinks else None
-        self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=bias if out_bias is None else out_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, d_model, bias=projections.resolved_out_bias)
         # norms of q and k before RoPE: per head (Qwen3), weights [K]; or over all heads at
         # once (qk_norm.full, OLMo 2), weights [H * K] and [G * K]
         self.qk_norm_full = qk_norm is not None and qk_norm.full
@@ -87,8 +89,8 @@ class MultiHeadAttention(nn.Module):
                                     if qk_norm else (None, None))
         self.rope = (RotaryEmbedding(head_dim, rope.max_len, rope.base, rope.scaling, rope.rotary_dim)
                      if rope else None)
-        self.attn_dropout = nn.Dropout(attn_dropout)
-        self.dropout = nn.Dropout(dropout)
+        self.attn_dropout = nn.Dropout(dropouts.attn)
+        self.dropout = nn.Dropout(dropouts.out)
 
     def project_kv(self, kv: torch.Tensor, value: torch.Tensor | None = None) -> dict:
         """Keys of kv [B, S, D] and values of value [B, S, D] (None = kv) -> {"k", "v"}:

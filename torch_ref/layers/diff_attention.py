@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from jaxformer.config.attention import Rope, Scores
+from jaxformer.config.attention import Dropouts, Projections, Rope, Scores
 from torch_ref.layers.attention import MultiHeadAttention, dot_product_attention
 from torch_ref.layers.norm import RMSNorm
 from torch_ref.layers.positional import RotaryEmbedding
@@ -14,16 +14,17 @@ from torch_ref.layers.scores import ScoreMods
 
 class DifferentialAttention(MultiHeadAttention):
     """MultiHeadAttention whose weights are the difference of two softmax maps; lambda_init:
-    lambda's constant part and the output scale's (1 - lambda_init). Params: lambda_q1,
-    lambda_k1, lambda_q2, lambda_k2 [K/2], subln.weight [K]."""
+    lambda's constant part and the output scale's (1 - lambda_init); dropout: the dropout on the
+    output (MultiHeadAttention's dropouts.out). Params: lambda_q1, lambda_k1, lambda_q2,
+    lambda_k2 [K/2], subln.weight [K]."""
 
     def __init__(self, d_model: int, num_heads: int, *, lambda_init: float, num_kv_heads: int | None = None,
-                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
+                 head_dim: int | None = None, projections: Projections = Projections(),  # noqa: B008 (a frozen dataclass)
                  dropout: float = 0.0, rope: Rope | None = None, scores: Scores = Scores()):  # noqa: B008 (a frozen dataclass)
         if scores.sinks:
             raise ValueError("differential attention takes no attention sinks")
-        super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, bias=bias,
-                         out_bias=out_bias, dropout=dropout, scores=scores)
+        super().__init__(d_model, num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, projections=projections,
+                         dropouts=Dropouts(out=dropout), scores=scores)
         if self.head_dim % 2:
             raise ValueError(f"differential attention splits each head in two halves: head_dim {self.head_dim} is odd")
         half = self.head_dim // 2

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from jaxformer import tables
-from jaxformer.config import QKNorm, Rope, Scores, TransformerConfig
+from jaxformer.config import Dropouts, Projections, QKNorm, Rope, Scores, TransformerConfig
 from torch_ref.layers import kv_cache, stack
 from torch_ref.layers.attention import AttentionMask, MultiHeadAttention
 from torch_ref.layers.diff_attention import DifferentialAttention
@@ -61,17 +61,17 @@ def make_attention(cfg: TransformerConfig, *, self_attn: bool, local: bool = Fal
     rope_base, rope_scaling = cfg.layer_rope(local)
     qk_norm = (QKNorm(cfg.norms.kind, cfg.norms.norm_eps, cfg.attention.qk_norm_full)
                if cfg.attention.qk_norm or cfg.attention.qk_norm_full else None)
+    projections = Projections(cfg.resolved_qkv_bias, cfg.resolved_out_bias)
     if cfg.attention.diff_attn is not None:  # two softmax maps per head, subtracted (layers/diff_attention.py)
         return DifferentialAttention(
             cfg.d_model, cfg.attention.num_heads, lambda_init=cfg.attention.diff_attn,
             num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
-            bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, dropout=cfg.dropout,
+            projections=projections, dropout=cfg.dropout,
             rope=Rope(cfg.max_len, rope_base, rope_scaling) if use_rope else None,
             scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap))
     return MultiHeadAttention(
         cfg.d_model, cfg.attention.num_heads, num_kv_heads=cfg.attention.num_kv_heads, head_dim=cfg.attention.head_dim,
-        bias=cfg.resolved_qkv_bias, out_bias=cfg.resolved_out_bias, attn_dropout=cfg.attention.attn_dropout,
-        dropout=cfg.dropout,
+        projections=projections, dropouts=Dropouts(cfg.attention.attn_dropout, cfg.dropout),
         rope=Rope(cfg.max_len, rope_base, rope_scaling, cfg.positions.rotary_dim) if use_rope else None,
         qk_norm=qk_norm,
         scores=Scores(cfg.score_scale, cfg.attention.attn_logit_softcap, cfg.attention.attn_sinks and self_attn))
