@@ -80,6 +80,19 @@ def _tiny(tmp: str, **train) -> None:
     write_tiny_config(os.path.join(tmp, "cfg.yaml"), **train)
 
 
+def _flat_and_nested(tmp: str) -> None:
+    """The tiny config with one option twice: its old flat key and its record path (the config
+    shim, jaxformer/config/base.py, maps the flat keys)."""
+    _tiny(tmp)
+    path = os.path.join(tmp, "cfg.yaml")
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    raw["model"]["sliding_window"] = 4
+    raw["model"].setdefault("attention", {})["sliding_window"] = 4
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+
+
 def _write(name: str, text: str):
     def setup(tmp: str) -> None:
         with open(os.path.join(tmp, name), "w") as f:
@@ -139,6 +152,8 @@ TRAIN_ROWS = [
         setup=_tiny, absent=("w",), subprocess=True, env={"JAXFORMER_PREEMPTION_GRACE": "soon"}),
     Row("train_unknown_key", [*TRAIN, "--set", "train.learning_rate=1e-3"], "train.learning_rate",
         setup=_tiny, absent=("w",)),
+    Row("train_flat_and_nested_key", TRAIN, "model.sliding_window and model.attention.sliding_window given together",
+        setup=_flat_and_nested, absent=("w",)),
     Row("train_seq_len_above_max_len", [*TRAIN, "--set", "data.seq_len=64"],
         "data.seq_len=64 exceeds model.max_len=32", setup=_tiny, absent=("w",)),
     Row("train_lr_inf", [*TRAIN, "--set", "train.lr=.inf"], "train.lr: must be finite", setup=_tiny,
