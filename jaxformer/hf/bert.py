@@ -38,13 +38,12 @@ from jaxformer.hf.common import (
     Renamer,
     bert_relative_key,
     build_config,
-    exportable_ffns,
     ffn_from_hf,
     ffn_to_hf,
     rename_all,
     token_ids,
 )
-from jaxformer.hf.exports import WRITES, Ignored, Need
+from jaxformer.hf.exports import WRITES, Ignored, Need, plain_multi_head
 
 ARCHITECTURES = {"BertModel": "encoder", "BertForSequenceClassification": "classifier",
                  "BertForMaskedLM": "encoder"}
@@ -160,16 +159,10 @@ def encoder(family: str) -> dict:
         query_pre_attn_scalar=None, attn_qkv_bias=None, attn_out_bias=None, ffn_bias=None, qk_norm=False,
         moe=None, mla=None, attn_sinks=False,
         layer_types=Ignored("without a sliding_window every layer attends fully"),
-        ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(),
-                 f"feedforward.kind={{feedforward.kind!r}} ({family} activations: {exportable_ffns()})"),
         type_vocab_size=Need(lambda c: c.bert.type_vocab_size >= 1,
                              f"bert.type_vocab_size={{bert.type_vocab_size}} "
                              f"({family} always has token type embeddings)"),
-        num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
-                          f"attention.num_kv_heads={{attention.num_kv_heads}} "
-                          f"({family} has no grouped-query attention)"),
-        head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
-                      f"attention.head_dim={{attention.head_dim}} ({family} needs d_model / num_heads)"),
+        **plain_multi_head(family),
         embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, f"embed_dropout={{embed_dropout}} != "
                            f"dropout={{dropout}} ({family} has one hidden_dropout_prob)"))
 

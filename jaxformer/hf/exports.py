@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jaxformer.hf.common import exportable_ffns
+
 
 class _Writes:
     def __repr__(self) -> str:
@@ -37,6 +39,18 @@ class Need:
 
     ok: Callable[[Any], bool]
     text: str
+
+
+def plain_multi_head(family: str) -> dict:
+    """The Needs of a family with plain multi-head attention (GPT-2, GPT-NeoX, BERT, RoBERTa):
+    a feed-forward activation HF can name, no grouped-query attention, head_dim = d_model / heads."""
+    return dict(
+        ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(),
+                 f"feedforward.kind={{feedforward.kind!r}} ({family} activations: {exportable_ffns()})"),
+        num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
+                          f"attention.num_kv_heads={{attention.num_kv_heads}} ({family} has no grouped-query attention)"),
+        head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
+                      f"attention.head_dim={{attention.head_dim}} ({family} needs d_model / num_heads)"))
 
 
 @dataclass(frozen=True)

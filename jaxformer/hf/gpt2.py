@@ -34,13 +34,12 @@ from jaxformer.hf.common import (
     Options,
     Renamer,
     build_config,
-    exportable_ffns,
     ffn_from_hf,
     ffn_to_hf,
     rename_all,
     token_ids,
 )
-from jaxformer.hf.exports import WRITES, Ignored, Need
+from jaxformer.hf.exports import WRITES, Ignored, plain_multi_head
 
 ARCHITECTURES = {"GPT2LMHeadModel": "lm"}
 MODEL_TYPE = "gpt2"
@@ -131,12 +130,7 @@ EXPORTS = {"lm": dict(
                                                                     "attends fully"),
     ffn_dropout=0.0, type_vocab_size=0, embed_norm=False, qk_norm=False, attn_logit_softcap=None,
     query_pre_attn_scalar=None, final_logit_softcap=None, **llama.biases("qkv", "out", "ffn", want=True),
-    ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(),
-             f"feedforward.kind={{feedforward.kind!r}} (GPT-2 activations: {exportable_ffns()})"),
-    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
-                      "attention.num_kv_heads={attention.num_kv_heads} (GPT-2 has no grouped-query attention)"),
-    head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
-                  "attention.head_dim={attention.head_dim} (GPT-2 needs d_model / num_heads)"))}
+    **plain_multi_head("GPT-2"))}
 
 
 def config_to_hf(name: str, cfg: LMConfig) -> dict:

@@ -41,7 +41,6 @@ from jaxformer.hf.common import (
     Options,
     Renamer,
     build_config,
-    exportable_ffns,
     ffn_from_hf,
     ffn_to_hf,
     hf_max_positions,
@@ -51,7 +50,7 @@ from jaxformer.hf.common import (
     rope_to_hf,
     token_ids,
 )
-from jaxformer.hf.exports import WRITES, Need
+from jaxformer.hf.exports import WRITES, Need, plain_multi_head
 
 ARCHITECTURES = {"GPTNeoXForCausalLM": "lm"}
 MODEL_TYPE = "gpt_neox"
@@ -164,12 +163,7 @@ EXPORTS = {"lm": dict(
     qk_norm_full=False, attn_logit_softcap=None, query_pre_attn_scalar=None, final_logit_softcap=None,
     embed_dropout=Need(lambda c: c.embed_dropout == c.dropout, "embed_dropout={embed_dropout} (GPT-NeoX needs "
                        "dropout={dropout}: one hidden_dropout)"),
-    ffn=Need(lambda c: c.feedforward.kind in exportable_ffns(),
-             f"feedforward.kind={{feedforward.kind!r}} (GPT-NeoX activations: {exportable_ffns()})"),
-    num_kv_heads=Need(lambda c: c.resolved_kv_heads == c.attention.num_heads,
-                      "attention.num_kv_heads={attention.num_kv_heads} (GPT-NeoX has no grouped-query attention)"),
-    head_dim=Need(lambda c: c.resolved_head_dim * c.attention.num_heads == c.d_model,
-                  "attention.head_dim={attention.head_dim} (GPT-NeoX needs d_model / num_heads)"))}
+    **plain_multi_head("GPT-NeoX"))}
 
 
 def claims(c) -> bool:
