@@ -169,7 +169,8 @@ class Checkpointer:
         newest step (process 0, writers only)."""
         if not self.primary or not os.path.isdir(self.directory):
             return
-        for attempt in range(20):  # a straggling writer thread can recreate a file mid-removal
+        clean = 0  # consecutive passes that found nothing: a straggling writer thread can
+        for attempt in range(20):  # recreate a folder mid-removal or just after it
             left = False
             for name in os.listdir(self.directory):
                 path = os.path.join(self.directory, name)
@@ -179,7 +180,8 @@ class Checkpointer:
                     else:
                         shutil.rmtree(path, ignore_errors=True)
                     left = left or os.path.lexists(path)
-            if not left:
+            clean = 0 if left else clean + 1
+            if clean == 2:
                 return
             time.sleep(0.05 * (attempt + 1))
 
