@@ -14,6 +14,7 @@ its entries hold (AttentionMask.at_keys).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,13 @@ from flax import nnx
 # the mode of a call, explicit from the stack down: no cache; a chunk of T > 1 new tokens
 # through the cache; one new token
 TRAIN, PREFILL, DECODE = "train", "prefill", "decode"
+
+
+class Step(NamedTuple):
+    """Where a cached call writes: `index`, the slot of its first new token (int scalar, may be
+    traced), and its `mode` (PREFILL or DECODE). What a DecoderLayer's cached call is given."""
+    index: Any
+    mode: str
 
 
 def mode_of(cache, t: int) -> str:

@@ -194,8 +194,9 @@ class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention to `memory` (skipped if the layer has none),
     then FFN. x [B, T, D], memory [B, S, D] -> [B, T, D].
 
-    With cache={"self": KVCache, "cross": KVCache (fixed)} (kv_cache.py), cache_index and the
-    call's mode (see MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
+    With cache={"self": KVCache, "cross": KVCache (fixed)} (kv_cache.py) and
+    step=kv_cache.Step(index, mode) (the slot of the first new token, the call's mode: see
+    MultiHeadAttention), returns (x, new_cache); `memory` is then not needed
     ("cross" holds its keys/values, from init_cache). local: a sliding-window layer (its
     attention's RoPE: make_attention).
     """
@@ -221,9 +222,11 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None, *, mask=None, bias=None,
                 memory_mask=None, memory_bias=None, positions=None, cache: dict | None = None,
-                cache_index=None, return_attention: bool = False, mode: str | None = None):
+                step: kv_cache.Step | None = None, return_attention: bool = False):
         """Under a capture (layers/sow.py) the layer sows its sub-layer intermediates
         (stack.SUBLAYERS' names); return_attention adds the attention weights."""
+        if cache is not None and step is None:
+            raise ValueError("a DecoderLayer cache needs step=kv_cache.Step(index, mode)")
         new_cache = {}
 
         def self_block(h):
@@ -231,8 +234,8 @@ class DecoderLayer(nn.Module):
                 return _attend(self, self.self_attn, "attn_weights", return_attention, h,
                                mask=mask, bias=bias, positions=positions)
             out, new_cache["self"] = self.self_attn(h, mask=mask, bias=bias, positions=positions,
-                                                    cache=cache["self"], cache_index=cache_index,
-                                                    mode=mode)
+                                                    cache=cache["self"], cache_index=step.index,
+                                                    mode=step.mode)
             return out
 
         def cross_block(h):
@@ -401,7 +404,7 @@ class Decoder(_Stack):
             m, bb = layout(cache[i]["self"])
             x, layer_cache = layer(x, memory, mask=m.for_layer(stack.layer_flags(self.cfg)[i], window), bias=bb,
                                    memory_mask=memory_mask, positions=positions, cache=cache[i],
-                                   cache_index=cache_index, mode=mode)
+                                   step=kv_cache.Step(cache_index, mode))
             new_cache.append(layer_cache)
             if inter is not None:
                 inter[f"layers.{i}"] = x
