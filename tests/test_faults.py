@@ -1,9 +1,10 @@
 """Faults on a two-process run (jax.distributed on localhost, gloo CPU collectives; issue 51,
-docs/scale.md "Faults on a multi-process run"): a peer SIGKILLed or SIGSTOPped mid-run makes the
-survivor exit 69 within the heartbeat bound with one line naming the lost process, writing no
-partial checkpoint; SIGTERM to both processes at different moments saves one agreed step on
-both and exits 0 within the grace period. Every restart of both processes with --resume
-continues bit for bit as the uninterrupted run (its metrics and its final weights)."""
+docs/scale.md "Faults on a multi-process run"): a peer SIGKILLed (process 0, which started the
+coordination service) or SIGSTOPped mid-run makes the survivor exit 69 within the heartbeat
+bound with one line naming the lost process, writing no partial checkpoint; SIGTERM to both
+processes at different moments saves one agreed step on both and exits 0 within the grace
+period. Every restart of both processes with --resume continues bit for bit as the
+uninterrupted run (its metrics and its final weights)."""
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from test_train import FAMILIES, ROOT, TRAIN
 
 from jaxformer.train.checkpoint import committed_steps
+from jaxformer.train.faults import SERVICE_LINGER
 from jaxformer.train.logging_utils import read_metrics
 
 STEPS = 16  # the uninterrupted run, and where every resume ends
@@ -64,7 +66,22 @@ def _start(tmp_path, wd, steps: int, *extra, resume: bool = False) -> list[subpr
                  str(i), "--heartbeat-timeout", str(HEARTBEAT), *extra, *(["--resume"] if resume else [])],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err))
         procs[-1].err_path = err.name
+        procs[-1].port = port
     return procs
+
+
+def _services(port: int) -> list[int]:
+    """The pids of coordination-service processes (jaxformer/train/coordinator.py) on `port`."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"jaxformer.train.coordinator" in args and any(a.endswith(f":{port}".encode()) for a in args):
+            pids.append(int(pid))
+    return pids
 
 
 def _stderr(p) -> str:
@@ -145,6 +162,7 @@ def _resume_matches(tmp_path, wd, uninterrupted, stopped_at=None) -> None:
     procs = _start(tmp_path, wd, STEPS, resume=True)
     codes = _finish(procs)
     assert codes == [0, 0], [_stderr(p)[-2000:] for p in procs]
+    assert not _services(procs[0].port)  # a run that ends well stops its service as it ends
     records, params = uninterrupted.result()
     got = read_metrics(str(wd))
     if stopped_at is not None and stopped_at % 4:  # an eval the uninterrupted run did not do there
@@ -166,37 +184,45 @@ def _no_partial_step(wd) -> None:
     assert steps == committed_steps(str(ckpt)), os.listdir(ckpt)
 
 
-@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
-def test_lost_peer_ends_the_survivor(sig, tmp_path, request):
-    """Process 1 SIGKILLed (dead) or SIGSTOPped (hung) mid-run: process 0 exits 69 within BOUND
-    seconds with one line naming process 1 and no traceback; no partial checkpoint; both
-    restarted with --resume continue as the uninterrupted run."""
+@pytest.mark.parametrize(("sig", "victim"), [("SIGKILL", 0), ("SIGSTOP", 1)])
+def test_lost_peer_ends_the_survivor(sig, victim, tmp_path, request):
+    """Process 0 SIGKILLed (dead: the coordination service outlives it, coordinator.py) or
+    process 1 SIGSTOPped (hung) mid-run: the other exits 69 within BOUND seconds with one line
+    naming the lost process and no traceback; no partial checkpoint; both restarted with
+    --resume continue as the uninterrupted run. (A dead process 1 ends process 0 the same way:
+    its beat stops, as a hung one's does, and its collective fails as process 0's does here.)"""
     # the reference run starts now, beside this one (the SIGSTOP case resumes nothing: none)
     uninterrupted = request.getfixturevalue("uninterrupted") if sig == "SIGKILL" else None
     wd = tmp_path / "w"
     procs = _start(tmp_path, wd, 100000)
+    survivor = procs[1 - victim]
     try:
         _wait_mid_run(procs, wd)
         t0 = time.monotonic()
-        os.kill(procs[1].pid, getattr(signal, sig))
+        os.kill(procs[victim].pid, getattr(signal, sig))
         try:
-            code = procs[0].wait(timeout=BOUND + 60)
+            code = survivor.wait(timeout=BOUND + 60)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"process 0 still running {BOUND + 60} s after its peer's {sig}")
+            pytest.fail(f"process {1 - victim} still running {BOUND + 60} s after its peer's {sig}")
         took = time.monotonic() - t0
     finally:
         _kill(procs)  # the stopped process too
-    err = _stderr(procs[0])
+    err = _stderr(survivor)
     lines = [ln for ln in err.splitlines() if ln.startswith("jaxformer train")]
-    print(f"{sig}: process 0 exited {code} after {took:.1f} s: {lines}")
+    print(f"{sig} of process {victim}: process {1 - victim} exited {code} after {took:.1f} s: {lines}")
     assert code == 69, err[-3000:]
     assert took < BOUND, took
-    assert len(lines) == 1 and "error: process 1 of 2 stopped responding" in lines[0], err[-3000:]
+    assert len(lines) == 1 and f"error: process {victim} of 2 stopped responding" in lines[0], err[-3000:]
     assert "Traceback" not in err and "Check failure" not in err, err[-3000:]
     _no_partial_step(wd)
     assert committed_steps(str(wd / "checkpoints"))[-1] >= 4
     if sig == "SIGKILL":  # (the hung peer leaves the same checkpoints: its resume is not run again)
         _resume_matches(tmp_path, wd, uninterrupted)
+        # the crashed process 0's service ends on its own, HEARTBEAT + SERVICE_LINGER s after it
+        deadline = time.monotonic() + HEARTBEAT + SERVICE_LINGER + 60
+        while _services(procs[0].port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _services(procs[0].port)
 
 
 def test_preemption_saves_one_agreed_step(tmp_path, uninterrupted):

@@ -10,10 +10,10 @@ which would wait on the dead peer. Left to itself the survivor sits in its colle
 JAX's own heartbeat timeout (100 s by default) and is then aborted from C++ with a stack trace.
 A checkpoint being written at that moment stays under orbax's temporary name (never read as a
 step; the next run removes it); committed steps are never touched, so a restart of every
-process with --resume continues from the newest committed one. Limitation: the loss of process
-0, which hosts the coordination service, by a crash (SIGKILL) makes JAX's runtime abort every
-other process at once, before any Python code can run (its error polling fails; jaxlib takes
-no Python callback for it); a hung process 0 (SIGSTOP) is caught by the watch.
+process with --resume continues from the newest committed one. Process 0 is no different: the
+coordination service, which jax.distributed would host inside it (and whose loss makes JAX's
+runtime abort every other process from C++ before any Python runs), lives in a child process
+of its own (coordinator.py) that outlives a crashed process 0 until the survivors are out.
 
 Preemption. JAX's preemption sync manager (started by jax.distributed.initialize) catches
 SIGTERM in C++ (or takes the runtime's own preemption notice), tells every process through the
@@ -24,7 +24,6 @@ started when a preemption notice is seen ends the process with GRACE_EXPIRED and
 has not exited by then (nothing partial is kept: see above)."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import sys
@@ -46,14 +45,10 @@ class _Run:
 RUN = _Run()
 
 
-LINGER = 2.0  # seconds process 0 outlives its line when other processes are still to exit
-
-
-def _say_and_exit(line: str, code: int, linger: bool = False) -> None:
+def _say_and_exit(line: str, code: int) -> None:
     """One line on stderr, then end the process without unwinding (os._exit: no atexit, no
-    finally, no collective or barrier waited on). `linger`: this is process 0 and others are
-    ending too: it keeps the coordination service up for LINGER seconds, so that they print
-    their own line (when the service goes, JAX's runtime aborts every process still using it)."""
+    finally, no collective or barrier waited on). The coordination service outlives this
+    process (coordinator.py), so the others still print their own line."""
     with contextlib.suppress(BaseException):
         sys.stderr.flush()
     with contextlib.suppress(OSError):
@@ -63,12 +58,6 @@ def _say_and_exit(line: str, code: int, linger: bool = False) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    if linger:
-        # the main thread may run on meanwhile (its collective failed): if it reaches the
-        # interpreter's exit first, it ends the same way (atexit runs the last registered first)
-        end = time.monotonic() + LINGER
-        atexit.register(lambda: (time.sleep(max(0.0, end - time.monotonic())), os._exit(code)))
-        time.sleep(LINGER)
     os._exit(code)
 
 
@@ -91,14 +80,22 @@ def lost_peer_line(process: int, count: int, why: str) -> str:
             f"was written for that step{'; ' + saved if saved else ''}; restart all {count} processes with --resume{wd}")
 
 
+SERVICE_LINGER = 10.0  # seconds the service outlives a crashed process 0, past the watches' timeout
+
+
 def initialize(coordinator: str, num_processes: int, process_id: int, timeout: float) -> PeerWatch | None:
     """jax.distributed.initialize, then this process's PeerWatch (started; None for a single
     process). JAX's own heartbeat timeout is set well past `timeout` (2 x timeout + 5 s): it is
     the backstop, which aborts the process from C++ (no Python callback can be given: jaxlib's
-    missed-heartbeat callback takes an absl::Status it cannot pass to Python)."""
+    missed-heartbeat callback takes an absl::Status it cannot pass to Python). Process 0 hosts
+    the coordination service in a child process (coordinator.py), which outlives a crash of
+    process 0 by `timeout` + SERVICE_LINGER seconds: the others' watches see the loss first."""
     import jax
-    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, heartbeat_timeout_seconds=int(2 * timeout + 5))
+
+    from jaxformer.train.coordinator import hosted_service
+    with hosted_service(linger=timeout + SERVICE_LINGER) if num_processes > 1 else contextlib.nullcontext():
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id, heartbeat_timeout_seconds=int(2 * timeout + 5))
     if num_processes < 2:
         return None
     watch = PeerWatch(distributed_client(), process_id, num_processes, timeout)
@@ -153,8 +150,9 @@ class PeerWatch:
     def _judge(self) -> None:
         while not self._stop.wait(self.interval):
             now = time.monotonic()
-            if now - self.answered > self.timeout and self.me != 0:
-                self._lost(0, f"the coordination service it hosts did not answer for {self.timeout:g} s")
+            if now - self.answered > self.timeout:  # its process (process 0's child) is gone
+                self._lost(0, f"the coordination service that process 0 started did not answer for "
+                              f"{self.timeout:g} s")
             for p, (value, since) in self.seen.items():
                 if value != "done" and now - since > self.timeout:
                     self._lost(p, f"no heartbeat for {self.timeout:g} s")
@@ -162,7 +160,7 @@ class PeerWatch:
     def _lost(self, p: int, why: str) -> None:
         if self._stop.is_set():
             return
-        _say_and_exit(lost_peer_line(p, self.count, why), PEER_LOST, linger=self.me == 0 and self.count > 2)
+        _say_and_exit(lost_peer_line(p, self.count, why), PEER_LOST)
 
     def settle(self) -> None:
         """Wait long enough for the watch to find a lost peer (it then ends the process with
@@ -180,16 +178,6 @@ class PeerWatch:
         if done:
             with contextlib.suppress(Exception):
                 self.client.key_value_set(f"{ALIVE}{self.me}", "done", allow_overwrite=True)
-
-
-def _process_index() -> int:
-    import jax
-    return jax.process_index()
-
-
-def _process_count() -> int:
-    import jax
-    return jax.process_count()
 
 
 def distributed_client():
@@ -220,8 +208,7 @@ class GraceWatchdog:
         at = f" at step {RUN.step}" if RUN.step is not None else ""
         _say_and_exit(f"jaxformer train: error: {what}: not stopped within the grace period "
                       f"(--preemption-grace {self.grace:g} s){at}; nothing was saved for it"
-                      f"{'; ' + saved if saved else ''}; continue with --resume", GRACE_EXPIRED,
-                      linger=_process_index() == 0 and _process_count() > 1)
+                      f"{'; ' + saved if saved else ''}; continue with --resume", GRACE_EXPIRED)
 
     def cancel(self) -> None:
         self._done.set()
