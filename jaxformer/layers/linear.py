@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.layers.kernels import partitioning, quant
+from jaxformer.layers.kernels import partitioning, quant, quant_train
 
 
 def weight_stationary_matmul(x: jax.Array, w_t: jax.Array, precision=None) -> jax.Array:
@@ -91,6 +91,8 @@ class Linear(nnx.Linear):
         x, kernel, bias = self.promote_dtype((x, kernel, bias), dtype=self.dtype)
         if lowering.active().transposed_kernels:
             y = weight_stationary_matmul(x, kernel, self.precision)  # kernel [out, in]
+        elif quant_train.active():  # train.quantization: int8 / fp8 products (qwix)
+            y = quant_train.matmul(x, kernel, quant_train.active())
         else:
             y = matmul(x, kernel, self.precision)
         if bias is None:

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jaxformer.config.models import LMConfig
 from jaxformer.layers.attention import AttentionMask, make_padding_mask
-from jaxformer.layers.kernels import ring
+from jaxformer.layers.kernels import quant_train, ring
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.special import tanh
@@ -146,7 +146,8 @@ def _head_logits(cfg: LMConfig, head, h: jax.Array) -> jax.Array:
     """h [B, T, D] -> [B, T, V] float32 through `head`: the tied embedding (its attend) or
     lm_head; then the final soft-cap when set."""
     h = h.astype(compute_dtype(cfg.dtype))
-    out = head(h) if isinstance(head, Linear) else head.attend(h)
+    with quant_train.full_precision():  # the output head stays float under train.quantization
+        out = head(h) if isinstance(head, Linear) else head.attend(h)
     out = out.astype(jnp.float32)
     cap = cfg.final_logit_softcap
     return out if cap is None else tanh(out / cap) * cap  # torch's accuracy (docs/numerics.md §44)

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxformer.config.models import Seq2SeqConfig
 from jaxformer.layers.attention import make_padding_mask
+from jaxformer.layers.kernels import quant_train
 from jaxformer.layers.linear import Linear
 from jaxformer.layers.positional import default_positions
 from jaxformer.layers.text_embedding import TextEmbedding
@@ -132,4 +133,5 @@ def _head_logits(cfg: Seq2SeqConfig, head, h: jax.Array) -> jax.Array:
     h = h.astype(compute_dtype(cfg.dtype))
     if cfg.scale_decoder_output:  # T5 v1.0 (docs/numerics.md §22)
         h = h * cfg.d_model ** -0.5
-    return (head(h) if isinstance(head, Linear) else head.attend(h)).astype(jnp.float32)
+    with quant_train.full_precision():  # the output head stays float under train.quantization
+        return (head(h) if isinstance(head, Linear) else head.attend(h)).astype(jnp.float32)

@@ -68,15 +68,25 @@ class Chip:
     clock_ghz: float = 0.0
     l2_bytes: int = 0
     capability: tuple[int, int] = (0, 0)
+    int8_ops: float = 0.0  # peak dense int8 OP/s (0: the bf16 rate)
+    fp8_flops: float = 0.0  # peak dense fp8 FLOP/s (0: the bf16 rate; no fp8 units)
+
+    def rate(self, kind: str) -> float:
+        """Peak rate of a product whose operands are `kind` (costs.jaxpr_flops_by_type's)."""
+        return {"int8": self.int8_ops, "fp8": self.fp8_flops}.get(kind) or self.peak_flops
 
 
+# int8: Google Cloud's TPU pages (v4 has no faster int8 path: its int8 rate is its bf16 one);
+# NVIDIA's data sheets, dense (without sparsity) for int8 and fp8; no TPU here has fp8 units
 CHIPS = {
-    "v4": Chip(32 * GiB, 275e12, 1200e9, 300e9),
-    "v5e": Chip(16 * GiB, 197e12, 819e9, 400e9),
-    "v5p": Chip(95 * GiB, 459e12, 2765e9, 1200e9),
-    "v6e": Chip(32 * GiB, 918e12, 1640e9, 800e9),
-    "h100": Chip(80 * 10**9, 989e12, 3.35e12, 900e9, "gpu", "NVIDIA H100 80GB HBM3", 132, 1.98, 50 * 2**20, (9, 0)),
-    "h200": Chip(141 * 10**9, 989e12, 4.8e12, 900e9, "gpu", "NVIDIA H200 141GB HBM3e", 132, 1.98, 50 * 2**20, (9, 0)),
+    "v4": Chip(32 * GiB, 275e12, 1200e9, 300e9, int8_ops=275e12),
+    "v5e": Chip(16 * GiB, 197e12, 819e9, 400e9, int8_ops=394e12),
+    "v5p": Chip(95 * GiB, 459e12, 2765e9, 1200e9, int8_ops=918e12),
+    "v6e": Chip(32 * GiB, 918e12, 1640e9, 800e9, int8_ops=1836e12),
+    "h100": Chip(80 * 10**9, 989e12, 3.35e12, 900e9, "gpu", "NVIDIA H100 80GB HBM3", 132, 1.98, 50 * 2**20, (9, 0),
+                 int8_ops=1979e12, fp8_flops=1979e12),
+    "h200": Chip(141 * 10**9, 989e12, 4.8e12, 900e9, "gpu", "NVIDIA H200 141GB HBM3e", 132, 1.98, 50 * 2**20, (9, 0),
+                 int8_ops=1979e12, fp8_flops=1979e12),
 }
 
 
@@ -210,6 +220,7 @@ class Program:
     kernels: list  # lowering.note_kernel's records while tracing
     largest: list  # the largest per-chip state leaves: (path, bytes)
     program_flops: float  # jaxpr_flops of the whole program (all chips)
+    quantized_flops: dict = dataclasses.field(default_factory=dict)  # of them, int8 / fp8 products
 
 
 def _itemsize(dtype) -> int:
@@ -295,7 +306,7 @@ def _compiler_bytes(text: str) -> float | None:
 
 def _compile(name: str, fn, args, mesh, state_bytes: dict, largest: list) -> tuple[object, float, list, float]:
     """Trace, lower and compile `fn` for the TPU mesh (traced for the TPU platform) ->
-    (compiled, seconds, kernels, the jaxpr's FLOPs). A program over the chip's HBM raises
+    (compiled, seconds, kernels, the jaxpr's FLOPs by operand type). A program over the chip's HBM raises
     DoesNotFit; any other memory the compiler runs out of (a Pallas kernel's VMEM) raises
     ValueError with the compiler's own message."""
     t0 = time.perf_counter()
@@ -315,7 +326,11 @@ def _compile(name: str, fn, args, mesh, state_bytes: dict, largest: list) -> tup
         needed = _compiler_bytes(m.group(1)) if m else None
         raise DoesNotFit(f"{name}: the TPU compiler ran out of HBM: {text.splitlines()[0].split(': ', 1)[-1]}",
                          needed, state_bytes, largest) from None
-    return compiled, time.perf_counter() - t0, kernels, costs.jaxpr_flops(traced.jaxpr.jaxpr)
+    return compiled, time.perf_counter() - t0, kernels, costs.jaxpr_flops_by_type(traced.jaxpr.jaxpr)
+
+
+def _quantized(flops: dict) -> dict:
+    return {k: v for k, v in flops.items() if k != "float" and v}
 
 
 def compile_train(cfg: RunConfig, mesh, packed: bool = False) -> tuple[Program, dict]:
@@ -328,7 +343,7 @@ def compile_train(cfg: RunConfig, mesh, packed: bool = False) -> tuple[Program, 
     state_bytes = {k: _per_chip_bytes(v) for k, v in state.items()}
     largest = _leaf_report({"params": state["params"], "opt_state": state["opt_state"]})
     compiled, secs, kernels, flops = _compile("train", step, (state, batch), mesh, state_bytes, largest)
-    prog = Program("train", compiled, secs, state_bytes, kernels, largest, flops)
+    prog = Program("train", compiled, secs, state_bytes, kernels, largest, sum(flops.values()), _quantized(flops))
     return prog, costs.model_facts(cfg, state["params"])
 
 
@@ -386,7 +401,8 @@ def compile_decode(cfg: RunConfig, mesh, prompt_len: int | None = None, cache_le
         ids = jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=row)
         compiled, secs, kernels, flops = _compile(name, fn, (state_in, ids, slot_mask, cache_in, index), mesh,
                                                   state_bytes, largest)
-        progs.append(Program(name, compiled, secs, state_bytes, kernels, largest, flops))
+        progs.append(Program(name, compiled, secs, state_bytes, kernels, largest, sum(flops.values()),
+                             _quantized(flops)))
     facts = costs.model_facts(cfg, params)
     facts["tokens_per_step"] = {"prefill": b * p, "decode_step": b}
     return progs, facts
@@ -423,11 +439,16 @@ def attention_choices(kernels: list) -> list[dict]:
     return out
 
 
-def roofline_of(flops: float, hbm_bytes: float, collective_bytes: float, chip: Chip) -> dict:
+def roofline_of(flops: float, hbm_bytes: float, collective_bytes: float, chip: Chip,
+                quantized: dict | None = None) -> dict:
     """One run of a program on one chip, each part at the chip's peak rate (perfect overlap):
-    FLOPs over peak bf16 FLOP/s, HBM bytes over HBM bandwidth, collective bytes over ICI
-    bandwidth; bound_s is the largest, bound_by names it."""
-    roofline = {"compute_s": flops / chip.peak_flops, "hbm_s": hbm_bytes / chip.hbm_bytes_per_s,
+    FLOPs over peak bf16 FLOP/s (of them, `quantized`'s int8 / fp8 products at the chip's int8 /
+    fp8 rate: Chip.rate), HBM bytes over HBM bandwidth, collective bytes over ICI bandwidth;
+    bound_s is the largest, bound_by names it."""
+    quantized = quantized or {}
+    compute = (flops - sum(quantized.values())) / chip.peak_flops
+    compute += sum(v / chip.rate(kind) for kind, v in quantized.items())
+    roofline = {"compute_s": compute, "hbm_s": hbm_bytes / chip.hbm_bytes_per_s,
                 "collective_s": collective_bytes / chip.ici_bytes_per_s}
     roofline["bound_s"] = max(roofline.values())
     roofline["bound_by"] = max(("compute_s", "hbm_s", "collective_s"), key=roofline.get)[:-2]
@@ -444,10 +465,11 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
         figure is one layer's), and for some loops (MoE's ragged exchange, ring attention)
         it returns a negative number. est_step_s takes it where it is whole;
       * a roofline of our own, loop-aware: the program's matmul FLOPs (jaxpr_flops, split
-        evenly over the chips) over the chip's peak bf16 rate, the HBM bytes of its top-level
-        instructions (hlo_hbm_bytes) over HBM bandwidth, and its collectives' bytes
-        (`collectives`) over ICI bandwidth; the bound is the largest of the three (perfect
-        overlap). est_step_s takes it where the compiler's figure is not whole.
+        evenly over the chips) over the chip's peak bf16 rate (int8 / fp8 products at
+        theirs: train.quantization), the HBM bytes of its top-level instructions
+        (hlo_hbm_bytes) over HBM bandwidth, and its collectives' bytes (`collectives`) over
+        ICI bandwidth; the bound is the largest of the three (perfect overlap). est_step_s
+        takes it where the compiler's figure is not whole.
     """
     mem = prog.compiled.memory_analysis()
     cost = _cost(prog.compiled)
@@ -459,7 +481,8 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
     arg, out, alias, temp = (mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes,
                              mem.temp_size_in_bytes)
     total = arg + out - alias + temp + mem.generated_code_size_in_bytes
-    roofline = roofline_of(flops, hbm_bytes, sum(v["bytes"] for v in coll.values()), chip)
+    quantized = {k: v / chips for k, v in prog.quantized_flops.items()}
+    roofline = roofline_of(flops, hbm_bytes, sum(v["bytes"] for v in coll.values()), chip, quantized)
     loops = len(re.findall(r" while\(", hlo))
     whole = cost["optimal_seconds"] > 0 and loops == 0
     est = cost["optimal_seconds"] if whole else roofline["bound_s"]
@@ -480,6 +503,7 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
         "compiler_flops_per_chip": cost["flops"],
         "compiler_optimal_seconds": cost["optimal_seconds"],
         "program_flops_per_chip": flops,
+        **({"quantized_flops_per_chip": quantized} if quantized else {}),  # of them, int8 / fp8 products
         "hbm_bytes_per_chip": hbm_bytes,
         "model_flops_per_step": model_flops,
         "est_step_s": est,

@@ -30,6 +30,7 @@ PARALLEL_MODES = ("none", "pmap", "mesh")
 NONFINITE = ("stop", "skip")
 LORA_BASE_DTYPES = ("fp32", "bf16", "int8")  # layers/kernels/quant.py's reduced weights
 ATTENTION = ("auto", "plain", "blockwise", "splash")  # jaxformer/lowering.py's attention switch
+QUANTIZATION = ("int8", "fp8")  # layers/kernels/quant_train.py MODES (config imports no layers)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,10 @@ class TrainConfig:
     # the token loss in sequence chunks of at most this many MiB of float32 logits per device
     # (layers/kernels/chunked_loss.py; the same loss within fp32 rounding); null: the logits whole
     loss_chunk_mib: int | None = None
+    # int8 or fp8 products in every Linear, forward and backward, float master weights and
+    # optimiser (layers/kernels/quant_train.py, through qwix; as MaxText's `quantization`);
+    # null: float. Changes the numbers within a measured budget (docs/numerics.md §48)
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches",
@@ -118,6 +123,8 @@ class TrainConfig:
         check_choice(self, "init", INITS)
         check_choice(self, "on_nonfinite", NONFINITE)
         check_choice(self, "attention", ATTENTION)
+        check(self.quantization in (None, *QUANTIZATION), "quantization",
+              f"must be one of {', '.join(QUANTIZATION)} or null, got {self.quantization!r}")
         check(self.loss_chunk_mib is None or self.loss_chunk_mib > 0, "loss_chunk_mib",
               f"must be a positive number of MiB or null, got {self.loss_chunk_mib}")
         check(all(b > 0 for b in self.attention_blocks), "attention_blocks",

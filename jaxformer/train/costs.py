@@ -209,35 +209,61 @@ def jaxpr_flops(jaxpr) -> float:
     backward recomputes it. (XLA's HLO of a TPU program hides its dots inside convolutions
     with dilations and strides, and its cost_analysis counts loop bodies once; the jaxpr says
     what the program multiplies.) A shard_map body's FLOPs count once per device it runs on."""
+    return sum(jaxpr_flops_by_type(jaxpr).values())
+
+
+def _operand_type(dtypes) -> str:
+    """A dot's rate class by its operands: "int8" (both 8-bit integers), "fp8" (both 8-bit
+    floats: e4m3 / e5m2), else "float"."""
+    names = {str(d) for d in dtypes}
+    if names <= {"int8", "uint8"}:
+        return "int8"
+    if all(n.startswith("float8") for n in names):
+        return "fp8"
+    return "float"
+
+
+def jaxpr_flops_by_type(jaxpr) -> dict[str, float]:
+    """jaxpr_flops split by the operands' type ("float", "int8", "fp8"; _operand_type): a chip
+    runs int8 and fp8 products at their own peak rates (aot.Chip; train.quantization)."""
     from jax.extend import core as jcore
-    total = 0.0
+    total = {"float": 0.0, "int8": 0.0, "fp8": 0.0}
+
+    def add(part: dict, times: float = 1.0) -> None:
+        for k, v in part.items():
+            total[k] += times * v
+
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
             (lc, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
-            total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lc)
+            kind = _operand_type(v.aval.dtype for v in eqn.invars[:2])
+            total[kind] += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in lc)
             continue
         if name in ("ragged_dot_general", "ragged_dot"):
             m, k = eqn.invars[0].aval.shape[0], eqn.invars[0].aval.shape[-1]
-            total += 2.0 * m * k * eqn.outvars[0].aval.shape[-1]
+            total[_operand_type(v.aval.dtype for v in eqn.invars[:2])] += 2.0 * m * k * eqn.outvars[0].aval.shape[-1]
             continue
         subs = [v for v in eqn.params.values() if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr))]
         subs += [b for v in eqn.params.values() if isinstance(v, (tuple, list))
                  for b in v if isinstance(b, (jcore.ClosedJaxpr, jcore.Jaxpr))]
-        inner = [jaxpr_flops(b.jaxpr if isinstance(b, jcore.ClosedJaxpr) else b) for b in subs]
+        inner = [jaxpr_flops_by_type(b.jaxpr if isinstance(b, jcore.ClosedJaxpr) else b) for b in subs]
         if not inner:
             continue
         if name == "scan":
-            total += eqn.params["length"] * sum(inner)
+            for part in inner:
+                add(part, eqn.params["length"])
         elif name == "shard_map":  # its body's shapes are one device's: times the devices it runs on
             mesh = eqn.params["mesh"]
             axes = eqn.params.get("newly_manual_axes") or eqn.params.get("manual_axes") or mesh.axis_names
-            total += math.prod(mesh.shape[a] for a in axes) * sum(inner)
+            for part in inner:
+                add(part, math.prod(mesh.shape[a] for a in axes))
         elif name == "cond":
-            total += max(inner)
+            add(max(inner, key=lambda part: sum(part.values())))
         else:
-            total += sum(inner)
+            for part in inner:
+                add(part)
     return total
 
 

@@ -8,11 +8,14 @@ losses compose).
 """
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxformer import lowering
+from jaxformer.layers.kernels import quant_train
 from jaxformer.train import lora, tasks
 from jaxformer.train.config import CONTEXT_AXIS, RunConfig
 
@@ -39,19 +42,23 @@ class StepFns:
         self.pad_id = getattr(cfg.model, "pad_id", 0)
         self.moe = tasks.moe_of(cfg.model) if cfg.model_name == "lm" else None
 
+    @contextlib.contextmanager
     def tracing(self):
-        """The lowering switches the model is traced under (jaxformer/lowering.py): train.attention
-        and its blocks, train.loss_chunk_mib; with parallel.mesh.context > 1 the context axis (ring attention, the
-        sequence split over it). Entered inside the step, so every wrapper (jit on one device or
+        """The switches the model is traced under: jaxformer/lowering.py's (train.attention and
+        its blocks, train.loss_chunk_mib; with parallel.mesh.context > 1 the context axis: ring
+        attention, the sequence split over it) and train.quantization's
+        (layers/kernels/quant_train.py). Entered inside the step, so every wrapper (jit on one device or
         a mesh, pmap, a bench's own jit) traces the same program."""
         tc, mesh = self.cfg.train, self.cfg.parallel.mesh
         on_mesh = self.cfg.parallel.mode == "mesh"
         context = CONTEXT_AXIS if on_mesh and mesh.context > 1 else None
         rules = self.cfg.parallel.logical_axis_rules() if on_mesh else {}
-        return lowering.tracing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks),
-                                context_axis=context, batch_axes=tuple(rules.get("batch", ())),
-                                head_axes=tuple(rules.get("heads", ())),
-                                **({} if tc.loss_chunk_mib is None else {"loss_chunk_bytes": tc.loss_chunk_mib << 20}))
+        switches = lowering.tracing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks),
+                                    context_axis=context, batch_axes=tuple(rules.get("batch", ())),
+                                    head_axes=tuple(rules.get("heads", ())),
+                                    **({} if tc.loss_chunk_mib is None else {"loss_chunk_bytes": tc.loss_chunk_mib << 20}))
+        with switches, quant_train.training(tc.quantization):  # int8 / fp8 products, or float
+            yield
 
     def _psum(self, x):
         return jax.lax.psum(x, self.axis_name) if self.axis_name else x
