@@ -102,3 +102,12 @@ def test_roofline_rates_by_operand_type():
 def test_bad_quantization_is_named():
     with pytest.raises(ConfigError, match="quantization"):
         run_cfg("lm_gpt2", quantization="int4")
+
+
+def test_torch_trainer_refuses_quantization(tmp_path):
+    """The torch trainer is the float reference: asked for int8 it refuses by name, before the
+    workdir exists."""
+    from jaxformer.train.torch.trainer import TorchTrainer
+    with pytest.raises(ConfigError, match="train.quantization: int8 training is the JAX trainer's"):
+        TorchTrainer(run_cfg("lm_gpt2", quantization="int8"), str(tmp_path / "w"), progress=False)
+    assert not (tmp_path / "w").exists()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from jaxformer import fileio
+from jaxformer.config.base import check
 from jaxformer.config.module import MODULE
 from jaxformer.train import data as data_lib
 from jaxformer.train import init as init_lib
@@ -126,6 +127,10 @@ class TorchTrainer:
     def __init__(self, cfg: RunConfig, workdir: str, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, module=None):
         self.cfg, self.workdir = cfg, workdir
+        # the torch trainer is the float reference: no int8/fp8 training twin (docs/numerics.md §48)
+        check(cfg.train.quantization is None, "train.quantization",
+              f"{cfg.train.quantization} training is the JAX trainer's; the torch trainer trains in float "
+              "(drop the setting, or use --framework jax)")
         if module is None:  # a model.module's NNX twin against the task, before the workdir is touched
             from jaxformer.train.jax_trainer import check_module
             check_module(cfg)
