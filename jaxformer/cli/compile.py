@@ -1,4 +1,4 @@
-"""`jaxformer compile --config CFG --topology NAME [--set ...] [--step train|decode] [--json]`:
+"""`jaxformer compile --config CFG --topology NAME [--slices N] [--set ...] [--step train|decode] [--json]`:
 compile the trainer's own step (or generation's prefill and cached step) for a TPU slice or
 NVIDIA GPUs on this host, with none of them, and report whether it fits and estimates of its
 speed (jaxformer/train/aot.py). Needs libtpu (`pip install 'jaxformer[tpu]'`) for a TPU, jax's
@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
                         "NVIDIA GPUs (h100:8, h200:8, h200:2x8 = 2 hosts of 8)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any nested key, e.g. --set parallel.mesh.fsdp=64 (repeatable)")
+    p.add_argument("--slices", type=int, default=None, metavar="N",
+                   help="TPU: N slices of --topology joined by the data-center network (parallel.slices; the "
+                        "axis split across them: parallel.dcn_axis, data or fsdp)")
     p.add_argument("--step", choices=["train", "decode"], default="train",
                    help="train: the train step; decode: generation's prefill and one-token cached step")
     p.add_argument("--packed", action="store_true",
@@ -67,7 +70,11 @@ def text_report(r: dict) -> str:
                 else "6N per token + attention") + "), program FLOPs/chip "
              f"{r['program_flops_per_chip']:.3e} (remat and all)",
              "collectives per step: " + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})"
-                                                   for k, v in r["collectives"].items() if v["count"]) or "none"),
+                                                   for k, v in r["collectives"].items() if v["count"]) or "none")
+             + ("" if r.get("slices", 1) == 1 else " inside a slice (ICI); between the "
+                f"{r['slices']} slices (DCN, {r['dcn_axis']} axis): "
+                + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})" for k, v in r["dcn_transfers"].items())
+                   or "none") + f", {_ms(r['roofline'].get('dcn_s'))} at the chip's DCN rate"),
              f"compiled in {r['compile_s']:.1f} s"]
     return "\n".join(lines)
 
@@ -78,6 +85,8 @@ def run(args) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from jaxformer.train import aot
     from jaxformer.train.config import load_config
+    if args.slices is not None:  # as --set parallel.slices=N (the tips' compiles take it too)
+        args.overrides = [*args.overrides, f"parallel.slices={args.slices}"]
     cfg = load_config(args.config, args.overrides)
     try:
         report = aot.compile_report(cfg, args.topology, args.step, packed=args.packed,
@@ -86,7 +95,7 @@ def run(args) -> int:
         hbm = aot.chip_of(args.topology).hbm_bytes
         state = sum(e.state_bytes.values())
         by = {**e.state_bytes, "temp": e.needed or 0}
-        chips = len(aot.devices_for(args.topology))
+        chips = len(aot.devices_for(args.topology, cfg.parallel.slices))
         return _does_not_fit(f"the compiler needs {_gib(e.needed) if e.needed else 'more than HBM'} for "
                              f"temporaries beside the state's {_gib(state)} per chip, > {_gib(hbm)} HBM",
                              args, e.largest, _tips(args, aot.tips(cfg, args.step, chips, by)))

@@ -68,6 +68,7 @@ class Chip:
     clock_ghz: float = 0.0
     l2_bytes: int = 0
     capability: tuple[int, int] = (0, 0)
+    dcn_bytes_per_s: float = 0.0  # data-center network bytes/s per chip (multi-slice); 0: not published
     int8_ops: float = 0.0  # peak dense int8 OP/s (0: the bf16 rate)
     fp8_flops: float = 0.0  # peak dense fp8 FLOP/s (0: the bf16 rate; no fp8 units)
 
@@ -77,11 +78,12 @@ class Chip:
 
 
 # int8: Google Cloud's TPU pages (v4 has no faster int8 path: its int8 rate is its bf16 one);
+# DCN per chip: the same pages (v5p 50 Gbps a chip; v5e two 100 Gbps NICs per 8-chip host);
 # NVIDIA's data sheets, dense (without sparsity) for int8 and fp8; no TPU here has fp8 units
 CHIPS = {
     "v4": Chip(32 * GiB, 275e12, 1200e9, 300e9, int8_ops=275e12),
-    "v5e": Chip(16 * GiB, 197e12, 819e9, 400e9, int8_ops=394e12),
-    "v5p": Chip(95 * GiB, 459e12, 2765e9, 1200e9, int8_ops=918e12),
+    "v5e": Chip(16 * GiB, 197e12, 819e9, 400e9, int8_ops=394e12, dcn_bytes_per_s=25e9 / 8),
+    "v5p": Chip(95 * GiB, 459e12, 2765e9, 1200e9, int8_ops=918e12, dcn_bytes_per_s=50e9 / 8),
     "v6e": Chip(32 * GiB, 918e12, 1640e9, 800e9, int8_ops=1836e12),
     "h100": Chip(80 * 10**9, 989e12, 3.35e12, 900e9, "gpu", "NVIDIA H100 80GB HBM3", 132, 1.98, 50 * 2**20, (9, 0),
                  int8_ops=1979e12, fp8_flops=1979e12),
@@ -99,10 +101,15 @@ def chip_of(topology: str) -> Chip:
     return CHIPS[gen]
 
 
-def devices_for(topology: str) -> list:
-    """The compile-only devices of a TPU slice ("v5p:4x4x4") or of NVIDIA GPUs ("h200:8", "h100:2x8"
-    = 2 hosts of 8)."""
-    return gpu_devices(topology) if chip_of(topology).platform == "gpu" else tpu_devices(topology)
+def devices_for(topology: str, slices: int = 1) -> list:
+    """The compile-only devices of a TPU slice ("v5p:4x4x4"; `slices` of them joined by the
+    data-center network) or of NVIDIA GPUs ("h200:8", "h100:2x8" = 2 hosts of 8)."""
+    if chip_of(topology).platform == "gpu":
+        if slices > 1:
+            raise ValueError(f"--slices / parallel.slices is for TPU slices; {topology} names GPU hosts "
+                             "(h100:2x8 = 2 hosts of 8, one mesh)")
+        return gpu_devices(topology)
+    return tpu_devices(topology, slices)
 
 
 def gpu_target_config(chip: Chip) -> str:
@@ -172,8 +179,9 @@ def _quiet_fd2():
             os.close(saved)
 
 
-def tpu_devices(topology: str) -> list:
-    """The devices of a TPU slice ("v5p:4x4x4"), for compiling without one (needs libtpu)."""
+def tpu_devices(topology: str, slices: int = 1) -> list:
+    """The devices of a TPU slice ("v5p:4x4x4"), or of `slices` such slices (each device's
+    slice_index says which), for compiling without one (needs libtpu)."""
     chip_of(topology)
     # libtpu takes a machine-wide lock file (/tmp/libtpu_lockfile) meant for processes that
     # drive real chips; a compiler-only process needs none, and two compiles (two test workers,
@@ -182,7 +190,8 @@ def tpu_devices(topology: str) -> list:
     try:
         from jax.experimental import topologies
         with _quiet_fd2():
-            desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                                **({"num_slices": slices} if slices > 1 else {}))
     except ImportError as e:
         raise ValueError(f"compiling for TPU needs libtpu: pip install 'jaxformer[tpu]' ({e})") from None
     except (RuntimeError, ValueError) as e:
@@ -197,7 +206,8 @@ def mesh_for(cfg: RunConfig, devices: list):
     """The trainer's (data, fsdp, expert, context, tensor) mesh over `devices`, sized by
     parallel.mesh (data -1 takes the rest)."""
     m = cfg.parallel.mesh
-    return sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context)
+    return sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context,
+                              slices=cfg.parallel.slices, dcn_axis=cfg.parallel.dcn_axis)
 
 
 def as_mesh_run(cfg: RunConfig) -> RunConfig:
@@ -440,18 +450,22 @@ def attention_choices(kernels: list) -> list[dict]:
 
 
 def roofline_of(flops: float, hbm_bytes: float, collective_bytes: float, chip: Chip,
-                quantized: dict | None = None) -> dict:
+                quantized: dict | None = None, dcn_bytes: float = 0.0) -> dict:
     """One run of a program on one chip, each part at the chip's peak rate (perfect overlap):
     FLOPs over peak bf16 FLOP/s (of them, `quantized`'s int8 / fp8 products at the chip's int8 /
-    fp8 rate: Chip.rate), HBM bytes over HBM bandwidth, collective bytes over ICI bandwidth;
-    bound_s is the largest, bound_by names it."""
+    fp8 rate: Chip.rate), HBM bytes over HBM bandwidth, collective bytes over ICI bandwidth,
+    a multi-slice program's DCN bytes over the chip's DCN bandwidth (dcn_s; None where no
+    figure is published: then not in the bound); bound_s is the largest, bound_by names it."""
     quantized = quantized or {}
     compute = (flops - sum(quantized.values())) / chip.peak_flops
     compute += sum(v / chip.rate(kind) for kind, v in quantized.items())
     roofline = {"compute_s": compute, "hbm_s": hbm_bytes / chip.hbm_bytes_per_s,
                 "collective_s": collective_bytes / chip.ici_bytes_per_s}
-    roofline["bound_s"] = max(roofline.values())
-    roofline["bound_by"] = max(("compute_s", "hbm_s", "collective_s"), key=roofline.get)[:-2]
+    if dcn_bytes:
+        roofline["dcn_s"] = dcn_bytes / chip.dcn_bytes_per_s if chip.dcn_bytes_per_s else None
+    parts = [k for k, v in roofline.items() if v is not None]
+    roofline["bound_s"] = max(roofline[k] for k in parts)
+    roofline["bound_by"] = max(parts, key=roofline.get)[:-2]
     return roofline
 
 
@@ -482,7 +496,9 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
                              mem.temp_size_in_bytes)
     total = arg + out - alias + temp + mem.generated_code_size_in_bytes
     quantized = {k: v / chips for k, v in prog.quantized_flops.items()}
-    roofline = roofline_of(flops, hbm_bytes, sum(v["bytes"] for v in coll.values()), chip, quantized)
+    dcn = costs.dcn_transfers(parsed)
+    dcn_bytes = sum(v["bytes"] for v in dcn.values())
+    roofline = roofline_of(flops, hbm_bytes, sum(v["bytes"] for v in coll.values()), chip, quantized, dcn_bytes)
     loops = len(re.findall(r" while\(", hlo))
     whole = cost["optimal_seconds"] > 0 and loops == 0
     est = cost["optimal_seconds"] if whole else roofline["bound_s"]
@@ -514,7 +530,9 @@ def program_report(prog: Program, chip: Chip, chips: int, model_flops: float, to
         "roofline_mfu": model_flops / (chips * chip.peak_flops * roofline["bound_s"]) if roofline["bound_s"] else None,
         "while_loops": loops,
         "unknown_trip_loops": unknown_loops,
-        "collectives": coll,
+        "collectives": coll,  # inside a slice (ICI)
+        "dcn_bytes": dcn_bytes,  # between slices (the data-center network), per chip
+        "dcn_transfers": dcn,
         "attention_kernel": attention_kernel(prog.kernels),
         "attention_choices": attention_choices(prog.kernels),
         "compile_s": round(prog.compile_s, 2),
@@ -536,7 +554,8 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
                           "compiles its train step (--step train)")
     cfg = as_mesh_run(cfg)
     chip = chip_of(topology)
-    devices = devices_for(topology)
+    slices = cfg.parallel.slices
+    devices = devices_for(topology, slices)
     mesh = mesh_for(cfg, devices)
     axes = cfg.parallel.logical_axis_rules()["batch"]
     shards = math.prod(mesh.shape[a] for a in axes)
@@ -548,7 +567,9 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
     if step == "train":
         check_sections(cfg)
     head = {"model": cfg.model_name, "topology": topology, "chips": len(devices), "device_kind": devices[0].device_kind,
-            "mesh": {k: int(v) for k, v in mesh.shape.items()}, "step": step}
+            "mesh": {k: int(v) for k, v in mesh.shape.items()}, "step": step, "slices": slices}
+    if slices > 1:
+        head["dcn_axis"] = cfg.parallel.dcn_axis
     if step == "train":
         prog, facts = compile_train(cfg, mesh, packed)
         flops = costs.model_flops_per_step(cfg, facts)

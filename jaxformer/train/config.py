@@ -166,6 +166,7 @@ class MeshConfig:
 # (ring attention passes key/value blocks between neighbours on it at every layer)
 MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 CONTEXT_AXIS = "context"
+DCN_AXES = ("data", "fsdp")  # the axes a multi-slice run may split across slices (parallel.dcn_axis)
 # logical axis (jaxformer/layers/kernels/partitioning.py) -> mesh axis, several, or None (never split)
 LOGICAL_AXIS_RULES: dict[str, Any] = {
     # the global batch is split over data x fsdp x expert (the expert axis is data parallel
@@ -188,9 +189,16 @@ class ParallelConfig:
     num_devices: int | None = None  # pmap/mesh: devices to use; None = all local devices
     # mesh: overrides of LOGICAL_AXIS_RULES, e.g. {vocab: null, mlp: [fsdp, tensor]}
     axis_rules: dict = field(default_factory=dict)
+    # multi-slice (mesh): the devices are on this many TPU slices (or processes); dcn_axis (data
+    # or fsdp) is split across them over the data-center network, every other axis stays inside
+    # a slice (train/sharding.py hybrid_devices)
+    slices: int = 1
+    dcn_axis: str = "data"
 
     def __post_init__(self) -> None:
         check_choice(self, "mode", PARALLEL_MODES)
+        check_positive(self, "slices")
+        check_choice(self, "dcn_axis", DCN_AXES)
         for name, target in self.axis_rules.items():
             if name not in LOGICAL_AXIS_RULES:
                 raise ConfigError(f"parallel.axis_rules: unknown logical axis {name!r}; "

@@ -289,6 +289,28 @@ def collectives(hlo) -> dict:
     return out
 
 
+_DCN = re.compile(r'^\s*(?:ROOT )?%[\w.\-]+ = \((.*?), u32\[\], token\[\]\) send\(.*'
+                  r'_xla_megascale_transfer_type="(\w+)"')
+
+
+def dcn_transfers(hlo) -> dict:
+    """Count and bytes per kind of the transfers between slices one run of a multi-slice TPU
+    program makes, per chip. XLA's TPU compiler partitions such a program per slice (the
+    collectives above stay inside a slice, on ICI) and moves data between slices with
+    host-transfer sends to its megascale runtime over the data-center network, each tagged
+    with its kind (ALL_REDUCE, ALL_GATHER, ...): bytes are each send's buffer."""
+    comps, runs, _ = parse(hlo) if isinstance(hlo, str) else hlo
+    out: dict[str, dict] = {}
+    for name, times in runs.items():
+        for line in comps[name]:
+            m = _DCN.match(line)
+            if m:
+                kind = out.setdefault(m.group(2).lower().replace("_", "-"), {"count": 0, "bytes": 0})
+                kind["count"] += int(times)
+                kind["bytes"] += int(times * _shape_bytes(m.group(1)))
+    return out
+
+
 # ----------------------------------------------------------------------------- the model's FLOPs
 def _is_embedding_table(path: str) -> bool:
     return bool(re.search(r"(^|\.)(embed_tokens|wte|wpe|embed_positions|position_embedding)\.embedding$", path))

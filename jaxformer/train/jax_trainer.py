@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import lowering
-from jaxformer.config.base import replace
+from jaxformer.config.base import ConfigError, replace
 from jaxformer.config.module import MODULE
 from jaxformer.train import data as data_lib
 from jaxformer.train import faults, tasks
@@ -242,6 +242,9 @@ class JaxTrainer:
         batch this process reads."""
         cfg, tc = self.cfg, self.cfg.train
         self.mode = cfg.parallel.mode
+        if cfg.parallel.slices > 1 and self.mode != "mesh":
+            raise ConfigError(f"parallel.slices: {cfg.parallel.slices} slices need parallel.mode: mesh (a hybrid mesh "
+                              f"over them), got {self.mode!r}")
         self.mesh = None
         self.devices = None  # pmap: the number of local devices the steps are mapped over
         if self.mode == "pmap":
@@ -345,7 +348,8 @@ class JaxTrainer:
         m = self.cfg.parallel.mesh
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
-        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context)
+        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context,
+                                       slices=self.cfg.parallel.slices, dcn_axis=self.cfg.parallel.dcn_axis)
         rules = self.cfg.parallel.logical_axis_rules()
         batch_axes = rules["batch"]
         shards = math.prod(self.mesh.shape[a] for a in batch_axes)

@@ -54,7 +54,11 @@ DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None,
-              context: int = 1) -> Mesh:
+              context: int = 1, slices: int = 1, dcn_axis: str = "data") -> Mesh:
+    """The (data, fsdp, expert, context, tensor) mesh over `devices`. slices > 1: a hybrid mesh
+    for a multi-slice run (parallel.slices): `dcn_axis` (data or fsdp) is split across the
+    slices, over the data-center network (DCN), and every other axis, with the rest of
+    `dcn_axis`, stays inside one slice, on its ICI (`hybrid_devices`)."""
     devices = list(devices if devices is not None else jax.devices())
     sizes = [data, fsdp, expert, context, tensor]  # MESH_AXES order
     if sizes.count(-1) > 1:
@@ -69,7 +73,34 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, d
                          f"{len(devices)} devices")
     # Auto axes: XLA's SPMD partitioner propagates shardings from the annotated params/batch
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
+    if slices == 1:
+        return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
+    return Mesh(hybrid_devices(tuple(sizes), devices, slices, dcn_axis), MESH_AXES, axis_types=auto)
+
+
+def hybrid_devices(sizes: tuple[int, ...], devices: list, slices: int, dcn_axis: str) -> np.ndarray:
+    """The device array of a multi-slice mesh: `sizes` (MESH_AXES order) with `dcn_axis` made of
+    `slices` blocks, block i all devices of slice i. A slice is the devices' `slice_index` (TPU
+    slices), else their process (one process per slice), else a contiguous block of the device
+    list (one process: a simulated multi-slice run, the same program over the same devices)."""
+    i = MESH_AXES.index(dcn_axis)
+    if sizes[i] % slices:
+        raise ValueError(f"parallel.slices: the {dcn_axis} axis ({sizes[i]}) must divide by slices ({slices}): "
+                         f"it is the one split across slices (parallel.dcn_axis)")
+    ici = tuple(n // slices if k == i else n for k, n in enumerate(sizes))
+    dcn = tuple(slices if k == i else 1 for k in range(len(sizes)))
+    from jax.experimental import mesh_utils
+    if all(hasattr(d, "slice_index") for d in devices):
+        found = len({d.slice_index for d in devices})
+        if found != slices:
+            raise ValueError(f"parallel.slices is {slices} but the devices are on {found} slice(s)")
+        return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, allow_split_physical_axes=True)
+    if len({d.process_index for d in devices}) > 1:
+        return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=True,
+                                                    allow_split_physical_axes=True)
+    per = len(devices) // slices
+    blocks = [np.array(devices[k * per:(k + 1) * per], dtype=object).reshape(ici) for k in range(slices)]
+    return np.concatenate(blocks, axis=i)
 
 
 def spec_for(shape: tuple, axes: tuple, mesh: Mesh, rules: dict | None = None) -> P:
