@@ -35,6 +35,10 @@ time; `tracing(...)` sets the answer, a frozen `Lowering`:
     default backend of this process. Ahead-of-time compilation for a TPU slice from a CPU host
     (jaxformer/train/aot.py, `jaxformer compile`) traces with "tpu", so every backend choice
     below (`platform()`) is the TPU's, not the host's.
+  * pipeline_stages / pipeline_microbatches: a scanned stack's layers run in that many stages
+    over the mesh's `pipeline` axis, the batch in that many microbatches, in GPipe's schedule
+    (jaxformer/layers/kernels/pipeline.py); 1 = not pipelined. The same function per
+    microbatch; only the sums' shapes change.
   * batch_axes / head_axes: the mesh axes the batch and the attention heads are split over
     (the trainer's logical-axis rules "batch" and "heads"), for the kernels that run per
     device under jax.shard_map (a Pallas kernel is one custom call XLA cannot partition).
@@ -92,6 +96,8 @@ class Lowering:
     batch_axes: tuple[str, ...] = ()
     head_axes: tuple[str, ...] = ()
     loss_chunk_bytes: int | None = None
+    pipeline_stages: int = 1
+    pipeline_microbatches: int = 1
 
     def __post_init__(self) -> None:
         if self.platform not in (None,) + PLATFORMS:

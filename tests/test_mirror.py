@@ -20,6 +20,10 @@ NO_TWIN = {
     "layers/kernels/chunked_loss.py": "the JAX trainer's loss in sequence chunks; the torch trainer's unchunked "
                                       "loss is the reference",
     "layers/special.py": "tanh to torch's float32 accuracy; torch_ref uses torch's own kernel (numerics §44)",
+    "layers/kernels/pipeline.py": "pipeline stages over a mesh; torch_ref runs on one device (the one-device "
+                                  "run is the pipeline's reference, tests/test_pipeline.py)",
+    "layers/kernels/quant_train.py": "int8 / fp8 training products (qwix); the torch trainer is the float "
+                                     "reference and refuses train.quantization",
 }
 # (file, class) present in one tree only, and why
 ONE_SIDED = {

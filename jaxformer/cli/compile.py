@@ -75,6 +75,8 @@ def text_report(r: dict) -> str:
                 f"{r['slices']} slices (DCN, {r['dcn_axis']} axis): "
                 + (", ".join(f"{k} {v['count']} ({_gib(v['bytes'])})" for k, v in r["dcn_transfers"].items())
                    or "none") + f", {_ms(r['roofline'].get('dcn_s'))} at the chip's DCN rate"),
+             *([f"pipeline: {r['mesh']['pipeline']} stages x {r['pipeline_microbatches']} microbatches, "
+                f"bubble {_pct(r['pipeline_bubble'])} of each stage's ticks (GPipe)"] if "pipeline_bubble" in r else []),
              f"compiled in {r['compile_s']:.1f} s"]
     return "\n".join(lines)
 

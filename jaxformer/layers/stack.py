@@ -20,7 +20,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxformer import lowering
 from jaxformer.config import ConfigError, TransformerConfig
 from jaxformer.layers import sow
-from jaxformer.layers.kernels import partitioning, ring
+from jaxformer.layers.kernels import partitioning, pipeline, ring
 
 # the sub-layer intermediates of one layer in depth order (transformer.py's docstring): output
 # name -> the name the layer sows it under (a sub-layer's output as "<name>_output": the bare
@@ -76,14 +76,23 @@ def check_alike(cfg: TransformerConfig, options: list[dict]) -> None:
                           "removes layer 0's attn_norm only; set scan_layers: false")
 
 
-def run_layers(stack, x, call, intermediates: dict | None, aux: dict | None = None):
+def run_layers(stack, x, call, intermediates: dict | None, aux: dict | None = None, rows=None):
     """x -> call(layer, x, local) for every layer of `stack` (a stack module: its `layers`,
     `cfg`, `scan_layers`, `remat_policy`), as a Python loop or (scan_layers) one lax.scan over
     the stacked params. With remat_policy, each layer's activations are recomputed in the
     backward pass (jax.checkpoint with that policy), also inside the scan. With intermediates
     (a dict), each layer's sown sub-layer outputs go to it as "layers.i.<name>" (SUBLAYERS
     order) before "layers.i". With `aux` (a dict), the sparse layers' sown AUX outputs go to
-    it, stacked in layer order ([n_sparse, ...])."""
+    it, stacked in layer order ([n_sparse, ...]). `rows`: the layers' other inputs with a batch
+    dim (the mask record, positions), given to call(layer, x, local, rows); a pipelined stack
+    (lowering's pipeline_stages > 1: kernels/pipeline.py) splits them by microbatch with x."""
+    if rows is not None:
+        inner, call = call, (lambda layer, h, local: inner(layer, h, local, rows))
+    if lowering.active().pipeline_stages > 1 and stack.scan_layers and rows is not None:
+        if intermediates is not None or aux is not None:
+            raise ValueError("a pipelined stack returns no intermediates or MoE aux outputs")
+        return pipeline.run(stack, x, inner, rows, layer_flags(stack.cfg, True),
+                            lowering.remat_policy(stack.remat_policy))
     policy = lowering.remat_policy(stack.remat_policy)
     keep = intermediates is not None
     run = sow.capture(call) if keep or aux is not None else lambda *a: (call(*a), {})

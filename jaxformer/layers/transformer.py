@@ -391,9 +391,9 @@ class Decoder(_Stack):
         if mode == kv_cache.TRAIN:
             record, bias, positions = self.mask_record(x, mask, positions)
             window = self.cfg.attention.sliding_window
-            x = stack.run_layers(self, x, lambda layer, h, local: layer(
-                h, memory, mask=record.for_layer(local, window), bias=bias, memory_mask=memory_mask,
-                positions=positions, return_attention=return_attention), inter, aux)
+            x = stack.run_layers(self, x, lambda layer, h, local, rows: layer(
+                h, memory, mask=rows[0].for_layer(local, window), bias=rows[1], memory_mask=memory_mask,
+                positions=rows[2], return_attention=return_attention), inter, aux, rows=(record, bias, positions))
             return self.finish(x, inter)
         x, new_cache = self.cached_layers(x, memory, mask, memory_mask, positions, cache, cache_index, mode, inter)
         out = self.finish(x, inter)

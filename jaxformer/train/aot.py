@@ -207,7 +207,7 @@ def mesh_for(cfg: RunConfig, devices: list):
     parallel.mesh (data -1 takes the rest)."""
     m = cfg.parallel.mesh
     return sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context,
-                              slices=cfg.parallel.slices, dcn_axis=cfg.parallel.dcn_axis)
+                              slices=cfg.parallel.slices, dcn_axis=cfg.parallel.dcn_axis, pipeline=m.pipeline)
 
 
 def as_mesh_run(cfg: RunConfig) -> RunConfig:
@@ -570,6 +570,10 @@ def compile_report(cfg: RunConfig, topology: str, step: str = "train", packed: b
             "mesh": {k: int(v) for k, v in mesh.shape.items()}, "step": step, "slices": slices}
     if slices > 1:
         head["dcn_axis"] = cfg.parallel.dcn_axis
+    if step == "train" and mesh.shape["pipeline"] > 1:  # GPipe's idle share of each stage's ticks
+        from jaxformer.layers.kernels.pipeline import bubble
+        head["pipeline_microbatches"] = cfg.parallel.microbatches
+        head["pipeline_bubble"] = bubble(mesh.shape["pipeline"], cfg.parallel.microbatches)
     if step == "train":
         prog, facts = compile_train(cfg, mesh, packed)
         flops = costs.model_flops_per_step(cfg, facts)

@@ -153,18 +153,22 @@ class MeshConfig:
     # context parallelism: the sequence split over it, attention as ring attention
     # (jaxformer/layers/kernels/ring.py); lm only, data.seq_len divisible by 2 x context (zigzag)
     context: int = 1
+    # pipeline parallelism: a scanned LM's layers in this many stages (layers/kernels/pipeline.py,
+    # GPipe), the batch in parallel.pipeline_microbatches microbatches; outermost axis
+    pipeline: int = 1
 
     def __post_init__(self) -> None:
-        check_positive(self, "tensor", "expert", "context")
+        check_positive(self, "tensor", "expert", "context", "pipeline")
         check(self.data == -1 or self.data > 0, "data", f"must be -1 (the rest) or > 0, got {self.data}")
         check(self.fsdp == -1 or self.fsdp > 0, "fsdp", f"must be -1 (the rest) or > 0, got {self.fsdp}")
         check(not (self.data == -1 and self.fsdp == -1), "fsdp",
               "-1 takes the devices the other axes leave, and so does data: set data to a number")
 
 
-# expert sits outside tensor: tensor is the innermost (fastest-linked) axis; context next to it
+# pipeline is the outermost axis (its stages exchange one activation per tick); expert sits
+# outside tensor: tensor is the innermost (fastest-linked) axis; context next to it
 # (ring attention passes key/value blocks between neighbours on it at every layer)
-MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
+MESH_AXES = ("pipeline", "data", "fsdp", "expert", "context", "tensor")
 CONTEXT_AXIS = "context"
 DCN_AXES = ("data", "fsdp")  # the axes a multi-slice run may split across slices (parallel.dcn_axis)
 # logical axis (jaxformer/layers/kernels/partitioning.py) -> mesh axis, several, or None (never split)
@@ -177,7 +181,7 @@ LOGICAL_AXIS_RULES: dict[str, Any] = {
     "mlp": "tensor",            # FFN hidden width (gate/up out, down in)
     "vocab": "tensor",          # embedding rows, LM head outputs
     "norm": None,               # norm scales and biases: small, replicated
-    "layers": None,             # the stacked layer axis of scanned layers
+    "layers": "pipeline",       # the stacked layer axis of scanned layers: split into pipeline stages
     "expert": "expert",         # the expert axis E of MoE weights (layers/moe.py): expert parallelism
 }
 
@@ -194,10 +198,15 @@ class ParallelConfig:
     # a slice (train/sharding.py hybrid_devices)
     slices: int = 1
     dcn_axis: str = "data"
+    # pipeline (parallel.mesh.pipeline > 1): microbatches per optimizer micro-batch; null: as many
+    # as there are stages (bubble (S - 1) / (M + S - 1): more microbatches, less idle time)
+    pipeline_microbatches: int | None = None
 
     def __post_init__(self) -> None:
         check_choice(self, "mode", PARALLEL_MODES)
         check_positive(self, "slices")
+        check(self.pipeline_microbatches is None or self.pipeline_microbatches > 0, "pipeline_microbatches",
+              f"must be a positive number or null, got {self.pipeline_microbatches}")
         check_choice(self, "dcn_axis", DCN_AXES)
         for name, target in self.axis_rules.items():
             if name not in LOGICAL_AXIS_RULES:
@@ -209,6 +218,11 @@ class ParallelConfig:
                     len(set(names)) != len(names) or (None in names and len(names) > 1):
                 raise ConfigError(f"parallel.axis_rules.{name}: {target!r} is not a mesh axis, a list of "
                                   f"distinct mesh axes ({', '.join(MESH_AXES)}) or null")
+
+    @property
+    def microbatches(self) -> int:
+        """The pipeline's microbatches (1 unpipelined)."""
+        return 1 if self.mesh.pipeline == 1 else self.pipeline_microbatches or self.mesh.pipeline
 
     def logical_axis_rules(self) -> dict[str, tuple[str, ...]]:
         """The logical -> mesh axes table with the overrides applied (each value a tuple)."""
@@ -399,10 +413,13 @@ def check_sections(cfg: RunConfig) -> None:
          "train.attention: plain")
     if p.mesh.context > 1:
         problems += _context_problems(cfg)
+    if p.mesh.pipeline > 1:
+        problems += _pipeline_problems(cfg)
     if p.mode == "mesh" and p.mesh.data > 0 and p.mesh.fsdp > 0:
-        shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert
+        shards = p.mesh.data * p.mesh.fsdp * p.mesh.expert * p.microbatches
+        what = "data x fsdp x expert" + (" x pipeline microbatches" if p.microbatches > 1 else "")
         need(t.micro_batch % shards == 0, f"train.batch_size / grad_accum_steps = {t.micro_batch} "
-             f"is not divisible by parallel.mesh data x fsdp x expert = {shards}: use a batch_size "
+             f"is not divisible by parallel.mesh {what} = {shards}: use a batch_size "
              f"that is a multiple of {t.grad_accum_steps * shards}")
     if problems:
         raise ConfigError("; ".join(problems))
@@ -467,6 +484,32 @@ def data_classes(cfg: RunConfig) -> int | None:
         from jaxformer.train.data import image_folder
         return image_folder.num_classes(cfg.data)
     return None
+
+
+def _pipeline_problems(cfg: RunConfig) -> list[str]:
+    """parallel.mesh.pipeline > 1: GPipe over a scanned LM's layers (layers/kernels/pipeline.py)."""
+    m, p, t, n = cfg.model, cfg.parallel, cfg.train, cfg.parallel.mesh.pipeline
+    if p.mode != "mesh":
+        return [f"parallel.mesh.pipeline={n} needs parallel.mode: mesh (got {p.mode})"]
+    if cfg.model_name != "lm":
+        return [f"parallel.mesh.pipeline={n}: pipeline parallelism is implemented for model.name lm only, "
+                f"got {cfg.model_name}"]
+    out = []
+    if not m.scan_layers:
+        out.append(f"parallel.mesh.pipeline={n} splits the stacked layers into stages: set model.scan_layers: true")
+    if m.num_layers % n:
+        out.append(f"model.num_layers={m.num_layers} does not split into parallel.mesh.pipeline={n} stages")
+    if m.feedforward.moe is not None:
+        out.append(f"parallel.mesh.pipeline={n}: MoE layers' auxiliary losses are not carried through the "
+                   "pipeline; use pipeline 1 for MoE")
+    if p.mesh.context > 1:
+        out.append("parallel.mesh.pipeline and parallel.mesh.context together are not supported")
+    rates = [t.dropout] if t.dropout is not None else [m.dropout, m.embed_dropout, m.attention.attn_dropout,
+                                                        m.feedforward.ffn_dropout]
+    if any(rates):
+        out.append(f"parallel.mesh.pipeline={n}: dropout is not supported in pipeline stages (a stage's RNG "
+                   "is not carried across ticks); set the model's dropout rates (or train.dropout) to 0")
+    return out
 
 
 def _context_problems(cfg: RunConfig) -> list[str]:

@@ -349,7 +349,8 @@ class JaxTrainer:
         n = self.cfg.parallel.num_devices
         devices = jax.devices()[:n] if n else jax.devices()
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, m.expert, devices=devices, context=m.context,
-                                       slices=self.cfg.parallel.slices, dcn_axis=self.cfg.parallel.dcn_axis)
+                                       slices=self.cfg.parallel.slices, dcn_axis=self.cfg.parallel.dcn_axis,
+                                       pipeline=m.pipeline)
         rules = self.cfg.parallel.logical_axis_rules()
         batch_axes = rules["batch"]
         shards = math.prod(self.mesh.shape[a] for a in batch_axes)

@@ -54,13 +54,13 @@ DEFAULT_RULES = {k: (() if v is None else (v,) if isinstance(v, str) else tuple(
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, devices=None,
-              context: int = 1, slices: int = 1, dcn_axis: str = "data") -> Mesh:
-    """The (data, fsdp, expert, context, tensor) mesh over `devices`. slices > 1: a hybrid mesh
+              context: int = 1, slices: int = 1, dcn_axis: str = "data", pipeline: int = 1) -> Mesh:
+    """The (pipeline, data, fsdp, expert, context, tensor) mesh over `devices`. slices > 1: a hybrid mesh
     for a multi-slice run (parallel.slices): `dcn_axis` (data or fsdp) is split across the
     slices, over the data-center network (DCN), and every other axis, with the rest of
     `dcn_axis`, stays inside one slice, on its ICI (`hybrid_devices`)."""
     devices = list(devices if devices is not None else jax.devices())
-    sizes = [data, fsdp, expert, context, tensor]  # MESH_AXES order
+    sizes = [pipeline, data, fsdp, expert, context, tensor]  # MESH_AXES order
     if sizes.count(-1) > 1:
         raise ValueError("parallel.mesh: at most one axis may be -1")
     known = math.prod(s for s in sizes if s != -1)
@@ -69,7 +69,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, d
             raise ValueError(f"parallel.mesh: {len(devices)} devices do not divide by {known}")
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
-        raise ValueError(f"parallel.mesh: data x fsdp x expert x context x tensor = {math.prod(sizes)} but there are "
+        raise ValueError(f"parallel.mesh: pipeline x data x fsdp x expert x context x tensor = {math.prod(sizes)} but there are "
                          f"{len(devices)} devices")
     # Auto axes: XLA's SPMD partitioner propagates shardings from the annotated params/batch
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)

@@ -56,6 +56,8 @@ class StepFns:
         switches = lowering.tracing(attention=tc.attention, attention_blocks=tuple(tc.attention_blocks),
                                     context_axis=context, batch_axes=tuple(rules.get("batch", ())),
                                     head_axes=tuple(rules.get("heads", ())),
+                                    pipeline_stages=mesh.pipeline if on_mesh else 1,
+                                    pipeline_microbatches=self.cfg.parallel.microbatches if on_mesh else 1,
                                     **({} if tc.loss_chunk_mib is None else {"loss_chunk_bytes": tc.loss_chunk_mib << 20}))
         with switches, quant_train.training(tc.quantization):  # int8 / fp8 products, or float
             yield

@@ -1,0 +1,126 @@
+"""Pipeline parallelism (parallel.mesh.pipeline; issue 50 §4): a scanned stack's layers split
+into S stages over the mesh's `pipeline` axis, the batch into M microbatches, in GPipe's
+schedule, in one jitted program (no per-stage programs, no hand-written collectives).
+
+The stacked layer params [L, ...] are laid out over the pipeline axis in S contiguous blocks
+(the logical rule "layers" -> "pipeline"), so [S, L/S, ...] is the same array seen by stage.
+Each of M + S - 1 ticks:
+  1. every stage takes its input: stage 0 microbatch t (while t < M), stage s > 0 what stage
+     s - 1 gave at the last tick (a roll of the [S, mb, T, D] buffer along its stage axis,
+     which XLA lowers to a collective-permute between neighbouring pipeline devices);
+  2. every stage runs its L/S layers (vmap over the stage axis, whose blocks the devices of
+     the pipeline axis hold: each device runs its own stage) on its microbatch, t - s;
+  3. the last stage's result, microbatch t - S + 1 once t >= S - 1, is written out.
+A stage that holds no microbatch at a tick (the bubble: S - 1 of the M + S - 1 ticks for each
+stage) computes on zeros and its result is dropped, so it adds nothing to the output or to any
+gradient. Bubble fraction (S - 1) / (M + S - 1) (`bubble`; `jaxformer compile` reports it).
+Autodiff runs the schedule backward (the scan's transpose), the same ticks in reverse.
+
+Each microbatch's rows of the layers' other batch inputs (mask record, positions) travel with
+it: `rows` is split like x, and a stage at tick t reads microbatch t - s's rows. The result is
+the unpipelined stack's, microbatch by microbatch: the same sums, over mb rows instead of B
+(tests/test_pipeline.py: the one-device trajectory within 1e-5).
+
+Not with: dropout (a stage's RNG counts are not carried across ticks), intermediates or MoE
+aux outputs, a context axis, a KV cache (decoding runs the stack unpipelined); the config
+check refuses them by name (train/config.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxformer import lowering
+
+PIPELINE_AXIS = "pipeline"
+
+
+def bubble(stages: int, microbatches: int) -> float:
+    """The fraction of a stage's ticks it idles in GPipe's schedule."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def microbatches(a: jax.Array, m: int) -> jax.Array:
+    """[B, ...] -> [m, B / m, ...], microbatch i = rows i, i + m, i + 2m, ...: strided, so the
+    rows of each microbatch keep the batch's split over the data axes (B's blocks)."""
+    return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
+
+
+def split_rows(tree, batch: int, m: int):
+    """Every leaf with a leading batch dim (`batch`) -> microbatches; leaves whose leading dim
+    is 1 (broadcast over the batch), scalars and static fields stay."""
+    def split(a):
+        if isinstance(a, jax.Array | jnp.ndarray) and a.ndim and a.shape[0] == batch:
+            return microbatches(a, m)
+        return a
+    return jax.tree.map(split, tree)
+
+
+def _pick(tree, batch: int, split_tree, i):
+    """Microbatch i's rows of `split_tree` (split_rows' result), leaves not split as they are."""
+    return jax.tree.map(lambda a, s: s[i] if s is not a else a, tree, split_tree)
+
+
+def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
+    """x [B, T, D] through `stack`'s scanned layers in S stages x M microbatches (the active
+    lowering's pipeline_stages / pipeline_microbatches): call(layer, h, local, rows) runs one
+    layer on a microbatch h [mb, T, D] with that microbatch's `rows`."""
+    switches = lowering.active()
+    s_n, m_n = switches.pipeline_stages, switches.pipeline_microbatches
+    b = x.shape[0]
+    if b % m_n:
+        raise ValueError(f"pipeline: the batch of {b} rows does not split into {m_n} microbatches")
+    n = stack.cfg.num_layers
+    if n % s_n:
+        raise ValueError(f"pipeline: {n} layers do not split into {s_n} stages")
+    graphdef, state = nnx.split(stack.layers)
+    staged = jax.tree.map(lambda a: a.reshape(s_n, n // s_n, *a.shape[1:]), state)
+    uniform = isinstance(flags, tuple)
+    local = flags[0] if uniform else jnp.reshape(flags, (s_n, n // s_n))
+    xs = microbatches(x, m_n)
+    rows_mb = split_rows(rows, b, m_n)
+    batch_spec = P(PIPELINE_AXIS, switches.batch_axes or None)
+
+    def layer_step(h, xs_layer, r):
+        layer_state, flag = xs_layer if not uniform else (xs_layer, local)
+        layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
+        return call(layer, h, flag, r)
+
+    def stage(stage_state, stage_flags, h, r):
+        body = (lambda h, xs_layer: (layer_step(h, xs_layer, r), None))
+        if policy:
+            body = jax.checkpoint(body, policy=policy)
+        h, _ = jax.lax.scan(body, h, stage_state if uniform else (stage_state, stage_flags))
+        return h
+
+    stage_ids = jnp.arange(s_n)
+
+    def tick(carry, t):
+        buf, out = carry
+        first = jax.lax.dynamic_index_in_dim(xs, jnp.minimum(t, m_n - 1), keepdims=False)
+        inputs = jnp.roll(buf, 1, axis=0).at[0].set(first)
+        inputs = jax.lax.with_sharding_constraint(inputs, batch_spec)
+        mb = jnp.clip(t - stage_ids, 0, m_n - 1)  # the microbatch each stage holds
+        r = jax.vmap(lambda i: _pick(rows, b, rows_mb, i))(mb)
+        done = jax.vmap(stage)(staged, local if not uniform else stage_ids, inputs, r)
+        done = jax.lax.with_sharding_constraint(done, batch_spec)
+        # the last stage finished microbatch t - S + 1; before tick S - 1 it held none, and what
+        # it wrote to slot 0 is overwritten at tick S - 1 (no gradient flows from it)
+        out = jax.lax.dynamic_update_index_in_dim(out, done[-1], jnp.maximum(t - (s_n - 1), 0), 0)
+        return (done, out), None
+
+    buf = jnp.zeros((s_n, *xs.shape[1:]), x.dtype)
+    out = jnp.zeros_like(xs)
+    (_, out), _ = jax.lax.scan(tick, (buf, out), jnp.arange(m_n + s_n - 1))
+    return out.swapaxes(0, 1).reshape(x.shape)  # microbatches' inverse
+
+
+def check_rows(rows) -> None:
+    """Rows must be arrays or records of arrays (dataclass pytrees), not Python objects."""
+    for leaf in jax.tree.leaves(rows):
+        if not isinstance(leaf, jax.Array | jnp.ndarray) and not dataclasses.is_dataclass(leaf):
+            raise ValueError(f"pipeline: a layer input of type {type(leaf).__name__} cannot be split by microbatch")
