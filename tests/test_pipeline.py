@@ -1,6 +1,6 @@
 """Pipeline parallelism (parallel.mesh.pipeline; layers/kernels/pipeline.py, GPipe; issue 50 §4):
 a tiny scanned LLaMA trained 10 steps on the CPU's 8 devices with 2 pipeline stages composed
-with data, fsdp and tensor gives the one-device run's losses and final weights within 1e-5;
+with data, fsdp and tensor (and with remat: each stage rematerialised per tick) gives the one-device run's losses and final weights within 1e-5;
 the compile report gives the bubble fraction; what the pipeline does not take is refused."""
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def _params(tr) -> dict:
     return {k: np.asarray(v) for k, v in params_numpy(tr.state).items()}
 
 
-def _cfg(parallel: dict | None = None, **model):
+def _cfg(parallel: dict | None = None, train: dict | None = None, **model):
     d = run_cfg("lm_llama_gqa", steps=STEPS, batch_size=16, grad_accum_steps=1, eval_every=10**6,
-                checkpoint_every=10**6).to_dict()
+                checkpoint_every=10**6, **(train or {})).to_dict()
     d["model"] = {**d["model"], "num_layers": 4, "scan_layers": True, **model}
     return config_from_dict({**d, **({"parallel": parallel} if parallel else {})})
 
@@ -41,21 +41,23 @@ def one_device(tmp_path_factory):
     return losses, _params(tr)
 
 
-@pytest.mark.parametrize("mesh", [{"pipeline": 2, "data": 2, "tensor": 2},
-                                  {"pipeline": 2, "data": 1, "fsdp": 4}], ids=["pp2-dp2-tp2", "pp2-fsdp4"])
-def test_pipeline_trains_as_one_device(one_device, mesh, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("mesh", "train"), [({"pipeline": 2, "data": 2, "tensor": 2}, {}),
+                                             ({"pipeline": 2, "data": 1, "fsdp": 4}, {"remat": True})],
+                         ids=["pp2-dp2-tp2", "pp2-fsdp4-remat"])
+def test_pipeline_trains_as_one_device(one_device, mesh, train, tmp_path, monkeypatch):
     ref_losses, ref_params = one_device
     traced = []
     real = pipeline.run
     monkeypatch.setattr(pipeline, "run", lambda *a: traced.append(a[0]) or real(*a))
-    tr = JaxTrainer(_cfg({"mode": "mesh", "mesh": mesh, "pipeline_microbatches": 4}), str(tmp_path), progress=False)
+    tr = JaxTrainer(_cfg({"mode": "mesh", "mesh": mesh, "pipeline_microbatches": 4}, train), str(tmp_path),
+                    progress=False)
     q = tr.state["params"]["decoder"]["layers"]["self_attn"]["q_proj"]["kernel"].get_value()
     assert q.sharding.spec[0] == "pipeline"  # the stacked layer axis is split into the stages
     losses = step_losses(tr)
     params = _params(tr)
     loss_diff = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
     param_diff = max(float(np.abs(params[k] - ref_params[k]).max()) for k in ref_params)
-    print(f"pipeline {mesh}: {STEPS}-step losses within {loss_diff:.1e}, final weights within {param_diff:.1e}")
+    print(f"pipeline {mesh} {train}: {STEPS}-step losses within {loss_diff:.1e}, final weights within {param_diff:.1e}")
     assert traced  # the stack ran through the pipeline's schedule
     assert loss_diff <= 1e-5 and param_diff <= 1e-5
     assert losses[-1] < losses[0]

@@ -74,7 +74,12 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, expert: int = 1, d
     # Auto axes: XLA's SPMD partitioner propagates shardings from the annotated params/batch
     auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
     if slices == 1:
-        return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
+        try:
+            return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
+        except NotImplementedError:  # an axis that is no product of whole physical axes (32 of 4x4x4)
+            from jax.experimental import mesh_utils
+            grid = mesh_utils.create_device_mesh(tuple(sizes), devices, allow_split_physical_axes=True)
+            return Mesh(grid, MESH_AXES, axis_types=auto)
     return Mesh(hybrid_devices(tuple(sizes), devices, slices, dcn_axis), MESH_AXES, axis_types=auto)
 
 
