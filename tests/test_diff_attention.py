@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 from generation_helpers import pair
 
 from jaxformer import lowering
@@ -51,17 +52,19 @@ def test_module_is_the_papers_formula():
 
 
 def test_cached_decoding_equals_recompute_in_both_trees():
-    """Prefill 5 tokens, then 4 one-token steps, through ring (window 3) and linear caches."""
+    """Prefill 5 tokens, then 4 one-token steps, through ring (window 3) and linear caches (the
+    JAX side jitted: one prefill and one step program, cache_index traced)."""
     t, j = pair("lm", LM)
     ids = np.random.RandomState(1).randint(1, LM.vocab_size, size=(B, 9)).astype(np.int32)
-    full_j = np.asarray(j(jnp.asarray(ids)))
+    full_j = np.asarray(nnx.jit(lambda m, x: m(x))(j, jnp.asarray(ids)))
+    cached = nnx.jit(lambda m, x, cache, index: m(x, cache=cache, cache_index=index))
     with torch.no_grad():
         full_t = t(torch.as_tensor(ids).long()).numpy()
     cache_j, cache_t = j.init_cache(B, 9), t.init_cache(B, 9)
     assert [c["self"].ring for c in cache_j] == [c["self"].ring for c in cache_t] == [True, False]
     steps_j, steps_t, start = [], [], 0
     for n in (5, 1, 1, 1, 1):
-        out_j = j(jnp.asarray(ids[:, start:start + n]), cache=cache_j, cache_index=start)
+        out_j = cached(j, jnp.asarray(ids[:, start:start + n]), cache_j, jnp.int32(start))
         with torch.no_grad():
             out_t = t(torch.as_tensor(ids[:, start:start + n]).long(), cache=cache_t, cache_index=start)
         cache_j, cache_t = out_j.cache, out_t.cache
@@ -75,9 +78,9 @@ def test_cached_decoding_equals_recompute_in_both_trees():
 def test_blockwise_path_computes_both_maps():
     _, j = pair("lm", LM)
     ids = jnp.asarray(np.random.RandomState(2).randint(1, LM.vocab_size, size=(B, 16)).astype(np.int32))
-    plain = np.asarray(j(ids))
-    with lowering.tracing(attention="blockwise", attention_blocks=(8, 8)):
-        blockwise = np.asarray(j(ids))
+    plain = np.asarray(nnx.jit(lambda m, x: m(x))(j, ids))
+    with lowering.tracing(attention="blockwise", attention_blocks=(8, 8)):  # read at the trace
+        blockwise = np.asarray(nnx.jit(lambda m, x: m(x))(j, ids))
     np.testing.assert_allclose(blockwise, plain, atol=2e-5, rtol=1e-5)
 
 
