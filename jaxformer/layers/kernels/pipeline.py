@@ -20,7 +20,10 @@ its stages' inputs, not each layer's, for one more forward pass (Llama-3.1-8B sh
 v5p:4x4x4, 2 stages: 9.55 -> 6.99 GiB of temporaries with 2 microbatches, 12.52 -> 7.88 with 4).
 
 Each microbatch's rows of the layers' other batch inputs (mask record, positions) travel with
-it: `rows` is split like x, and a stage at tick t reads microbatch t - s's rows. The result is
+it: the leaves of `rows` with a batch dim are split like x, and a stage at tick t reads
+microbatch t - s's rows; the other leaves stay as they are (a static causal pattern stays
+static, so Pallas' splash kernel still takes the stages' attention: passed through the vmap
+they became traced and the TPU fell back to the plain path). The result is
 the unpipelined stack's, microbatch by microbatch: the same sums, over mb rows instead of B
 (tests/test_pipeline.py: the one-device trajectory within 1e-5).
 
@@ -30,10 +33,9 @@ check refuses them by name (train/config.py).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -53,21 +55,6 @@ def microbatches(a: jax.Array, m: int) -> jax.Array:
     return a.reshape(a.shape[0] // m, m, *a.shape[1:]).swapaxes(0, 1)
 
 
-def split_rows(tree, batch: int, m: int):
-    """Every leaf with a leading batch dim (`batch`) -> microbatches; leaves whose leading dim
-    is 1 (broadcast over the batch), scalars and static fields stay."""
-    def split(a):
-        if isinstance(a, jax.Array | jnp.ndarray) and a.ndim and a.shape[0] == batch:
-            return microbatches(a, m)
-        return a
-    return jax.tree.map(split, tree)
-
-
-def _pick(tree, batch: int, split_tree, i):
-    """Microbatch i's rows of `split_tree` (split_rows' result), leaves not split as they are."""
-    return jax.tree.map(lambda a, s: s[i] if s is not a else a, tree, split_tree)
-
-
 def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
     """x [B, T, D] through `stack`'s scanned layers in S stages x M microbatches (the active
     lowering's pipeline_stages / pipeline_microbatches): call(layer, h, local, rows) runs one
@@ -84,8 +71,19 @@ def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
     staged = jax.tree.map(lambda a: a.reshape(s_n, n // s_n, *a.shape[1:]), state)
     uniform = isinstance(flags, tuple)
     local = flags[0] if uniform else jnp.reshape(flags, (s_n, n // s_n))
-    xs = microbatches(x, m_n)
-    rows_mb = split_rows(rows, b, m_n)
+    xs = jax.lax.with_sharding_constraint(microbatches(x, m_n), P(None, switches.batch_axes or None))
+    # only the leaves with a batch dim travel by microbatch (and through the vmaps); the others
+    # stay as they are, so a static mask pattern (numpy slots) is still static inside the stage
+    # (Pallas' splash takes only those)
+    leaves, treedef = jax.tree.flatten(rows)
+    split = [i for i, a in enumerate(leaves) if isinstance(a, jax.Array | np.ndarray) and a.ndim and a.shape[0] == b]
+    split_mb = [microbatches(jnp.asarray(leaves[i]), m_n) for i in split]
+
+    def rows_of(picked):
+        out = list(leaves)
+        for i, a in zip(split, picked, strict=True):
+            out[i] = a
+        return jax.tree.unflatten(treedef, out)
     batch_spec = P(PIPELINE_AXIS, switches.batch_axes or None)
 
     def layer_step(h, xs_layer, r):
@@ -93,7 +91,8 @@ def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
         layer = nnx.merge(graphdef, jax.tree.map(lambda a: a, layer_state))
         return call(layer, h, flag, r)
 
-    def stage(stage_state, stage_flags, h, r):
+    def stage(stage_state, stage_flags, h, picked):
+        r = rows_of(picked)
         body = (lambda h, xs_layer: (layer_step(h, xs_layer, r), None))
         if policy:
             body = jax.checkpoint(body, policy=policy)
@@ -110,22 +109,19 @@ def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
         inputs = jnp.roll(buf, 1, axis=0).at[0].set(first)
         inputs = jax.lax.with_sharding_constraint(inputs, batch_spec)
         mb = jnp.clip(t - stage_ids, 0, m_n - 1)  # the microbatch each stage holds
-        r = jax.vmap(lambda i: _pick(rows, b, rows_mb, i))(mb)
-        done = jax.vmap(stage)(staged, local if not uniform else stage_ids, inputs, r)
+        picked = [a[mb] for a in split_mb]  # [S, mb, ...]: each stage's microbatch rows
+        # spmd_axis_name: the layers' own sharding constraints inside get the stage dim on the pipeline
+        # axis (without it they pin that dim unsplit and every device computes every stage)
+        done = jax.vmap(stage, spmd_axis_name=PIPELINE_AXIS)(staged, local if not uniform else stage_ids, inputs, picked)
         done = jax.lax.with_sharding_constraint(done, batch_spec)
         # the last stage finished microbatch t - S + 1; before tick S - 1 it held none, and what
         # it wrote to slot 0 is overwritten at tick S - 1 (no gradient flows from it)
         out = jax.lax.dynamic_update_index_in_dim(out, done[-1], jnp.maximum(t - (s_n - 1), 0), 0)
-        return (done, out), None
+        return (done, jax.lax.with_sharding_constraint(out, out_spec)), None
 
-    buf = jnp.zeros((s_n, *xs.shape[1:]), x.dtype)
-    out = jnp.zeros_like(xs)
+    # every buffer of the schedule split like the batch (unconstrained, XLA may replicate a carry)
+    out_spec = P(None, switches.batch_axes or None)
+    buf = jax.lax.with_sharding_constraint(jnp.zeros((s_n, *xs.shape[1:]), x.dtype), batch_spec)
+    out = jax.lax.with_sharding_constraint(jnp.zeros_like(xs), out_spec)
     (_, out), _ = jax.lax.scan(tick, (buf, out), jnp.arange(m_n + s_n - 1))
     return out.swapaxes(0, 1).reshape(x.shape)  # microbatches' inverse
-
-
-def check_rows(rows) -> None:
-    """Rows must be arrays or records of arrays (dataclass pytrees), not Python objects."""
-    for leaf in jax.tree.leaves(rows):
-        if not isinstance(leaf, jax.Array | jnp.ndarray) and not dataclasses.is_dataclass(leaf):
-            raise ValueError(f"pipeline: a layer input of type {type(leaf).__name__} cannot be split by microbatch")
