@@ -17,7 +17,7 @@ gradient. Bubble fraction (S - 1) / (M + S - 1) (`bubble`; `jaxformer compile` r
 Autodiff runs the schedule backward (the scan's transpose), the same ticks in reverse. Under
 remat (train.remat) each stage is also rematerialised as a whole per tick: a tick keeps only
 its stages' inputs, not each layer's, for one more forward pass (Llama-3.1-8B shapes on
-v5p:4x4x4, 2 stages: 9.55 -> 6.99 GiB of temporaries with 2 microbatches, 12.52 -> 7.88 with 4).
+v5p:4x4x4, 2 stages, 2 microbatches: 9.55 -> 6.99 GiB of temporaries).
 
 Each microbatch's rows of the layers' other batch inputs (mask record, positions) travel with
 it: the leaves of `rows` with a batch dim are split like x, and a stage at tick t reads
