@@ -10,7 +10,7 @@ Each of M + S - 1 ticks:
      which XLA lowers to a collective-permute between neighbouring pipeline devices);
   2. every stage runs its L/S layers (vmap over the stage axis, whose blocks the devices of
      the pipeline axis hold: each device runs its own stage) on its microbatch, t - s;
-  3. the last stage's result, microbatch t - S + 1 once t >= S - 1, is written out.
+  3. the last stage's result, microbatch t - S + 1 once t >= S - 1, is the tick's output.
 A stage that holds no microbatch at a tick (the bubble: S - 1 of the M + S - 1 ticks for each
 stage) computes on zeros and its result is dropped, so it adds nothing to the output or to any
 gradient. Bubble fraction (S - 1) / (M + S - 1) (`bubble`; `jaxformer compile` reports it).
@@ -103,8 +103,7 @@ def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
         stage = jax.checkpoint(stage, policy=jax.checkpoint_policies.nothing_saveable)
     stage_ids = jnp.arange(s_n)
 
-    def tick(carry, t):
-        buf, out = carry
+    def tick(buf, t):
         first = jax.lax.dynamic_index_in_dim(xs, jnp.minimum(t, m_n - 1), keepdims=False)
         inputs = jnp.roll(buf, 1, axis=0).at[0].set(first)
         inputs = jax.lax.with_sharding_constraint(inputs, batch_spec)
@@ -114,14 +113,12 @@ def run(stack, x: jax.Array, call, rows, flags, policy) -> jax.Array:
         # axis (without it they pin that dim unsplit and every device computes every stage)
         done = jax.vmap(stage, spmd_axis_name=PIPELINE_AXIS)(staged, local if not uniform else stage_ids, inputs, picked)
         done = jax.lax.with_sharding_constraint(done, batch_spec)
-        # the last stage finished microbatch t - S + 1; before tick S - 1 it held none, and what
-        # it wrote to slot 0 is overwritten at tick S - 1 (no gradient flows from it)
-        out = jax.lax.dynamic_update_index_in_dim(out, done[-1], jnp.maximum(t - (s_n - 1), 0), 0)
-        return (done, jax.lax.with_sharding_constraint(out, out_spec)), None
+        # the last stage's result is this tick's output: microbatch t - S + 1 once t >= S - 1.
+        # (Written into an [M, ...] carry instead, the backward pass's dynamic slice of that
+        # carry's cotangent made XLA's TPU partitioner gather it whole on every chip.)
+        return done, jax.lax.with_sharding_constraint(done[-1], P(switches.batch_axes or None))
 
-    # every buffer of the schedule split like the batch (unconstrained, XLA may replicate a carry)
-    out_spec = P(None, switches.batch_axes or None)
     buf = jax.lax.with_sharding_constraint(jnp.zeros((s_n, *xs.shape[1:]), x.dtype), batch_spec)
-    out = jax.lax.with_sharding_constraint(jnp.zeros_like(xs), out_spec)
-    (_, out), _ = jax.lax.scan(tick, (buf, out), jnp.arange(m_n + s_n - 1))
+    _, last = jax.lax.scan(tick, buf, jnp.arange(m_n + s_n - 1))
+    out = last[s_n - 1:]  # [M, mb, ...]: the ticks before S - 1 finished no microbatch
     return out.swapaxes(0, 1).reshape(x.shape)  # microbatches' inverse
