@@ -133,13 +133,13 @@ def test_cli_json_and_does_not_fit(capsys):
 
 def test_does_not_fit_tips_are_checked_by_compiling(capsys):
     """Issue 51 §4: each tip one setting expresses is compiled with it, and the tip says whether
-    it fits then. 4 sequences of 16384 tokens, one per chip of v5e:2x2 (pure FSDP: no fsdp tip),
-    16 heads, the plain path: the [B, H, T, T] scores need ~48 GiB of temporaries; remat lowers that
-    but not under 16 GiB, a halved micro-batch is refused by the config (2 rows over 4 chips),
-    splash fits. Three compiles."""
+    it fits then. 4 sequences of 12288 tokens, one per chip of v5e:2x2 (pure FSDP: no fsdp tip),
+    16 heads, the plain path: the [B, H, T, T] scores need ~18.2 GiB of temporaries; remat does
+    not bring that under 16 GiB, a halved micro-batch is refused by the config (2 rows over 4
+    chips), splash fits. Three compiles."""
     tiny = [s for s in TINY if not s.startswith(("data.seq_len", "model.max_len", "train.batch_size"))]
     args = ["compile", "--config", "llama", "--topology", "v5e:2x2"] + [f"--set={s}" for s in tiny] + [
-        "--set=data.seq_len=16384", "--set=model.max_len=16384", "--set=train.batch_size=4", "--set=model.num_heads=16",
+        "--set=data.seq_len=12288", "--set=model.max_len=12288", "--set=train.batch_size=4", "--set=model.num_heads=16",
         "--set=train.attention=plain", "--set=parallel.mode=mesh", "--set=parallel.mesh.data=1",
         "--set=parallel.mesh.fsdp=-1"]
     assert main(args) == 2
