@@ -150,7 +150,9 @@ class PeerWatch:
     def _judge(self) -> None:
         while not self._stop.wait(self.interval):
             now = time.monotonic()
-            if now - self.answered > self.timeout:  # its process (process 0's child) is gone
+            # the service (process 0's child) silent: to the others, process 0 is lost (process 0
+            # itself would name itself here; JAX's runtime ends it when its service is gone)
+            if now - self.answered > self.timeout and self.me != 0:
                 self._lost(0, f"the coordination service that process 0 started did not answer for "
                               f"{self.timeout:g} s")
             for p, (value, since) in self.seen.items():
